@@ -1,0 +1,47 @@
+# tandem: `make run` starts the default cluster, `make test` runs the tests.
+# Both set everything up first; setup is idempotent and quick the second time.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.setup-stamp
+CONFIG ?= configs/local.yaml
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# Pytest arguments, e.g. `make test ARGS="tests/unit -x"`.
+ARGS ?=
+
+.PHONY: setup model run test bench lint proto clean
+
+setup: $(STAMP) nats
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# torch first: 2.13.0 is the CPU build already on disk; a bare `torch` pulls CUDA wheels.
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[dev]'
+	touch $(STAMP)
+
+nats:
+	@command -v nats-server >/dev/null 2>&1 || { \
+		echo "installing nats-server (Debian package)"; \
+		$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq nats-server; }
+
+model: $(STAMP)
+	$(VENV)/bin/tandem model pull
+
+run: setup model
+	$(VENV)/bin/tandem up -c $(CONFIG)
+
+test: setup model
+	$(PY) -m pytest -q $(ARGS)
+
+bench: setup model
+	$(VENV)/bin/tandem bench engine --json benchmarks/results/engine.json
+
+lint: setup
+	$(VENV)/bin/ruff check services tests benchmarks
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,75 @@
+"""The `tandem` command. Each subcommand's work lives in its part's package; this file
+only parses arguments and imports lazily so `tandem --help` stays fast."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# subcommand path -> "module:function"; the function takes the parsed argparse.Namespace.
+_HANDLERS = {
+    ("model", "pull"): "services.engine.model_store:pull_main",
+    ("chat",): "services.engine.chat:main",
+    ("bench", "engine"): "services.engine.bench:main",
+    ("bench", "router"): "services.router.bench:main",
+}
+
+
+def _add_config(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-c", "--config", default=None, help="cluster YAML (default: built-in defaults)")
+    p.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override a config key, e.g. --set engine.threads=2 (repeatable)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tandem", description="tandem: disaggregated LLM serving")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    model = sub.add_parser("model", help="manage the model cache")
+    model_sub = model.add_subparsers(dest="model_command", required=True)
+    pull = model_sub.add_parser("pull", help="fetch the default model (SmolLM2-135M-Instruct)")
+    pull.set_defaults(_key=("model", "pull"))
+
+    chat = sub.add_parser("chat", help="chat with a single in-process engine")
+    _add_config(chat)
+    chat.add_argument("--prompt", default=None, help="answer one prompt and exit")
+    chat.add_argument("--max-tokens", type=int, default=256)
+    chat.add_argument("--temperature", type=float, default=0.0)
+    chat.set_defaults(_key=("chat",))
+
+    bench = sub.add_parser("bench", help="benchmarks")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True)
+    be = bench_sub.add_parser("engine", help="engine prefill/decode tokens/s and matmul GFLOP/s")
+    _add_config(be)
+    be.add_argument("--json", dest="json_path", default=None, help="write results to this file")
+    be.add_argument("--threads", type=int, default=2)
+    be.add_argument("--prompt-len", type=int, default=1000)
+    be.add_argument("--concurrency", default="1,8,32,64", help="decode batch sizes")
+    be.add_argument("--decode-steps", type=int, default=32)
+    be.set_defaults(_key=("bench", "engine"))
+    br = bench_sub.add_parser("router", help="router route latency and event ingest rate")
+    br.add_argument("--json", dest="json_path", default=None, help="write results to this file")
+    br.add_argument("--blocks", type=int, default=1_000_000)
+    br.add_argument("--workers", type=int, default=64)
+    br.add_argument("--prompt-tokens", type=int, default=8000)
+    br.add_argument("--routes", type=int, default=2000)
+    br.set_defaults(_key=("bench", "router"))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    module, func = _HANDLERS[args._key].split(":")
+    handler = getattr(importlib.import_module(module), func)
+    try:
+        return int(handler(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""The cluster config: one YAML file validated by pydantic.
+
+Every model forbids unknown keys so a typo is an error that names the key, e.g.
+``router.mode: Input should be 'kv', 'round_robin' or 'random'``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A config file or override that does not validate; the message names the bad key."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NatsConfig(_Strict):
+    url: str = "nats://127.0.0.1:4222"
+    embedded: bool = True
+    user: str | None = None
+    password: str | None = None
+    token: str | None = None
+
+
+class ModelConfig(_Strict):
+    path: str = "auto"  # auto = the default SmolLM2 GGUF; or a .gguf file / HF directory
+    name: str | None = None  # the served model name; default: derived from the path
+
+
+class MockRunnerConfig(_Strict):
+    """Cost model of the mock runner: a step sleeps a + b*prefill_tokens + c*decode_seqs."""
+
+    step_base_s: float = Field(0.004, ge=0)
+    per_prefill_token_s: float = Field(0.0015, ge=0)
+    per_decode_seq_s: float = Field(0.0008, ge=0)
+    vocab_size: int = Field(49152, gt=0)
+    eos_token_id: int = Field(2, ge=0)
+
+
+class EngineConfig(_Strict):
+    runner: Literal["torch", "mock"] = "torch"
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    threads: int = Field(1, ge=1)
+    block_size: int = Field(16, ge=1)
+    num_kv_blocks: int = Field(2048, ge=1)
+    max_num_seqs: int = Field(64, ge=1)
+    max_num_batched_tokens: int = Field(1024, ge=1)
+    max_model_len: int | None = Field(None, ge=1)  # default: the model's context length
+    seed: int = 0
+    mock: MockRunnerConfig = MockRunnerConfig()
+
+
+class FrontendConfig(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    api_keys: list[str] = []
+
+
+class ProcessorConfig(_Strict):
+    port: int = Field(9100, ge=0, le=65535)
+    metrics_port: int = Field(9101, ge=0, le=65535)
+
+
+class RouterConfig(_Strict):
+    mode: Literal["kv", "round_robin", "random"] = "kv"
+    port: int = Field(9200, ge=0, le=65535)
+    metrics_port: int = Field(9201, ge=0, le=65535)
+    overlap_weight: float = Field(1.0, ge=0)
+    temperature: float = Field(0.0, ge=0)
+
+
+class DisaggConfig(_Strict):
+    enabled: bool = True
+    max_local_prefill_length: int = Field(256, ge=0)
+    max_prefill_queue_size: int = Field(8, ge=0)
+    max_prefill_queue_tokens: int = Field(32768, ge=0)
+
+
+class DecodeConfig(_Strict):
+    replicas: int = Field(1, ge=0)
+    port: int = Field(9300, ge=0, le=65535)  # replica i uses port + i
+    metrics_port: int = Field(9400, ge=0, le=65535)
+    disagg: DisaggConfig = DisaggConfig()
+
+
+class PrefillConfig(_Strict):
+    replicas: int = Field(1, ge=0)
+    metrics_port: int = Field(9500, ge=0, le=65535)
+
+
+class ClusterConfig(_Strict):
+    namespace: str = Field("tandem", pattern=r"^[A-Za-z0-9_-]+$")
+    nats: NatsConfig = NatsConfig()
+    model: ModelConfig = ModelConfig()
+    engine: EngineConfig = EngineConfig()
+    frontend: FrontendConfig = FrontendConfig()
+    processor: ProcessorConfig = ProcessorConfig()
+    router: RouterConfig = RouterConfig()
+    decode: DecodeConfig = DecodeConfig()
+    prefill: PrefillConfig = PrefillConfig()
+
+    @model_validator(mode="after")
+    def _check_budget(self) -> ClusterConfig:
+        if self.engine.max_num_batched_tokens < self.engine.block_size:
+            raise ValueError(
+                "engine.max_num_batched_tokens must be at least engine.block_size"
+            )
+        return self
+
+
+def _format_error(err: ValidationError, source: str) -> str:
+    lines = [f"invalid config {source}:"]
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        lines.append(f"  {key}: {e['msg']}")
+    return "\n".join(lines)
+
+
+def _apply_override(data: dict[str, Any], assignment: str) -> None:
+    if "=" not in assignment:
+        raise ConfigError(f"--set expects key=value, got {assignment!r}")
+    key, raw = assignment.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ConfigError(f"--set has an empty key segment in {key!r}")
+    node = data
+    for p in parts[:-1]:
+        child = node.setdefault(p, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {key}: {p} is not a section")
+        node = child
+    node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+
+
+def parse_config(data: dict[str, Any] | None, overrides: list[str] = (), source: str = "") -> ClusterConfig:
+    data = dict(data or {})
+    for o in overrides:
+        _apply_override(data, o)
+    try:
+        return ClusterConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_error(err, source or "(inline)")) from None
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> ClusterConfig:
+    """Read a cluster YAML (None: all defaults) and apply ``key.sub=value`` overrides."""
+    data: Any = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config {p} is not valid YAML: {e}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"config {p} must be a mapping at the top level")
+    return parse_config(data, list(overrides), str(path or "defaults"))

@@ -1,0 +1,80 @@
+"""Block hashing shared by the engine's prefix cache, the router's index and the workers.
+
+The contract (DESIGN.md, "Block hashing"): tokens are u32 little-endian, a block is
+``block_size`` tokens and a trailing partial block is never hashed.
+
+    local_hash[i] = xxh3_64(block_bytes[i], seed=1337)
+    seq_hash[0]   = local_hash[0]
+    seq_hash[i]   = xxh3_64(le_u64(seq_hash[i-1]) + le_u64(local_hash[i]), seed=1337)
+
+``local_hash`` names a block's content alone (the router's tree is navigated by it);
+``seq_hash`` names the block together with everything before it (the engine keys its
+prefix cache by it and KV events name blocks by it).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import xxhash
+
+HASH_SEED = 1337
+
+_xxh3 = xxhash.xxh3_64_intdigest
+_pack_pair = struct.Struct("<QQ").pack
+
+
+@dataclass(frozen=True, slots=True)
+class BlockHash:
+    """One full block's identity: its chained ``seq_hash`` and content-only ``local_hash``."""
+
+    seq_hash: int
+    local_hash: int
+
+
+def _token_bytes(tokens: Sequence[int] | np.ndarray) -> bytes:
+    return np.asarray(tokens, dtype="<u4").tobytes()
+
+
+def local_block_hashes(tokens: Sequence[int] | np.ndarray, block_size: int) -> list[int]:
+    """Content hashes of every full block of ``tokens``; a partial tail is ignored."""
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    data = _token_bytes(tokens)
+    stride = 4 * block_size
+    full = len(data) // stride
+    return [_xxh3(data[i * stride : (i + 1) * stride], seed=HASH_SEED) for i in range(full)]
+
+
+def chain_hash(parent_seq_hash: int | None, local_hash: int) -> int:
+    """The seq_hash of a block whose parent block has ``parent_seq_hash`` (None: first block)."""
+    if parent_seq_hash is None:
+        return local_hash
+    return _xxh3(_pack_pair(parent_seq_hash, local_hash), seed=HASH_SEED)
+
+
+def seq_hashes(local_hashes: Sequence[int], parent_seq_hash: int | None = None) -> list[int]:
+    """Chain ``local_hashes`` into seq_hashes, continuing after ``parent_seq_hash``."""
+    out: list[int] = []
+    parent = parent_seq_hash
+    for lh in local_hashes:
+        parent = chain_hash(parent, lh)
+        out.append(parent)
+    return out
+
+
+def block_hashes(
+    tokens: Sequence[int] | np.ndarray, block_size: int, parent_seq_hash: int | None = None
+) -> list[BlockHash]:
+    """Both hashes of every full block of ``tokens``, chained after ``parent_seq_hash``."""
+    locals_ = local_block_hashes(tokens, block_size)
+    return [BlockHash(s, lh) for s, lh in zip(seq_hashes(locals_, parent_seq_hash), locals_)]
+
+
+def hash_block(parent_seq_hash: int | None, block_tokens: Sequence[int]) -> BlockHash:
+    """Hash one full block given its parent's seq_hash; used as blocks fill during decode."""
+    lh = _xxh3(_token_bytes(block_tokens), seed=HASH_SEED)
+    return BlockHash(chain_hash(parent_seq_hash, lh), lh)
