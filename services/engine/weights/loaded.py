@@ -1,0 +1,25 @@
+"""The result of loading a model's weights, whatever the file format."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from services.engine.model_config import ModelArchConfig
+
+
+@dataclass(frozen=True)
+class LoadedWeights:
+    """Architecture plus tensors in Hugging Face naming.
+
+    Every tensor is float32, on the CPU, contiguous; linear weights are [out, in] (torch
+    layout); q/k rows are in Hugging Face order (GGUF's rotary permutation undone).
+    ``lm_head.weight`` is absent when ``arch.tie_word_embeddings`` (use the embedding).
+    The set of names and shapes is exactly `layout.expected_shapes(arch)`.
+    """
+
+    arch: ModelArchConfig
+    tensors: dict[str, torch.Tensor]
+    source: Path
