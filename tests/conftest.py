@@ -3,8 +3,25 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
+import pytest
 import torch
 
 # Two cores on the dev machine and in CI: keep each test process to one torch thread.
 torch.set_num_threads(int(os.environ.get("TANDEM_TEST_THREADS", "1")))
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """The real SmolLM2 GGUF, where `tandem model pull` puts it. Skips when it is not
+    pulled, except under CI, where a missing model is a failure."""
+    from services.common.env import in_ci
+    from services.engine.model_store import ModelNotFoundError, resolve_model_path
+
+    try:
+        return resolve_model_path("auto")
+    except ModelNotFoundError as e:
+        if in_ci():
+            pytest.fail(f"the real model is required under CI: {e}")
+        pytest.skip(str(e))
