@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from gguf import GGUFReader
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
 
+from services.engine.gguf_file import open_gguf
 from services.engine.model_errors import UnsupportedModelError
 
 # llama.cpp token types (llama_token_type): 3 = control (special), 4 = user-defined.
@@ -58,7 +58,7 @@ class GgufTokenizerData:
 
 def load_gguf_tokenizer(path: Path) -> GgufTokenizerData:
     """Read the tokenizer stored in the GGUF at `path`."""
-    reader = GGUFReader(path)
+    reader = open_gguf(path)
 
     def field(key: str, default: object = None) -> object:
         f = reader.fields.get(key)

@@ -18,6 +18,7 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
+from services.engine.gguf_file import open_gguf
 from services.engine.model_config import ModelArchConfig
 from services.engine.model_errors import UnsupportedModelError
 from services.engine.weights.layout import check_tensors
@@ -124,7 +125,7 @@ def arch_from_metadata(meta: dict[str, Any], tensor_shapes: dict[str, tuple[int,
 
 def load_gguf(path: Path) -> LoadedWeights:
     """Load every tensor of the GGUF at `path`, dequantized to float32 (see module doc)."""
-    reader = GGUFReader(path)
+    reader = open_gguf(path)
     shapes = {t.name: tuple(int(d) for d in reversed(t.shape.tolist())) for t in reader.tensors}
     arch = arch_from_metadata(read_metadata(reader), shapes, path)
     tensors: dict[str, torch.Tensor] = {}
