@@ -29,6 +29,8 @@ class KvAllocation:
     num_hit_blocks: int
 
 
+_NOTHING_NEW = KvAllocation((), 0)  # hoisted: most decode steps need no new block
+
 class KvCacheManager:
     """Gives sequences block tables; registers full computed blocks in the prefix cache.
 
@@ -91,23 +93,28 @@ class KvCacheManager:
         first and ``seq.num_computed_tokens`` becomes ``hit.num_tokens``. None means the
         pool cannot hold it now; nothing changed and the caller preempts or waits.
         """
-        bs = self.block_size
         table = seq.block_table
-        if hit.block_ids and table:
-            raise ValueError(f"{seq.request_id}: a prefix hit needs an empty block table")
-        computed = hit.num_tokens if hit.block_ids else seq.num_computed_tokens
-        have = len(table) + len(hit.block_ids)
-        need = -(-(computed + num_new_tokens) // bs) - have
         pool = self.pool
+        if not hit.block_ids:  # the per-step path: a running sequence grows
+            need = -(-(seq.num_computed_tokens + num_new_tokens) // self.block_size) - len(table)
+            if need <= 0:
+                return _NOTHING_NEW
+            new = pool.allocate(need)
+            if new is None:
+                return None
+            table.extend(new)
+            return KvAllocation(tuple(new), 0)
+        if table:
+            raise ValueError(f"{seq.request_id}: a prefix hit needs an empty block table")
+        need = -(-(hit.num_tokens + num_new_tokens) // self.block_size) - len(hit.block_ids)
         # NOTE: reviving an unreferenced cached hit takes it out of the evictable set.
         revived = sum(1 for b in hit.block_ids if pool.ref_count(b) == 0)
         if need > pool.num_available - revived:
             return None
-        if hit.block_ids:
-            pool.acquire(hit.block_ids)
-            table.extend(hit.block_ids)
-            seq.num_computed_tokens = hit.num_tokens
-            seq.num_cached_blocks = len(hit.block_ids)
+        pool.acquire(hit.block_ids)
+        table.extend(hit.block_ids)
+        seq.num_computed_tokens = hit.num_tokens
+        seq.num_cached_blocks = len(hit.block_ids)
         if need <= 0:
             return KvAllocation((), len(hit.block_ids))
         new = pool.allocate(need)

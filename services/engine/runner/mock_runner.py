@@ -56,7 +56,13 @@ class MockRunner(ModelRunner):
         self._cost = (m.step_base_s, m.per_prefill_token_s, m.per_decode_seq_s)
         self._sleep = sleep
         self.cache = torch.zeros(self.kv_spec.block_range_shape(cfg.num_kv_blocks))
-        self._flat = self.cache.view(2, -1)  # (K|V, num_blocks * block_size)
+        # (K|V, num_blocks * block_size), sharing memory with the tensor; numpy indexing is
+        # far cheaper than torch's for these tiny per-sequence gathers.
+        self._flat = self.cache.numpy().reshape(2, -1)
+        positions = np.arange(self.max_model_len + 1, dtype=np.int64)
+        self._block_of = positions // cfg.block_size
+        self._offset_of = positions % cfg.block_size
+        self._pos1 = (positions + 1).astype(np.float32)
         self.num_steps = 0
 
     def next_token(self, token_ids: Seq[int]) -> int:
@@ -64,16 +70,15 @@ class MockRunner(ModelRunner):
         return mock_next_token(token_ids, self.vocab_size, self.eos_token_id,
                                self.eos_probability)
 
-    def _slots(self, block_ids: list[int], start: int, end: int) -> torch.Tensor:
-        bs = self.kv_spec.block_size
-        pos = torch.arange(start, end)
-        if end > len(block_ids) * bs:
-            raise RuntimeError(f"block table of {len(block_ids)} blocks cannot hold position {end - 1}")
-        return torch.tensor(block_ids, dtype=torch.long)[pos // bs] * bs + pos % bs
+    def _slots(self, table: np.ndarray, start: int, end: int) -> np.ndarray:
+        """Flat cache slots of positions [start, end) along a block table."""
+        if end > len(table) * self.kv_spec.block_size:
+            raise RuntimeError(f"block table of {len(table)} blocks cannot hold position {end - 1}")
+        return table[self._block_of[start:end]] * self.kv_spec.block_size + self._offset_of[start:end]
 
     def execute(self, batch: ScheduledBatch) -> RunnerOutput:
         sampled: list[int | None] = []
-        k, v = self._flat[0], self._flat[1]
+        k, v = self._flat[0], self._flat[1]  # numpy views of the cache tensor
         prefill_tokens = decode_seqs = 0
         for s in batch.seqs:
             n = len(s.token_ids)
@@ -81,21 +86,21 @@ class MockRunner(ModelRunner):
                 decode_seqs += 1
             else:
                 prefill_tokens += n
-            slots = self._slots(s.block_ids, s.start_pos, s.end_pos)
-            k[slots] = torch.tensor(s.token_ids, dtype=torch.float32)
-            v[slots] = torch.arange(s.start_pos + 1, s.end_pos + 1, dtype=torch.float32)
+            table = np.asarray(s.block_ids, dtype=np.int64)
+            slots = self._slots(table, s.start_pos, s.end_pos)
+            k[slots] = s.token_ids
+            v[slots] = self._pos1[s.start_pos : s.end_pos]
             if not s.sample:
                 sampled.append(None)
                 continue
-            every = self._slots(s.block_ids, 0, s.end_pos)
-            seen = v[every]  # (end_pos,)
-            want = torch.arange(1, s.end_pos + 1, dtype=torch.float32)
-            if not torch.equal(seen, want):
-                bad = int((seen != want).nonzero()[0])
+            every = self._slots(table, 0, s.end_pos)
+            seen = v[every]  # (end_pos,) positions + 1 as written
+            want = self._pos1[: s.end_pos]
+            if not np.array_equal(seen, want):
+                bad = int(np.flatnonzero(seen != want)[0])
                 raise RuntimeError(f"mock runner: {s.request_id!r} position {bad} reads the KV of "
                                    f"position {int(seen[bad]) - 1}: wrong block table or KV")
-            ctx = k[every].to(torch.int64).numpy()
-            sampled.append(self.next_token(ctx))
+            sampled.append(self.next_token(k[every].astype("<u4")))
         self.num_steps += 1
         base, per_tok, per_seq = self._cost
         delay = base + per_tok * prefill_tokens + per_seq * decode_seqs
