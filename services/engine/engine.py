@@ -37,7 +37,11 @@ class EngineStats:
 
 
 class LLMEngine:
-    """``step()`` = schedule, execute, update. Requests enter with ``add_request``."""
+    """``step()`` = schedule, execute, update. Requests enter with ``add_request``.
+
+    The pool size is the runner's ``kv_spec.num_blocks`` (the runner owns the KV tensor);
+    the max length is ``min(cfg.max_model_len or runner.max_model_len, runner.max_model_len)``.
+    """
 
     def __init__(
         self,
