@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 
 import pytest
 
+from services.common.config import EngineConfig
 from services.engine.async_engine import AsyncEngine, EngineDeadError
 from services.engine.batch import RunnerOutput, ScheduledBatch
 from services.engine.engine import LLMEngine
@@ -45,20 +47,51 @@ async def test_concurrent_generates_stream_their_own_tokens() -> None:
         assert runner.num_steps == steps  # idle: the step thread sleeps, no empty steps
 
 
-async def test_consumer_that_stops_early_aborts_and_frees_blocks() -> None:
-    eng, _, _ = make_engine()
+class GatedRunner(MockRunner):
+    """Runs one step per permit, so a test knows a request cannot finish behind its back."""
+
+    def __init__(self, cfg: EngineConfig, permits: int) -> None:
+        super().__init__(cfg)
+        self.gate = threading.Semaphore(permits)
+
+    def execute(self, batch: ScheduledBatch) -> RunnerOutput:
+        self.gate.acquire()
+        return super().execute(batch)
+
+
+def gated_engine(permits: int = 2) -> tuple[LLMEngine, GatedRunner]:
+    cfg = mock_cfg()
+    runner = GatedRunner(cfg, permits)
+    return LLMEngine(runner, cfg, [EOS]), runner
+
+
+async def test_consumer_that_closes_early_aborts_and_frees_blocks() -> None:
+    eng, runner = gated_engine()
     async with AsyncEngine(eng) as ae:
         async with contextlib.aclosing(ae.generate(req("a", [1, 2, 3], max_tokens=200))) as gen:
             async for o in gen:
                 assert o.token_ids and not o.finished
-                assert eng.stats().kv_blocks_used > 0  # still live: max_tokens is 200
                 break
+        runner.gate.release(1000)  # the abort is queued already: at most one more step
         assert await idle(ae)
-        # a plain `break` without aclosing: the generator's finalizer aborts it
+        assert runner.num_steps <= 3
+
+
+async def test_consumer_that_just_breaks_aborts_via_the_generator_finalizer() -> None:
+    eng, runner = gated_engine()
+    async with AsyncEngine(eng) as ae:
         async for _ in ae.generate(req("b", [4, 5, 6], max_tokens=200)):
             break
+        while "b" in ae._queues:  # the finalizer's aclose() runs as a task
+            await asyncio.sleep(0)
+        runner.gate.release(1000)
         assert await idle(ae)
-        # a cancelled consumer task
+        assert runner.num_steps <= 3
+
+
+async def test_cancelled_consumer_task_aborts_its_request() -> None:
+    eng, runner = gated_engine()
+    async with AsyncEngine(eng) as ae:
         started = asyncio.Event()
 
         async def consume() -> None:
@@ -70,18 +103,21 @@ async def test_consumer_that_stops_early_aborts_and_frees_blocks() -> None:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+        runner.gate.release(1000)
         assert await idle(ae)
 
 
 async def test_explicit_abort_ends_the_stream_with_abort() -> None:
-    eng, _, _ = make_engine(mock_cfg(vocab_size=1000))
+    eng, runner = gated_engine()
     async with AsyncEngine(eng) as ae:
         outs = []
         async for o in ae.generate(req("a", [1, 2, 3], max_tokens=200)):
             outs.append(o)
-            if len(outs) == 2:
+            if len(outs) == 1:
                 await ae.abort("a")
+                runner.gate.release(1000)
         assert outs[-1].finish_reason is FinishReason.ABORT and outs[-1].token_ids == []
+        assert len(outs) <= 4
         assert await idle(ae)
 
 
