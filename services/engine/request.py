@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +48,10 @@ class GenerateRequest:
     request_id: str
     prompt_token_ids: list[int]
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    # Prefill side of disaggregation: when set, the KV of prompt blocks
+    # [export_kv_from_block, ceil(prompt_len / block_size)) is exported when the request
+    # finishes (before its blocks are freed) and attached to the final TokenOutput.kv.
+    export_kv_from_block: int | None = None
 
 
 @dataclass(slots=True)
@@ -56,3 +64,7 @@ class TokenOutput:
     finish_reason: FinishReason | None = None
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    # Only with GenerateRequest.export_kv_from_block, on the final output:
+    # (layers, 2, n_blocks, block_size, kv_heads, head_dim), the runner's KV dtype, on CPU
+    # or the runner's device. The only torch-typed field of the engine's API.
+    kv: torch.Tensor | None = None

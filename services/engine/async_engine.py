@@ -1,0 +1,268 @@
+"""asyncio front of the engine: one dedicated step thread owns the (non thread-safe) LLMEngine.
+
+asyncio code never touches the engine directly: ``add``/``abort``/remote-prefill calls are
+queued as commands and applied by the step thread between steps, in order. Outputs go
+back to per-request ``asyncio.Queue``s through ``loop.call_soon_threadsafe`` (one call per
+step). The thread sleeps on a condition when it has nothing to do (no busy loop).
+
+If the step loop raises, every in-flight request and pending call fails with
+``EngineDeadError`` (never hangs) and later calls raise it at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any, TypeVar
+
+from services.common.kv_events import KvEvent
+from services.engine.engine import EngineStats, LLMEngine
+from services.engine.remote_prefill import RemotePrefillHandle
+from services.engine.request import GenerateRequest, TokenOutput
+from services.engine.scheduler import InvalidRequestError
+
+T = TypeVar("T")
+
+
+class EngineDeadError(RuntimeError):
+    """The engine's step loop failed or was shut down; the request cannot continue."""
+
+
+# (function run on the step thread, its args, future for its result, request it concerns)
+_Command = tuple[Callable[..., Any], tuple[Any, ...], "asyncio.Future[Any] | None", "str | None"]
+
+
+class AsyncEngine:
+    """Owns an LLMEngine and its step thread. Use ``async with AsyncEngine(engine) as ae``
+    (or ``await start()`` / ``await shutdown()``)."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._cond = threading.Condition()
+        self._commands: list[_Command] = []
+        self._queues: dict[str, asyncio.Queue[TokenOutput | BaseException]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._error: BaseException | None = None
+
+    # ---- lifecycle ------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("AsyncEngine already started")
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="engine-step", daemon=True)
+        self._thread.start()
+
+    async def shutdown(self) -> None:
+        """Stop the step thread; in-flight requests fail with EngineDeadError."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+        if self._error is None:
+            self._error = EngineDeadError("engine shut down")
+        with self._cond:
+            pending, self._commands = self._commands, []
+        for _, _, fut, _ in pending:
+            if fut is not None:
+                _set_exception(fut, EngineDeadError(str(self._error)))
+        self._fail_all(self._error)
+
+    async def __aenter__(self) -> AsyncEngine:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.shutdown()
+
+    @property
+    def error(self) -> BaseException | None:
+        return self._error
+
+    # ---- requests -------------------------------------------------------------------
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenOutput]:
+        """Stream the request's outputs until one is finished.
+
+        Raises InvalidRequestError for a bad request, EngineDeadError if the engine dies.
+        Closing the generator early (break + aclose, task cancelled) aborts the request.
+        """
+        self._check_alive()
+        self.engine.validate(request)
+        self._register(request.request_id)
+        self._submit(self.engine.add_request, (request,), None, request.request_id)
+        async for out in self.stream(request.request_id):
+            yield out
+
+    async def stream(self, request_id: str) -> AsyncIterator[TokenOutput]:
+        """Outputs of a request registered by ``generate`` or ``begin_remote_prefill``."""
+        q = self._queues.get(request_id)
+        if q is None:
+            raise KeyError(f"request {request_id!r} is not registered with this engine")
+        finished = False
+        try:
+            while True:
+                item = await q.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                if item.finished:
+                    finished = True
+                yield item
+                if finished:
+                    return
+        finally:
+            self._queues.pop(request_id, None)
+            if not finished and self._error is None:
+                self._submit(self.engine.abort, (request_id,), None, None)
+
+    async def abort(self, request_id: str) -> None:
+        """Abort a live request; its stream ends with a finished ABORT output."""
+        self._check_alive()
+        self._submit(self.engine.abort, (request_id,), None, None)
+
+    # ---- disaggregation (decode side) -----------------------------------------------
+    async def begin_remote_prefill(self, request: GenerateRequest) -> RemotePrefillHandle | None:
+        """Park the request (see LLMEngine.begin_remote_prefill); then read ``stream(id)``.
+
+        None: its blocks do not fit now; the caller prefills locally with ``generate``.
+        """
+        self._check_alive()
+        self.engine.validate(request)
+        self._register(request.request_id)
+        try:
+            handle = await self.call(lambda e: e.begin_remote_prefill(request))
+        except BaseException:
+            self._queues.pop(request.request_id, None)
+            raise
+        if handle is None:
+            self._queues.pop(request.request_id, None)
+        return handle
+
+    async def complete_remote_prefill(
+        self, request_id: str, kv: Any, first_token: int
+    ) -> TokenOutput | None:
+        """Import remote KV; the first token also goes to the stream. Raises RemoteKvError."""
+        return await self.call(lambda e: e.complete_remote_prefill(request_id, kv, first_token))
+
+    async def fail_remote_prefill(self, request_id: str) -> bool:
+        return await self.call(lambda e: e.fail_remote_prefill(request_id))
+
+    async def prefix_hit_tokens(self, token_ids: Sequence[int]) -> int:
+        return await self.call(lambda e: e.prefix_hit_tokens(token_ids))
+
+    async def dump_kv_events(self) -> list[KvEvent]:
+        return await self.call(lambda e: e.dump_kv_events())
+
+    async def check_integrity(self) -> None:
+        await self.call(lambda e: e.check_integrity())
+
+    def stats(self) -> EngineStats:
+        """A snapshot read without waiting for the step thread (counters may be one step apart)."""
+        return self.engine.stats()
+
+    async def call(self, fn: Callable[[LLMEngine], T]) -> T:
+        """Run ``fn(engine)`` on the step thread between steps, after earlier commands."""
+        self._check_alive()
+        assert self._loop is not None
+        fut: asyncio.Future[T] = self._loop.create_future()
+        self._submit(fn, (self.engine,), fut, None)
+        return await fut
+
+    # ---- plumbing -------------------------------------------------------------------
+    def _check_alive(self) -> None:
+        if self._error is not None:
+            raise EngineDeadError(f"engine is not running: {self._error}") from self._error
+        if self._thread is None:
+            raise RuntimeError("AsyncEngine not started: use `async with` or await start()")
+
+    def _register(self, request_id: str) -> None:
+        if request_id in self._queues:
+            raise InvalidRequestError(f"request {request_id!r}: a request with this id is already live")
+        self._queues[request_id] = asyncio.Queue()
+
+    def _submit(self, fn: Callable[..., Any], args: tuple[Any, ...],
+                fut: asyncio.Future[Any] | None, request_id: str | None) -> None:
+        with self._cond:
+            self._commands.append((fn, args, fut, request_id))
+            self._cond.notify()
+
+    def _run(self) -> None:
+        """The step thread: apply queued commands, step while there is work, else sleep."""
+        engine, cond, loop = self.engine, self._cond, self._loop
+        assert loop is not None
+        progress = True  # NOTE: a step that scheduled nothing waits for the next command
+        try:
+            while True:
+                with cond:
+                    while not (self._commands or self._stopping
+                               or (progress and engine.has_schedulable())):
+                        cond.wait()
+                    if self._stopping:
+                        return
+                    cmds, self._commands = self._commands, []
+                outputs: list[TokenOutput] = []
+                for fn, args, fut, rid in cmds:
+                    try:
+                        res = fn(*args)
+                    except Exception as e:  # a bad command fails its caller, not the engine
+                        self._post_error(fut, rid, e)
+                        continue
+                    if isinstance(res, TokenOutput):
+                        outputs.append(res)
+                    if fut is not None:
+                        loop.call_soon_threadsafe(_set_result, fut, res)
+                if cmds:
+                    progress = True
+                if engine.has_schedulable():
+                    outputs.extend(engine.step())
+                    progress = engine.last_batch_size > 0
+                if outputs:
+                    loop.call_soon_threadsafe(self._dispatch, outputs)
+        except BaseException as e:
+            err = EngineDeadError(f"engine step loop failed: {e!r}")
+            err.__cause__ = e
+            self._error = err
+            with cond:
+                pending, self._commands = self._commands, []
+            for _, _, fut, _ in pending:
+                if fut is not None:
+                    loop.call_soon_threadsafe(_set_exception, fut, err)
+            loop.call_soon_threadsafe(self._fail_all, err)
+
+    def _post_error(self, fut: asyncio.Future[Any] | None, rid: str | None, e: Exception) -> None:
+        assert self._loop is not None
+        if fut is not None:
+            self._loop.call_soon_threadsafe(_set_exception, fut, e)
+        elif rid is not None:
+            self._loop.call_soon_threadsafe(self._deliver, rid, e)
+
+    def _deliver(self, rid: str, item: TokenOutput | BaseException) -> None:
+        q = self._queues.get(rid)
+        if q is not None:
+            q.put_nowait(item)
+
+    def _dispatch(self, outputs: list[TokenOutput]) -> None:
+        queues = self._queues
+        for out in outputs:
+            q = queues.get(out.request_id)
+            if q is not None:
+                q.put_nowait(out)
+
+    def _fail_all(self, err: BaseException) -> None:
+        for q in self._queues.values():
+            e = EngineDeadError(str(err))  # one instance per request: each gets its traceback
+            e.__cause__ = err.__cause__ or err
+            q.put_nowait(e)
+
+
+def _set_result(fut: asyncio.Future[Any], value: Any) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _set_exception(fut: asyncio.Future[Any], err: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(err)

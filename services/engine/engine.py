@@ -1,0 +1,150 @@
+"""The synchronous engine: a scheduler and a model runner, stepped by one thread.
+
+Not thread-safe: every call must come from the same thread (AsyncEngine's step thread).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from services.common.config import EngineConfig
+from services.common.kv_events import KvEvent
+from services.engine import remote_prefill
+from services.engine.batch import RunnerOutput
+from services.engine.block_pool import BlockPool, BlockPoolIntegrityError
+from services.engine.kv_cache_manager import KvCacheManager
+from services.engine.remote_prefill import RemotePrefillHandle
+from services.engine.request import GenerateRequest, TokenOutput
+from services.engine.runner.base import ModelRunner
+from services.engine.scheduler import Scheduler
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    num_running: int
+    num_waiting: int  # includes sequences parked for a remote prefill
+    num_parked: int
+    kv_blocks_used: int  # referenced by a live request
+    kv_blocks_cached: int  # unreferenced, kept for prefix hits
+    kv_blocks_free: int
+    kv_blocks_total: int
+    prompt_tokens_total: int
+    prefix_cache_hit_tokens_total: int
+    num_preemptions_total: int
+
+
+class LLMEngine:
+    """``step()`` = schedule, execute, update. Requests enter with ``add_request``.
+
+    The pool size is the runner's ``kv_spec.num_blocks`` (the runner owns the KV tensor);
+    the max length is ``min(cfg.max_model_len or runner.max_model_len, runner.max_model_len)``.
+    """
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        cfg: EngineConfig,
+        eos_token_ids: Iterable[int],
+        worker_id: str = "",
+        on_kv_event: Callable[[KvEvent], None] | None = None,
+    ) -> None:
+        spec = runner.kv_spec
+        if spec.block_size != cfg.block_size:
+            raise ValueError(f"runner block_size {spec.block_size} != engine.block_size "
+                             f"{cfg.block_size}")
+        max_len = min(cfg.max_model_len or runner.max_model_len, runner.max_model_len)
+        self.runner = runner
+        self.cfg = cfg
+        self.pool = BlockPool(spec.num_blocks, spec.block_size, on_kv_event, worker_id)
+        self.kv = KvCacheManager(self.pool)
+        self.scheduler = Scheduler(
+            self.kv,
+            max_num_seqs=cfg.max_num_seqs,
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+            max_model_len=max_len,
+            vocab_size=runner.vocab_size,
+            eos_token_ids=eos_token_ids,
+            kv_exporter=runner.export_kv,
+        )
+        self.last_batch_size = 0  # sequences in the last step's batch; 0 = nothing to do
+        self._no_output = RunnerOutput([])
+
+    # ---- requests -------------------------------------------------------------------
+    def validate(self, request: GenerateRequest) -> None:
+        """Raise InvalidRequestError if the request can never be served (reads config only)."""
+        self.scheduler.validate(request)
+
+    def add_request(self, request: GenerateRequest) -> None:
+        self.scheduler.add(request)
+
+    def abort(self, request_id: str) -> TokenOutput | None:
+        """Abort a live request (waiting, running or parked); its final output, or None."""
+        return self.scheduler.abort(request_id)
+
+    def step(self) -> list[TokenOutput]:
+        batch = self.scheduler.schedule()
+        self.last_batch_size = len(batch.seqs)
+        result = self.runner.execute(batch) if batch.seqs else self._no_output
+        return self.scheduler.update(batch, result)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def has_schedulable(self) -> bool:
+        """Whether a step may do work now (parked requests need a remote-prefill command)."""
+        return self.scheduler.has_schedulable()
+
+    # ---- disaggregation -------------------------------------------------------------
+    def prefix_hit_tokens(self, token_ids: Sequence[int]) -> int:
+        """Prompt tokens this engine's prefix cache would serve (block-aligned). Pure."""
+        return self.kv.prefix_hit_tokens(token_ids)
+
+    def begin_remote_prefill(self, request: GenerateRequest) -> RemotePrefillHandle | None:
+        """Park a request for remote prefill; None when its blocks do not fit now."""
+        return remote_prefill.begin(self.scheduler, request)
+
+    def complete_remote_prefill(
+        self, request_id: str, kv: Any, first_token: int
+    ) -> TokenOutput | None:
+        """Import remote KV and decode; None if not parked. Raises RemoteKvError on bad kv."""
+        return remote_prefill.complete(self.scheduler, self.runner, request_id, kv, first_token)
+
+    def fail_remote_prefill(self, request_id: str) -> bool:
+        """Fall back to local prefill; False if the request is not parked."""
+        return remote_prefill.fail(self.scheduler, request_id)
+
+    # ---- observability --------------------------------------------------------------
+    def dump_kv_events(self) -> list[KvEvent]:
+        """KvCleared + KvStored events rebuilding the prefix cache (see BlockPool.dump_events)."""
+        return self.pool.dump_events()
+
+    def stats(self) -> EngineStats:
+        s, p = self.scheduler, self.pool
+        return EngineStats(
+            num_running=len(s.running) + len(s.ready),
+            num_waiting=len(s.waiting) + len(s.parked),
+            num_parked=len(s.parked),
+            kv_blocks_used=p.num_used,
+            kv_blocks_cached=p.num_cached,
+            kv_blocks_free=p.num_free,
+            kv_blocks_total=p.num_blocks,
+            prompt_tokens_total=s.prompt_tokens_total,
+            prefix_cache_hit_tokens_total=s.prefix_hit_tokens_total,
+            num_preemptions_total=s.num_preemptions,
+        )
+
+    def check_integrity(self) -> None:
+        """The pool's invariants, and its reference counts equal the live block tables'."""
+        self.pool.check_integrity()
+        refs: Counter[int] = Counter()
+        for seq in self.scheduler.seqs.values():
+            refs.update(seq.block_table)
+        wrong = [b for b in range(self.pool.num_blocks) if self.pool.ref_count(b) != refs[b]]
+        if wrong:
+            b = wrong[0]
+            raise BlockPoolIntegrityError(
+                f"block {b} has ref count {self.pool.ref_count(b)} but {refs[b]} live "
+                f"block tables hold it ({len(wrong)} blocks disagree)")

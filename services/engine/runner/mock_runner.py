@@ -1,0 +1,122 @@
+"""A model runner with no model: real paged-KV plumbing, simulated forward time.
+
+Its KV cache is a real tensor, ``(1 layer, 2, num_blocks, block_size, 1 head, 1 dim)``
+float32: K holds each computed token's id and V its position + 1, written at the slot
+the block table names. The token it samples for a sequence is ``next_token`` of the
+token ids it READS BACK from the cache along the block table for positions
+``[0, end_pos)``. A wrong block table, a bad prefix hit or a bad KV import therefore
+changes the output (or trips the position check), and tests compare against
+``next_token`` of the true token list: a brute-force oracle of the whole control plane.
+
+A step sleeps ``step_base_s + per_prefill_token_s * prefill_tokens +
+per_decode_seq_s * decode_seqs`` (a one-token slice counts as a decode).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
+
+import numpy as np
+import torch
+import xxhash
+
+from services.common.config import EngineConfig
+from services.engine.batch import RunnerOutput, ScheduledBatch
+from services.engine.runner.base import KvSpec, ModelRunner
+
+_MOCK_SEED = 7
+_DEFAULT_MAX_MODEL_LEN = 8192
+
+
+def mock_next_token(
+    token_ids: Seq[int] | np.ndarray, vocab_size: int, eos_token_id: int, eos_probability: float
+) -> int:
+    """The mock model: a pure function of the whole context. eos only with the given odds."""
+    h = xxhash.xxh3_64_intdigest(np.asarray(token_ids, dtype="<u4").tobytes(), seed=_MOCK_SEED)
+    if eos_probability > 0 and ((h >> 40) / float(1 << 24)) < eos_probability:
+        return eos_token_id
+    tok = h % vocab_size
+    if tok == eos_token_id and vocab_size > 1:
+        tok = (tok + 1) % vocab_size
+    return tok
+
+
+class MockRunner(ModelRunner):
+    """Configured by ``cfg.mock``; ``num_kv_blocks`` and ``block_size`` size its cache."""
+
+    def __init__(self, cfg: EngineConfig, sleep: Callable[[float], None] = time.sleep) -> None:
+        m = cfg.mock
+        self.kv_spec = KvSpec(1, cfg.num_kv_blocks, cfg.block_size, 1, 1, torch.float32)
+        self.vocab_size = m.vocab_size
+        self.max_model_len = cfg.max_model_len or _DEFAULT_MAX_MODEL_LEN
+        self.eos_token_id = m.eos_token_id
+        self.eos_probability = m.eos_probability
+        self._cost = (m.step_base_s, m.per_prefill_token_s, m.per_decode_seq_s)
+        self._sleep = sleep
+        self.cache = torch.zeros(self.kv_spec.block_range_shape(cfg.num_kv_blocks))
+        # (K|V, num_blocks * block_size), sharing memory with the tensor; numpy indexing is
+        # far cheaper than torch's for these tiny per-sequence gathers.
+        self._flat = self.cache.numpy().reshape(2, -1)
+        positions = np.arange(self.max_model_len + 1, dtype=np.int64)
+        self._block_of = positions // cfg.block_size
+        self._offset_of = positions % cfg.block_size
+        self._pos1 = (positions + 1).astype(np.float32)
+        self.num_steps = 0
+
+    def next_token(self, token_ids: Seq[int]) -> int:
+        """The oracle: what this runner samples after ``token_ids``."""
+        return mock_next_token(token_ids, self.vocab_size, self.eos_token_id,
+                               self.eos_probability)
+
+    def _slots(self, table: np.ndarray, start: int, end: int) -> np.ndarray:
+        """Flat cache slots of positions [start, end) along a block table."""
+        if end > len(table) * self.kv_spec.block_size:
+            raise RuntimeError(f"block table of {len(table)} blocks cannot hold position {end - 1}")
+        return table[self._block_of[start:end]] * self.kv_spec.block_size + self._offset_of[start:end]
+
+    def execute(self, batch: ScheduledBatch) -> RunnerOutput:
+        sampled: list[int | None] = []
+        k, v = self._flat[0], self._flat[1]  # numpy views of the cache tensor
+        prefill_tokens = decode_seqs = 0
+        for s in batch.seqs:
+            n = len(s.token_ids)
+            if n == 1:
+                decode_seqs += 1
+            else:
+                prefill_tokens += n
+            table = np.asarray(s.block_ids, dtype=np.int64)
+            slots = self._slots(table, s.start_pos, s.end_pos)
+            k[slots] = s.token_ids
+            v[slots] = self._pos1[s.start_pos : s.end_pos]
+            if not s.sample:
+                sampled.append(None)
+                continue
+            every = self._slots(table, 0, s.end_pos)
+            seen = v[every]  # (end_pos,) positions + 1 as written
+            want = self._pos1[: s.end_pos]
+            if not np.array_equal(seen, want):
+                bad = int(np.flatnonzero(seen != want)[0])
+                raise RuntimeError(f"mock runner: {s.request_id!r} position {bad} reads the KV of "
+                                   f"position {int(seen[bad]) - 1}: wrong block table or KV")
+            sampled.append(self.next_token(k[every].astype("<u4")))
+        self.num_steps += 1
+        base, per_tok, per_seq = self._cost
+        delay = base + per_tok * prefill_tokens + per_seq * decode_seqs
+        if delay > 0:
+            self._sleep(delay)
+        return RunnerOutput(sampled)
+
+    def export_kv(self, block_ids: Seq[int]) -> torch.Tensor:
+        idx = torch.tensor(list(block_ids), dtype=torch.long)
+        return self.cache[:, :, idx].clone()  # (layers, 2, n, block_size, heads, dim)
+
+    def import_kv(self, block_ids: Seq[int], data: torch.Tensor) -> None:
+        expected = self.kv_spec.block_range_shape(len(block_ids))
+        if tuple(data.shape) != expected:
+            raise ValueError(f"kv shape {tuple(data.shape)} != expected {expected}")
+        if data.dtype != self.kv_spec.dtype:
+            raise ValueError(f"kv dtype {data.dtype} != expected {self.kv_spec.dtype}")
+        idx = torch.tensor(list(block_ids), dtype=torch.long)
+        self.cache[:, :, idx] = data

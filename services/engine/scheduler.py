@@ -1,0 +1,277 @@
+"""Continuous batching by computed vs target tokens, with a prefill token budget.
+
+There are no prefill and decode phases (vLLM v1): every step each running sequence
+computes some of ``token_ids[num_computed_tokens:]``, and samples once all are computed.
+
+One step (``schedule``), a pure function of scheduler state (no runner calls), so a later
+change can overlap scheduling step N+1 with the forward of step N:
+
+1. Remote-prefilled sequences (READY) take free seats (``max_num_seqs``).
+2. Every running sequence with one token left (a decode) gets it. Decodes are never
+   starved by prefills: the prefill budget is ``max_num_batched_tokens - num_decodes``.
+3. Running sequences in the middle of a chunked prefill continue, chunked to the budget.
+4. Waiting requests are admitted in strict FIFO: the head is admitted whole if it fits
+   the remaining budget, else it waits (nothing behind it jumps ahead) -- unless it is the
+   first admission of the step or larger than the whole budget, then it is chunked.
+   Nothing is admitted in a step that preempted.
+
+When blocks run out, the newest running sequence is preempted by recompute: its blocks
+are freed and it goes back to the head of the waiting queue, to resume from prompt +
+generated tokens (reusing whatever the prefix cache still holds).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from collections.abc import Sequence as Seq
+from typing import Any
+
+from services.engine.batch import RunnerOutput, ScheduledBatch, ScheduledSeq
+from services.engine.kv_cache_manager import NO_HIT, KvCacheManager, PrefixHit
+from services.engine.request import FinishReason, GenerateRequest, TokenOutput
+from services.engine.sequence import SeqStatus, Sequence
+
+
+class InvalidRequestError(ValueError):
+    """A request the engine can never serve; the message names the request and the reason."""
+
+
+class Scheduler:
+    """Owns every live Sequence and decides each step's work; see the module docstring.
+
+    ``kv_exporter(block_ids)`` (the runner's ``export_kv``) is called in ``update`` for a
+    finishing request that asked for its KV, before its blocks are freed.
+    """
+
+    def __init__(
+        self,
+        kv: KvCacheManager,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        vocab_size: int,
+        eos_token_ids: Iterable[int],
+        kv_exporter: Callable[[Seq[int]], Any] | None = None,
+    ) -> None:
+        self.kv = kv
+        self.block_size = kv.block_size
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.model_max_len = max_model_len
+        # NOTE: a sequence can never hold more tokens than the whole pool, or it would
+        # preempt itself forever; past that it finishes with LENGTH.
+        self.max_model_len = min(max_model_len, kv.num_blocks * kv.block_size)
+        self.vocab_size = vocab_size
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.kv_exporter = kv_exporter
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.ready: deque[Sequence] = deque()
+        self.parked: dict[str, Sequence] = {}
+        self.seqs: dict[str, Sequence] = {}
+        self.num_preemptions = 0
+        self.prompt_tokens_total = 0
+        self.prefix_hit_tokens_total = 0
+
+    # ---- requests -------------------------------------------------------------------
+    def validate(self, request: GenerateRequest) -> None:
+        """Raise InvalidRequestError for a request that can never be served. Pure."""
+        rid = request.request_id
+        prompt = request.prompt_token_ids
+        n = len(prompt)
+        if n == 0:
+            raise InvalidRequestError(f"request {rid!r}: prompt is empty")
+        if n >= self.model_max_len:
+            raise InvalidRequestError(
+                f"request {rid!r}: prompt of {n} tokens leaves no room to generate "
+                f"within max_model_len {self.model_max_len}")
+        if n >= self.max_model_len:
+            raise InvalidRequestError(
+                f"request {rid!r}: prompt of {n} tokens can never fit in the KV cache "
+                f"({self.kv.num_blocks} blocks of {self.block_size} tokens)")
+        lo, hi = min(prompt), max(prompt)
+        if lo < 0 or hi >= self.vocab_size:
+            bad = lo if lo < 0 else hi
+            raise InvalidRequestError(
+                f"request {rid!r}: token id {bad} is outside the vocabulary [0, {self.vocab_size})")
+        frm = request.export_kv_from_block
+        if frm is not None and not 0 <= frm < -(-n // self.block_size):
+            raise InvalidRequestError(
+                f"request {rid!r}: export_kv_from_block {frm} is outside the prompt's "
+                f"{-(-n // self.block_size)} blocks")
+        if rid in self.seqs:
+            raise InvalidRequestError(f"request {rid!r}: a request with this id is already live")
+
+    def add(self, request: GenerateRequest) -> Sequence:
+        self.validate(request)
+        seq = Sequence.from_request(request)
+        self.seqs[request.request_id] = seq
+        self.waiting.append(seq)
+        return seq
+
+    def abort(self, request_id: str) -> TokenOutput | None:
+        """Free everything of a live request at once; None if it is not live."""
+        seq = self.seqs.get(request_id)
+        if seq is None:
+            return None
+        st = seq.status
+        if st is SeqStatus.WAITING:
+            self.waiting.remove(seq)
+        elif st is SeqStatus.RUNNING:
+            self.running.remove(seq)
+        elif st is SeqStatus.READY:
+            self.ready.remove(seq)
+        elif st is SeqStatus.PARKED:
+            del self.parked[request_id]
+        out = self._output(seq, [], FinishReason.ABORT)
+        self._finish(seq, FinishReason.ABORT)
+        return out
+
+    def has_unfinished(self) -> bool:
+        return bool(self.seqs)
+
+    def has_schedulable(self) -> bool:
+        """Whether ``schedule`` may produce work (parked sequences wait for a command)."""
+        return bool(self.waiting or self.running or self.ready)
+
+    # ---- one step -------------------------------------------------------------------
+    def schedule(self) -> ScheduledBatch:
+        out: list[ScheduledSeq] = []
+        running = self.running
+        while self.ready and len(running) < self.max_num_seqs:
+            s = self.ready.popleft()
+            s.status = SeqStatus.RUNNING
+            running.append(s)
+        num_decodes = sum(1 for s in running if s.num_tokens - s.num_computed_tokens == 1)
+        budget = self.max_num_batched_tokens - num_decodes
+        preempted = False
+        i = 0
+        while i < len(running):
+            seq = running[i]
+            remaining = seq.num_tokens - seq.num_computed_tokens
+            if remaining == 1:
+                n = 1
+            else:
+                n = min(remaining, budget)
+                if n <= 0:
+                    i += 1
+                    continue
+            while self.kv.allocate(seq, n) is None:
+                victim = running.pop()  # the newest, never one scheduled already
+                preempted = True
+                if victim is not seq and victim.num_tokens - victim.num_computed_tokens == 1:
+                    budget += 1  # its decode token is no longer reserved
+                self._preempt(victim)
+                if victim is seq:
+                    break
+            else:
+                out.append(self._schedule_seq(seq, n))
+                if remaining > 1:
+                    budget -= n
+                i += 1
+        if not preempted:
+            self._admit(out, budget)
+        return ScheduledBatch(out)
+
+    def _admit(self, out: list[ScheduledSeq], budget: int) -> None:
+        waiting = self.waiting
+        first = True
+        while waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = waiting[0]
+            hit = self.kv.match_prefix(seq) if not seq.block_table else NO_HIT
+            computed = hit.num_tokens if hit.block_ids else seq.num_computed_tokens
+            remaining = seq.num_tokens - computed
+            if remaining <= budget:
+                n = remaining
+            elif first or remaining > self.max_num_batched_tokens:
+                n = budget  # chunk rather than starve the head
+            else:
+                break  # strict FIFO: wait for a step with room
+            if self.kv.allocate(seq, n, hit) is None:
+                break
+            waiting.popleft()
+            self.count_admission(seq, hit)
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            out.append(self._schedule_seq(seq, n))
+            budget -= n
+            first = False
+
+    def count_admission(self, seq: Sequence, hit: PrefixHit) -> None:
+        """Count a request's prompt and prefix hit once, on its first admission."""
+        if not seq.admitted:
+            seq.admitted = True
+            seq.num_cached_tokens = hit.num_tokens
+            self.prompt_tokens_total += seq.num_prompt_tokens
+            self.prefix_hit_tokens_total += hit.num_tokens
+
+    def _schedule_seq(self, seq: Sequence, n: int) -> ScheduledSeq:
+        start = seq.num_computed_tokens
+        end = start + n
+        return ScheduledSeq(seq.request_id, seq.token_ids[start:end], start, seq.block_table,
+                            end == seq.num_tokens, seq.sampling, seq.num_generated)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.kv.free(seq)
+        seq.status = SeqStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    # ---- after the forward ----------------------------------------------------------
+    def update(self, batch: ScheduledBatch, result: RunnerOutput) -> list[TokenOutput]:
+        """Apply a step's result: advance computed tokens, append samples, stop, free."""
+        outputs: list[TokenOutput] = []
+        any_finished = False
+        seqs = self.seqs
+        for sched, tok in zip(batch.seqs, result.sampled, strict=True):
+            seq = seqs.get(sched.request_id)
+            if seq is None or seq.status is not SeqStatus.RUNNING:
+                continue  # aborted or preempted since it was scheduled
+            seq.num_computed_tokens = sched.end_pos
+            self.kv.cache_computed_blocks(seq)
+            if not sched.sample:
+                continue
+            if tok is None:
+                raise RuntimeError(f"runner sampled no token for {sched.request_id!r}")
+            out = self.append_token(seq, tok)
+            outputs.append(out)
+            if out.finished:
+                any_finished = True
+        if any_finished:
+            self.running = [s for s in self.running if s.status is SeqStatus.RUNNING]
+        return outputs
+
+    def append_token(self, seq: Sequence, tok: int) -> TokenOutput:
+        """Append a sampled token, check stop conditions, finish the sequence if one holds."""
+        seq.token_ids.append(tok)
+        sp = seq.sampling
+        reason: FinishReason | None = None
+        if (not sp.ignore_eos and tok in self.eos_token_ids) or tok in sp.stop_token_ids:
+            reason = FinishReason.STOP
+        elif seq.num_generated >= sp.max_tokens or seq.num_tokens >= self.max_model_len:
+            reason = FinishReason.LENGTH
+        out = self._output(seq, [tok], reason)
+        if reason is not None:
+            if seq.request.export_kv_from_block is not None and self.kv_exporter is not None:
+                out.kv = self._export(seq)
+            self._finish(seq, reason)
+        return out
+
+    def _export(self, seq: Sequence) -> Any:
+        frm = seq.request.export_kv_from_block
+        assert frm is not None
+        end = -(-seq.num_prompt_tokens // self.block_size)
+        assert self.kv_exporter is not None
+        return self.kv_exporter(seq.block_table[frm:end])
+
+    def _output(self, seq: Sequence, toks: list[int], reason: FinishReason | None) -> TokenOutput:
+        return TokenOutput(seq.request_id, toks, reason is not None, reason,
+                           seq.num_prompt_tokens, seq.num_cached_tokens)
+
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        self.kv.free(seq)
+        seq.status = SeqStatus.FINISHED
+        seq.finish_reason = reason
+        del self.seqs[seq.request_id]

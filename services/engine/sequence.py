@@ -1,0 +1,72 @@
+"""One request's state inside the engine: its tokens, what is computed, its blocks."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from services.common.hashing import BlockHash
+from services.engine.request import FinishReason, GenerateRequest, SamplingParams
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"  # queued for (re)admission; may hold prefix blocks after a fallback
+    RUNNING = "running"  # scheduled every step until finished or preempted
+    PARKED = "parked"  # blocks allocated, waiting for a remote prefill's KV
+    READY = "ready"  # remote prefill imported; joins running when a seat is free
+    FINISHED = "finished"
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    """A request as the scheduler tracks it.
+
+    ``token_ids`` is prompt + generated tokens. The KV of ``token_ids[:num_computed_tokens]``
+    is in the blocks of ``block_table`` (in order). The scheduler's target is
+    ``num_tokens``: every step computes some of ``token_ids[num_computed_tokens:]`` and
+    samples once all of them are computed.
+    """
+
+    request: GenerateRequest
+    token_ids: list[int]
+    num_prompt_tokens: int
+    status: SeqStatus = SeqStatus.WAITING
+    num_computed_tokens: int = 0
+    block_table: list[int] = field(default_factory=list)
+    # Hashes of the full blocks of token_ids computed so far (grows lazily, never stale:
+    # tokens are only appended).
+    block_hashes: list[BlockHash] = field(default_factory=list)
+    num_cached_blocks: int = 0  # leading blocks of block_table registered in the prefix cache
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache on first admission
+    admitted: bool = False  # counted in the engine's prompt/hit totals already
+    finish_reason: FinishReason | None = None
+    # Remote prefill (decode side): blocks [fill_from, len(block_table)) await an import.
+    remote_fill_from: int = -1
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return self.request.sampling
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def generated_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def finished(self) -> bool:
+        return self.status is SeqStatus.FINISHED
+
+    @classmethod
+    def from_request(cls, request: GenerateRequest) -> Sequence:
+        return cls(request, list(request.prompt_token_ids), len(request.prompt_token_ids))

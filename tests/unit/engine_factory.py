@@ -1,0 +1,74 @@
+"""Factories for engine tests: tiny mock-runner engines and the brute-force token oracle."""
+
+from __future__ import annotations
+
+from services.common.config import EngineConfig, MockRunnerConfig
+from services.common.kv_events import KvEvent
+from services.engine.engine import LLMEngine
+from services.engine.request import FinishReason, GenerateRequest, SamplingParams
+from services.engine.runner.mock_runner import MockRunner
+
+EOS = 2
+
+
+def mock_cfg(
+    *,
+    block_size: int = 4,
+    num_kv_blocks: int = 64,
+    max_num_seqs: int = 8,
+    max_num_batched_tokens: int = 32,
+    max_model_len: int | None = 256,
+    vocab_size: int = 1000,
+    eos_probability: float = 0.0,
+) -> EngineConfig:
+    return EngineConfig(
+        runner="mock", block_size=block_size, num_kv_blocks=num_kv_blocks,
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=max_model_len,
+        mock=MockRunnerConfig(step_base_s=0, per_prefill_token_s=0, per_decode_seq_s=0,
+                              vocab_size=vocab_size, eos_token_id=EOS,
+                              eos_probability=eos_probability),
+    )
+
+
+def make_engine(
+    cfg: EngineConfig | None = None, worker_id: str = "w"
+) -> tuple[LLMEngine, MockRunner, list[KvEvent]]:
+    cfg = cfg or mock_cfg()
+    runner = MockRunner(cfg)
+    events: list[KvEvent] = []
+    return LLMEngine(runner, cfg, [EOS], worker_id, events.append), runner, events
+
+
+def req(rid: str, prompt: list[int], max_tokens: int = 4, **kw: object) -> GenerateRequest:
+    return GenerateRequest(rid, list(prompt), SamplingParams(max_tokens=max_tokens, **kw))
+
+
+def oracle(engine: LLMEngine, runner: MockRunner, request: GenerateRequest) -> tuple[list[int], FinishReason]:
+    """What the request must produce: each next token = f(the full token list so far)."""
+    sp = request.sampling
+    toks = list(request.prompt_token_ids)
+    out: list[int] = []
+    max_len = engine.scheduler.max_model_len
+    while True:
+        t = runner.next_token(toks)
+        toks.append(t)
+        out.append(t)
+        if (not sp.ignore_eos and t == EOS) or t in sp.stop_token_ids:
+            return out, FinishReason.STOP
+        if len(out) >= sp.max_tokens or len(toks) >= max_len:
+            return out, FinishReason.LENGTH
+
+
+def run_all(engine: LLMEngine, max_steps: int = 10_000) -> dict[str, list[int]]:
+    """Step until idle, checking integrity after every step; tokens per request."""
+    got: dict[str, list[int]] = {}
+    for _ in range(max_steps):
+        if not engine.has_unfinished():
+            break
+        for o in engine.step():
+            got.setdefault(o.request_id, []).extend(o.token_ids)
+        engine.check_integrity()
+    else:
+        raise AssertionError("engine did not finish")
+    return got
