@@ -49,7 +49,7 @@ class _WorkerSync:
 class KvIngest:
     def __init__(
         self,
-        nc: NatsClient,
+        nc: NatsClient | None,
         subjects: Subjects,
         index: RadixIndex,
         metrics: RouterMetrics,
@@ -66,7 +66,12 @@ class KvIngest:
         self._sub = None
         self._closed = False
 
-    async def start(self) -> None:
+    async def start(self, nc: NatsClient | None = None) -> None:
+        """Subscribe to every worker's events (``nc`` replaces the one given at construction)."""
+        if nc is not None:
+            self._nc = nc
+        if self._nc is None:
+            raise RuntimeError("KvIngest.start needs a NATS connection")
         self._sub = await self._nc.subscribe(self._subjects.kv_events_all, cb=self._on_msg)
 
     async def close(self) -> None:
@@ -85,6 +90,12 @@ class KvIngest:
     def last_event_id(self, worker_id: str) -> int:
         s = self._workers.get(worker_id)
         return s.last_event_id if s is not None else 0
+
+    def mark_synced(self, worker_id: str, session: int, last_event_id: int = 0) -> None:
+        """Declare the index in step with ``worker_id`` (session, last id) without a dump:
+        for a worker known to start empty (the bench feeds events without NATS)."""
+        s = self._workers.setdefault(worker_id, _WorkerSync())
+        s.session, s.last_event_id = session, last_event_id
 
     # ---- discovery hooks -------------------------------------------------------------
     def worker_joined(self, worker_id: str) -> None:
@@ -167,13 +178,14 @@ class KvIngest:
 
     # ---- dumps -----------------------------------------------------------------------
     def _start_sync(self, worker: str, s: _WorkerSync) -> None:
-        if self._closed or s.task is not None:
+        if self._closed or s.task is not None or self._nc is None:
             return
         s.syncing = True
         s.task = asyncio.create_task(self._sync(worker, s), name=f"kv dump {worker}")
         s.task.add_done_callback(_log_death)
 
     async def _sync(self, worker: str, s: _WorkerSync) -> None:
+        assert self._nc is not None  # _start_sync runs only after start()
         delay = 0.05
         while True:
             s.overflowed = False

@@ -118,6 +118,27 @@ class LoadTracker:
             prefill = max(prefill, -(-load.active_prefill_tokens // self._block_size))
         return LoadView(prefill, prompt)
 
+    def views(self, worker_ids: list[str]) -> list[tuple[int, int]]:
+        """``(pending_prefill_blocks, active_blocks)`` per worker, as ``view`` computes them;
+        one pass with hoisted lookups because the router calls it for every worker per route."""
+        now = self._clock()
+        stale, bs = self._stale, self._block_size
+        prompt_sum, prefill_sum, metrics = self._prompt_sum, self._prefill_sum, self._metrics
+        out = []
+        for w in worker_ids:
+            prompt = prompt_sum.get(w, 0)
+            prefill = prefill_sum.get(w, 0)
+            m = metrics.get(w)
+            if m is not None and now - m[1] <= stale:
+                load = m[0]
+                if load.kv_blocks_used > prompt:
+                    prompt = load.kv_blocks_used
+                p = -(-load.active_prefill_tokens // bs)
+                if p > prefill:
+                    prefill = p
+            out.append((prefill, prompt))
+        return out
+
     def inflight_count(self, worker_id: str | None = None) -> int:
         if worker_id is None:
             return len(self._inflight)

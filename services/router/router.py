@@ -73,7 +73,9 @@ class Router:
         self._rr = 0
         self._nc: NatsClient | None = None
         self._owns_nc = False
-        self._ingest: KvIngest | None = None
+        self.ingest = KvIngest(
+            None, self.subjects, self.index, self.metrics, rc.dump_timeout_s, rc.max_buffered_batches
+        )
         self._subs: list = []
         self._watch_task: asyncio.Task[None] | None = None
         self.discovery: Discovery | None = None
@@ -84,11 +86,7 @@ class Router:
             nc = await connect(self.cfg.nats, name=self.instance)
             self._owns_nc = True
         self._nc = nc
-        self._ingest = KvIngest(
-            nc, self.subjects, self.index, self.metrics,
-            self.cfg.router.dump_timeout_s, self.cfg.router.max_buffered_batches,
-        )
-        await self._ingest.start()
+        await self.ingest.start(nc)
         self._subs.append(await nc.subscribe(self.subjects.load_all, cb=self._on_load))
         self._subs.append(await nc.subscribe(self.subjects.router_inflight, cb=self._on_inflight))
         self.discovery = await Discovery.open(nc, self.cfg.namespace, self.cfg.discovery)
@@ -103,8 +101,7 @@ class Router:
             except asyncio.CancelledError:
                 pass
             self._watch_task = None
-        if self._ingest is not None:
-            await self._ingest.close()
+        await self.ingest.close()
         for sub in self._subs:
             try:
                 await sub.unsubscribe()
@@ -126,12 +123,6 @@ class Router:
     def workers(self) -> dict[str, Registration]:
         """Live decode workers from discovery, by instance id."""
         return dict(self._workers)
-
-    @property
-    def ingest(self) -> KvIngest:
-        if self._ingest is None:
-            raise RuntimeError("Router not started")
-        return self._ingest
 
     # ---- routing ---------------------------------------------------------------------
     async def route(self, req: RouteRequest) -> RouteResponse:
@@ -156,10 +147,10 @@ class Router:
         n = len(hashes)
         mode = self.cfg.router.mode
         if mode == "kv":
-            cands = []
-            for w in workers:
-                v = self.load.view(w)
-                cands.append(Candidate(w, scores.get(w, 0), v.pending_prefill_blocks, v.active_blocks))
+            cands = [
+                Candidate(w, scores.get(w, 0), prefill, active)
+                for w, (prefill, active) in zip(workers, self.load.views(workers), strict=True)
+            ]
             worker = select_worker(
                 cands, n, self.cfg.router.overlap_weight, self.cfg.router.temperature, self._rng
             ).worker_id
@@ -222,20 +213,29 @@ class Router:
         if u.replica_id != self.instance:
             self._apply_inflight(u)
 
+    # ---- discovery -------------------------------------------------------------------
+    def worker_joined(self, reg: Registration) -> None:
+        """A decode worker is live (the discovery watch calls this; so does the bench)."""
+        self._workers[reg.instance_id] = reg
+        self.ingest.worker_joined(reg.instance_id)
+        self.metrics.workers.set(len(self._workers))
+
+    def worker_left(self, worker_id: str) -> None:
+        """A decode worker is gone: forget its blocks, load and in-flight requests."""
+        self._workers.pop(worker_id, None)
+        self.ingest.worker_left(worker_id)
+        self.load.remove_worker(worker_id)
+        self.metrics.workers.set(len(self._workers))
+
     async def _watch(self) -> None:
         assert self.discovery is not None
         while True:
             try:
                 async for ev in self.discovery.watch(DECODE_ROLE):
-                    wid = ev.registration.instance_id
                     if ev.kind == "join":
-                        self._workers[wid] = ev.registration
-                        self.ingest.worker_joined(wid)
+                        self.worker_joined(ev.registration)
                     else:
-                        self._workers.pop(wid, None)
-                        self.ingest.worker_left(wid)
-                        self.load.remove_worker(wid)
-                    self.metrics.workers.set(len(self._workers))
+                        self.worker_left(ev.registration.instance_id)
             except (nats.errors.Error, asyncio.TimeoutError) as e:
                 log.warning("discovery watch failed (%s); restarting", e)
                 await asyncio.sleep(0.5)

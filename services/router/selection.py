@@ -60,7 +60,12 @@ def select_worker(
         raise ValueError("select_worker: no candidate workers")
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
-    costs = [cost(c, request_blocks, overlap_weight) for c in candidates]
+    # NOTE: ``cost`` inlined: this runs for every worker on every route.
+    costs = [
+        overlap_weight * (max(request_blocks - c.overlap_blocks, 0) + c.pending_prefill_blocks)
+        + c.active_blocks + request_blocks
+        for c in candidates
+    ]
     if temperature == 0:
         best = min(costs)
         tied = [i for i, x in enumerate(costs) if x == best]
