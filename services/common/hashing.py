@@ -54,8 +54,8 @@ def local_block_hashes(tokens: Sequence[int] | np.ndarray, block_size: int) -> l
         raise ValueError(f"block_size must be positive, got {block_size}")
     data = _token_bytes(tokens)
     stride = 4 * block_size
-    full = len(data) // stride
-    return [_xxh3(data[i * stride : (i + 1) * stride], seed=HASH_SEED) for i in range(full)]
+    end = len(data) // stride * stride
+    return [_xxh3(data[i : i + stride], HASH_SEED) for i in range(0, end, stride)]
 
 
 def chain_hash(parent_seq_hash: int | None, local_hash: int) -> int:
