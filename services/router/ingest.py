@@ -73,6 +73,9 @@ class KvIngest:
         if self._nc is None:
             raise RuntimeError("KvIngest.start needs a NATS connection")
         self._sub = await self._nc.subscribe(self._subjects.kv_events_all, cb=self._on_msg)
+        for worker, st in self._workers.items():
+            if st.syncing and st.task is None:
+                self._start_sync(worker, st)
 
     async def close(self) -> None:
         self._closed = True
@@ -178,9 +181,9 @@ class KvIngest:
 
     # ---- dumps -----------------------------------------------------------------------
     def _start_sync(self, worker: str, s: _WorkerSync) -> None:
+        s.syncing = True  # NOTE: out of step from now on, even before a dump can be sent
         if self._closed or s.task is not None or self._nc is None:
-            return
-        s.syncing = True
+            return  # without a connection yet, start() sends the dump
         s.task = asyncio.create_task(self._sync(worker, s), name=f"kv dump {worker}")
         s.task.add_done_callback(_log_death)
 
