@@ -30,7 +30,7 @@ from services.common.discovery import Registration
 from services.common.hashing import block_hashes
 from services.common.kv_events import KvStored, StoredBlock
 from services.common.wire import decode_event_batch_raw, encode_event_batch
-from services.router.router import Router
+from services.router.router import Router, tune_gc_for_index
 from services.router.types import RequestPhase, RouteRequest
 
 FAMILIES = 32
@@ -83,6 +83,7 @@ async def _routes(router: Router, prompts: list[list[int]]) -> tuple[np.ndarray,
 
 
 def main(args: argparse.Namespace) -> int:
+    tune_gc_for_index()  # as `tandem router` does
     cfg = ClusterConfig()
     bs = cfg.engine.block_size
     rng = np.random.default_rng(0)

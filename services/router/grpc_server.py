@@ -12,7 +12,7 @@ from prometheus_client import start_http_server
 from services.common.config import ClusterConfig
 from services.common.discovery import Registration
 from services.gen import router_pb2, router_pb2_grpc
-from services.router.router import Router
+from services.router.router import Router, tune_gc_for_index
 from services.router.types import (
     InvalidRouteRequest,
     NoWorkersAvailable,
@@ -76,6 +76,7 @@ async def start_grpc(router: Router, host: str, port: int) -> tuple[grpc.aio.Ser
 async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0") -> None:
     """Run one router replica until SIGINT/SIGTERM: gRPC on ``router.port + replica``,
     metrics on ``router.metrics_port + replica``, registered in discovery as role ``router``."""
+    tune_gc_for_index()
     router = Router(cfg, replica=replica)
     await router.start()
     server, port = await start_grpc(router, host, cfg.router.port + replica)
