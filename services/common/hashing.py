@@ -80,7 +80,7 @@ def block_hashes(
 ) -> list[BlockHash]:
     """Both hashes of every full block of ``tokens``, chained after ``parent_seq_hash``."""
     locals_ = local_block_hashes(tokens, block_size)
-    return [BlockHash(s, lh) for s, lh in zip(seq_hashes(locals_, parent_seq_hash), locals_)]
+    return [BlockHash(s, lh) for s, lh in zip(seq_hashes(locals_, parent_seq_hash), locals_, strict=True)]
 
 
 def hash_block(parent_seq_hash: int | None, block_tokens: Sequence[int]) -> BlockHash:

@@ -99,7 +99,7 @@ def _check_raw_events(raw: object) -> list[list]:
     if not isinstance(raw, list):
         raise WireError("event list is not an array")
     for r in raw:
-        if not isinstance(r, list) or not r or not isinstance(r[1] if len(r) > 1 else None, int):
+        if not isinstance(r, list) or len(r) < 2 or not isinstance(r[1], int):
             raise WireError("event is not [kind, event_id, ...]")
         kind = r[0]
         if kind == STORED:

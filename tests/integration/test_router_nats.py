@@ -196,3 +196,25 @@ async def test_garbage_on_the_event_subject_is_counted_and_ingest_stays_up(nc, n
         await wait_for(lambda: r.metrics.bad_messages.labels("load")._value.get() == 1, what="load")
     await w.close()
     await asyncio.sleep(0)
+
+
+async def test_restarted_worker_new_session_is_resynced(nc, nats_url, wait_for) -> None:
+    ns = "t7"
+    disc = await Discovery.open(nc, ns, _cfg(nats_url, ns).discovery)
+    w = FakeWorker(nc, ns, "wr", disc)
+    await w.start()
+    async with Router(_cfg(nats_url, ns)) as r:
+        await wait_for(lambda: r.ingest.synced("wr"), what="sync")
+        w.store([1] * 8)
+        w.store([2] * 8)
+        await wait_for(lambda: r.index.num_blocks("wr") == 4, what="events")
+        # The worker restarts: empty cache, a new publisher session, ids from 1 again.
+        await w.pub.close()
+        w2 = FakeWorker(nc, ns, "wr", disc)
+        await w2.pub.start()
+        w2.store([3] * 12)
+        await wait_for(lambda: r.ingest.synced("wr") and r.index.num_blocks("wr") == 3, what="resync")
+        assert r.index.find_matches(local_block_hashes([1] * 8, BS)).scores == {}
+        assert r.index.find_matches(local_block_hashes([3] * 12, BS)).scores == {"wr": 3}
+        await w2.pub.close()
+    await w.close()
