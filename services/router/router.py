@@ -245,16 +245,32 @@ class Router:
 
     async def _watch(self) -> None:
         assert self.discovery is not None
+        generation = 0
+        confirmed: dict[str, int] = {}  # worker -> last watch generation that announced it
         while True:
+            generation += 1
+            if generation > 1 and self._workers:
+                # A restarted watch replays live keys as joins but cannot report leaves that
+                # happened while it was down: drop workers it has not re-announced in 2 TTLs.
+                asyncio.get_running_loop().call_later(
+                    2 * self.cfg.discovery.ttl_s, self._drop_unconfirmed,
+                    set(self._workers), confirmed, generation,
+                )
             try:
                 async for ev in self.discovery.watch(DECODE_ROLE):
                     if ev.kind == "join":
+                        confirmed[ev.registration.instance_id] = generation
                         self.worker_joined(ev.registration)
                     else:
                         self.worker_left(ev.registration.instance_id)
             except (nats.errors.Error, asyncio.TimeoutError) as e:
                 log.warning("discovery watch failed (%s); restarting", e)
                 await asyncio.sleep(0.5)
+
+    def _drop_unconfirmed(self, workers: set[str], confirmed: dict[str, int], generation: int) -> None:
+        for w in workers:
+            if confirmed.get(w, 0) < generation and w in self._workers:
+                self.worker_left(w)
 
 
 def _log_death(task: asyncio.Task[None]) -> None:
