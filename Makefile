@@ -43,5 +43,10 @@ bench: setup model
 lint: setup
 	$(VENV)/bin/ruff check services tests benchmarks
 
+# Regenerate services/gen from proto/ (the generated files are committed).
+proto: $(STAMP)
+	$(PY) -m grpc_tools.protoc -Iservices/gen=proto --python_out=. --grpc_python_out=. \
+		--pyi_out=. proto/*.proto
+
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -14,6 +14,7 @@ _HANDLERS = {
     ("chat",): "services.engine.chat:main",
     ("bench", "engine"): "services.engine.bench:main",
     ("bench", "router"): "services.router.bench:main",
+    ("router",): "services.router.cli:main",
 }
 
 
@@ -40,6 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--max-tokens", type=int, default=256)
     chat.add_argument("--temperature", type=float, default=0.0)
     chat.set_defaults(_key=("chat",))
+
+    router = sub.add_parser("router", help="run one KV-aware router replica")
+    _add_config(router)
+    router.add_argument("--replica", type=int, default=0, help="replica index: ports are base + N")
+    router.set_defaults(_key=("router",))
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)

@@ -78,6 +78,14 @@ class RouterConfig(_Strict):
     metrics_port: int = Field(9201, ge=0, le=65535)
     overlap_weight: float = Field(1.0, ge=0)
     temperature: float = Field(0.0, ge=0)
+    # Routed-but-unfinished requests are forgotten after this long without a free
+    # (a processor that died mid-request must not pin load on a worker forever).
+    inflight_ttl_s: float = Field(600.0, gt=0)
+    # Load metrics older than this are ignored (the worker stopped reporting).
+    load_stale_s: float = Field(5.0, gt=0)
+    dump_timeout_s: float = Field(5.0, gt=0)
+    # Events buffered per worker while its dump is in flight; beyond it the dump is redone.
+    max_buffered_batches: int = Field(10_000, ge=1)
 
 
 class DisaggConfig(_Strict):
@@ -99,9 +107,23 @@ class PrefillConfig(_Strict):
     metrics_port: int = Field(9500, ge=0, le=65535)
 
 
+class DiscoveryConfig(_Strict):
+    """NATS KV discovery: a key per instance, refreshed every ``heartbeat_s``, gone after ``ttl_s``."""
+
+    ttl_s: float = Field(10.0, gt=0)
+    heartbeat_s: float = Field(3.0, gt=0)
+
+    @model_validator(mode="after")
+    def _check_heartbeat(self) -> DiscoveryConfig:
+        if self.heartbeat_s >= self.ttl_s:
+            raise ValueError("discovery.heartbeat_s must be shorter than discovery.ttl_s")
+        return self
+
+
 class ClusterConfig(_Strict):
     namespace: str = Field("tandem", pattern=r"^[A-Za-z0-9_-]+$")
     nats: NatsConfig = NatsConfig()
+    discovery: DiscoveryConfig = DiscoveryConfig()
     model: ModelConfig = ModelConfig()
     engine: EngineConfig = EngineConfig()
     frontend: FrontendConfig = FrontendConfig()

@@ -14,7 +14,9 @@ prefix cache by it and KV events name blocks by it).
 
 from __future__ import annotations
 
+import array
 import struct
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -35,7 +37,14 @@ class BlockHash:
     local_hash: int
 
 
+# array("I") packs a list of Python ints ~1.5x faster than np.asarray (the router hashes
+# every prompt on its hot path); usable where it is the same u32 little-endian layout.
+_ARRAY_U32 = array.array("I").itemsize == 4 and sys.byteorder == "little"
+
+
 def _token_bytes(tokens: Sequence[int] | np.ndarray) -> bytes:
+    if _ARRAY_U32 and not isinstance(tokens, np.ndarray):
+        return array.array("I", tokens).tobytes()  # OverflowError outside u32, like numpy
     return np.asarray(tokens, dtype="<u4").tobytes()
 
 
@@ -45,8 +54,8 @@ def local_block_hashes(tokens: Sequence[int] | np.ndarray, block_size: int) -> l
         raise ValueError(f"block_size must be positive, got {block_size}")
     data = _token_bytes(tokens)
     stride = 4 * block_size
-    full = len(data) // stride
-    return [_xxh3(data[i * stride : (i + 1) * stride], seed=HASH_SEED) for i in range(full)]
+    end = len(data) // stride * stride
+    return [_xxh3(data[i : i + stride], HASH_SEED) for i in range(0, end, stride)]
 
 
 def chain_hash(parent_seq_hash: int | None, local_hash: int) -> int:

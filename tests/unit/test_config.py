@@ -37,3 +37,13 @@ def test_overrides_apply_and_are_typed() -> None:
 def test_missing_file_is_clear(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "nope.yaml")
+
+
+def test_discovery_heartbeat_must_be_shorter_than_ttl() -> None:
+    import pytest
+
+    from services.common.config import ConfigError, parse_config
+
+    with pytest.raises(ConfigError, match="heartbeat_s"):
+        parse_config({"discovery": {"ttl_s": 1, "heartbeat_s": 2}})
+    assert parse_config({}).discovery.ttl_s > parse_config({}).discovery.heartbeat_s

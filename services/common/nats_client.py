@@ -1,0 +1,75 @@
+"""NATS connection and the one place that names every subject.
+
+Every subject starts with the cluster namespace (DESIGN.md, "Names") so two clusters can
+share one nats-server without hearing each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import nats
+from nats.aio.client import Client as NatsClient
+
+from services.common.config import NatsConfig
+
+__all__ = ["NatsClient", "Subjects", "connect"]
+
+
+@dataclass(frozen=True, slots=True)
+class Subjects:
+    """Subject names for one namespace. ``*`` forms are for subscriptions."""
+
+    namespace: str
+
+    def kv_events(self, worker_id: str) -> str:
+        """A worker publishes encoded KV event batches here (wire.encode_event_batch)."""
+        return f"{self.namespace}.kv.events.{worker_id}"
+
+    @property
+    def kv_events_all(self) -> str:
+        return f"{self.namespace}.kv.events.*"
+
+    def kv_dump(self, worker_id: str) -> str:
+        """Request/reply: empty request, reply is wire.encode_dump (the worker's whole cache)."""
+        return f"{self.namespace}.kv.dump.{worker_id}"
+
+    def load(self, worker_id: str) -> str:
+        """A worker publishes wire.encode_load(WorkerLoad) here a few times a second."""
+        return f"{self.namespace}.load.{worker_id}"
+
+    @property
+    def load_all(self) -> str:
+        return f"{self.namespace}.load.*"
+
+    @property
+    def router_inflight(self) -> str:
+        """Router replicas share routed/prefilled/freed requests (wire.encode_inflight)."""
+        return f"{self.namespace}.router.inflight"
+
+    @property
+    def discovery_bucket(self) -> str:
+        """The JetStream KV bucket holding one key per live instance."""
+        return f"{self.namespace}_discovery"
+
+
+async def connect(cfg: NatsConfig, name: str) -> NatsClient:
+    """Connect with credentials from ``cfg`` and reconnect forever after a disconnect.
+
+    The first connect is retried a few times so a part started next to a nats-server that is
+    still booting does not fail; a later loss of the server is survived by reconnecting.
+    """
+    opts: dict = {
+        "servers": [cfg.url],
+        "name": name,
+        "max_reconnect_attempts": -1,
+        "reconnect_time_wait": 0.5,
+        "connect_timeout": 2,
+        "allow_reconnect": True,
+    }
+    if cfg.user is not None:
+        opts["user"] = cfg.user
+        opts["password"] = cfg.password or ""
+    if cfg.token is not None:
+        opts["token"] = cfg.token
+    return await nats.connect(**opts)

@@ -1,0 +1,1 @@
+"""The KV-aware router: prefix index, load tracking, worker selection, gRPC `Route`."""

@@ -1,0 +1,134 @@
+"""`tandem bench router`: route latency over a large index and the event ingest rate.
+
+Builds, without NATS, the state a router would have after ``--blocks`` stored blocks from
+``--workers`` workers: prompts of ``--prompt-tokens`` tokens, each starting with one of 32
+shared "system prompts" (a quarter of its length) followed by its own tokens, spread round
+robin over the workers. Then:
+
+- ingest: wire-encoded event batches (8 stored events of one prompt each) are decoded and
+  applied through ``KvIngest.handle_batch``, the same path as a NATS message callback;
+  reported as stored blocks per second (the socket and the NATS client are not included);
+- route: ``--routes`` calls of ``Router.route`` (hashing the prompt's token list included)
+  with prompts that share a system prompt and a random share of a stored prompt's own
+  blocks, each freed after routing so the load state stays steady; p50/p99 in microseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+
+from services.common.config import ClusterConfig
+from services.common.discovery import Registration
+from services.common.hashing import block_hashes
+from services.common.kv_events import KvStored, StoredBlock
+from services.common.wire import decode_event_batch_raw, encode_event_batch
+from services.router.router import Router, tune_gc_for_index
+from services.router.types import RequestPhase, RouteRequest
+
+FAMILIES = 32
+EVENTS_PER_BATCH = 8
+
+
+def _build(
+    rng: np.random.Generator, n_blocks: int, n_workers: int, prompt_tokens: int, bs: int
+) -> tuple[list[bytes], list[np.ndarray], int, int]:
+    """Encoded batches, the prompts' tokens, blocks in the events, distinct (worker, block)s."""
+    seq_blocks = prompt_tokens // bs
+    if seq_blocks < 4:
+        raise ValueError(f"--prompt-tokens must cover at least 4 blocks of {bs} tokens")
+    n_seqs = max(n_blocks // seq_blocks, 1)
+    prefix_tokens = (seq_blocks // 4) * bs
+    families = [rng.integers(0, 49152, prefix_tokens, dtype=np.uint32) for _ in range(FAMILIES)]
+    seqs: list[np.ndarray] = []
+    per_worker: dict[str, list[KvStored]] = {}
+    distinct: dict[str, set[int]] = {}
+    for i in range(n_seqs):
+        tokens = np.concatenate(
+            [families[i % FAMILIES], rng.integers(0, 49152, seq_blocks * bs - prefix_tokens, dtype=np.uint32)]
+        )
+        seqs.append(tokens)
+        w = f"w{i % n_workers}"
+        evs = per_worker.setdefault(w, [])
+        blocks = tuple(StoredBlock(b.seq_hash, b.local_hash) for b in block_hashes(tokens, bs))
+        evs.append(KvStored(w, len(evs) + 1, None, blocks))
+        distinct.setdefault(w, set()).update(b.seq_hash for b in blocks)
+    batches = []
+    for w, evs in per_worker.items():
+        for j in range(0, len(evs), EVENTS_PER_BATCH):
+            batches.append(encode_event_batch(w, 1, evs[j : j + EVENTS_PER_BATCH]))
+    return batches, seqs, n_seqs * seq_blocks, sum(len(d) for d in distinct.values())
+
+
+async def _routes(router: Router, prompts: list[list[int]]) -> tuple[np.ndarray, np.ndarray, float]:
+    """Wall time and this thread's CPU time per route (CPU time leaves out the time the OS
+    ran other processes, which on a shared machine dominates the wall-clock tail)."""
+    lat = np.empty(len(prompts))
+    cpu = np.empty(len(prompts))
+    hit = 0.0
+    for i, p in enumerate(prompts):
+        c0, t0 = time.thread_time(), time.perf_counter()
+        r = await router.route(RouteRequest(f"b{i}", p))
+        lat[i], cpu[i] = time.perf_counter() - t0, time.thread_time() - c0
+        hit += r.prefix_hit_rate
+        await router.update(f"b{i}", RequestPhase.FINISHED)
+    return lat, cpu, hit / len(prompts)
+
+
+def main(args: argparse.Namespace) -> int:
+    tune_gc_for_index()  # as `tandem router` does
+    cfg = ClusterConfig()
+    bs = cfg.engine.block_size
+    rng = np.random.default_rng(0)
+    print(f"building {args.blocks} blocks over {args.workers} workers ...", flush=True)
+    batches, seqs, stored, distinct = _build(rng, args.blocks, args.workers, args.prompt_tokens, bs)
+
+    router = Router(cfg, seed=0)
+    for w in range(args.workers):
+        router.ingest.mark_synced(f"w{w}", session=1)
+        router.worker_joined(Registration("decode", f"w{w}"))
+    t0 = time.perf_counter()
+    for data in batches:
+        router.ingest.handle_batch(decode_event_batch_raw(data))
+    ingest_s = time.perf_counter() - t0
+    if router.index.num_blocks() != distinct:
+        raise RuntimeError(f"index holds {router.index.num_blocks()} blocks, expected {distinct}")
+
+    prompts = []
+    seq_blocks = args.prompt_tokens // bs
+    for _ in range(args.routes):
+        s = seqs[int(rng.integers(len(seqs)))]
+        keep = int(rng.integers(seq_blocks // 4, seq_blocks + 1)) * bs  # the system prompt at least
+        fresh = rng.integers(0, 49152, args.prompt_tokens - keep, dtype=np.uint32)
+        prompts.append(np.concatenate([s[:keep], fresh]).tolist())
+    lat, cpu, hit = asyncio.run(_routes(router, prompts))
+
+    result = {
+        "route_p50_us": round(float(np.percentile(lat, 50)) * 1e6, 1),
+        "route_p99_us": round(float(np.percentile(lat, 99)) * 1e6, 1),
+        "ingest_blocks_s": round(stored / ingest_s),
+        "route_cpu_p50_us": round(float(np.percentile(cpu, 50)) * 1e6, 1),
+        "route_cpu_p99_us": round(float(np.percentile(cpu, 99)) * 1e6, 1),
+        "load_average_1m": round(os.getloadavg()[0], 2),
+        "cpus": os.cpu_count(),
+        "blocks": stored,  # in the events; a block stored twice by one worker is indexed once
+        "indexed_blocks": distinct,
+        "workers": args.workers,
+        "prompt_tokens": args.prompt_tokens,
+        "routes": args.routes,
+        "mean_prefix_hit_rate": round(hit, 3),
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+    }
+    print(json.dumps(result, indent=2))
+    if args.json_path:
+        Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_path).write_text(json.dumps(result, indent=2) + "\n")
+    return 0

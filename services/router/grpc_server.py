@@ -1,0 +1,108 @@
+"""gRPC adapter for the Router part, and ``serve`` (what `tandem router -c FILE` runs)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import grpc
+from prometheus_client import start_http_server
+
+from services.common.config import ClusterConfig
+from services.common.discovery import Registration
+from services.gen import router_pb2, router_pb2_grpc
+from services.router.router import Router, tune_gc_for_index
+from services.router.types import (
+    InvalidRouteRequest,
+    NoWorkersAvailable,
+    RequestPhase,
+    RouteRequest,
+)
+
+log = logging.getLogger(__name__)
+
+_PHASES = {
+    router_pb2.RequestUpdate.PREFILLED: RequestPhase.PREFILLED,
+    router_pb2.RequestUpdate.FINISHED: RequestPhase.FINISHED,
+}
+
+
+class RouterServicer(router_pb2_grpc.RouterServicer):
+    """Translates messages and errors; all logic lives in ``Router``."""
+
+    def __init__(self, router: Router) -> None:
+        self._router = router
+
+    async def Route(self, request: router_pb2.RouteRequest, context: grpc.aio.ServicerContext):  # noqa: N802
+        req = RouteRequest(
+            request_id=request.request_id,
+            token_ids=request.token_ids,
+            local_hashes=list(request.local_hashes) or None,
+        )
+        try:
+            r = await self._router.route(req)
+        except InvalidRouteRequest as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except NoWorkersAvailable as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+        return router_pb2.RouteResponse(
+            worker_id=r.worker_id, overlap_blocks=r.overlap_blocks, request_blocks=r.request_blocks,
+            prefix_hit_rate=r.prefix_hit_rate, address=r.address,
+        )
+
+    async def Update(self, request: router_pb2.RequestUpdate, context: grpc.aio.ServicerContext):  # noqa: N802
+        phase = _PHASES.get(request.phase)
+        if phase is None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "RequestUpdate.phase is unspecified")
+        try:
+            await self._router.update(request.request_id, phase)
+        except InvalidRouteRequest as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        return router_pb2.UpdateAck()
+
+
+async def start_grpc(router: Router, host: str, port: int) -> tuple[grpc.aio.Server, int]:
+    """Serve ``router`` on host:port (0 = any free port); returns the server and bound port."""
+    server = grpc.aio.server()
+    router_pb2_grpc.add_RouterServicer_to_server(RouterServicer(router), server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"router: cannot bind gRPC port {host}:{port}")
+    await server.start()
+    return server, bound
+
+
+async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0") -> None:
+    """Run one router replica until SIGINT/SIGTERM: gRPC on ``router.port + replica``,
+    metrics on ``router.metrics_port + replica``, registered in discovery as role ``router``."""
+    tune_gc_for_index()
+    router = Router(cfg, replica=replica)
+    await router.start()
+    server, port = await start_grpc(router, host, cfg.router.port + replica)
+    metrics_port = cfg.router.metrics_port + replica
+    start_http_server(metrics_port, registry=router.metrics.registry)
+    assert router.discovery is not None
+    lease = await router.discovery.register(
+        Registration("router", f"router-{replica}", address=f"{_advertised(host)}:{port}",
+                     metrics_address=f"{_advertised(host)}:{metrics_port}")
+    )
+    log.info("router replica %d serving gRPC on %d, metrics on %d", replica, port, metrics_port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await lease.close()
+        await server.stop(grace=2)
+        await router.close()
+
+
+def _advertised(host: str) -> str:
+    if host not in ("0.0.0.0", "::", ""):
+        return host
+    import socket
+
+    return socket.gethostname()

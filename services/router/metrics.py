@@ -1,0 +1,40 @@
+"""The router's Prometheus metrics, on a registry of its own so several routers (replicas in
+one test process) do not collide on the global one."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class RouterMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.decisions = Counter(
+            "tandem_router_decisions_total", "Requests routed, by chosen worker", ["worker"], registry=r
+        )
+        self.route_seconds = Histogram(
+            "tandem_router_route_seconds", "Time to route one request (hashing included)",
+            buckets=(5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 5e-2), registry=r,
+        )
+        self.overlap_blocks = Histogram(
+            "tandem_router_overlap_blocks", "Cached prefix blocks on the chosen worker",
+            buckets=(0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024), registry=r,
+        )
+        self.indexed_blocks = Gauge(
+            "tandem_router_indexed_blocks", "Blocks in the prefix index, summed over workers", registry=r
+        )
+        self.workers = Gauge("tandem_router_workers", "Decode workers known from discovery", registry=r)
+        self.events_applied = Counter(
+            "tandem_router_kv_events_applied_total", "KV events applied to the index", registry=r
+        )
+        self.gaps = Counter(
+            "tandem_router_kv_event_gaps_total", "Event id gaps or unknown parents seen", registry=r
+        )
+        self.dumps = Counter(
+            "tandem_router_kv_dumps_total", "Full dumps requested from workers, by outcome",
+            ["outcome"], registry=r,
+        )
+        self.bad_messages = Counter(
+            "tandem_router_bad_messages_total", "NATS messages that did not decode", ["kind"], registry=r
+        )

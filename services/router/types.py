@@ -1,0 +1,39 @@
+"""The router's in-process API types; the gRPC messages in proto/router.proto mirror them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+
+class InvalidRouteRequest(ValueError):
+    """The request cannot be routed as given (gRPC INVALID_ARGUMENT)."""
+
+
+class NoWorkersAvailable(RuntimeError):
+    """No decode worker is registered in discovery (gRPC UNAVAILABLE)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRequest:
+    """``token_ids`` (the prompt) or, when the caller hashed already, ``local_hashes`` (one per
+    full block, from services.common.hashing.local_block_hashes). One must be non-empty."""
+
+    request_id: str
+    token_ids: Sequence[int] = ()
+    local_hashes: Sequence[int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RouteResponse:
+    worker_id: str
+    overlap_blocks: int  # blocks of the prompt already cached on that worker
+    request_blocks: int  # full blocks in the prompt
+    prefix_hit_rate: float  # overlap_blocks / request_blocks (0 for a prompt under one block)
+    address: str = ""  # the worker's gRPC address from discovery ("" if it announced none)
+
+
+class RequestPhase(Enum):
+    PREFILLED = "prefilled"  # first token out: its prefill no longer loads the worker
+    FINISHED = "finished"  # done or aborted: forget it
