@@ -1,0 +1,163 @@
+"""Paged attention over the block-table KV cache.
+
+Per layer the cache is two flat views ``(num_blocks * block_size, kv_heads, head_dim)``;
+a token at position ``p`` of a sequence lives at slot
+``block_ids[p // block_size] * block_size + p % block_size``. A step first writes the new
+tokens' K/V at their slots, then every new token attends over its sequence's context
+``[0, its position]`` read back through the block table.
+
+The flat token order of a step is: all prefill-chunk tokens (chunk by chunk), then one token
+per decode sequence. Prefill chunks are few and loop in Python; decode sequences are
+attended in one padded, masked SDPA call. Everything that does not depend on the layer
+lives in ``AttentionMetadata``, built once per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(slots=True)
+class PrefillChunk:
+    """A sequence with several new tokens: flat token rows ``[start, end)``.
+
+    ``ctx_slots`` (L,) are the cache slots of the whole context ``[0, end_pos)``, and
+    ``mask`` (n, L) is the causal mask over it; both are None when the chunk starts at
+    position 0, in which case attention runs on the fresh K/V with ``is_causal``.
+    """
+
+    start: int
+    end: int
+    ctx_slots: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
+
+
+@dataclass(slots=True)
+class DecodeGroup:
+    """Sequences with exactly one new token, attended together.
+
+    ``ctx_slots`` (D, L_max) gathers each sequence's padded context from the flat cache
+    (padding points at slot 0); ``mask`` (D, 1, 1, L_max) is true on real positions.
+    """
+
+    ctx_slots: torch.Tensor
+    mask: torch.Tensor
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    """What attention needs for one step, shared by every layer."""
+
+    slot_mapping: torch.Tensor  # (T,) int64: cache slot of each new token
+    num_prefill_tokens: int  # rows [0, P) are prefill chunks, [P, T) decode tokens
+    prefills: list[PrefillChunk] = field(default_factory=list)
+    decode: DecodeGroup | None = None
+
+
+def build_attention_metadata(
+    prefills: list[tuple[int, list[int], int]],
+    decodes: list[tuple[int, list[int]]],
+    block_size: int,
+    device: torch.device,
+) -> AttentionMetadata:
+    """Build the metadata for one step.
+
+    ``prefills``: ``(start_pos, block_ids, num_new_tokens)`` per chunk, in flat order;
+    ``decodes``: ``(position, block_ids)`` per single-token sequence, after the prefills.
+    """
+    slots: list[int] = []
+    chunks: list[PrefillChunk] = []
+    row = 0
+    for start_pos, block_ids, n in prefills:
+        end_pos = start_pos + n
+        slots.extend(block_ids[p // block_size] * block_size + p % block_size for p in range(start_pos, end_pos))
+        chunk = PrefillChunk(start=row, end=row + n)
+        if start_pos > 0:
+            chunk.ctx_slots = _context_slots(block_ids, end_pos, block_size, device)
+            q_pos = torch.arange(start_pos, end_pos, device=device)
+            chunk.mask = torch.arange(end_pos, device=device)[None, :] <= q_pos[:, None]  # (n, L)
+        chunks.append(chunk)
+        row += n
+    decode = None
+    if decodes:
+        slots.extend(bt[p // block_size] * block_size + p % block_size for p, bt in decodes)
+        max_blocks = max(len(bt) for _, bt in decodes)
+        table = torch.tensor(
+            [bt + [0] * (max_blocks - len(bt)) for _, bt in decodes], dtype=torch.int64, device=device
+        )  # (D, max_blocks)
+        ctx_len = torch.tensor([p + 1 for p, _ in decodes], dtype=torch.int64, device=device)
+        max_len = int(max(p for p, _ in decodes)) + 1
+        pos = torch.arange(max_len, device=device)
+        ctx_slots = table[:, pos // block_size] * block_size + pos % block_size  # (D, L)
+        mask = pos[None, :] < ctx_len[:, None]  # (D, L)
+        ctx_slots = ctx_slots.masked_fill(~mask, 0)
+        decode = DecodeGroup(ctx_slots=ctx_slots, mask=mask[:, None, None, :])
+    return AttentionMetadata(
+        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+        num_prefill_tokens=row,
+        prefills=chunks,
+        decode=decode,
+    )
+
+
+def _context_slots(block_ids: list[int], length: int, block_size: int, device: torch.device) -> torch.Tensor:
+    blocks = torch.tensor(block_ids[: (length + block_size - 1) // block_size], dtype=torch.int64, device=device)
+    pos = torch.arange(length, device=device)
+    return blocks[pos // block_size] * block_size + pos % block_size  # (L,)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+) -> torch.Tensor:
+    """Write the new K/V into the cache, then attend.
+
+    q (T, Hq, D); k, v (T, Hkv, D); k_cache, v_cache (slots, Hkv, D) flat views of one
+    layer's cache. Returns (T, Hq, D).
+    """
+    k_cache.index_copy_(0, meta.slot_mapping, k)
+    v_cache.index_copy_(0, meta.slot_mapping, v)
+    num_heads, num_kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
+    if meta.decode is None and len(meta.prefills) == 1:
+        return _prefill(q, k, v, k_cache, v_cache, meta.prefills[0])
+    out = torch.empty_like(q)
+    for chunk in meta.prefills:
+        out[chunk.start : chunk.end] = _prefill(q, k, v, k_cache, v_cache, chunk)
+    if meta.decode is not None:
+        p = meta.num_prefill_tokens
+        d = meta.decode
+        n = q.shape[0] - p
+        group = num_heads // num_kv_heads
+        qd = q[p:].view(n, num_kv_heads, group, head_dim)  # (D, Hkv, G, hd): GQA without expand
+        kd = k_cache[d.ctx_slots].transpose(1, 2)  # (D, Hkv, L, hd)
+        vd = v_cache[d.ctx_slots].transpose(1, 2)  # (D, Hkv, L, hd)
+        od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=d.mask)  # (D, Hkv, G, hd)
+        out[p:] = od.reshape(n, num_heads, head_dim)
+    return out
+
+
+def _prefill(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    chunk: PrefillChunk,
+) -> torch.Tensor:
+    qc = q[chunk.start : chunk.end].transpose(0, 1)  # (Hq, n, hd)
+    if chunk.ctx_slots is None:
+        kc = k[chunk.start : chunk.end].transpose(0, 1)  # (Hkv, n, hd)
+        vc = v[chunk.start : chunk.end].transpose(0, 1)
+        o = F.scaled_dot_product_attention(qc, kc, vc, is_causal=True, enable_gqa=True)
+    else:
+        kc = k_cache[chunk.ctx_slots].transpose(0, 1)  # (Hkv, L, hd)
+        vc = v_cache[chunk.ctx_slots].transpose(0, 1)
+        o = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=chunk.mask, enable_gqa=True)
+    return o.transpose(0, 1)  # (n, Hq, hd)
