@@ -97,7 +97,7 @@ class TorchRunner(ModelRunner):
             _, logits = self._forward(batch)
         if logits is None:
             return torch.empty(0, self.vocab_size)
-        return logits.float().cpu()
+        return logits.float().cpu().clone()  # a normal (not inference-mode) tensor
 
     def _forward(self, batch: ScheduledBatch) -> tuple[StepInputs, torch.Tensor | None]:
         validate_batch(batch, self.block_size, self.kv_spec.num_blocks, self.max_model_len)
@@ -117,7 +117,9 @@ class TorchRunner(ModelRunner):
 
     def export_kv(self, block_ids: Sequence[int]) -> torch.Tensor:
         idx = self._block_index(block_ids)
-        with torch.inference_mode():
+        # NOTE: outside inference_mode on purpose: the copy is a normal tensor the caller may
+        # modify or serialise.
+        with torch.no_grad():
             return self.kv_cache.index_select(2, idx)  # (layers, 2, n, block_size, kv_heads, hd)
 
     def import_kv(self, block_ids: Sequence[int], data: torch.Tensor) -> None:
