@@ -111,11 +111,11 @@ class LlamaModel(nn.Module):
     ) -> torch.Tensor:
         """input_ids, positions (T,) -> hidden (T, H).
 
-        ``kv_cache`` is the 6-D cache or, to skip re-viewing it every step, the per-layer
-        flat ``(k, v)`` views from ``flat_kv_views``.
+        ``kv_cache`` is the 6-D cache or, to skip re-slicing it every step, the per-layer
+        ``(k, v)`` views from ``layer_kv_views``.
         """
         if isinstance(kv_cache, torch.Tensor):
-            kv_cache = flat_kv_views(kv_cache)
+            kv_cache = layer_kv_views(kv_cache)
         cos, sin = self.rotary.lookup(positions)  # (T, 1, hd) each, shared by all layers
         x = self.embed_tokens(input_ids)  # (T, H)
         residual = None
@@ -173,16 +173,9 @@ class LlamaModel(nn.Module):
             raise ValueError(f"unexpected tensor {unexpected[0]!r} ({len(unexpected)} unexpected in all)")
 
 
-def flat_kv_views(kv_cache: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per layer, ``(k, v)`` views of shape (num_blocks * block_size, kv_heads, head_dim)."""
-    layers, _, blocks, block_size, kv_heads, head_dim = kv_cache.shape
-    return [
-        (
-            kv_cache[i, 0].view(blocks * block_size, kv_heads, head_dim),
-            kv_cache[i, 1].view(blocks * block_size, kv_heads, head_dim),
-        )
-        for i in range(layers)
-    ]
+def layer_kv_views(kv_cache: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer, ``(k, v)`` views of shape (num_blocks, block_size, kv_heads, head_dim)."""
+    return [(kv_cache[i, 0], kv_cache[i, 1]) for i in range(kv_cache.shape[0])]
 
 
 def _copy(dst: torch.Tensor, src: torch.Tensor, name: str) -> None:

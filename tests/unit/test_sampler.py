@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from services.engine.request import SamplingParams
-from services.engine.sampler import Sampler
+from services.engine.sampler import Sampler, filter_top_k_top_p
 from tests.unit._tiny_model import seq
 
 V = 64
@@ -119,3 +119,41 @@ def test_different_seeds_differ_and_unseeded_follow_engine_seed():
 def test_row_count_mismatch_is_an_error():
     with pytest.raises(ValueError, match="rows"):
         Sampler(0).sample(torch.zeros(2, V), _seqs(3, SamplingParams()))
+
+
+def _reference_filter(row: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Brute force: full sort, top-k, renormalise, keep while the mass before is < top_p."""
+    order = row.argsort(descending=True).tolist()
+    kept = order[: top_k if top_k > 0 else len(order)]
+    probs = torch.softmax(row[kept], -1).tolist()
+    nucleus, before = [], 0.0
+    for tok, p in zip(kept, probs, strict=True):
+        if nucleus and top_p < 1.0 and before >= top_p:
+            break
+        nucleus.append(tok)
+        before += p
+    out = torch.full_like(row, float("-inf"))
+    out[nucleus] = row[nucleus]
+    return out
+
+
+@pytest.mark.parametrize("scale", [0.05, 1.0, 8.0])  # flat (full-sort fallback) .. peaked (candidates)
+def test_filter_matches_brute_force_on_a_large_vocab(scale):
+    vocab = 5000  # > TOP_P_CANDIDATES
+    params = [
+        SamplingParams(top_p=0.9),
+        SamplingParams(top_k=40),
+        SamplingParams(top_k=2000, top_p=0.5),
+        SamplingParams(),  # untouched
+        SamplingParams(top_p=0.3),
+    ]
+    logits = torch.randn(len(params), vocab, generator=torch.Generator().manual_seed(9)) * scale
+    got = filter_top_k_top_p(logits, params)
+    for i, p in enumerate(params):
+        want = _reference_filter(logits[i], p.top_k, p.top_p)
+        # Kept sets equal except possibly a token right at the top_p boundary (float sums).
+        diff = (torch.isinf(got[i]) != torch.isinf(want)).sum().item()
+        assert diff <= 1, f"row {i}: {diff} tokens differ"
+        kept = ~torch.isinf(got[i])
+        assert torch.equal(got[i][kept], logits[i][kept])
+    assert torch.equal(got[3], logits[3])

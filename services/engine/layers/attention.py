@@ -1,7 +1,6 @@
 """Paged attention over the block-table KV cache.
 
-Per layer the cache is two flat views ``(num_blocks * block_size, kv_heads, head_dim)``;
-a token at position ``p`` of a sequence lives at slot
+Per layer the cache is two views ``(num_blocks, block_size, kv_heads, head_dim)``; a token at position ``p`` of a sequence lives at slot
 ``block_ids[p // block_size] * block_size + p % block_size``. A step first writes the new
 tokens' K/V at their slots, then every new token attends over its sequence's context
 ``[0, its position]`` read back through the block table.
@@ -24,14 +23,15 @@ import torch.nn.functional as F
 class PrefillChunk:
     """A sequence with several new tokens: flat token rows ``[start, end)``.
 
-    ``ctx_slots`` (L,) are the cache slots of the whole context ``[0, end_pos)``, and
-    ``mask`` (n, L) is the causal mask over it; both are None when the chunk starts at
+    ``ctx_blocks`` (nb,) are the blocks holding the context ``[0, ctx_len)`` and ``mask``
+    (n, ctx_len) is the causal mask over it; both are None when the chunk starts at
     position 0, in which case attention runs on the fresh K/V with ``is_causal``.
     """
 
     start: int
     end: int
-    ctx_slots: torch.Tensor | None = None
+    ctx_len: int = 0
+    ctx_blocks: torch.Tensor | None = None
     mask: torch.Tensor | None = None
 
 
@@ -39,11 +39,12 @@ class PrefillChunk:
 class DecodeGroup:
     """Sequences with exactly one new token, attended together.
 
-    ``ctx_slots`` (D, L_max) gathers each sequence's padded context from the flat cache
-    (padding points at slot 0); ``mask`` (D, 1, 1, L_max) is true on real positions.
+    ``block_table`` (D, nb_max) is each sequence's block table padded with block 0;
+    ``mask`` (D, 1, 1, nb_max * block_size) is true on each sequence's real context.
+    Gathering whole blocks (not single slots) keeps the per-layer copy a few large memcpys.
     """
 
-    ctx_slots: torch.Tensor
+    block_table: torch.Tensor
     mask: torch.Tensor
 
 
@@ -74,9 +75,10 @@ def build_attention_metadata(
     for start_pos, block_ids, n in prefills:
         end_pos = start_pos + n
         slots.extend(block_ids[p // block_size] * block_size + p % block_size for p in range(start_pos, end_pos))
-        chunk = PrefillChunk(start=row, end=row + n)
+        chunk = PrefillChunk(start=row, end=row + n, ctx_len=end_pos)
         if start_pos > 0:
-            chunk.ctx_slots = _context_slots(block_ids, end_pos, block_size, device)
+            used = (end_pos + block_size - 1) // block_size
+            chunk.ctx_blocks = torch.tensor(block_ids[:used], dtype=torch.int64, device=device)
             q_pos = torch.arange(start_pos, end_pos, device=device)
             chunk.mask = torch.arange(end_pos, device=device)[None, :] <= q_pos[:, None]  # (n, L)
         chunks.append(chunk)
@@ -84,29 +86,24 @@ def build_attention_metadata(
     decode = None
     if decodes:
         slots.extend(bt[p // block_size] * block_size + p % block_size for p, bt in decodes)
-        max_blocks = max(len(bt) for _, bt in decodes)
+        max_blocks = max(p // block_size for p, _ in decodes) + 1
+        # NOTE: only the blocks a sequence uses are read; ids past them are not validated.
+        rows = [bt[: p // block_size + 1] for p, bt in decodes]
         table = torch.tensor(
-            [bt + [0] * (max_blocks - len(bt)) for _, bt in decodes], dtype=torch.int64, device=device
-        )  # (D, max_blocks)
+            [r + [0] * (max_blocks - len(r)) for r in rows],
+            dtype=torch.int64,
+            device=device,
+        )  # (D, nb_max)
         ctx_len = torch.tensor([p + 1 for p, _ in decodes], dtype=torch.int64, device=device)
-        max_len = int(max(p for p, _ in decodes)) + 1
-        pos = torch.arange(max_len, device=device)
-        ctx_slots = table[:, pos // block_size] * block_size + pos % block_size  # (D, L)
-        mask = pos[None, :] < ctx_len[:, None]  # (D, L)
-        ctx_slots = ctx_slots.masked_fill(~mask, 0)
-        decode = DecodeGroup(ctx_slots=ctx_slots, mask=mask[:, None, None, :])
+        pos = torch.arange(max_blocks * block_size, device=device)
+        mask = pos[None, :] < ctx_len[:, None]  # (D, L_pad)
+        decode = DecodeGroup(block_table=table, mask=mask[:, None, None, :])
     return AttentionMetadata(
         slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
         num_prefill_tokens=row,
         prefills=chunks,
         decode=decode,
     )
-
-
-def _context_slots(block_ids: list[int], length: int, block_size: int, device: torch.device) -> torch.Tensor:
-    blocks = torch.tensor(block_ids[: (length + block_size - 1) // block_size], dtype=torch.int64, device=device)
-    pos = torch.arange(length, device=device)
-    return blocks[pos // block_size] * block_size + pos % block_size  # (L,)
 
 
 def paged_attention(
@@ -119,12 +116,12 @@ def paged_attention(
 ) -> torch.Tensor:
     """Write the new K/V into the cache, then attend.
 
-    q (T, Hq, D); k, v (T, Hkv, D); k_cache, v_cache (slots, Hkv, D) flat views of one
-    layer's cache. Returns (T, Hq, D).
+    q (T, Hq, hd); k, v (T, Hkv, hd); k_cache, v_cache (num_blocks, block_size, Hkv, hd):
+    one layer's cache. Returns (T, Hq, hd).
     """
-    k_cache.index_copy_(0, meta.slot_mapping, k)
-    v_cache.index_copy_(0, meta.slot_mapping, v)
     num_heads, num_kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
     if meta.decode is None and len(meta.prefills) == 1:
         return _prefill(q, k, v, k_cache, v_cache, meta.prefills[0])
     out = torch.empty_like(q)
@@ -133,11 +130,12 @@ def paged_attention(
     if meta.decode is not None:
         p = meta.num_prefill_tokens
         d = meta.decode
-        n = q.shape[0] - p
+        n, nb = d.block_table.shape
         group = num_heads // num_kv_heads
+        blocks = d.block_table.view(-1)
         qd = q[p:].view(n, num_kv_heads, group, head_dim)  # (D, Hkv, G, hd): GQA without expand
-        kd = k_cache[d.ctx_slots].transpose(1, 2)  # (D, Hkv, L, hd)
-        vd = v_cache[d.ctx_slots].transpose(1, 2)  # (D, Hkv, L, hd)
+        kd = k_cache.index_select(0, blocks).view(n, -1, num_kv_heads, head_dim).transpose(1, 2)  # (D, Hkv, L, hd)
+        vd = v_cache.index_select(0, blocks).view(n, -1, num_kv_heads, head_dim).transpose(1, 2)  # (D, Hkv, L, hd)
         od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=d.mask)  # (D, Hkv, G, hd)
         out[p:] = od.reshape(n, num_heads, head_dim)
     return out
@@ -152,12 +150,14 @@ def _prefill(
     chunk: PrefillChunk,
 ) -> torch.Tensor:
     qc = q[chunk.start : chunk.end].transpose(0, 1)  # (Hq, n, hd)
-    if chunk.ctx_slots is None:
+    if chunk.ctx_blocks is None:
         kc = k[chunk.start : chunk.end].transpose(0, 1)  # (Hkv, n, hd)
         vc = v[chunk.start : chunk.end].transpose(0, 1)
         o = F.scaled_dot_product_attention(qc, kc, vc, is_causal=True, enable_gqa=True)
     else:
-        kc = k_cache[chunk.ctx_slots].transpose(0, 1)  # (Hkv, L, hd)
-        vc = v_cache[chunk.ctx_slots].transpose(0, 1)
+        kv_heads, head_dim = k.shape[1], k.shape[2]
+        L = chunk.ctx_len
+        kc = k_cache.index_select(0, chunk.ctx_blocks).view(-1, kv_heads, head_dim)[:L].transpose(0, 1)  # (Hkv, L, hd)
+        vc = v_cache.index_select(0, chunk.ctx_blocks).view(-1, kv_heads, head_dim)[:L].transpose(0, 1)
         o = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=chunk.mask, enable_gqa=True)
     return o.transpose(0, 1)  # (n, Hq, hd)

@@ -8,7 +8,7 @@ import torch
 
 from services.common.config import EngineConfig
 from services.engine.batch import RunnerOutput, ScheduledBatch
-from services.engine.model import LlamaModel, flat_kv_views
+from services.engine.model import LlamaModel, layer_kv_views
 from services.engine.model_config import ModelArchConfig
 from services.engine.runner.base import KvSpec, ModelRunner
 from services.engine.runner.step_inputs import StepInputs, build_step_inputs, validate_batch
@@ -73,7 +73,7 @@ class TorchRunner(ModelRunner):
             self.kv_cache = torch.zeros(
                 self.kv_spec.block_range_shape(cfg.num_kv_blocks), dtype=self.dtype, device=self.device
             )
-        self._kv_views = flat_kv_views(self.kv_cache)
+        self._kv_views = layer_kv_views(self.kv_cache)
         self.sampler = Sampler(cfg.seed, self.device)
 
     # -- execution -------------------------------------------------------------------------
