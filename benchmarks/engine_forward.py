@@ -60,7 +60,7 @@ def random_hf_tensors(arch: ModelArchConfig, seed: int = 0) -> dict[str, torch.T
     return t
 
 
-SP = SamplingParams(temperature=0.8, top_p=0.95)
+SP = SamplingParams(temperature=0.8)
 
 
 def _blocks(first: int, n_tokens: int, block_size: int) -> list[int]:

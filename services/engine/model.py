@@ -52,10 +52,11 @@ class DecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         t = x.shape[0]
         x, residual = self.input_layernorm(x, residual)  # (T, H)
-        q, k, v = self.qkv_proj.split_output(self.qkv_proj(x))
-        q = apply_rotary(q.view(t, self.num_heads, self.head_dim), cos, sin)  # (T, Hq, hd)
-        k = apply_rotary(k.view(t, self.num_kv_heads, self.head_dim), cos, sin)  # (T, Hkv, hd)
-        v = v.view(t, self.num_kv_heads, self.head_dim)
+        qkv = self.qkv_proj(x).view(t, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
+        # q and k sit side by side in the fused output: rotate them in one pass.
+        qk = apply_rotary(qkv[:, : self.num_heads + self.num_kv_heads], cos, sin)  # (T, Hq+Hkv, hd)
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)  # (T, Hq, hd), (T, Hkv, hd)
+        v = qkv[:, self.num_heads + self.num_kv_heads :]  # (T, Hkv, hd)
         attn = paged_attention(q, k, v, k_cache, v_cache, meta)  # (T, Hq, hd)
         x = self.o_proj(attn.reshape(t, self.num_heads * self.head_dim))
         x, residual = self.post_attention_layernorm(x, residual)

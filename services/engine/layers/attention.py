@@ -149,15 +149,23 @@ def _prefill(
     v_cache: torch.Tensor,
     chunk: PrefillChunk,
 ) -> torch.Tensor:
-    qc = q[chunk.start : chunk.end].transpose(0, 1)  # (Hq, n, hd)
+    n = chunk.end - chunk.start
+    num_heads, num_kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
+    group = num_heads // num_kv_heads
+    # GQA as a (kv_head, group) batch with K/V expanded by stride 0: no copy, and unlike
+    # enable_gqa=True it keeps SDPA on the fused CPU kernel instead of the math fallback.
+    qc = q[chunk.start : chunk.end].view(n, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)  # (Hkv, G, n, hd)
     if chunk.ctx_blocks is None:
-        kc = k[chunk.start : chunk.end].transpose(0, 1)  # (Hkv, n, hd)
-        vc = v[chunk.start : chunk.end].transpose(0, 1)
-        o = F.scaled_dot_product_attention(qc, kc, vc, is_causal=True, enable_gqa=True)
+        kc = k[chunk.start : chunk.end]  # (n, Hkv, hd)
+        vc = v[chunk.start : chunk.end]
     else:
-        kv_heads, head_dim = k.shape[1], k.shape[2]
-        L = chunk.ctx_len
-        kc = k_cache.index_select(0, chunk.ctx_blocks).view(-1, kv_heads, head_dim)[:L].transpose(0, 1)  # (Hkv, L, hd)
-        vc = v_cache.index_select(0, chunk.ctx_blocks).view(-1, kv_heads, head_dim)[:L].transpose(0, 1)
-        o = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=chunk.mask, enable_gqa=True)
-    return o.transpose(0, 1)  # (n, Hq, hd)
+        kc = k_cache.index_select(0, chunk.ctx_blocks).view(-1, num_kv_heads, head_dim)[: chunk.ctx_len]  # (L, Hkv, hd)
+        vc = v_cache.index_select(0, chunk.ctx_blocks).view(-1, num_kv_heads, head_dim)[: chunk.ctx_len]
+    length = kc.shape[0]
+    kc = kc.permute(1, 0, 2).unsqueeze(1).expand(num_kv_heads, group, length, head_dim)  # (Hkv, G, L, hd)
+    vc = vc.permute(1, 0, 2).unsqueeze(1).expand(num_kv_heads, group, length, head_dim)
+    if chunk.mask is None:
+        o = F.scaled_dot_product_attention(qc, kc, vc, is_causal=True)  # (Hkv, G, n, hd)
+    else:
+        o = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=chunk.mask)
+    return o.permute(2, 0, 1, 3).reshape(n, num_heads, head_dim)  # (n, Hq, hd)
