@@ -1,0 +1,185 @@
+"""The Llama-family decoder (Llama, SmolLM2, Qwen2) over a paged KV cache.
+
+Weights come from a Hugging Face-named state dict (``load_hf_weights``); q/k/v and
+gate/up are fused into one matmul each. With tensor parallelism, attention heads and the
+MLP's intermediate dimension are split across ranks; the embedding, norms and LM head are
+replicated.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from services.engine.layers.attention import AttentionMetadata, paged_attention
+from services.engine.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+from services.engine.layers.norm import RMSNorm
+from services.engine.layers.rotary import RotaryEmbedding, apply_rotary
+from services.engine.model_config import ModelArchConfig
+
+
+class DecoderLayer(nn.Module):
+    def __init__(
+        self, arch: ModelArchConfig, dtype: torch.dtype, device: torch.device, tp_rank: int, tp_size: int
+    ) -> None:
+        super().__init__()
+        tp = {"tp_rank": tp_rank, "tp_size": tp_size, "dtype": dtype, "device": device}
+        h, hd = arch.hidden_size, arch.head_dim
+        if arch.num_kv_heads % tp_size:
+            raise ValueError(f"num_kv_heads ({arch.num_kv_heads}) is not divisible by tp_size ({tp_size})")
+        self.num_heads = arch.num_heads // tp_size
+        self.num_kv_heads = arch.num_kv_heads // tp_size
+        self.head_dim = hd
+        self.input_layernorm = RMSNorm(h, arch.rms_norm_eps, dtype, device)
+        self.qkv_proj = MergedColumnParallelLinear(
+            h, [arch.num_heads * hd, arch.num_kv_heads * hd, arch.num_kv_heads * hd], bias=arch.attention_bias, **tp
+        )
+        self.o_proj = RowParallelLinear(arch.num_heads * hd, h, **tp)
+        self.post_attention_layernorm = RMSNorm(h, arch.rms_norm_eps, dtype, device)
+        self.gate_up_proj = MergedColumnParallelLinear(h, [arch.intermediate_size] * 2, **tp)
+        self.down_proj = RowParallelLinear(arch.intermediate_size, h, **tp)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        meta: AttentionMetadata,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        t = x.shape[0]
+        x, residual = self.input_layernorm(x, residual)  # (T, H)
+        qkv = self.qkv_proj(x).view(t, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
+        # q and k sit side by side in the fused output: rotate them in one pass.
+        qk = apply_rotary(qkv[:, : self.num_heads + self.num_kv_heads], cos, sin)  # (T, Hq+Hkv, hd)
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)  # (T, Hq, hd), (T, Hkv, hd)
+        v = qkv[:, self.num_heads + self.num_kv_heads :]  # (T, Hkv, hd)
+        attn = paged_attention(q, k, v, k_cache, v_cache, meta)  # (T, Hq, hd)
+        x = self.o_proj(attn.reshape(t, self.num_heads * self.head_dim))
+        x, residual = self.post_attention_layernorm(x, residual)
+        gate, up = self.gate_up_proj.split_output(self.gate_up_proj(x))
+        return self.down_proj(F.silu(gate) * up), residual
+
+
+class LlamaModel(nn.Module):
+    """``forward`` maps new tokens to final hidden states; ``compute_logits`` applies the LM head.
+
+    The KV cache passed to ``forward`` is ``(num_layers, 2, num_blocks, block_size,
+    num_kv_heads / tp_size, head_dim)``, owned by the runner.
+    """
+
+    def __init__(
+        self,
+        arch: ModelArchConfig,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        max_len: int | None = None,
+    ) -> None:
+        super().__init__()
+        if arch.architecture not in ("llama", "qwen2"):
+            raise ValueError(f"unsupported architecture {arch.architecture!r} (llama | qwen2)")
+        device = torch.device(device)
+        self.arch = arch
+        self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size, dtype=dtype, device=device)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.layers = nn.ModuleList(
+            DecoderLayer(arch, dtype, device, tp_rank, tp_size) for _ in range(arch.num_layers)
+        )
+        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype, device)
+        self.lm_head_weight = (
+            self.embed_tokens.weight
+            if arch.tie_word_embeddings
+            else nn.Parameter(
+                torch.empty(arch.vocab_size, arch.hidden_size, dtype=dtype, device=device),
+                requires_grad=False,
+            )
+        )
+        self.rotary = RotaryEmbedding(
+            arch.head_dim, max_len or arch.max_position_embeddings, arch.rope_theta, dtype, device
+        )
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_cache: torch.Tensor | list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> torch.Tensor:
+        """input_ids, positions (T,) -> hidden (T, H).
+
+        ``kv_cache`` is the 6-D cache or, to skip re-slicing it every step, the per-layer
+        ``(k, v)`` views from ``layer_kv_views``.
+        """
+        if isinstance(kv_cache, torch.Tensor):
+            kv_cache = layer_kv_views(kv_cache)
+        cos, sin = self.rotary.lookup(positions)  # (T, 1, hd) each, shared by all layers
+        x = self.embed_tokens(input_ids)  # (T, H)
+        residual = None
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_cache, strict=True):
+            x, residual = layer(x, residual, cos, sin, meta, k_cache, v_cache)
+        return self.norm(x, residual)[0]
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden (N, H) -> logits (N, V). Pass only the rows that will be sampled."""
+        return F.linear(hidden, self.lm_head_weight)
+
+    @torch.no_grad()
+    def load_hf_weights(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Load a Hugging Face-named state dict; every tensor must be used exactly once.
+
+        Raises ValueError naming the first missing, unexpected or mis-shaped tensor.
+        """
+        remaining = dict(tensors)
+
+        def take(name: str) -> torch.Tensor:
+            if name not in remaining:
+                raise ValueError(f"missing tensor {name!r}")
+            return remaining.pop(name)
+
+        def take_bias(name: str, wanted: bool) -> torch.Tensor | None:
+            return take(name) if wanted else None
+
+        _copy(self.embed_tokens.weight, take("model.embed_tokens.weight"), "model.embed_tokens.weight")
+        for i, layer in enumerate(self.layers):
+            p = f"model.layers.{i}."
+            _copy(layer.input_layernorm.weight, take(p + "input_layernorm.weight"), p + "input_layernorm.weight")
+            for part, name in enumerate(("q_proj", "k_proj", "v_proj")):
+                full = f"{p}self_attn.{name}"
+                bias = take_bias(full + ".bias", self.arch.attention_bias)
+                layer.qkv_proj.load_part(part, take(full + ".weight"), bias, full + ".weight")
+            layer.o_proj.load(take(p + "self_attn.o_proj.weight"), name=p + "self_attn.o_proj.weight")
+            _copy(
+                layer.post_attention_layernorm.weight,
+                take(p + "post_attention_layernorm.weight"),
+                p + "post_attention_layernorm.weight",
+            )
+            for part, name in enumerate(("gate_proj", "up_proj")):
+                full = f"{p}mlp.{name}.weight"
+                layer.gate_up_proj.load_part(part, take(full), name=full)
+            layer.down_proj.load(take(p + "mlp.down_proj.weight"), name=p + "mlp.down_proj.weight")
+        _copy(self.norm.weight, take("model.norm.weight"), "model.norm.weight")
+        if self.arch.tie_word_embeddings:
+            # Some checkpoints store the tied head anyway; it must equal the embedding.
+            remaining.pop("lm_head.weight", None)
+        else:
+            _copy(self.lm_head_weight, take("lm_head.weight"), "lm_head.weight")
+        # Rotary inverse frequencies are recomputed from rope_theta, not loaded.
+        unexpected = sorted(n for n in remaining if not n.endswith("rotary_emb.inv_freq"))
+        if unexpected:
+            raise ValueError(f"unexpected tensor {unexpected[0]!r} ({len(unexpected)} unexpected in all)")
+
+
+def layer_kv_views(kv_cache: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer, ``(k, v)`` views of shape (num_blocks, block_size, kv_heads, head_dim)."""
+    return [(kv_cache[i, 0], kv_cache[i, 1]) for i in range(kv_cache.shape[0])]
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor, name: str) -> None:
+    if tuple(src.shape) != tuple(dst.shape):
+        raise ValueError(f"{name}: expected shape {tuple(dst.shape)}, got {tuple(src.shape)}")
+    dst.copy_(src)

@@ -1,0 +1,137 @@
+"""The torch model runner: owns the model and the paged KV cache, executes scheduled batches."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from services.common.config import EngineConfig
+from services.engine.batch import RunnerOutput, ScheduledBatch
+from services.engine.model import LlamaModel, layer_kv_views
+from services.engine.model_config import ModelArchConfig
+from services.engine.runner.base import KvSpec, ModelRunner
+from services.engine.runner.step_inputs import StepInputs, build_step_inputs, validate_batch
+from services.engine.sampler import Sampler
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> cuda when available, else cpu; anything else is passed to torch.device."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        raise ValueError(f"engine.device: invalid device {name!r}") from e
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"engine.device: {name!r} requested but CUDA is not available")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """``auto`` -> float32 on CPU (bf16 matmuls are slow there), bfloat16 on CUDA."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return _DTYPES[name]
+
+
+class TorchRunner(ModelRunner):
+    """Runs a LlamaModel over a KV cache ``(layers, 2, num_kv_blocks, block_size, kv_heads, head_dim)``.
+
+    ``tensors`` are Hugging Face-named weights (see ``LlamaModel.load_hf_weights``); they
+    are copied, so the caller may drop them afterwards.
+    """
+
+    def __init__(
+        self,
+        arch: ModelArchConfig,
+        tensors: dict[str, torch.Tensor],
+        cfg: EngineConfig,
+        max_model_len: int | None = None,
+    ) -> None:
+        self.device = resolve_device(cfg.device)
+        self.dtype = resolve_dtype(cfg.dtype, self.device)
+        if self.device.type == "cpu":
+            torch.set_num_threads(cfg.threads)
+        self.max_model_len = max_model_len or cfg.max_model_len or arch.max_position_embeddings
+        self.vocab_size = arch.vocab_size
+        self.block_size = cfg.block_size
+        self.kv_spec = KvSpec(
+            num_layers=arch.num_layers,
+            num_blocks=cfg.num_kv_blocks,
+            block_size=cfg.block_size,
+            num_kv_heads=arch.num_kv_heads,
+            head_dim=arch.head_dim,
+            dtype=self.dtype,
+        )
+        with torch.inference_mode():
+            self.model = LlamaModel(arch, self.dtype, self.device, max_len=self.max_model_len)
+            self.model.load_hf_weights(tensors)
+            self.model.eval()
+            self.kv_cache = torch.zeros(
+                self.kv_spec.block_range_shape(cfg.num_kv_blocks), dtype=self.dtype, device=self.device
+            )
+        self._kv_views = layer_kv_views(self.kv_cache)
+        self.sampler = Sampler(cfg.seed, self.device)
+
+    # -- execution -------------------------------------------------------------------------
+
+    def execute(self, batch: ScheduledBatch) -> RunnerOutput:
+        sampled: list[int | None] = [None] * len(batch.seqs)
+        if not batch.seqs:
+            return RunnerOutput(sampled)
+        with torch.inference_mode():
+            step, logits = self._forward(batch)
+            if logits is not None:
+                tokens = self.sampler.sample(logits, step.sample_seqs)
+                for i, tok in zip(step.sample_index, tokens, strict=True):
+                    sampled[i] = tok
+        return RunnerOutput(sampled)
+
+    def logits_for(self, batch: ScheduledBatch) -> torch.Tensor:
+        """Run the step like ``execute`` (KV is written) but return the logits (N, V) of
+        the sampling sequences, in batch order, as float32 on the CPU."""
+        with torch.inference_mode():
+            _, logits = self._forward(batch)
+        if logits is None:
+            return torch.empty(0, self.vocab_size)
+        return logits.float().cpu().clone()  # a normal (not inference-mode) tensor
+
+    def _forward(self, batch: ScheduledBatch) -> tuple[StepInputs, torch.Tensor | None]:
+        validate_batch(batch, self.block_size, self.kv_spec.num_blocks, self.max_model_len)
+        step = build_step_inputs(batch, self.block_size, self.device)
+        hidden = self.model(step.input_ids, step.positions, step.meta, self._kv_views)  # (T, H)
+        if not step.sample_index:
+            return step, None
+        return step, self.model.compute_logits(hidden[step.sample_rows])  # (N, V)
+
+    # -- KV transfer -----------------------------------------------------------------------
+
+    def _block_index(self, block_ids: Sequence[int]) -> torch.Tensor:
+        ids = list(block_ids)
+        if ids and (min(ids) < 0 or max(ids) >= self.kv_spec.num_blocks):
+            raise ValueError(f"block id out of range [0, {self.kv_spec.num_blocks}): {ids}")
+        return torch.tensor(ids, dtype=torch.int64, device=self.device)
+
+    def export_kv(self, block_ids: Sequence[int]) -> torch.Tensor:
+        idx = self._block_index(block_ids)
+        # NOTE: outside inference_mode on purpose: the copy is a normal tensor the caller may
+        # modify or serialise.
+        with torch.no_grad():
+            return self.kv_cache.index_select(2, idx)  # (layers, 2, n, block_size, kv_heads, hd)
+
+    def import_kv(self, block_ids: Sequence[int], data: torch.Tensor) -> None:
+        if not isinstance(data, torch.Tensor):
+            raise ValueError(f"import_kv: data must be a torch.Tensor, got {type(data).__name__}")
+        expected = self.kv_spec.block_range_shape(len(block_ids))
+        if tuple(data.shape) != expected:
+            raise ValueError(f"import_kv: KV shape {tuple(data.shape)} does not match expected {expected}")
+        if data.dtype != self.kv_spec.dtype:
+            raise ValueError(f"import_kv: KV dtype {data.dtype} does not match cache dtype {self.kv_spec.dtype}")
+        if len(set(block_ids)) != len(block_ids):
+            raise ValueError(f"import_kv: duplicate block ids {list(block_ids)}")
+        idx = self._block_index(block_ids)
+        with torch.inference_mode():
+            self.kv_cache.index_copy_(2, idx, data.to(self.device))

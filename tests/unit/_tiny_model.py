@@ -1,0 +1,90 @@
+"""Tiny random Hugging Face models and helpers shared by the engine compute tests."""
+
+from __future__ import annotations
+
+import torch
+
+from services.common.config import EngineConfig
+from services.engine.batch import ScheduledBatch, ScheduledSeq
+from services.engine.model_config import ModelArchConfig
+from services.engine.request import SamplingParams
+from services.engine.runner.torch_runner import TorchRunner
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def tiny_hf_model(architecture: str = "llama", tie: bool = False, seed: int = 0):
+    """A tiny random LlamaForCausalLM / Qwen2ForCausalLM (float32, eval) and its ModelArchConfig."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    common = dict(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        tie_word_embeddings=tie,
+        # Larger than the default 0.02 so attention is far from uniform and a wrong
+        # position, mask or cache slot moves the logits well past the tolerance.
+        initializer_range=0.15,
+    )
+    if architecture == "llama":
+        cfg, cls = LlamaConfig(**common), LlamaForCausalLM
+    else:
+        cfg, cls = Qwen2Config(**common), Qwen2ForCausalLM
+    model = cls(cfg).float().eval()
+    if architecture == "qwen2":
+        # Random init leaves q/k/v biases at zero; make them matter.
+        with torch.no_grad():
+            for layer in model.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    proj.bias.normal_(0, 0.5)
+    arch = ModelArchConfig(
+        architecture=architecture,
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=96,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=256,
+        tie_word_embeddings=tie,
+        attention_bias=architecture == "qwen2",
+    )
+    return model, arch
+
+
+def make_runner(arch: ModelArchConfig, tensors: dict[str, torch.Tensor], **cfg) -> TorchRunner:
+    defaults = dict(device="cpu", dtype="float32", block_size=4, num_kv_blocks=64)
+    defaults.update(cfg)
+    return TorchRunner(arch, tensors, EngineConfig(**defaults))
+
+
+def seq(
+    rid: str,
+    tokens: list[int],
+    start: int,
+    blocks: list[int],
+    sample: bool = True,
+    sampling: SamplingParams = GREEDY,
+    num_generated: int = 0,
+) -> ScheduledSeq:
+    return ScheduledSeq(rid, list(tokens), start, list(blocks), sample, sampling, num_generated)
+
+
+def batch(*seqs: ScheduledSeq) -> ScheduledBatch:
+    return ScheduledBatch(list(seqs))
+
+
+def hf_logits(model, tokens: list[int]) -> torch.Tensor:
+    """Logits (len(tokens), V) of a full causal forward pass."""
+    with torch.no_grad():
+        return model(torch.tensor([tokens])).logits[0].float()
