@@ -11,7 +11,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Pytest arguments, e.g. `make test ARGS="tests/unit -x"`.
 ARGS ?=
 
-.PHONY: setup model run test bench lint proto clean
+.PHONY: setup nats model run test bench lint proto clean
 
 setup: $(STAMP) nats
 
@@ -32,7 +32,8 @@ model: $(STAMP)
 	$(VENV)/bin/tandem model pull
 
 run: setup model
-	$(VENV)/bin/tandem up -c $(CONFIG)
+	# Until the cluster launcher lands (`tandem up`), run one engine with a chat prompt.
+	$(VENV)/bin/tandem chat -c $(CONFIG)
 
 test: setup model
 	$(PY) -m pytest -q $(ARGS)
