@@ -24,7 +24,7 @@ class PrefillChunk:
     """A sequence with several new tokens: flat token rows ``[start, end)``.
 
     ``ctx_blocks`` (nb,) are the blocks holding the context ``[0, ctx_len)`` and ``mask``
-    (n, ctx_len) is the causal mask over it; both are None when the chunk starts at
+    (n, ctx_len) is the additive causal mask over it; both are None when the chunk starts at
     position 0, in which case attention runs on the fresh K/V with ``is_causal``.
     """
 
@@ -40,7 +40,7 @@ class DecodeGroup:
     """Sequences with exactly one new token, attended together.
 
     ``block_table`` (D, nb_max) is each sequence's block table padded with block 0;
-    ``mask`` (D, 1, 1, nb_max * block_size) is true on each sequence's real context.
+    ``mask`` (D, 1, 1, nb_max * block_size) is 0 on each sequence's real context, -inf after.
     Gathering whole blocks (not single slots) keeps the per-layer copy a few large memcpys.
     """
 
@@ -63,8 +63,9 @@ def build_attention_metadata(
     decodes: list[tuple[int, list[int]]],
     block_size: int,
     device: torch.device,
+    dtype: torch.dtype = torch.float32,
 ) -> AttentionMetadata:
-    """Build the metadata for one step.
+    """Build the metadata for one step; masks are additive (0 / -inf) in ``dtype``.
 
     ``prefills``: ``(start_pos, block_ids, num_new_tokens)`` per chunk, in flat order;
     ``decodes``: ``(position, block_ids)`` per single-token sequence, after the prefills.
@@ -80,7 +81,7 @@ def build_attention_metadata(
             used = (end_pos + block_size - 1) // block_size
             chunk.ctx_blocks = torch.tensor(block_ids[:used], dtype=torch.int64, device=device)
             q_pos = torch.arange(start_pos, end_pos, device=device)
-            chunk.mask = torch.arange(end_pos, device=device)[None, :] <= q_pos[:, None]  # (n, L)
+            chunk.mask = _additive(torch.arange(end_pos, device=device)[None, :] <= q_pos[:, None], dtype)  # (n, L)
         chunks.append(chunk)
         row += n
     decode = None
@@ -97,13 +98,19 @@ def build_attention_metadata(
         ctx_len = torch.tensor([p + 1 for p, _ in decodes], dtype=torch.int64, device=device)
         pos = torch.arange(max_blocks * block_size, device=device)
         mask = pos[None, :] < ctx_len[:, None]  # (D, L_pad)
-        decode = DecodeGroup(block_table=table, mask=mask[:, None, None, :])
+        decode = DecodeGroup(block_table=table, mask=_additive(mask, dtype)[:, None, None, :])
     return AttentionMetadata(
         slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
         num_prefill_tokens=row,
         prefills=chunks,
         decode=decode,
     )
+
+
+def _additive(keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    # NOTE: SDPA turns a bool mask into an additive one on every call; doing it here once
+    # per step saves that per layer.
+    return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill_(~keep, float("-inf"))
 
 
 def paged_attention(

@@ -101,7 +101,7 @@ class TorchRunner(ModelRunner):
 
     def _forward(self, batch: ScheduledBatch) -> tuple[StepInputs, torch.Tensor | None]:
         validate_batch(batch, self.block_size, self.kv_spec.num_blocks, self.max_model_len)
-        step = build_step_inputs(batch, self.block_size, self.device)
+        step = build_step_inputs(batch, self.block_size, self.device, self.dtype)
         hidden = self.model(step.input_ids, step.positions, step.meta, self._kv_views)  # (T, H)
         if not step.sample_index:
             return step, None
