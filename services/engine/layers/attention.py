@@ -1,6 +1,6 @@
 """Paged attention over the block-table KV cache.
 
-Per layer the cache is two views ``(num_blocks, block_size, kv_heads, head_dim)``; a token at position ``p`` of a sequence lives at slot
+Per layer the cache is ``(2, num_blocks, block_size, kv_heads, head_dim)`` (K, V); a token at position ``p`` of a sequence lives at slot
 ``block_ids[p // block_size] * block_size + p % block_size``. A step first writes the new
 tokens' K/V at their slots, then every new token attends over its sequence's context
 ``[0, its position]`` read back through the block table.
@@ -117,23 +117,22 @@ def paged_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    kv_cache: torch.Tensor,
     meta: AttentionMetadata,
 ) -> torch.Tensor:
     """Write the new K/V into the cache, then attend.
 
-    q (T, Hq, hd); k, v (T, Hkv, hd); k_cache, v_cache (num_blocks, block_size, Hkv, hd):
-    one layer's cache. Returns (T, Hq, hd).
+    q (T, Hq, hd); k, v (T, Hkv, hd); kv_cache (2, num_blocks, block_size, Hkv, hd): one
+    layer's K and V. Returns (T, Hq, hd).
     """
     num_heads, num_kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
-    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
-    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
+    kv_cache[0].view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
+    kv_cache[1].view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
     if meta.decode is None and len(meta.prefills) == 1:
-        return _prefill(q, k, v, k_cache, v_cache, meta.prefills[0])
+        return _prefill(q, k, v, kv_cache, meta.prefills[0])
     out = torch.empty_like(q)
     for chunk in meta.prefills:
-        out[chunk.start : chunk.end] = _prefill(q, k, v, k_cache, v_cache, chunk)
+        out[chunk.start : chunk.end] = _prefill(q, k, v, kv_cache, chunk)
     if meta.decode is not None:
         p = meta.num_prefill_tokens
         d = meta.decode
@@ -141,8 +140,8 @@ def paged_attention(
         group = num_heads // num_kv_heads
         blocks = d.block_table.view(-1)
         qd = q[p:].view(n, num_kv_heads, group, head_dim)  # (D, Hkv, G, hd): GQA without expand
-        kd = k_cache.index_select(0, blocks).view(n, -1, num_kv_heads, head_dim).transpose(1, 2)  # (D, Hkv, L, hd)
-        vd = v_cache.index_select(0, blocks).view(n, -1, num_kv_heads, head_dim).transpose(1, 2)  # (D, Hkv, L, hd)
+        kvd = kv_cache.index_select(1, blocks).view(2, n, -1, num_kv_heads, head_dim)  # (2, D, L, Hkv, hd)
+        kd, vd = kvd[0].transpose(1, 2), kvd[1].transpose(1, 2)  # (D, Hkv, L, hd) each
         od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=d.mask)  # (D, Hkv, G, hd)
         out[p:] = od.reshape(n, num_heads, head_dim)
     return out
@@ -152,8 +151,7 @@ def _prefill(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    kv_cache: torch.Tensor,
     chunk: PrefillChunk,
 ) -> torch.Tensor:
     n = chunk.end - chunk.start
@@ -166,8 +164,8 @@ def _prefill(
         kc = k[chunk.start : chunk.end]  # (n, Hkv, hd)
         vc = v[chunk.start : chunk.end]
     else:
-        kc = k_cache.index_select(0, chunk.ctx_blocks).view(-1, num_kv_heads, head_dim)[: chunk.ctx_len]  # (L, Hkv, hd)
-        vc = v_cache.index_select(0, chunk.ctx_blocks).view(-1, num_kv_heads, head_dim)[: chunk.ctx_len]
+        kvc = kv_cache.index_select(1, chunk.ctx_blocks).view(2, -1, num_kv_heads, head_dim)
+        kc, vc = kvc[0, : chunk.ctx_len], kvc[1, : chunk.ctx_len]  # (L, Hkv, hd) each
     length = kc.shape[0]
     kc = kc.permute(1, 0, 2).unsqueeze(1).expand(num_kv_heads, group, length, head_dim)  # (Hkv, G, L, hd)
     vc = vc.permute(1, 0, 2).unsqueeze(1).expand(num_kv_heads, group, length, head_dim)
