@@ -47,8 +47,7 @@ class DecoderLayer(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         meta: AttentionMetadata,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
+        kv_cache: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         t = x.shape[0]
         x, residual = self.input_layernorm(x, residual)  # (T, H)
@@ -57,7 +56,7 @@ class DecoderLayer(nn.Module):
         qk = apply_rotary(qkv[:, : self.num_heads + self.num_kv_heads], cos, sin)  # (T, Hq+Hkv, hd)
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)  # (T, Hq, hd), (T, Hkv, hd)
         v = qkv[:, self.num_heads + self.num_kv_heads :]  # (T, Hkv, hd)
-        attn = paged_attention(q, k, v, k_cache, v_cache, meta)  # (T, Hq, hd)
+        attn = paged_attention(q, k, v, kv_cache, meta)  # (T, Hq, hd)
         x = self.o_proj(attn.reshape(t, self.num_heads * self.head_dim))
         x, residual = self.post_attention_layernorm(x, residual)
         gate, up = self.gate_up_proj.split_output(self.gate_up_proj(x))
@@ -108,20 +107,18 @@ class LlamaModel(nn.Module):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         meta: AttentionMetadata,
-        kv_cache: torch.Tensor | list[tuple[torch.Tensor, torch.Tensor]],
+        kv_cache: torch.Tensor | list[torch.Tensor],
     ) -> torch.Tensor:
         """input_ids, positions (T,) -> hidden (T, H).
 
-        ``kv_cache`` is the 6-D cache or, to skip re-slicing it every step, the per-layer
-        ``(k, v)`` views from ``layer_kv_views``.
+        ``kv_cache`` is the 6-D cache or, to skip re-slicing it every step, its per-layer
+        views ``list(kv_cache)``.
         """
-        if isinstance(kv_cache, torch.Tensor):
-            kv_cache = layer_kv_views(kv_cache)
         cos, sin = self.rotary.lookup(positions)  # (T, 1, hd) each, shared by all layers
         x = self.embed_tokens(input_ids)  # (T, H)
         residual = None
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_cache, strict=True):
-            x, residual = layer(x, residual, cos, sin, meta, k_cache, v_cache)
+        for layer, layer_cache in zip(self.layers, kv_cache, strict=True):
+            x, residual = layer(x, residual, cos, sin, meta, layer_cache)
         return self.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -172,11 +169,6 @@ class LlamaModel(nn.Module):
         unexpected = sorted(n for n in remaining if not n.endswith("rotary_emb.inv_freq"))
         if unexpected:
             raise ValueError(f"unexpected tensor {unexpected[0]!r} ({len(unexpected)} unexpected in all)")
-
-
-def layer_kv_views(kv_cache: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per layer, ``(k, v)`` views of shape (num_blocks, block_size, kv_heads, head_dim)."""
-    return [(kv_cache[i, 0], kv_cache[i, 1]) for i in range(kv_cache.shape[0])]
 
 
 def _copy(dst: torch.Tensor, src: torch.Tensor, name: str) -> None:

@@ -76,6 +76,23 @@ def test_mixed_batch_prefills_and_decodes(setup):
         assert (got2[i] - w).abs().max().item() < TOL, f"row {i}"
 
 
+def test_many_decodes_in_one_batch(setup):
+    """Decode sequences of very different lengths share one padded, masked attention call."""
+    hf, runner = setup
+    lengths = [1, 3, 4, 8, 13]
+    prompts = [_prompt(n, 10 + n) for n in lengths]
+    tables = [[10 + 6 * i + j for j in range(5)][::-1] for i in range(len(lengths))]  # descending ids
+    first = runner.logits_for(batch(*[seq(f"s{i}", p, 0, tables[i]) for i, p in enumerate(prompts)]))
+    seqs = [p + [int(first[i].argmax())] for i, p in enumerate(prompts)]
+    for _ in range(3):
+        step = batch(*[seq(f"s{i}", [t[-1]], len(t) - 1, tables[i]) for i, t in enumerate(seqs)])
+        got = runner.logits_for(step)
+        for i, t in enumerate(seqs):
+            assert (got[i] - hf_logits(hf, t)[-1]).abs().max().item() < TOL, f"seq {i}"
+        for i, t in enumerate(seqs):
+            t.append(int(got[i].argmax()))
+
+
 def test_prefix_cache_hit_reuses_blocks(setup):
     """A second request sharing a cached prefix block starts at start_pos > 0."""
     hf, runner = setup
@@ -109,17 +126,28 @@ def test_bad_batch_is_rejected():
         runner.execute(batch(seq("y", [1], 0, [64])))
 
 
+def _check_bf16(device: str, arch_name: str) -> None:
+    """bf16 against the float32 HF reference: rounding noise only (a wrong position or
+    cache slot moves logits by ~2, see the sensitivity of these tiny models)."""
+    hf, arch = tiny_hf_model(arch_name)
+    runner = make_runner(arch, hf.state_dict(), device=device, dtype="bfloat16")
+    prompt = _prompt(12, 9)
+    want = hf_logits(hf, prompt)
+    blocks = [9, 4, 22, 13]
+    first = runner.logits_for(batch(seq("a", prompt[:7], 0, blocks)))[0]
+    second = runner.logits_for(batch(seq("a", prompt[7:], 7, blocks)))[0]
+    for got, ref in ((first, want[6]), (second, want[11])):
+        assert (got - ref).abs().max().item() < 0.25
+        assert torch.nn.functional.cosine_similarity(got, ref, dim=0).item() > 0.999
+
+
+@pytest.mark.parametrize("arch_name", ["llama", "qwen2"])
+def test_bf16_cpu_matches_hf(arch_name):
+    _check_bf16("cpu", arch_name)
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("arch_name", ["llama", "qwen2"])
 def test_bf16_cuda_matches_hf(arch_name):
-    hf, arch = tiny_hf_model(arch_name)
-    runner = make_runner(arch, hf.state_dict(), device="cuda", dtype="bfloat16")
-    prompt = _prompt(12, 9)
-    want = hf_logits(hf, prompt)  # float32 reference
-    blocks = [9, 4, 22, 13]
-    got = runner.logits_for(batch(seq("a", prompt[:7], 0, blocks)))
-    assert (got[0] - want[6]).abs().max().item() < 0.1
-    got = runner.logits_for(batch(seq("a", prompt[7:], 7, blocks)))
-    assert (got[0] - want[11]).abs().max().item() < 0.1
-    assert got[0].argmax() == want[11].argmax() or (want[11].topk(2).values.diff().abs() < 0.1).item()
+    _check_bf16("cuda", arch_name)

@@ -1,6 +1,6 @@
 """Paged attention over the block-table KV cache.
 
-Per layer the cache is two views ``(num_blocks, block_size, kv_heads, head_dim)``; a token at position ``p`` of a sequence lives at slot
+Per layer the cache is ``(2, num_blocks, block_size, kv_heads, head_dim)`` (K, V); a token at position ``p`` of a sequence lives at slot
 ``block_ids[p // block_size] * block_size + p % block_size``. A step first writes the new
 tokens' K/V at their slots, then every new token attends over its sequence's context
 ``[0, its position]`` read back through the block table.
@@ -24,7 +24,7 @@ class PrefillChunk:
     """A sequence with several new tokens: flat token rows ``[start, end)``.
 
     ``ctx_blocks`` (nb,) are the blocks holding the context ``[0, ctx_len)`` and ``mask``
-    (n, ctx_len) is the causal mask over it; both are None when the chunk starts at
+    (n, ctx_len) is the additive causal mask over it; both are None when the chunk starts at
     position 0, in which case attention runs on the fresh K/V with ``is_causal``.
     """
 
@@ -40,7 +40,7 @@ class DecodeGroup:
     """Sequences with exactly one new token, attended together.
 
     ``block_table`` (D, nb_max) is each sequence's block table padded with block 0;
-    ``mask`` (D, 1, 1, nb_max * block_size) is true on each sequence's real context.
+    ``mask`` (D, 1, 1, nb_max * block_size) is 0 on each sequence's real context, -inf after.
     Gathering whole blocks (not single slots) keeps the per-layer copy a few large memcpys.
     """
 
@@ -63,8 +63,9 @@ def build_attention_metadata(
     decodes: list[tuple[int, list[int]]],
     block_size: int,
     device: torch.device,
+    dtype: torch.dtype = torch.float32,
 ) -> AttentionMetadata:
-    """Build the metadata for one step.
+    """Build the metadata for one step; masks are additive (0 / -inf) in ``dtype``.
 
     ``prefills``: ``(start_pos, block_ids, num_new_tokens)`` per chunk, in flat order;
     ``decodes``: ``(position, block_ids)`` per single-token sequence, after the prefills.
@@ -80,7 +81,7 @@ def build_attention_metadata(
             used = (end_pos + block_size - 1) // block_size
             chunk.ctx_blocks = torch.tensor(block_ids[:used], dtype=torch.int64, device=device)
             q_pos = torch.arange(start_pos, end_pos, device=device)
-            chunk.mask = torch.arange(end_pos, device=device)[None, :] <= q_pos[:, None]  # (n, L)
+            chunk.mask = _additive(torch.arange(end_pos, device=device)[None, :] <= q_pos[:, None], dtype)  # (n, L)
         chunks.append(chunk)
         row += n
     decode = None
@@ -97,7 +98,7 @@ def build_attention_metadata(
         ctx_len = torch.tensor([p + 1 for p, _ in decodes], dtype=torch.int64, device=device)
         pos = torch.arange(max_blocks * block_size, device=device)
         mask = pos[None, :] < ctx_len[:, None]  # (D, L_pad)
-        decode = DecodeGroup(block_table=table, mask=mask[:, None, None, :])
+        decode = DecodeGroup(block_table=table, mask=_additive(mask, dtype)[:, None, None, :])
     return AttentionMetadata(
         slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
         num_prefill_tokens=row,
@@ -106,27 +107,32 @@ def build_attention_metadata(
     )
 
 
+def _additive(keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    # NOTE: SDPA turns a bool mask into an additive one on every call; doing it here once
+    # per step saves that per layer.
+    return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill_(~keep, float("-inf"))
+
+
 def paged_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    kv_cache: torch.Tensor,
     meta: AttentionMetadata,
 ) -> torch.Tensor:
     """Write the new K/V into the cache, then attend.
 
-    q (T, Hq, hd); k, v (T, Hkv, hd); k_cache, v_cache (num_blocks, block_size, Hkv, hd):
-    one layer's cache. Returns (T, Hq, hd).
+    q (T, Hq, hd); k, v (T, Hkv, hd); kv_cache (2, num_blocks, block_size, Hkv, hd): one
+    layer's K and V. Returns (T, Hq, hd).
     """
     num_heads, num_kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
-    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
-    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
+    kv_cache[0].view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
+    kv_cache[1].view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
     if meta.decode is None and len(meta.prefills) == 1:
-        return _prefill(q, k, v, k_cache, v_cache, meta.prefills[0])
+        return _prefill(q, k, v, kv_cache, meta.prefills[0])
     out = torch.empty_like(q)
     for chunk in meta.prefills:
-        out[chunk.start : chunk.end] = _prefill(q, k, v, k_cache, v_cache, chunk)
+        out[chunk.start : chunk.end] = _prefill(q, k, v, kv_cache, chunk)
     if meta.decode is not None:
         p = meta.num_prefill_tokens
         d = meta.decode
@@ -134,8 +140,8 @@ def paged_attention(
         group = num_heads // num_kv_heads
         blocks = d.block_table.view(-1)
         qd = q[p:].view(n, num_kv_heads, group, head_dim)  # (D, Hkv, G, hd): GQA without expand
-        kd = k_cache.index_select(0, blocks).view(n, -1, num_kv_heads, head_dim).transpose(1, 2)  # (D, Hkv, L, hd)
-        vd = v_cache.index_select(0, blocks).view(n, -1, num_kv_heads, head_dim).transpose(1, 2)  # (D, Hkv, L, hd)
+        kvd = kv_cache.index_select(1, blocks).view(2, n, -1, num_kv_heads, head_dim)  # (2, D, L, Hkv, hd)
+        kd, vd = kvd[0].transpose(1, 2), kvd[1].transpose(1, 2)  # (D, Hkv, L, hd) each
         od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=d.mask)  # (D, Hkv, G, hd)
         out[p:] = od.reshape(n, num_heads, head_dim)
     return out
@@ -145,8 +151,7 @@ def _prefill(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    kv_cache: torch.Tensor,
     chunk: PrefillChunk,
 ) -> torch.Tensor:
     n = chunk.end - chunk.start
@@ -159,8 +164,8 @@ def _prefill(
         kc = k[chunk.start : chunk.end]  # (n, Hkv, hd)
         vc = v[chunk.start : chunk.end]
     else:
-        kc = k_cache.index_select(0, chunk.ctx_blocks).view(-1, num_kv_heads, head_dim)[: chunk.ctx_len]  # (L, Hkv, hd)
-        vc = v_cache.index_select(0, chunk.ctx_blocks).view(-1, num_kv_heads, head_dim)[: chunk.ctx_len]
+        kvc = kv_cache.index_select(1, chunk.ctx_blocks).view(2, -1, num_kv_heads, head_dim)
+        kc, vc = kvc[0, : chunk.ctx_len], kvc[1, : chunk.ctx_len]  # (L, Hkv, hd) each
     length = kc.shape[0]
     kc = kc.permute(1, 0, 2).unsqueeze(1).expand(num_kv_heads, group, length, head_dim)  # (Hkv, G, L, hd)
     vc = vc.permute(1, 0, 2).unsqueeze(1).expand(num_kv_heads, group, length, head_dim)

@@ -46,7 +46,9 @@ def validate_batch(batch: ScheduledBatch, block_size: int, num_blocks: int, max_
             raise ValueError(f"sequence {s.request_id!r}: block id out of range [0, {num_blocks})")
 
 
-def build_step_inputs(batch: ScheduledBatch, block_size: int, device: torch.device) -> StepInputs:
+def build_step_inputs(
+    batch: ScheduledBatch, block_size: int, device: torch.device, dtype: torch.dtype
+) -> StepInputs:
     prefill_idx = [i for i, s in enumerate(batch.seqs) if len(s.token_ids) > 1]
     decode_idx = [i for i, s in enumerate(batch.seqs) if len(s.token_ids) == 1]
     ids: list[int] = []
@@ -67,6 +69,7 @@ def build_step_inputs(batch: ScheduledBatch, block_size: int, device: torch.devi
         [(batch.seqs[i].start_pos, batch.seqs[i].block_ids) for i in decode_idx],
         block_size,
         device,
+        dtype,
     )
     sample_index = [i for i, s in enumerate(batch.seqs) if s.sample]
     return StepInputs(

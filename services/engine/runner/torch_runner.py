@@ -8,7 +8,7 @@ import torch
 
 from services.common.config import EngineConfig
 from services.engine.batch import RunnerOutput, ScheduledBatch
-from services.engine.model import LlamaModel, layer_kv_views
+from services.engine.model import LlamaModel
 from services.engine.model_config import ModelArchConfig
 from services.engine.runner.base import KvSpec, ModelRunner
 from services.engine.runner.step_inputs import StepInputs, build_step_inputs, validate_batch
@@ -73,7 +73,7 @@ class TorchRunner(ModelRunner):
             self.kv_cache = torch.zeros(
                 self.kv_spec.block_range_shape(cfg.num_kv_blocks), dtype=self.dtype, device=self.device
             )
-        self._kv_views = layer_kv_views(self.kv_cache)
+        self._kv_layers = list(self.kv_cache)  # (2, blocks, block_size, kv_heads, hd) per layer
         self.sampler = Sampler(cfg.seed, self.device)
 
     # -- execution -------------------------------------------------------------------------
@@ -101,8 +101,8 @@ class TorchRunner(ModelRunner):
 
     def _forward(self, batch: ScheduledBatch) -> tuple[StepInputs, torch.Tensor | None]:
         validate_batch(batch, self.block_size, self.kv_spec.num_blocks, self.max_model_len)
-        step = build_step_inputs(batch, self.block_size, self.device)
-        hidden = self.model(step.input_ids, step.positions, step.meta, self._kv_views)  # (T, H)
+        step = build_step_inputs(batch, self.block_size, self.device, self.dtype)
+        hidden = self.model(step.input_ids, step.positions, step.meta, self._kv_layers)  # (T, H)
         if not step.sample_index:
             return step, None
         return step, self.model.compute_logits(hidden[step.sample_rows])  # (N, V)
