@@ -174,7 +174,7 @@ class Supervisor:
             now = time.monotonic()
             if now > deadline:
                 names = ", ".join(c.spec.name for c in pending)
-                self.say(f"error: not ready after {self.ready_timeout:.0f} s: {names} "
+                self.say(f"error: not ready after {self.ready_timeout:g} s: {names} "
                          f"(logs in {self.log_dir}; raise --ready-timeout if models load slowly)")
                 return 1
             if now - last_progress >= _PROGRESS_EVERY_S:
@@ -209,7 +209,7 @@ class Supervisor:
                 try:
                     c.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
-                    self.say(f"{c.spec.name} did not stop in {self.stop_timeout:.0f} s: killing it")
+                    self.say(f"{c.spec.name} did not stop in {self.stop_timeout:g} s: killing it")
                     _signal_group(c.proc.pid, signal.SIGKILL)
                     c.proc.wait()
                 # Anything the child left behind in its group goes too.
