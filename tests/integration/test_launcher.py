@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ import pytest
 from services.common.config import parse_config
 from services.launcher.nats import find_nats_server
 from services.launcher.plan import PortUse, ProcessSpec, Readiness, plan
-from services.launcher.supervisor import Supervisor
+from services.launcher.supervisor import Supervisor, is_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -128,11 +129,13 @@ def _python_spec(name: str, code: str) -> ProcessSpec:
 def test_a_child_that_dies_is_named_and_the_rest_are_stopped(tmp_path: Path) -> None:
     doomed = _python_spec("doomed", "import sys; print('cannot load the model'); sys.exit(3)")
     out = io.StringIO()
-    sup = Supervisor([*_real_specs(tmp_path), doomed], tmp_path, out=out, ready_timeout=60)
+    sup = Supervisor([*_real_specs(tmp_path), doomed], tmp_path, out=out, ready_timeout=60, echo=True)
     assert sup.run(install_signals=False) == 1
     text = out.getvalue()
     assert "error: doomed exited with code 3; stopping the cluster" in text
-    assert "  cannot load the model" in text
+    assert "  cannot load the model" in text  # the report's tail
+    assert "doomed | cannot load the model" in text  # echoed live, prefixed with the name
+    assert (tmp_path / "logs" / "doomed.log").read_text() == "cannot load the model\n"
     pids = [p["pid"] for p in json.loads((tmp_path / "processes.json").read_text())]
     assert len(pids) == 3 and all(_gone(pid) for pid in pids)
     assert "stopped  nats" in text and "stopped  router" in text
@@ -175,3 +178,23 @@ def test_readiness_timeout_names_the_part_and_stops_it(tmp_path: Path) -> None:
     pid = json.loads((tmp_path / "processes.json").read_text())[0]["pid"]
     assert _gone(pid)
     assert "stopped  never-ready (was killed by SIGTERM)" in text
+
+
+def test_http_readiness_needs_a_200_not_just_a_listening_port(tmp_path: Path) -> None:
+    port = _free_port()
+    ready = Readiness("http", "127.0.0.1", port, "/health")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not is_ready(Readiness("tcp", "127.0.0.1", port)):
+            assert server.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        assert not is_ready(ready)  # listening, but /health is 404
+        (tmp_path / "health").write_text("ok")
+        assert is_ready(ready)
+    finally:
+        server.terminate()
+        server.wait()
