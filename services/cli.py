@@ -15,6 +15,11 @@ _HANDLERS = {
     ("bench", "engine"): "services.engine.bench:main",
     ("bench", "router"): "services.router.bench:main",
     ("router",): "services.router.cli:main",
+    ("decode",): "services.decode.serve:main",
+    ("prefill",): "services.prefill.serve:main",
+    ("processor",): "services.processor.serve:main",
+    ("frontend",): "services.frontend.serve:main",
+    ("up",): "services.launcher.up:main",
 }
 
 
@@ -46,6 +51,30 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config(router)
     router.add_argument("--replica", type=int, default=0, help="replica index: ports are base + N")
     router.set_defaults(_key=("router",))
+
+    for part, help_text in (
+        ("decode", "run one decode worker (gRPC Generate and KvTransfer)"),
+        ("prefill", "run one prefill worker (pulls the JetStream prefill queue)"),
+        ("processor", "run the processor (tokenize, route, stream, detokenize)"),
+        ("frontend", "run the OpenAI-compatible HTTP frontend"),
+    ):
+        p = sub.add_parser(part, help=help_text)
+        _add_config(p)
+        p.add_argument("--replica", type=int, default=0, help="replica index: ports are base + N")
+        p.set_defaults(_key=(part,))
+
+    up = sub.add_parser("up", help="start the whole cluster from a config and supervise it")
+    _add_config(up)
+    up.add_argument("--only", default=None, metavar="PARTS",
+                    help="start only these parts, comma-separated "
+                         "(nats,router,decode,prefill,processor,frontend)")
+    up.add_argument("--run-dir", default=None,
+                    help="logs, pids and NATS's store (default: a fresh dir under the cache)")
+    up.add_argument("--ready-timeout", type=float, default=600.0,
+                    help="seconds to wait for every part to be ready")
+    up.add_argument("--stop-timeout", type=float, default=10.0,
+                    help="seconds a child gets to exit after SIGTERM before SIGKILL")
+    up.set_defaults(_key=("up",))
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)

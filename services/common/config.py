@@ -99,6 +99,9 @@ class DecodeConfig(_Strict):
     replicas: int = Field(1, ge=0)
     port: int = Field(9300, ge=0, le=65535)  # replica i uses port + i
     metrics_port: int = Field(9400, ge=0, le=65535)
+    # The host other processes use to reach this worker's gRPC port, as published in
+    # discovery: a container name in compose, the pod IP in Kubernetes.
+    advertise_host: str = "127.0.0.1"
     disagg: DisaggConfig = DisaggConfig()
 
 

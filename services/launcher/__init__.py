@@ -1,0 +1,1 @@
+"""`tandem up`: start a whole cluster from one config as child processes and supervise it."""

@@ -1,0 +1,82 @@
+"""The embedded nats-server: where it listens, how it is started, when it is up."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+_DEFAULT_PORT = 4222
+_FALLBACK_BINARY = Path("/usr/sbin/nats-server")
+
+
+class NatsServerNotFoundError(RuntimeError):
+    """No ``nats-server`` binary on PATH (``make nats`` installs it)."""
+
+
+def nats_endpoint(url: str) -> tuple[str, int]:
+    """``nats://host:port`` -> (host, port); the port defaults to 4222.
+
+    Raises ValueError naming ``nats.url`` for anything that is not a single nats:// URL.
+    """
+    parsed = urlparse(url)
+    if parsed.scheme not in ("nats", "tls") or not parsed.hostname or "," in url:
+        raise ValueError(f"nats.url must look like nats://host:port, got {url!r}")
+    try:
+        port = parsed.port or _DEFAULT_PORT
+    except ValueError:
+        raise ValueError(f"nats.url has a bad port: {url!r}") from None
+    return parsed.hostname, port
+
+
+def find_nats_server() -> str:
+    """Path of the nats-server binary, or NatsServerNotFoundError with the fix."""
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    if _FALLBACK_BINARY.exists():
+        return str(_FALLBACK_BINARY)
+    raise NatsServerNotFoundError(
+        "nats-server is not installed: run `make nats` (Debian package nats-server), or set "
+        "nats.embedded=false and nats.url to a running server"
+    )
+
+
+def nats_argv(binary: str, url: str, data_dir: Path) -> list[str]:
+    """nats-server with JetStream, its store in ``data_dir``, listening where ``url`` says."""
+    host, port = nats_endpoint(url)
+    return [binary, "-js", "-sd", str(data_dir), "-p", str(port), "-a", host]
+
+
+def tcp_accepts(host: str, port: int, timeout: float = 0.2) -> bool:
+    """True when something accepts a TCP connection on host:port."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def start_nats(url: str, data_dir: Path, timeout: float = 10.0) -> subprocess.Popen[bytes]:
+    """Start a nats-server for ``url`` and return once it accepts TCP.
+
+    Raises RuntimeError (with the server's stderr) if it exits or is not up in ``timeout``.
+    """
+    data_dir.mkdir(parents=True, exist_ok=True)
+    host, port = nats_endpoint(url)
+    proc = subprocess.Popen(
+        nats_argv(find_nats_server(), url, data_dir),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+    )
+    deadline = time.monotonic() + timeout
+    while not tcp_accepts(host, port):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+            proc.wait()
+            raise RuntimeError(f"nats-server did not start on {host}:{port}: {err[-2000:]}")
+        time.sleep(0.05)
+    return proc

@@ -1,0 +1,179 @@
+"""What `tandem up` starts: a pure function from the cluster config to a process list.
+
+Order matters twice: processes start in this order (nats-server first, and everything
+else only once it accepts connections), and stop in the reverse order (the frontend stops
+taking requests before the workers behind it go away, NATS goes last so everyone can
+deregister).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from services.common.config import ClusterConfig
+from services.launcher.nats import nats_argv, nats_endpoint
+
+PARTS = ("nats", "router", "decode", "prefill", "processor", "frontend")
+
+_ANY_HOST = ("0.0.0.0", "::", "")
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """How the supervisor knows a process is serving: a TCP port that accepts, or an HTTP
+    GET that answers 200."""
+
+    kind: Literal["tcp", "http"]
+    host: str
+    port: int
+    path: str = ""
+
+    def describe(self) -> str:
+        if self.kind == "http":
+            return f"http://{self.host}:{self.port}{self.path}"
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class PortUse:
+    """One port a process binds, with what it is for (``grpc``, ``metrics``, ``http``...)."""
+
+    label: str
+    port: int
+    key: str  # the config key that sets it, for error messages
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """One child process of the launcher."""
+
+    name: str  # unique: "router", "decode-0", "prefill-1", ...
+    part: str  # one of PARTS
+    argv: tuple[str, ...]
+    ports: tuple[PortUse, ...]
+    ready: Readiness
+    env: dict[str, str] = field(default_factory=dict)  # added to the launcher's environment
+    # Start nothing after this process until it is ready (NATS: everyone connects to it).
+    barrier: bool = False
+
+    def address(self, host: str) -> str:
+        return ", ".join(f"{p.label} {host}:{p.port}" for p in self.ports)
+
+
+def _probe_host(bind_host: str) -> str:
+    """Where to connect to reach a server bound to ``bind_host``."""
+    return "127.0.0.1" if bind_host in _ANY_HOST else bind_host
+
+
+def _threads_env(threads: int) -> dict[str, str]:
+    # NOTE: torch sizes its pools from these at import; every child gets them explicitly
+    # so N workers on one machine do not each grab every core.
+    n = str(threads)
+    return {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "PYTHONUNBUFFERED": "1"}
+
+
+def plan(
+    cfg: ClusterConfig,
+    config_path: str | Path | None,
+    overrides: list[str] = (),
+    *,
+    nats_data_dir: Path = Path("nats"),
+    nats_binary: str = "nats-server",
+    python: str = sys.executable,
+) -> list[ProcessSpec]:
+    """Every process `tandem up` starts for ``cfg``, in start order.
+
+    Each tandem part runs as ``python -m services.cli <part> [-c FILE] [--set k=v]...
+    --replica N``, so children read the same file with the same overrides as the launcher.
+    Ports follow the CLI conventions: replica i of decode/prefill uses base port + i.
+    """
+    common: list[str] = []
+    if config_path is not None:
+        common += ["-c", str(Path(config_path).resolve())]
+    for o in overrides:
+        common += ["--set", o]
+
+    def part_argv(part: str, replica: int) -> tuple[str, ...]:
+        return (python, "-m", "services.cli", part, *common, "--replica", str(replica))
+
+    worker_env = _threads_env(cfg.engine.threads)
+    other_env = _threads_env(1)
+    specs: list[ProcessSpec] = []
+
+    if cfg.nats.embedded:
+        host, port = nats_endpoint(cfg.nats.url)
+        specs.append(ProcessSpec(
+            name="nats", part="nats",
+            argv=tuple(nats_argv(nats_binary, cfg.nats.url, nats_data_dir)),
+            ports=(PortUse("client", port, "nats.url"),),
+            ready=Readiness("tcp", _probe_host(host), port),
+            barrier=True,
+        ))
+
+    r = cfg.router
+    specs.append(ProcessSpec(
+        name="router", part="router", argv=part_argv("router", 0),
+        ports=(PortUse("grpc", r.port, "router.port"),
+               PortUse("metrics", r.metrics_port, "router.metrics_port")),
+        ready=Readiness("tcp", "127.0.0.1", r.port), env=other_env,
+    ))
+    d = cfg.decode
+    for i in range(d.replicas):
+        specs.append(ProcessSpec(
+            name=f"decode-{i}", part="decode", argv=part_argv("decode", i),
+            ports=(PortUse("grpc", d.port + i, "decode.port"),
+                   PortUse("metrics", d.metrics_port + i, "decode.metrics_port")),
+            ready=Readiness("tcp", "127.0.0.1", d.port + i), env=worker_env,
+        ))
+    p = cfg.prefill
+    for i in range(p.replicas):
+        # A prefill worker serves no RPC (it pulls from JetStream); its metrics endpoint
+        # comes up once it is running, so that is its readiness.
+        specs.append(ProcessSpec(
+            name=f"prefill-{i}", part="prefill", argv=part_argv("prefill", i),
+            ports=(PortUse("metrics", p.metrics_port + i, "prefill.metrics_port"),),
+            ready=Readiness("tcp", "127.0.0.1", p.metrics_port + i), env=worker_env,
+        ))
+    pr = cfg.processor
+    specs.append(ProcessSpec(
+        name="processor", part="processor", argv=part_argv("processor", 0),
+        ports=(PortUse("grpc", pr.port, "processor.port"),
+               PortUse("metrics", pr.metrics_port, "processor.metrics_port")),
+        ready=Readiness("tcp", "127.0.0.1", pr.port), env=other_env,
+    ))
+    f = cfg.frontend
+    specs.append(ProcessSpec(
+        name="frontend", part="frontend", argv=part_argv("frontend", 0),
+        ports=(PortUse("http", f.port, "frontend.port"),),
+        # /health is 200 only once a router and a decode worker are discovered: the whole
+        # cluster's ready condition.
+        ready=Readiness("http", _probe_host(f.host), f.port, "/health"), env=other_env,
+    ))
+    return specs
+
+
+def select_parts(specs: list[ProcessSpec], parts: list[str]) -> list[ProcessSpec]:
+    """Keep only the processes of the named parts (``tandem up --only``)."""
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        raise ValueError(f"--only: unknown part(s) {', '.join(unknown)}; parts are {', '.join(PARTS)}")
+    return [s for s in specs if s.part in parts]
+
+
+def check_port_conflicts(specs: list[ProcessSpec]) -> None:
+    """ValueError naming both users when two planned processes would bind one port, or
+    naming the key of a port left at 0."""
+    seen: dict[int, str] = {}
+    for s in specs:
+        for p in s.ports:
+            if p.port == 0:
+                raise ValueError(f"{p.key} is 0 (any free port): `tandem up` needs fixed ports")
+            if p.port in seen:
+                raise ValueError(
+                    f"port {p.port} is planned twice: {seen[p.port]} and {s.name} {p.label} "
+                    "(check the port keys in the config and the replica counts)"
+                )
+            seen[p.port] = f"{s.name} {p.label}"

@@ -1,0 +1,113 @@
+"""`tandem up -c FILE [--set k=v] [--only parts] [--run-dir DIR] [--ready-timeout S]`:
+start the whole cluster a config describes and supervise it until Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from services.common.config import ClusterConfig, ConfigError, load_config
+from services.common.env import cache_dir
+from services.launcher.nats import NatsServerNotFoundError, find_nats_server
+from services.launcher.plan import PARTS, ProcessSpec, check_port_conflicts, plan, select_parts
+from services.launcher.preflight import (
+    PreflightError,
+    check_external_nats,
+    check_model,
+    check_ports_free,
+)
+from services.launcher.supervisor import Supervisor
+
+
+def default_run_dir() -> Path:
+    """A fresh directory per run under the cache: logs, pids, and NATS's own store."""
+    return cache_dir() / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+
+
+def _display_host(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+
+
+def served_name(cfg: ClusterConfig) -> str:
+    from services.engine.model_store import served_model_name
+
+    return cfg.model.name or served_model_name(cfg.model.path)
+
+
+def curl_example(cfg: ClusterConfig) -> str:
+    base = f"http://{_display_host(cfg.frontend.host)}:{cfg.frontend.port}"
+    body = json.dumps({
+        "model": served_name(cfg),
+        "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "max_tokens": 32,
+    })
+    auth = ' -H "Authorization: Bearer $TANDEM_API_KEY"' if cfg.frontend.api_keys else ""
+    return (f"curl {base}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\\n"
+            f"    -d {shlex.quote(body)}")
+
+
+def banner(cfg: ClusterConfig, specs: list[ProcessSpec], run_dir: Path, elapsed: float) -> str:
+    lines = [""]
+    if any(s.part == "frontend" for s in specs):
+        base = f"http://{_display_host(cfg.frontend.host)}:{cfg.frontend.port}"
+        lines.append(f"tandem is ready in {elapsed:.1f} s: {base}/v1  (model {served_name(cfg)})")
+    else:
+        lines.append(f"started in {elapsed:.1f} s (no frontend in this run)")
+    width = max(len(s.name) for s in specs)
+    for s in specs:
+        host = "127.0.0.1" if s.part != "nats" else s.ready.host
+        lines.append(f"  {s.name:<{width}}  {s.address(host)}")
+    if not cfg.nats.embedded:
+        lines.append(f"  {'nats':<{width}}  external {cfg.nats.url}")
+    lines.append(f"  logs: {run_dir / 'logs'}")
+    if any(s.part == "frontend" for s in specs):
+        lines += ["", "try:", "  " + curl_example(cfg)]
+    lines += ["", "Ctrl-C stops the cluster.", ""]
+    return "\n".join(lines)
+
+
+def prepare(args: argparse.Namespace) -> tuple[ClusterConfig, list[ProcessSpec], Path]:
+    """Config, plan and every up-front check; raises ConfigError/PreflightError/ValueError."""
+    cfg = load_config(args.config, args.overrides)
+    run_dir = Path(args.run_dir) if args.run_dir else default_run_dir()
+    parts = [p.strip() for p in args.only.split(",") if p.strip()] if args.only else list(PARTS)
+    nats_binary = "nats-server"
+    if cfg.nats.embedded and "nats" in parts:
+        try:
+            nats_binary = find_nats_server()
+        except NatsServerNotFoundError as e:
+            raise PreflightError(str(e)) from None
+    specs = select_parts(
+        plan(cfg, args.config, args.overrides, nats_data_dir=run_dir / "nats", nats_binary=nats_binary),
+        parts,
+    )
+    if not specs:
+        raise PreflightError("nothing to start: the selected parts have no processes")
+    check_port_conflicts(specs)
+    check_ports_free(specs)
+    if not cfg.nats.embedded and "nats" in parts:
+        check_external_nats(cfg)
+    if {"decode", "prefill"} & {s.part for s in specs}:
+        check_model(cfg)
+    return cfg, specs, run_dir
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        cfg, specs, run_dir = prepare(args)
+    except (ConfigError, PreflightError, ValueError) as e:
+        print(f"tandem up: {e}", file=sys.stderr)
+        return 2
+    run_dir.mkdir(parents=True, exist_ok=True)
+    print(f"tandem up: {len(specs)} processes, run directory {run_dir}", flush=True)
+    sup = Supervisor(
+        specs, run_dir, out=sys.stdout, echo=sys.stdout.isatty(),
+        ready_timeout=args.ready_timeout, stop_timeout=args.stop_timeout,
+        banner=lambda elapsed: banner(cfg, specs, run_dir, elapsed),
+    )
+    return sup.run()
