@@ -15,6 +15,9 @@ _HANDLERS = {
     ("bench", "engine"): "services.engine.bench:main",
     ("bench", "router"): "services.router.bench:main",
     ("router",): "services.router.cli:main",
+    ("decode",): "services.decode.serve:main",
+    ("prefill",): "services.prefill.serve:main",
+    ("bench", "kv-transfer"): "services.prefill.bench:main",
 }
 
 
@@ -47,6 +50,13 @@ def build_parser() -> argparse.ArgumentParser:
     router.add_argument("--replica", type=int, default=0, help="replica index: ports are base + N")
     router.set_defaults(_key=("router",))
 
+    for part, text in (("decode", "run one decode worker (gRPC Generate + KvTransfer)"),
+                       ("prefill", "run one prefill worker (JetStream prefill queue)")):
+        p = sub.add_parser(part, help=text)
+        _add_config(p)
+        p.add_argument("--replica", type=int, default=0, help="replica index: ports are base + N")
+        p.set_defaults(_key=(part,))
+
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
     be = bench_sub.add_parser("engine", help="engine prefill/decode tokens/s and matmul GFLOP/s")
@@ -64,6 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
     br.add_argument("--prompt-tokens", type=int, default=8000)
     br.add_argument("--routes", type=int, default=2000)
     br.set_defaults(_key=("bench", "router"))
+    bk = bench_sub.add_parser("kv-transfer", help="KV transfer GB/s over loopback gRPC")
+    bk.add_argument("--json", dest="json_path", default=None, help="write results to this file")
+    bk.add_argument("--tokens", default="1024,2048,4096,8192", help="prompt lengths")
+    bk.add_argument("--repeats", type=int, default=5)
+    bk.set_defaults(_key=("bench", "kv-transfer"))
     return parser
 
 
