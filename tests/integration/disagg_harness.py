@@ -28,6 +28,9 @@ def cluster_cfg(nats_url: str, **sections: Any) -> ClusterConfig:
     """A config in a fresh namespace (each test gets its own stream and consumer)."""
     data: dict[str, Any] = {"namespace": f"t{uuid.uuid4().hex[:10]}",
                             "nats": {"url": nats_url, "embedded": False}}
+    if sections.get("engine", {}).get("runner") == "mock":
+        # NOTE: no tokenizer to load: the mock engine then uses its own eos token.
+        data["model"] = {"path": "/nonexistent/tandem-test-model.gguf"}
     data.update(sections)
     return parse_config(data)
 
