@@ -46,19 +46,3 @@ def chunk_ranges(total: int, chunk_bytes: int) -> Iterator[tuple[int, int]]:
         return
     for off in range(0, total, chunk_bytes):
         yield off, min(off + chunk_bytes, total)
-
-
-def tensor_from_bytes(buf: bytearray, dtype_name_: str, shape: tuple[int, ...]) -> torch.Tensor:
-    """A tensor over ``buf`` (no copy). Raises ValueError if the sizes disagree."""
-    import math
-
-    import torch
-
-    dtype = dtype_from_name(dtype_name_)
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    want = math.prod(shape) * itemsize
-    if len(buf) != want:
-        raise ValueError(f"KV payload is {len(buf)} bytes; shape {shape} of {dtype_name_} needs {want}")
-    if want == 0:
-        return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(buf, dtype=torch.uint8).view(dtype).reshape(shape)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from services.common.kv_wire import dtype_from_name, tensor_from_bytes
+from services.common.kv_wire import dtype_from_name
 from services.gen import worker_pb2
 
 NOT_WAITING = "not waiting"
@@ -84,8 +84,8 @@ class KvReceiver:
         expected, fut = entry
         try:
             buf = _check_header(head, expected)
-            got = await _read_payload(head, chunks, buf, rid)
-            kv = tensor_from_bytes(buf, head.dtype, expected.shape)
+            got = await _read_payload(head, chunks, memoryview(buf.numpy()), rid)
+            kv = buf.view(expected.dtype).reshape(expected.shape)
         except (KvTransferError, ValueError) as e:
             # NOTE: a bad transfer ends the wait (the worker prefills locally); a retry of
             # the same job would most likely be just as bad.
@@ -104,7 +104,8 @@ class KvReceiver:
         return worker_pb2.KvTransferAck(accepted=True, bytes_received=got)
 
 
-def _check_header(head: worker_pb2.KvChunk, exp: ExpectedKv) -> bytearray:
+def _check_header(head: worker_pb2.KvChunk, exp: ExpectedKv) -> torch.Tensor:
+    """Validate the header; returns an uninitialised uint8 buffer for the payload."""
     rid = head.request_id
     if head.first_block != exp.first_block or head.num_blocks != exp.num_blocks:
         raise KvTransferError(
@@ -117,15 +118,16 @@ def _check_header(head: worker_pb2.KvChunk, exp: ExpectedKv) -> bytearray:
     if dtype != exp.dtype:
         raise KvTransferError(f"KV for {rid!r} has dtype {head.dtype}; expected {exp.dtype}")
     itemsize = torch.empty((), dtype=dtype).element_size()
-    return bytearray(math.prod(shape) * itemsize)
+    # NOTE: torch.empty, not bytearray: no zero-fill pass over a buffer about to be
+    # overwritten (a 377 MB transfer spent ~0.2 s zeroing).
+    return torch.empty(math.prod(shape) * itemsize, dtype=torch.uint8)
 
 
 async def _read_payload(
-    head: worker_pb2.KvChunk, chunks: AsyncIterator[worker_pb2.KvChunk], buf: bytearray, rid: str
+    head: worker_pb2.KvChunk, chunks: AsyncIterator[worker_pb2.KvChunk], mv: memoryview, rid: str
 ) -> int:
     """Copy every chunk's data into ``buf``; offsets must be contiguous and fill it exactly."""
     pos = 0
-    mv = memoryview(buf)
     chunk: worker_pb2.KvChunk | None = head
     while chunk is not None:
         if chunk.request_id and chunk.request_id != rid:
@@ -133,11 +135,11 @@ async def _read_payload(
         n = len(chunk.data)
         if chunk.offset != pos:
             raise KvTransferError(f"KV chunk for {rid!r} at offset {chunk.offset}; expected {pos}")
-        if pos + n > len(buf):
-            raise KvTransferError(f"KV for {rid!r} is longer than its shape: > {len(buf)} bytes")
+        if pos + n > len(mv):
+            raise KvTransferError(f"KV for {rid!r} is longer than its shape: > {len(mv)} bytes")
         mv[pos:pos + n] = chunk.data
         pos += n
         chunk = await anext(chunks, None)
-    if pos != len(buf):
-        raise KvTransferError(f"KV for {rid!r} ended at {pos} of {len(buf)} bytes")
+    if pos != len(mv):
+        raise KvTransferError(f"KV for {rid!r} ended at {pos} of {len(mv)} bytes")
     return pos
