@@ -93,6 +93,10 @@ class DisaggConfig(_Strict):
     max_local_prefill_length: int = Field(256, ge=0)
     max_prefill_queue_size: int = Field(8, ge=0)
     max_prefill_queue_tokens: int = Field(32768, ge=0)
+    # Past this a remote prefill is abandoned and the request prefills locally.
+    remote_prefill_timeout_s: float = Field(30.0, gt=0)
+    # The prefill queue depth (a JetStream consumer info round trip) is reused this long.
+    queue_depth_cache_s: float = Field(0.2, ge=0)
 
 
 class DecodeConfig(_Strict):
@@ -103,11 +107,27 @@ class DecodeConfig(_Strict):
     # discovery: a container name in compose, the pod IP in Kubernetes.
     advertise_host: str = "127.0.0.1"
     disagg: DisaggConfig = DisaggConfig()
+    # Generate calls in flight beyond this are refused with RESOURCE_EXHAUSTED.
+    max_inflight_requests: int = Field(1024, ge=1)
+    # On SIGTERM: stop taking requests, let in-flight ones finish for this long, then exit.
+    grace_period_s: float = Field(10.0, ge=0)
 
 
 class PrefillConfig(_Strict):
     replicas: int = Field(1, ge=0)
     metrics_port: int = Field(9500, ge=0, le=65535)
+    # Jobs one prefill worker pulls and runs at once (its engine batches them).
+    max_concurrent_jobs: int = Field(4, ge=1)
+    # JetStream redelivers a job not acked (nor marked in progress) within this long.
+    ack_wait_s: float = Field(10.0, gt=0)
+    # A running job sends an in-progress ack this often (must be well under ack_wait_s).
+    in_progress_interval_s: float = Field(2.0, gt=0)
+    # A failed job is nak'ed with this delay so another worker (or this one) retries it.
+    nak_delay_s: float = Field(0.2, ge=0)
+    max_deliver: int = Field(5, ge=1)  # deliveries of one job before JetStream drops it
+    # KvTransfer payload bytes per gRPC message (gRPC's default limit is 4 MiB).
+    kv_chunk_bytes: int = Field(1 << 20, ge=1024, le=3 << 20)
+    grace_period_s: float = Field(10.0, ge=0)
 
 
 class DiscoveryConfig(_Strict):

@@ -15,10 +15,11 @@ session tells the router to re-sync instead of ignoring them as replays.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import random
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from nats.aio.msg import Msg
 
@@ -28,7 +29,9 @@ from services.common.wire import encode_dump, encode_event_batch
 
 log = logging.getLogger(__name__)
 
-DumpFn = Callable[[], Sequence[KvEvent]]
+# May return the events or an awaitable of them (a worker whose engine lives on another
+# thread takes the snapshot there, e.g. ``AsyncEngine.dump_kv_events``).
+DumpFn = Callable[[], "Sequence[KvEvent] | Awaitable[Sequence[KvEvent]]"]
 
 
 class KvEventPublisher:
@@ -121,7 +124,10 @@ class KvEventPublisher:
         with self._lock:
             last = self._last_event_id  # NOTE: read before the snapshot (module docstring)
         try:
-            events = list(self._dump())
+            snap = self._dump()
+            if inspect.isawaitable(snap):
+                snap = await snap
+            events = list(snap)
             await msg.respond(encode_dump(self.worker_id, self.session, last, events))
             self.dumps_served += 1
         except Exception:

@@ -48,6 +48,21 @@ class Subjects:
         return f"{self.namespace}.router.inflight"
 
     @property
+    def prefill_queue(self) -> str:
+        """Decode workers publish prefill_pb2.RemotePrefillRequest here (JetStream)."""
+        return f"{self.namespace}.prefill.queue"
+
+    @property
+    def prefill_stream(self) -> str:
+        """The work-queue JetStream stream holding ``prefill_queue``."""
+        return f"{self.namespace}_PREFILL"
+
+    @property
+    def prefill_consumer(self) -> str:
+        """The one durable pull consumer every prefill worker shares."""
+        return f"{self.namespace}_prefill_workers"
+
+    @property
     def discovery_bucket(self) -> str:
         """The JetStream KV bucket holding one key per live instance."""
         return f"{self.namespace}_discovery"

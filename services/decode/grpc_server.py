@@ -1,0 +1,79 @@
+"""gRPC adapter of the decode worker (proto/worker.proto): translation and status codes only."""
+
+from __future__ import annotations
+
+from contextlib import aclosing
+
+import grpc
+
+from services.decode.worker import (
+    DecodeWorker,
+    WorkerOverloadedError,
+    WorkerUnavailableError,
+    sampling_from_proto,
+)
+from services.engine.async_engine import EngineDeadError
+from services.engine.request import FinishReason, GenerateRequest
+from services.engine.scheduler import InvalidRequestError
+from services.gen import worker_pb2, worker_pb2_grpc
+
+_FINISH = {
+    FinishReason.STOP: worker_pb2.STOP,
+    FinishReason.LENGTH: worker_pb2.LENGTH,
+    FinishReason.ABORT: worker_pb2.ABORT,
+}
+_WHERE = {"local": worker_pb2.LOCAL, "remote": worker_pb2.REMOTE}
+
+
+class DecodeWorkerServicer(worker_pb2_grpc.DecodeWorkerServicer):
+    """``Generate`` -> ``DecodeWorker.generate``; ``KvTransfer`` -> its ``KvReceiver``.
+
+    A cancelled Generate call cancels the handler task, which closes the worker's iterator
+    and so aborts the request in the engine.
+    """
+
+    def __init__(self, worker: DecodeWorker) -> None:
+        self._worker = worker
+
+    async def Generate(self, request: worker_pb2.GenerateRequest,  # noqa: N802
+                       context: grpc.aio.ServicerContext):
+        try:
+            sampling = sampling_from_proto(request.sampling)
+        except ValueError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"sampling: {e}")
+        if not request.request_id:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id is empty")
+        req = GenerateRequest(request.request_id, list(request.token_ids), sampling)
+        try:
+            async with aclosing(self._worker.generate(req)) as outs:
+                async for o in outs:
+                    msg = worker_pb2.GenerateResponse(token_ids=o.token_ids)
+                    if o.prefill_location:
+                        msg.prefill_location = _WHERE[o.prefill_location]
+                    if o.finished:
+                        msg.finish_reason = _FINISH[o.finish_reason or FinishReason.STOP]
+                        msg.usage.prompt_tokens = o.prompt_tokens
+                        msg.usage.completion_tokens = o.completion_tokens
+                        msg.usage.cached_tokens = o.cached_tokens
+                    yield msg
+        except InvalidRequestError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except WorkerOverloadedError as e:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        except (WorkerUnavailableError, EngineDeadError) as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+
+    async def KvTransfer(self, request_iterator, context: grpc.aio.ServicerContext):  # noqa: N802
+        return await self._worker.receiver.receive(aiter(request_iterator))
+
+
+# gRPC's default 4 MiB receive limit is kept: KV arrives in chunks well below it.
+async def start_grpc(worker: DecodeWorker, host: str, port: int) -> tuple[grpc.aio.Server, int]:
+    """Serve ``worker`` on host:port (0 = any free port); returns the server and bound port."""
+    server = grpc.aio.server()
+    worker_pb2_grpc.add_DecodeWorkerServicer_to_server(DecodeWorkerServicer(worker), server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"decode worker: cannot bind gRPC port {host}:{port}")
+    await server.start()
+    return server, bound

@@ -1,0 +1,99 @@
+"""The prefill queue: a JetStream stream with work-queue retention and one durable pull
+consumer shared by all prefill workers (DESIGN.md "Prefill queue").
+
+A message is a ``prefill_pb2.RemotePrefillRequest``; a job leaves the stream when a prefill
+worker acks it. Decode workers read the queue depth (the consumer's pending + unacked
+messages) for the remote-prefill decision, cached for ``queue_depth_cache_s`` because it is a
+round trip to the server.
+
+Queued prefill tokens are this decode worker's own remote prefills in flight (published and
+not yet resolved): JetStream reports messages and bytes, not tokens, and a global count
+would need a shared counter updated by every worker. With several decode workers the bound
+is therefore per worker; the request-count bound is global.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import nats.js.errors
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
+
+from services.common.config import PrefillConfig
+from services.common.nats_client import NatsClient, Subjects
+from services.gen import prefill_pb2
+
+log = logging.getLogger(__name__)
+
+
+async def ensure_prefill_queue(js: JetStreamContext, subjects: Subjects, cfg: PrefillConfig) -> None:
+    """Create the stream and the shared durable consumer if they do not exist (idempotent)."""
+    stream = StreamConfig(
+        name=subjects.prefill_stream, subjects=[subjects.prefill_queue],
+        retention=RetentionPolicy.WORK_QUEUE,
+        # NOTE: jobs live seconds (they carry a deadline); memory is enough and fastest.
+        storage=StorageType.MEMORY,
+    )
+    try:
+        await js.add_stream(stream)
+    except nats.js.errors.BadRequestError:
+        await js.stream_info(subjects.prefill_stream)  # exists with another config: use it
+    consumer = ConsumerConfig(
+        durable_name=subjects.prefill_consumer, ack_policy=AckPolicy.EXPLICIT,
+        ack_wait=cfg.ack_wait_s, max_deliver=cfg.max_deliver,
+        max_ack_pending=-1,
+    )
+    try:
+        await js.add_consumer(subjects.prefill_stream, consumer)
+    except nats.js.errors.BadRequestError as e:
+        log.warning("prefill consumer %s exists with another config (%s); using it",
+                    subjects.prefill_consumer, e)
+        await js.consumer_info(subjects.prefill_stream, subjects.prefill_consumer)
+
+
+class PrefillQueue:
+    """Decode side: publish jobs and read the queue depth. Create with ``await open(...)``."""
+
+    def __init__(self, js: JetStreamContext, subjects: Subjects, depth_cache_s: float) -> None:
+        self._js = js
+        self._subjects = subjects
+        self._cache_s = depth_cache_s
+        self._depth = 0
+        self._depth_at = float("-inf")
+        self._tokens: dict[str, int] = {}  # request id -> effective prefill tokens in flight
+
+    @classmethod
+    async def open(cls, nc: NatsClient, subjects: Subjects, prefill: PrefillConfig,
+                   depth_cache_s: float) -> PrefillQueue:
+        js = nc.jetstream()
+        await ensure_prefill_queue(js, subjects, prefill)
+        return cls(js, subjects, depth_cache_s)
+
+    async def depth(self) -> int:
+        """Jobs pending or delivered-but-unacked on the shared consumer (cached briefly)."""
+        now = time.monotonic()
+        if now - self._depth_at >= self._cache_s:
+            info = await self._js.consumer_info(self._subjects.prefill_stream,
+                                                self._subjects.prefill_consumer)
+            self._depth = int(info.num_pending or 0) + int(info.num_ack_pending or 0)
+            self._depth_at = now
+        return self._depth
+
+    @property
+    def queued_tokens(self) -> int:
+        return sum(self._tokens.values())
+
+    async def publish(self, job: prefill_pb2.RemotePrefillRequest, effective_tokens: int) -> None:
+        """Enqueue a job (waits for JetStream's ack); ``done(id)`` when it resolves."""
+        self._tokens[job.request_id] = effective_tokens
+        try:
+            await self._js.publish(self._subjects.prefill_queue, job.SerializeToString())
+        except BaseException:
+            self._tokens.pop(job.request_id, None)
+            raise
+        self._depth += 1  # NOTE: the cached depth sees our own job before the next refresh
+
+    def done(self, request_id: str) -> None:
+        self._tokens.pop(request_id, None)

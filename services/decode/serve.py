@@ -1,0 +1,101 @@
+"""`tandem decode -c FILE [--set k=v] [--replica N]`: one decode worker process.
+
+Replica i serves gRPC on ``decode.port + i`` and /metrics on ``decode.metrics_port + i``,
+registers in discovery as role ``decode`` (instance id ``decode-{i}``), publishes KV events
+and load for the router. SIGTERM/SIGINT: deregister, refuse new requests, let in-flight
+ones finish for up to ``decode.grace_period_s``, exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+import time
+
+from prometheus_client import start_http_server
+
+from services.common.config import ClusterConfig, ConfigError, load_config
+from services.common.discovery import Discovery, Registration
+from services.common.kv_publisher import KvEventPublisher
+from services.common.load_publisher import LoadPublisher
+from services.common.nats_client import Subjects, connect
+from services.common.wire import WorkerLoad
+from services.decode.grpc_server import start_grpc
+from services.decode.metrics import DecodeMetrics
+from services.decode.prefill_queue import PrefillQueue
+from services.decode.worker import DecodeWorker
+from services.engine.async_engine import AsyncEngine
+from services.engine.factory import build_engine
+
+log = logging.getLogger(__name__)
+
+
+async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0") -> None:
+    import torch
+
+    torch.set_num_threads(cfg.engine.threads)
+    worker_id = f"decode-{replica}"
+    subjects = Subjects(cfg.namespace)
+    nc = await connect(cfg.nats, worker_id)
+    publisher: KvEventPublisher | None = None
+    parts = build_engine(cfg, worker_id=worker_id,
+                         on_kv_event=lambda e: publisher.on_event(e) if publisher else None)
+    async with AsyncEngine(parts.engine) as ae:
+        publisher = KvEventPublisher(nc, subjects, worker_id, dump=ae.dump_kv_events)
+        await publisher.start()
+        metrics = DecodeMetrics(ae.stats, cfg.decode.disagg)
+        queue = await PrefillQueue.open(nc, subjects, cfg.prefill, cfg.decode.disagg.queue_depth_cache_s)
+        worker = DecodeWorker(ae, cfg, worker_id, queue, metrics=metrics)
+        server, port = await start_grpc(worker, host, cfg.decode.port + replica)
+        # NOTE: peers dial what discovery says, so publish the configured reachable host
+        # (a compose service name, a pod IP), not the bind address.
+        address = f"{cfg.decode.advertise_host}:{port}"
+        worker.kv_address = address
+        metrics_port = cfg.decode.metrics_port + replica
+        start_http_server(metrics_port, registry=metrics.registry)
+
+        def sample() -> WorkerLoad:
+            s = ae.stats()
+            return WorkerLoad(worker_id, s.kv_blocks_used, s.kv_blocks_total, s.num_running,
+                              s.num_waiting, 0, time.time())
+
+        load = LoadPublisher(nc, subjects, sample)
+        await load.start()
+        discovery = await Discovery.open(nc, cfg.namespace, cfg.discovery)
+        lease = await discovery.register(Registration(
+            "decode", worker_id, address=address,
+            metrics_address=f"{cfg.decode.advertise_host}:{metrics_port}",
+            metadata={"model": parts.model_name}))
+        log.info("decode worker %s: gRPC %s, metrics :%d", worker_id, address, metrics_port)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await stop.wait()
+            log.info("decode worker %s: draining (up to %.1fs)", worker_id, cfg.decode.grace_period_s)
+        finally:
+            await lease.close()
+            idle = await worker.drain(cfg.decode.grace_period_s)
+            if not idle:
+                log.warning("decode worker %s: %d requests still running at the end of the grace "
+                            "period; cancelling them", worker_id, worker.num_inflight)
+            await server.stop(grace=0.5)
+            await load.close()
+            await publisher.flush()
+            await publisher.close()
+    await nc.close()
+
+
+def main(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as e:
+        print(e, file=sys.stderr)
+        return 2
+    asyncio.run(serve(cfg, replica=args.replica))
+    return 0

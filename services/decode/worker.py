@@ -1,0 +1,251 @@
+"""The decode worker part: generate over an AsyncEngine, prefilling locally or remotely.
+
+``DecodeWorker.generate`` is the whole request path; the gRPC servicer only translates.
+
+Remote path (``services.decode.disagg`` decides): park the request with blocks for its
+uncached part (``AsyncEngine.begin_remote_prefill``), wait for its KV in the ``KvReceiver``,
+publish a ``RemotePrefillRequest``, then either import the KV (``complete_remote_prefill``)
+or, past the deadline / on bad KV / on a publish failure, prefill locally
+(``fail_remote_prefill``). Either way the tokens come from ``AsyncEngine.stream``. A
+request's blocks never leak: every exit (finish, abort, cancelled call) ends in the engine
+freeing them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+
+from services.common.config import ClusterConfig
+from services.decode.disagg import PrefillDecision, decide_prefill
+from services.decode.kv_receiver import ExpectedKv, KvReceiver, KvTransferError, ReceivedKv
+from services.decode.metrics import DecodeMetrics
+from services.decode.prefill_queue import PrefillQueue
+from services.engine.async_engine import AsyncEngine
+from services.engine.remote_prefill import RemoteKvError, RemotePrefillHandle
+from services.engine.request import FinishReason, GenerateRequest, TokenOutput
+from services.gen import prefill_pb2, worker_pb2
+
+log = logging.getLogger(__name__)
+
+
+class WorkerOverloadedError(RuntimeError):
+    """Too many requests in flight on this worker (gRPC RESOURCE_EXHAUSTED)."""
+
+
+class WorkerUnavailableError(RuntimeError):
+    """The worker is draining for shutdown (gRPC UNAVAILABLE)."""
+
+
+@dataclass(slots=True)
+class DecodeOutput:
+    """New tokens of one request; usage and finish reason on the last one."""
+
+    token_ids: list[int]
+    prefill_location: str  # "local" | "remote": where the prompt's KV was computed
+    finished: bool = False
+    finish_reason: FinishReason | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+class DecodeWorker:
+    """One decode worker. ``queue`` None runs without disaggregation (always local)."""
+
+    def __init__(self, engine: AsyncEngine, cfg: ClusterConfig, worker_id: str,
+                 queue: PrefillQueue | None = None, kv_address: str = "",
+                 metrics: DecodeMetrics | None = None) -> None:
+        self.engine = engine
+        self.cfg = cfg
+        self.worker_id = worker_id
+        self.queue = queue
+        self.kv_address = kv_address
+        self.metrics = metrics or DecodeMetrics(engine.stats, cfg.decode.disagg)
+        self.receiver = KvReceiver(on_bytes=self.metrics.kv_bytes_received.inc)
+        self._inflight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._draining = False
+        self._cleanup: set[asyncio.Task[None]] = set()
+
+    @property
+    def num_inflight(self) -> int:
+        return self._inflight
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[DecodeOutput]:
+        """Stream a request's tokens. Raises InvalidRequestError (bad request),
+        WorkerOverloadedError, WorkerUnavailableError, EngineDeadError. Closing the
+        iterator early aborts the request."""
+        if self._draining:
+            raise WorkerUnavailableError(f"decode worker {self.worker_id} is shutting down")
+        if self._inflight >= self.cfg.decode.max_inflight_requests:
+            raise WorkerOverloadedError(
+                f"decode worker {self.worker_id} has {self._inflight} requests in flight "
+                f"(decode.max_inflight_requests={self.cfg.decode.max_inflight_requests})")
+        self.engine.engine.validate(request)
+        self._inflight += 1
+        self._idle.clear()
+        try:
+            decision = await self._decide(request)
+            self.metrics.decisions.labels(decision.reason.value).inc()
+            if decision.remote:
+                outs = self._remote(request, decision)
+            else:
+                self.metrics.prefill.labels("local").inc()
+                outs = self._local(request.request_id, self.engine.generate(request), "local")
+            async with aclosing(outs):
+                async for o in outs:
+                    yield o
+        finally:
+            self._inflight -= 1
+            if self._inflight == 0:
+                self._idle.set()
+
+    async def drain(self, grace_s: float) -> bool:
+        """Refuse new requests and wait up to ``grace_s`` for in-flight ones; True if idle."""
+        self._draining = True
+        try:
+            await asyncio.wait_for(self._idle.wait(), grace_s)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+    # ---- decision -------------------------------------------------------------------
+    async def _decide(self, request: GenerateRequest) -> PrefillDecision:
+        d = self.cfg.decode.disagg
+        n = len(request.prompt_token_ids)
+        cached = await self.engine.prefix_hit_tokens(request.prompt_token_ids)
+        depth = tokens = 0
+        # NOTE: only pay the consumer-info round trip when the queue can change the answer.
+        if self.queue is not None and d.enabled and n - cached > d.max_local_prefill_length:
+            depth, tokens = await self.queue.depth(), self.queue.queued_tokens
+        cfg = d if self.queue is not None else d.model_copy(update={"enabled": False})
+        return decide_prefill(cfg, n, cached, depth, tokens)
+
+    # ---- paths ----------------------------------------------------------------------
+    async def _local(self, rid: str, outs: AsyncIterator[TokenOutput], where: str
+                     ) -> AsyncIterator[DecodeOutput]:
+        completion = 0
+        first = True
+        async with aclosing(outs):
+            async for o in outs:
+                completion += len(o.token_ids)
+                d = DecodeOutput(list(o.token_ids), where if first else "", o.finished)
+                first = False
+                if o.finished:
+                    d.finish_reason = o.finish_reason
+                    d.prompt_tokens = o.num_prompt_tokens
+                    d.completion_tokens = completion
+                    d.cached_tokens = o.num_cached_tokens
+                yield d
+
+    async def _remote(self, request: GenerateRequest, decision: PrefillDecision
+                      ) -> AsyncIterator[DecodeOutput]:
+        assert self.queue is not None
+        rid = request.request_id
+        try:
+            handle = await self.engine.begin_remote_prefill(request)
+        except asyncio.CancelledError:
+            self._spawn_abort(rid)
+            raise
+        if handle is None:  # its blocks do not fit now: the scheduler will wait for room
+            self._fallback("no_blocks")
+            async for o in self._local(rid, self.engine.generate(request), "local"):
+                yield o
+            return
+        where = "local"
+        try:
+            where = await self._await_remote_kv(request, handle, decision)
+        except BaseException:
+            # Cancelled (the call went away) while parked: abort, and let the engine free
+            # the blocks; the stream is drained by a task this worker owns.
+            self.receiver.cancel(rid)
+            self.queue.done(rid)
+            self._spawn_abort(rid)
+            raise
+        self.metrics.prefill.labels(where).inc()
+        async for o in self._local(rid, self.engine.stream(rid), where):
+            yield o
+
+    async def _await_remote_kv(self, request: GenerateRequest, handle: RemotePrefillHandle,
+                               decision: PrefillDecision) -> str:
+        """Publish the job and wait for its KV; returns where the prefill ran in the end."""
+        assert self.queue is not None
+        rid = request.request_id
+        spec = self.engine.engine.runner.kv_spec
+        fut = self.receiver.expect(rid, ExpectedKv(
+            handle.first_block_to_fill, handle.num_blocks_to_fill,
+            spec.block_range_shape(handle.num_blocks_to_fill), spec.dtype))
+        timeout = self.cfg.decode.disagg.remote_prefill_timeout_s
+        job = prefill_pb2.RemotePrefillRequest(
+            request_id=rid, token_ids=request.prompt_token_ids,
+            sampling=sampling_to_proto(request.sampling), decode_worker_id=self.worker_id,
+            kv_transfer_address=self.kv_address, first_block=handle.first_block_to_fill,
+            num_blocks=handle.num_blocks_to_fill,
+            deadline_unix_ms=int((time.time() + timeout) * 1000), attempt=1)
+        try:
+            try:
+                await self.queue.publish(job, decision.effective_tokens)
+            except Exception as e:  # NATS down or the stream missing: prefill here
+                log.warning("publishing remote prefill %s failed: %s", rid, e)
+                return await self._give_up(rid, "publish_failed")
+            done, _ = await asyncio.wait({fut}, timeout=timeout)
+            if not done:
+                return await self._give_up(rid, "timeout")
+            try:
+                got: ReceivedKv = fut.result()
+            except (KvTransferError, asyncio.CancelledError):
+                return await self._give_up(rid, "bad_kv")
+            try:
+                await self.engine.complete_remote_prefill(rid, got.kv, got.first_token)
+            except RemoteKvError:  # the engine already sent it to local prefill
+                self._fallback("bad_kv")
+                return "local"
+            return "remote"
+        finally:
+            self.receiver.cancel(rid)
+            self.queue.done(rid)
+
+    async def _give_up(self, rid: str, reason: str) -> str:
+        self.receiver.cancel(rid)
+        await self.engine.fail_remote_prefill(rid)
+        self._fallback(reason)
+        return "local"
+
+    def _fallback(self, reason: str) -> None:
+        self.metrics.fallbacks.labels(reason).inc()
+
+    def _spawn_abort(self, rid: str) -> None:
+        task = asyncio.create_task(self._abort_parked(rid), name=f"abort {rid}")
+        self._cleanup.add(task)
+        task.add_done_callback(self._cleanup.discard)
+
+    async def _abort_parked(self, rid: str) -> None:
+        try:
+            await self.engine.abort(rid)
+            async for _ in self.engine.stream(rid):
+                pass
+        except Exception as e:  # engine already dead or the request gone: nothing to free
+            log.debug("abort of parked %s: %s", rid, e)
+
+
+def sampling_to_proto(s) -> worker_pb2.SamplingParams:
+    return worker_pb2.SamplingParams(
+        temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed,
+        max_tokens=s.max_tokens, stop_token_ids=list(s.stop_token_ids), ignore_eos=s.ignore_eos)
+
+
+def sampling_from_proto(p: worker_pb2.SamplingParams):
+    """proto -> engine SamplingParams; ValueError names a bad field. max_tokens 0 -> 16."""
+    from services.engine.request import SamplingParams
+
+    return SamplingParams(
+        temperature=p.temperature, top_k=p.top_k, top_p=p.top_p if p.top_p > 0 else 1.0,
+        seed=p.seed if p.HasField("seed") else None,
+        max_tokens=p.max_tokens or SamplingParams().max_tokens,
+        stop_token_ids=tuple(p.stop_token_ids), ignore_eos=p.ignore_eos)

@@ -1,0 +1,69 @@
+"""`tandem prefill -c FILE [--set k=v] [--replica N]`: one prefill worker process.
+
+Replica i serves /metrics on ``prefill.metrics_port + i`` and registers in discovery as role
+``prefill`` (instance id ``prefill-{i}``). SIGTERM/SIGINT: deregister, stop pulling jobs, let
+running ones finish for up to ``prefill.grace_period_s`` (unfinished ones are redelivered to
+another worker by JetStream), exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from prometheus_client import start_http_server
+
+from services.common.config import ClusterConfig, ConfigError, load_config
+from services.common.discovery import Discovery, Registration
+from services.common.nats_client import connect
+from services.decode.metrics import PrefillMetrics
+from services.decode.serve import advertised_host
+from services.engine.async_engine import AsyncEngine
+from services.engine.factory import build_engine
+from services.prefill.worker import PrefillWorker
+
+log = logging.getLogger(__name__)
+
+
+async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0") -> None:
+    import torch
+
+    torch.set_num_threads(cfg.engine.threads)
+    worker_id = f"prefill-{replica}"
+    nc = await connect(cfg.nats, worker_id)
+    parts = build_engine(cfg, worker_id=worker_id)
+    async with AsyncEngine(parts.engine) as ae:
+        metrics = PrefillMetrics(ae.stats)
+        metrics_port = cfg.prefill.metrics_port + replica
+        start_http_server(metrics_port, registry=metrics.registry)
+        worker = PrefillWorker(ae, nc, cfg, worker_id, metrics)
+        await worker.start()
+        discovery = await Discovery.open(nc, cfg.namespace, cfg.discovery)
+        lease = await discovery.register(Registration(
+            "prefill", worker_id, metrics_address=f"{advertised_host(host)}:{metrics_port}",
+            metadata={"model": parts.model_name}))
+        log.info("prefill worker %s: pulling jobs, metrics :%d", worker_id, metrics_port)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await stop.wait()
+        finally:
+            await lease.close()
+            await worker.close(grace_s=cfg.prefill.grace_period_s)
+    await nc.close()
+
+
+def main(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as e:
+        print(e, file=sys.stderr)
+        return 2
+    asyncio.run(serve(cfg, replica=args.replica))
+    return 0

@@ -1,0 +1,189 @@
+"""The prefill worker part: pull remote prefill jobs from the shared durable consumer, run
+them on the engine (with its own prefix cache), stream the KV to the decode worker.
+
+Delivery rules (DESIGN.md "Prefill queue"):
+- pull only as many jobs as there are free slots (``prefill.max_concurrent_jobs``);
+- a running job sends ``in_progress`` every ``prefill.in_progress_interval_s`` so JetStream
+  does not redeliver it while it is being worked on;
+- ack only after the decode worker answered the transfer; an answer of "not accepted" is
+  acked too (the decode worker gave up or got it already: a retry cannot help);
+- a failure here (engine error, decode worker unreachable) naks with a short delay so
+  another worker retries; a job past its deadline is acked without work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+
+import nats.errors
+from nats.aio.msg import Msg
+
+from services.common.config import ClusterConfig
+from services.common.nats_client import NatsClient, Subjects
+from services.decode.metrics import PrefillMetrics
+from services.decode.prefill_queue import ensure_prefill_queue
+from services.decode.worker import sampling_from_proto
+from services.engine.async_engine import AsyncEngine
+from services.engine.request import GenerateRequest
+from services.gen import prefill_pb2
+from services.prefill.kv_sender import KvSender
+
+log = logging.getLogger(__name__)
+
+
+class PrefillWorker:
+    """Owns a pull loop task and one task per running job; ``start()`` / ``close()``."""
+
+    def __init__(self, engine: AsyncEngine, nc: NatsClient, cfg: ClusterConfig, worker_id: str,
+                 metrics: PrefillMetrics | None = None) -> None:
+        self.engine = engine
+        self.cfg = cfg
+        self.worker_id = worker_id
+        self.metrics = metrics or PrefillMetrics(engine.stats)
+        self._nc = nc
+        self._subjects = Subjects(cfg.namespace)
+        self._sender = KvSender(worker_id, cfg.prefill.kv_chunk_bytes)
+        self._free = cfg.prefill.max_concurrent_jobs  # job slots not in use
+        self._room = asyncio.Event()
+        self._jobs: set[asyncio.Task[None]] = set()
+        self._loop_task: asyncio.Task[None] | None = None
+        self._psub = None
+
+    async def start(self) -> None:
+        js = self._nc.jetstream()
+        await ensure_prefill_queue(js, self._subjects, self.cfg.prefill)
+        self._psub = await js.pull_subscribe_bind(
+            durable=self._subjects.prefill_consumer, stream=self._subjects.prefill_stream)
+        self._loop_task = asyncio.create_task(self._pull_loop(), name=f"prefill pull {self.worker_id}")
+        self._loop_task.add_done_callback(_log_death)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._jobs)
+
+    async def stop_pulling(self) -> None:
+        """Take no more jobs (running ones continue)."""
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            try:
+                await self._loop_task
+            except asyncio.CancelledError:
+                pass
+            self._loop_task = None
+
+    async def close(self, grace_s: float = 0.0) -> None:
+        """Stop pulling, give running jobs ``grace_s`` to finish, cancel the rest (their
+        messages are redelivered to another worker after ack_wait)."""
+        await self.stop_pulling()
+        if self._jobs and grace_s > 0:
+            await asyncio.wait(set(self._jobs), timeout=grace_s)
+        for t in list(self._jobs):
+            t.cancel()
+        if self._jobs:
+            await asyncio.wait(set(self._jobs))
+        if self._psub is not None:
+            try:
+                await self._psub.unsubscribe()
+            except Exception as e:  # the connection may already be gone at shutdown
+                log.debug("prefill unsubscribe: %s", e)
+            self._psub = None
+        await self._sender.close()
+
+    async def _pull_loop(self) -> None:
+        assert self._psub is not None
+        while True:
+            while self._free == 0:
+                self._room.clear()
+                await self._room.wait()
+            # NOTE: fetch as many jobs as there are free slots, never more.
+            try:
+                msgs = await self._psub.fetch(batch=self._free, timeout=1.0)
+            except (nats.errors.TimeoutError, asyncio.TimeoutError):
+                continue
+            except nats.errors.Error as e:
+                log.warning("prefill fetch failed: %s", e)
+                await asyncio.sleep(0.2)
+                continue
+            for m in msgs:
+                self._free -= 1
+                task = asyncio.create_task(self._run_job(m), name="prefill job")
+                self._jobs.add(task)
+                task.add_done_callback(self._job_done)
+
+    def _job_done(self, task: asyncio.Task[None]) -> None:
+        self._jobs.discard(task)
+        self._free += 1
+        self._room.set()
+        if not task.cancelled() and task.exception() is not None:
+            log.error("prefill job crashed: %r", task.exception())
+
+    async def _run_job(self, msg: Msg) -> None:
+        try:
+            job = prefill_pb2.RemotePrefillRequest.FromString(msg.data)
+            sampling = sampling_from_proto(job.sampling)
+        except ValueError as e:  # DecodeError is a ValueError too: a bad job never gets better
+            log.warning("dropping malformed prefill job: %s", e)
+            self.metrics.jobs.labels("malformed").inc()
+            await msg.term()
+            return
+        remaining_s = job.deadline_unix_ms / 1000 - time.time()
+        if remaining_s <= 0:
+            self.metrics.jobs.labels("expired").inc()
+            await msg.ack()
+            return
+        ticker = asyncio.create_task(self._keep_alive(msg), name=f"in-progress {job.request_id}")
+        try:
+            ack = await self._prefill_and_send(msg, job, sampling, remaining_s)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            log.warning("prefill job %s failed (nak for retry): %s", job.request_id, e)
+            self.metrics.jobs.labels("failed").inc()
+            await _quietly(msg.nak(delay=self.cfg.prefill.nak_delay_s))
+            return
+        finally:
+            ticker.cancel()
+        self.metrics.jobs.labels("delivered" if ack.accepted else "rejected").inc()
+        if ack.accepted:
+            self.metrics.kv_bytes_sent.inc(ack.bytes_received)
+        await _quietly(msg.ack())
+
+    async def _prefill_and_send(self, msg: Msg, job: prefill_pb2.RemotePrefillRequest,
+                                sampling, remaining_s: float):
+        delivery = msg.metadata.num_delivered if msg.metadata else job.attempt
+        # NOTE: one sampled token with the request's own sampling (and seed): the first
+        # token equals what a local prefill on the decode worker would sample.
+        req = GenerateRequest(f"{job.request_id}@{delivery}", list(job.token_ids),
+                              dataclasses.replace(sampling, max_tokens=1),
+                              export_kv_from_block=job.first_block)
+        final = None
+        async for out in self.engine.generate(req):
+            final = out
+        if final is None or final.kv is None or not final.token_ids:
+            raise RuntimeError(f"engine returned no KV for {job.request_id!r}")
+        if final.kv.shape[2] != job.num_blocks:
+            raise RuntimeError(f"exported {final.kv.shape[2]} blocks, job asked {job.num_blocks}")
+        return await self._sender.send(job.kv_transfer_address, job.request_id, final.kv,
+                                       final.token_ids[0], job.first_block,
+                                       timeout_s=max(remaining_s, 1.0))
+
+    async def _keep_alive(self, msg: Msg) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.prefill.in_progress_interval_s)
+            await _quietly(msg.in_progress())
+
+
+async def _quietly(coro) -> None:
+    """An ack/nak whose failure (connection lost) only means JetStream redelivers later."""
+    try:
+        await coro
+    except (nats.errors.Error, asyncio.TimeoutError) as e:
+        log.warning("JetStream ack failed (the job will be redelivered): %s", e)
+
+
+def _log_death(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("%s died: %r", task.get_name(), task.exception())

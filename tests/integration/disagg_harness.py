@@ -1,0 +1,123 @@
+"""In-process wiring of decode and prefill workers for the disaggregation tests: real
+nats-server, real gRPC over TCP on 127.0.0.1, engines built from the cluster config."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from services.common.config import ClusterConfig, parse_config
+from services.common.nats_client import Subjects, connect
+from services.decode.grpc_server import start_grpc
+from services.decode.prefill_queue import PrefillQueue
+from services.decode.worker import DecodeWorker, sampling_to_proto
+from services.engine.async_engine import AsyncEngine
+from services.engine.factory import build_engine
+from services.engine.request import SamplingParams
+from services.gen import worker_pb2, worker_pb2_grpc
+from services.prefill.worker import PrefillWorker
+
+
+def cluster_cfg(nats_url: str, **sections: Any) -> ClusterConfig:
+    """A config in a fresh namespace (each test gets its own stream and consumer)."""
+    data: dict[str, Any] = {"namespace": f"t{uuid.uuid4().hex[:10]}",
+                            "nats": {"url": nats_url, "embedded": False}}
+    if sections.get("engine", {}).get("runner") == "mock":
+        # NOTE: no tokenizer to load: the mock engine then uses its own eos token.
+        data["model"] = {"path": "/nonexistent/tandem-test-model.gguf"}
+    data.update(sections)
+    return parse_config(data)
+
+
+def mock_engine_section(**kw: Any) -> dict[str, Any]:
+    mock = {"step_base_s": 0, "per_prefill_token_s": 0, "per_decode_seq_s": 0,
+            "vocab_size": 1000, "eos_token_id": 2}
+    mock.update(kw.pop("mock", {}))
+    return {"runner": "mock", "block_size": 4, "num_kv_blocks": 128, "max_num_seqs": 8,
+            "max_num_batched_tokens": 64, "max_model_len": 512, "mock": mock, **kw}
+
+
+@dataclass
+class DecodeHandle:
+    worker: DecodeWorker
+    engine: AsyncEngine
+    address: str
+    stub: worker_pb2_grpc.DecodeWorkerStub
+
+
+@asynccontextmanager
+async def decode_worker(cfg: ClusterConfig, worker_id: str = "decode-0") -> AsyncIterator[DecodeHandle]:
+    parts = build_engine(cfg, worker_id=worker_id)
+    nc = await connect(cfg.nats, f"test-{worker_id}")
+    async with AsyncEngine(parts.engine) as ae:
+        queue = await PrefillQueue.open(nc, Subjects(cfg.namespace), cfg.prefill,
+                                        cfg.decode.disagg.queue_depth_cache_s)
+        worker = DecodeWorker(ae, cfg, worker_id, queue)
+        server, port = await start_grpc(worker, "127.0.0.1", 0)
+        worker.kv_address = f"127.0.0.1:{port}"
+        channel = grpc.aio.insecure_channel(worker.kv_address)
+        try:
+            yield DecodeHandle(worker, ae, worker.kv_address, worker_pb2_grpc.DecodeWorkerStub(channel))
+        finally:
+            await channel.close()
+            await server.stop(grace=0)
+    await nc.close()
+
+
+@asynccontextmanager
+async def prefill_worker(cfg: ClusterConfig, worker_id: str = "prefill-0") -> AsyncIterator[PrefillWorker]:
+    parts = build_engine(cfg, worker_id=worker_id)
+    nc = await connect(cfg.nats, f"test-{worker_id}")
+    async with AsyncEngine(parts.engine) as ae:
+        pw = PrefillWorker(ae, nc, cfg, worker_id)
+        await pw.start()
+        try:
+            yield pw
+        finally:
+            await pw.close()
+    await nc.close()
+
+
+@dataclass
+class Result:
+    tokens: list[int]
+    where: int
+    finish: int
+    usage: worker_pb2.Usage
+
+
+async def generate(stub: worker_pb2_grpc.DecodeWorkerStub, rid: str, prompt: list[int],
+                   max_tokens: int = 8, **sampling: Any) -> Result:
+    sp = SamplingParams(temperature=sampling.pop("temperature", 0.0), max_tokens=max_tokens, **sampling)
+    call = stub.Generate(worker_pb2.GenerateRequest(request_id=rid, token_ids=prompt,
+                                                    sampling=sampling_to_proto(sp)))
+    tokens: list[int] = []
+    where = finish = 0
+    usage = worker_pb2.Usage()
+    async for m in call:
+        tokens += m.token_ids
+        where = where or m.prefill_location
+        if m.finish_reason:
+            finish, usage = m.finish_reason, m.usage
+    return Result(tokens, where, finish, usage)
+
+
+def metric(worker: DecodeWorker, name: str, **labels: str) -> float:
+    v = worker.metrics.registry.get_sample_value(name, labels or None)
+    return 0.0 if v is None else v
+
+
+async def settle(engine: AsyncEngine, baseline: int, timeout: float = 5.0) -> None:
+    """Wait until the engine's used blocks are back to ``baseline`` (fail, not hang)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while engine.stats().kv_blocks_used != baseline:
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"kv_blocks_used {engine.stats().kv_blocks_used} != baseline {baseline}")
+        await asyncio.sleep(0.02)
+    await engine.check_integrity()

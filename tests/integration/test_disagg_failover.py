@@ -1,0 +1,92 @@
+"""A prefill worker process SIGKILLed mid-job: JetStream redelivers the job to another
+prefill worker, the request completes within its deadline with the same tokens as a local
+prefill, and the decode worker's used blocks return to their baseline."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from services.common.nats_client import Subjects, connect
+from services.gen import worker_pb2
+from tests.integration.disagg_harness import (
+    cluster_cfg,
+    decode_worker,
+    generate,
+    metric,
+    mock_engine_section,
+    prefill_worker,
+    settle,
+)
+
+pytestmark = pytest.mark.asyncio
+
+PROMPT = [(i * 13 + 5) % 991 + 3 for i in range(48)]
+
+
+async def test_killed_prefill_worker_job_is_redelivered_and_completes(
+        nats_url: str, tmp_path: Path) -> None:
+    # The subprocess' engine is slow (simulated 0.2 s per prompt token): it is mid-job
+    # for ~10 s when it is killed. The in-process replacement is instant.
+    slow = mock_engine_section(mock={"per_prefill_token_s": 0.2})
+    cfg = cluster_cfg(nats_url, engine=mock_engine_section(),
+                      decode={"disagg": {"max_local_prefill_length": 16,
+                                         "remote_prefill_timeout_s": 30.0}},
+                      prefill={"ack_wait_s": 1.0, "in_progress_interval_s": 0.3,
+                               "metrics_port": 0})
+    data = cfg.model_dump(mode="json")
+    data["engine"] = slow
+    cfg_file = tmp_path / "cluster.yaml"
+    cfg_file.write_text(yaml.safe_dump(data))
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "prefill", "-c", str(cfg_file)],
+                            cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    subjects = Subjects(cfg.namespace)
+    nc = await connect(cfg.nats, "observer")
+    js = nc.jetstream()
+    try:
+        async with decode_worker(cfg) as d:
+            baseline = d.engine.stats().kv_blocks_used
+            call = asyncio.create_task(generate(d.stub, "k", PROMPT, max_tokens=6))
+            # Mid-job: the subprocess has taken the job (unacked, nothing pending).
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 60
+            while True:
+                assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+                assert loop.time() < deadline, "the prefill subprocess never took the job"
+                try:
+                    info = await js.consumer_info(subjects.prefill_stream, subjects.prefill_consumer)
+                    if info.num_ack_pending == 1 and info.num_pending == 0:
+                        break
+                except Exception:  # noqa: BLE001 - the subprocess may not have created it yet
+                    pass
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.5)  # a few in-progress acks have gone out
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=10)
+            assert not call.done()
+            async with prefill_worker(cfg, "prefill-new") as p:
+                r = await asyncio.wait_for(call, 20)
+                assert p.metrics.registry.get_sample_value(
+                    "tandem_prefill_jobs_total", {"outcome": "delivered"}) == 1
+            assert r.where == worker_pb2.REMOTE and len(r.tokens) == 6
+            assert metric(d.worker, "tandem_worker_prefill_total", where="remote") == 1
+            await settle(d.engine, baseline)
+        cfg_local = cfg.model_copy(update={"decode": cfg.decode.model_copy(
+            update={"disagg": cfg.decode.disagg.model_copy(update={"enabled": False})})})
+        async with decode_worker(cfg_local, "decode-local") as d2:
+            local = await generate(d2.stub, "k", PROMPT, max_tokens=6)
+        assert r.tokens == local.tokens
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        await nc.close()

@@ -1,0 +1,94 @@
+"""`tandem decode` and `tandem prefill` as processes: they register in discovery, serve
+Generate (remote prefill through the real queue) and /metrics, and on SIGTERM deregister
+and exit 0."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pytest
+import yaml
+
+from services.common.discovery import Discovery
+from services.common.nats_client import connect
+from services.gen import worker_pb2, worker_pb2_grpc
+from tests.integration.disagg_harness import cluster_cfg, generate, mock_engine_section
+
+pytestmark = pytest.mark.asyncio
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_decode_and_prefill_processes_serve_and_exit_cleanly(nats_url: str, tmp_path: Path) -> None:
+    dport, mport, pport = _free_port(), _free_port(), _free_port()
+    cfg = cluster_cfg(nats_url, engine=mock_engine_section(),
+                      decode={"port": dport, "metrics_port": mport, "grace_period_s": 2,
+                              "disagg": {"max_local_prefill_length": 16}},
+                      prefill={"metrics_port": pport},
+                      discovery={"ttl_s": 5, "heartbeat_s": 1})
+    cfg_file = tmp_path / "cluster.yaml"
+    cfg_file.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    procs = [subprocess.Popen([sys.executable, "-m", "services.cli", part, "-c", str(cfg_file)],
+                              cwd=repo, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+             for part in ("decode", "prefill")]
+    nc = await connect(cfg.nats, "observer")
+    try:
+        disc = await Discovery.open(nc, cfg.namespace, cfg.discovery)
+        seen: dict[str, str] = {}
+
+        async def watch() -> None:
+            async for ev in disc.watch("decode"):
+                seen[ev.registration.instance_id] = ev.kind
+        watcher = asyncio.create_task(watch())
+        async def watch_prefill() -> None:
+            async for ev in disc.watch("prefill"):
+                seen[ev.registration.instance_id] = ev.kind
+        watcher2 = asyncio.create_task(watch_prefill())
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60
+        while seen.get("decode-0") != "join" or seen.get("prefill-0") != "join":
+            for p in procs:
+                assert p.poll() is None, p.stderr.read().decode()[-3000:]
+            assert loop.time() < deadline, f"workers did not register: {seen}"
+            await asyncio.sleep(0.1)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{dport}") as ch:
+            stub = worker_pb2_grpc.DecodeWorkerStub(ch)
+            r = await generate(stub, "p1", list(range(10, 50)), max_tokens=4)
+            assert r.where == worker_pb2.REMOTE and len(r.tokens) == 4
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await generate(stub, "bad", [], max_tokens=4)
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        body = await asyncio.to_thread(
+            lambda: urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics").read().decode())
+        assert 'tandem_worker_prefill_total{where="remote"} 1.0' in body
+        assert "tandem_worker_kv_blocks_total 128.0" in body
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            assert await asyncio.to_thread(p.wait, 20) == 0
+        deadline = loop.time() + 5
+        while seen.get("decode-0") != "leave" or seen.get("prefill-0") != "leave":
+            assert loop.time() < deadline, f"workers did not deregister: {seen}"
+            await asyncio.sleep(0.05)
+        watcher.cancel()
+        watcher2.cancel()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        await nc.close()

@@ -1,0 +1,98 @@
+"""Remote prefill through the real torch engine equals local prefill: a tiny random
+Hugging Face model built in the test, and the real SmolLM2, for prompts above and below
+the threshold (greedy; plus a seeded sampled request on the tiny model)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from services.engine.request import GenerateRequest, SamplingParams
+from services.gen import worker_pb2
+from tests.integration.disagg_harness import (
+    cluster_cfg,
+    decode_worker,
+    generate,
+    metric,
+    prefill_worker,
+    settle,
+)
+
+pytestmark = pytest.mark.asyncio
+
+VOCAB = 128
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import torch
+    from tokenizers import Tokenizer, models
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out = tmp_path_factory.mktemp("tiny-llama")
+    torch.manual_seed(11)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False,
+        initializer_range=0.15, bos_token_id=1, eos_token_id=0)).eval()
+    model.save_pretrained(out, safe_serialization=True)
+    vocab = {f"t{i}": i for i in range(VOCAB)}
+    Tokenizer(models.WordLevel(vocab, unk_token="t0")).save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({"eos_token": "t0", "bos_token": "t1"}))
+    return out
+
+
+def _engine(**kw):
+    return {"runner": "torch", "device": "cpu", "dtype": "float32", "block_size": 4,
+            "num_kv_blocks": 96, "max_num_seqs": 4, "max_num_batched_tokens": 64, **kw}
+
+
+async def _reference(ae, rid: str, prompt: list[int], sp: SamplingParams) -> list[int]:
+    toks: list[int] = []
+    async for o in ae.generate(GenerateRequest(rid, prompt, sp)):
+        toks += o.token_ids
+    return toks
+
+
+async def test_tiny_model_remote_equals_local(nats_url: str, tiny_model_dir: Path) -> None:
+    cfg = cluster_cfg(nats_url, model={"path": str(tiny_model_dir)}, engine=_engine(max_model_len=256),
+                      decode={"disagg": {"max_local_prefill_length": 16}})
+    long = [(i * 37 + 5) % (VOCAB - 2) + 2 for i in range(45)]  # 11 full blocks + 1 token
+    short = long[:10]
+    async with decode_worker(cfg) as d, prefill_worker(cfg) as p:
+        r_long = await generate(d.stub, "long", long, max_tokens=10, ignore_eos=True)
+        r_short = await generate(d.stub, "short", short, max_tokens=10, ignore_eos=True)
+        seeded = await generate(d.stub, "seeded", long[::-1], max_tokens=10, ignore_eos=True,
+                                temperature=0.9, seed=1234)
+        assert (r_long.where, r_short.where, seeded.where) == (
+            worker_pb2.REMOTE, worker_pb2.LOCAL, worker_pb2.REMOTE)
+        assert metric(d.worker, "tandem_worker_prefill_total", where="remote") == 2
+        assert metric(d.worker, "tandem_worker_prefill_total", where="local") == 1
+        await settle(d.engine, 0)
+        # The local path, on the prefill worker's engine (same weights, its own cache).
+        greedy = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+        assert r_long.tokens == await _reference(p.engine, "ref-long", long, greedy)
+        assert r_short.tokens == await _reference(p.engine, "ref-short", short, greedy)
+        sampled = SamplingParams(temperature=0.9, max_tokens=10, ignore_eos=True, seed=1234)
+        assert seeded.tokens == await _reference(p.engine, "ref-seeded", long[::-1], sampled)
+        assert len(r_long.tokens) == 10 and len(set(r_long.tokens + seeded.tokens)) > 3
+
+
+async def test_smollm2_remote_equals_local(nats_url: str, smollm2_path: Path) -> None:
+    cfg = cluster_cfg(nats_url, model={"path": str(smollm2_path)},
+                      engine=_engine(block_size=16, num_kv_blocks=64, max_num_batched_tokens=256,
+                                     max_model_len=1024),
+                      decode={"disagg": {"max_local_prefill_length": 48}})
+    long = [(i * 7919 + 17) % 49000 + 100 for i in range(100)]
+    short = long[:30]
+    async with decode_worker(cfg) as d, prefill_worker(cfg) as p:
+        r_long = await generate(d.stub, "long", long, max_tokens=8, ignore_eos=True)
+        r_short = await generate(d.stub, "short", short, max_tokens=8, ignore_eos=True)
+        assert r_long.where == worker_pb2.REMOTE and r_short.where == worker_pb2.LOCAL
+        await settle(d.engine, 0)
+        greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+        assert r_long.tokens == await _reference(p.engine, "ref-long", long, greedy)
+        assert r_short.tokens == await _reference(p.engine, "ref-short", short, greedy)
