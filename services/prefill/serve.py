@@ -19,8 +19,8 @@ from prometheus_client import start_http_server
 from services.common.config import ClusterConfig, ConfigError, load_config
 from services.common.discovery import Discovery, Registration
 from services.common.nats_client import connect
+from services.common.net import advertised_host
 from services.decode.metrics import PrefillMetrics
-from services.decode.serve import advertised_host
 from services.engine.async_engine import AsyncEngine
 from services.engine.factory import build_engine
 from services.prefill.worker import PrefillWorker

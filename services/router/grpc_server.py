@@ -11,6 +11,7 @@ from prometheus_client import start_http_server
 
 from services.common.config import ClusterConfig
 from services.common.discovery import Registration
+from services.common.net import advertised_host
 from services.gen import router_pb2, router_pb2_grpc
 from services.router.router import Router, tune_gc_for_index
 from services.router.types import (
@@ -84,8 +85,8 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0") -> 
     start_http_server(metrics_port, registry=router.metrics.registry)
     assert router.discovery is not None
     lease = await router.discovery.register(
-        Registration("router", f"router-{replica}", address=f"{_advertised(host)}:{port}",
-                     metrics_address=f"{_advertised(host)}:{metrics_port}")
+        Registration("router", f"router-{replica}", address=f"{advertised_host(host)}:{port}",
+                     metrics_address=f"{advertised_host(host)}:{metrics_port}")
     )
     log.info("router replica %d serving gRPC on %d, metrics on %d", replica, port, metrics_port)
     stop = asyncio.Event()
@@ -99,10 +100,3 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0") -> 
         await server.stop(grace=2)
         await router.close()
 
-
-def _advertised(host: str) -> str:
-    if host not in ("0.0.0.0", "::", ""):
-        return host
-    import socket
-
-    return socket.gethostname()
