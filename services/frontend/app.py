@@ -225,7 +225,8 @@ async def _sse(m: FrontendMetrics, r: Renderer, deltas: AsyncIterator[Delta], fi
     prev = time.perf_counter()
     try:
         async with aclosing(deltas):
-            yield _event(r.chunk_role())
+            if r.chat:
+                yield _event(r.chunk_role())
             d: Delta | None = first
             while d is not None:
                 if d.text:
