@@ -15,6 +15,8 @@ _HANDLERS = {
     ("bench", "engine"): "services.engine.bench:main",
     ("bench", "router"): "services.router.bench:main",
     ("router",): "services.router.cli:main",
+    ("processor",): "services.processor.serve:main",
+    ("frontend",): "services.frontend.serve:main",
 }
 
 
@@ -46,6 +48,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config(router)
     router.add_argument("--replica", type=int, default=0, help="replica index: ports are base + N")
     router.set_defaults(_key=("router",))
+
+    for part, what in (("processor", "run one processor (tokenize, route, detokenize)"),
+                       ("frontend", "run the OpenAI-compatible HTTP frontend")):
+        p = sub.add_parser(part, help=what)
+        _add_config(p)
+        p.add_argument("--replica", type=int, default=0, help="replica index: ports are base + N")
+        p.set_defaults(_key=(part,))
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)

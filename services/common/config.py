@@ -70,6 +70,7 @@ class FrontendConfig(_Strict):
     retry_after_s: int = Field(1, ge=0)  # the Retry-After of a 503 (no workers)
     # The processor's gRPC host:port; None: found in discovery (role "processor").
     processor_address: str | None = None
+    drain_timeout_s: float = Field(30.0, ge=0)  # on SIGTERM, in-flight requests get this long
 
 
 class ProcessorConfig(_Strict):
@@ -77,6 +78,7 @@ class ProcessorConfig(_Strict):
     metrics_port: int = Field(9101, ge=0, le=65535)
     # The router's gRPC host:port; None: found in discovery (role "router").
     router_address: str | None = None
+    drain_timeout_s: float = Field(30.0, ge=0)  # on SIGTERM, in-flight streams get this long
 
 
 class RouterConfig(_Strict):

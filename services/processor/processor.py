@@ -93,10 +93,15 @@ class Processor:
         m.prompt_tokens.inc(len(ids))
         m.inflight.inc()
         outcome = "cancelled"
+        released = False
         try:
             async for delta in self._stream(req.request_id, ids, sampling, stops, route):
                 if delta.finish_reason is not None:
                     outcome = delta.finish_reason
+                    # NOTE: release the router's load before the caller sees the end, so a
+                    # client that got its answer never observes the request still counted.
+                    released = True
+                    await self._update(req.request_id, RequestPhase.FINISHED)
                 yield delta
         except ProcessorError as e:
             outcome = e.kind
@@ -107,7 +112,8 @@ class Processor:
         finally:
             m.inflight.dec()
             m.requests.labels(outcome).inc()
-            await self._update(req.request_id, RequestPhase.FINISHED)
+            if not released:
+                await self._update(req.request_id, RequestPhase.FINISHED)
 
     # ---- steps -----------------------------------------------------------------------
     def _prompt_ids(self, req: ProcessRequest) -> list[int]:
