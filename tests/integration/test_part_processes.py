@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
 
 from tests.support.cluster import free_port
 
