@@ -13,13 +13,14 @@ the decode worker, which aborts the request in the engine.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import aclosing
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -32,6 +33,8 @@ from services.frontend.metrics import FrontendMetrics
 from services.frontend.render import Renderer
 from services.frontend.schemas import ChatCompletionRequest, CompletionRequest
 from services.processor.types import Delta, ModelInfo, ProcessorError, ProcessRequest, Usage
+
+T = TypeVar("T")
 
 
 class ProcessorLike(Protocol):
@@ -93,21 +96,26 @@ def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readines
             rid = uuid.uuid4().hex
             r = Renderer(chat, ("chatcmpl-" if chat else "cmpl-") + rid, body.model)
             deltas = processor.generate(body.to_process(rid))
-            first = await _first(deltas, fc.request_timeout_s)
+            first = await _unless_disconnected(request, _first(deltas, fc.request_timeout_s))
         except ProcessorError as e:
             return _fail(m, t0, from_processor(e, fc.retry_after_s))
         except APIError as e:
             return _fail(m, t0, e)
+        except _ClientGone:
+            return _fail(m, t0, APIError(499, "the client disconnected"))
         if body.stream:
             gen = _sse(m, r, deltas, first, t0, body.include_usage, fc.request_timeout_s, fc.retry_after_s)
             return StreamingResponse(gen, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
-            text, reason, usage = await _collect(m, deltas, first, t0, fc.request_timeout_s)
+            text, reason, usage = await _unless_disconnected(
+                request, _collect(m, deltas, first, t0, fc.request_timeout_s))
         except ProcessorError as e:
             return _fail(m, t0, from_processor(e, fc.retry_after_s))
         except APIError as e:
             return _fail(m, t0, e)
+        except _ClientGone:
+            return _fail(m, t0, APIError(499, "the client disconnected"))
         m.requests.labels("200").inc()
         m.duration.observe(time.perf_counter() - t0)
         return JSONResponse(r.full(text, reason, usage))
@@ -151,6 +159,39 @@ def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readines
 
 
 # ---- helpers ---------------------------------------------------------------------------
+class _ClientGone(Exception):
+    """The client disconnected before the response started."""
+
+
+async def _unless_disconnected(request: Request, aw: Awaitable[T]) -> T:
+    """Await ``aw`` in a task; cancel it if the client disconnects first (raises _ClientGone).
+
+    Before a response starts nobody else listens for the disconnect (StreamingResponse does
+    once streaming), so a client that gives up on a non-streaming request would otherwise
+    leave it generating on the worker until the end.
+    """
+    task = asyncio.ensure_future(aw)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        raise _ClientGone()
+    finally:
+        watcher.cancel()
+        if not task.done():  # we were cancelled ourselves
+            task.cancel()
+
+
+async def _disconnected(request: Request) -> None:
+    # NOTE: called after the body was read, so the only message left is the disconnect.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 def _too_large(limit: int) -> APIError:
     return APIError(413, f"the request body is larger than frontend.max_body_bytes ({limit} bytes)",
                     code="request_too_large")

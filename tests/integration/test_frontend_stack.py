@@ -110,9 +110,22 @@ async def test_client_disconnect_aborts_on_the_engine(nats_url: str, tok: Tokeni
         assert (s.kv_blocks_used, s.num_running, s.num_waiting) == (0, 0, 0), s
         await c.node.engine.check_integrity()
         assert c.router.load.inflight_count("w0") == 0
+        # A non-streaming request whose client gives up (read timeout) is aborted too.
+        async with httpx.AsyncClient(timeout=httpx.Timeout(30, read=0.5)) as http:
+            with pytest.raises(httpx.ReadTimeout):
+                await http.post(c.url + "/v1/chat/completions", json={**body, "stream": False})
+        assert c.node.servicer.started[-1] != c.node.servicer.started[0]  # it reached the worker
+        for _ in range(500):
+            s = c.node.engine.stats()
+            if s.kv_blocks_used == 0 and s.num_running == 0 and s.num_waiting == 0:
+                break
+            await asyncio.sleep(0.02)
+        s = c.node.engine.stats()
+        assert (s.kv_blocks_used, s.num_running, s.num_waiting) == (0, 0, 0), s
+        assert c.router.load.inflight_count("w0") == 0
         async with httpx.AsyncClient() as http:
             m = (await http.get(c.url + "/metrics")).text
-        assert 'tandem_frontend_requests_total{status="499"} 1.0' in m
+        assert 'tandem_frontend_requests_total{status="499"} 2.0' in m
 
 
 async def test_errors_over_the_wire(nats_url: str, tok: Tokenizer) -> None:
