@@ -12,15 +12,12 @@ the decode worker, which aborts the request in the engine.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import hmac
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable
-from contextlib import aclosing
-from typing import Any, Protocol, TypeVar
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -32,9 +29,8 @@ from services.frontend.errors import APIError, from_processor
 from services.frontend.metrics import FrontendMetrics
 from services.frontend.render import Renderer
 from services.frontend.schemas import ChatCompletionRequest, CompletionRequest
-from services.processor.types import Delta, ModelInfo, ProcessorError, ProcessRequest, Usage
-
-T = TypeVar("T")
+from services.frontend.streaming import ClientGone, collect, first_delta, sse, unless_disconnected
+from services.processor.types import Delta, ModelInfo, ProcessorError, ProcessRequest
 
 
 class ProcessorLike(Protocol):
@@ -96,25 +92,25 @@ def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readines
             rid = uuid.uuid4().hex
             r = Renderer(chat, ("chatcmpl-" if chat else "cmpl-") + rid, body.model)
             deltas = processor.generate(body.to_process(rid))
-            first = await _unless_disconnected(request, _first(deltas, fc.request_timeout_s))
+            first = await unless_disconnected(request, first_delta(deltas, fc.request_timeout_s))
         except ProcessorError as e:
             return _fail(m, t0, from_processor(e, fc.retry_after_s))
         except APIError as e:
             return _fail(m, t0, e)
-        except _ClientGone:
+        except ClientGone:
             return _fail(m, t0, APIError(499, "the client disconnected"))
         if body.stream:
-            gen = _sse(m, r, deltas, first, t0, body.include_usage, fc.request_timeout_s, fc.retry_after_s)
+            gen = sse(m, r, deltas, first, t0, body.include_usage, fc.request_timeout_s, fc.retry_after_s)
             return StreamingResponse(gen, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
-            text, reason, usage = await _unless_disconnected(
-                request, _collect(m, deltas, first, t0, fc.request_timeout_s))
+            text, reason, usage = await unless_disconnected(
+                request, collect(m, deltas, first, t0, fc.request_timeout_s))
         except ProcessorError as e:
             return _fail(m, t0, from_processor(e, fc.retry_after_s))
         except APIError as e:
             return _fail(m, t0, e)
-        except _ClientGone:
+        except ClientGone:
             return _fail(m, t0, APIError(499, "the client disconnected"))
         m.requests.labels("200").inc()
         m.duration.observe(time.perf_counter() - t0)
@@ -159,39 +155,6 @@ def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readines
 
 
 # ---- helpers ---------------------------------------------------------------------------
-class _ClientGone(Exception):
-    """The client disconnected before the response started."""
-
-
-async def _unless_disconnected(request: Request, aw: Awaitable[T]) -> T:
-    """Await ``aw`` in a task; cancel it if the client disconnects first (raises _ClientGone).
-
-    Before a response starts nobody else listens for the disconnect (StreamingResponse does
-    once streaming), so a client that gives up on a non-streaming request would otherwise
-    leave it generating on the worker until the end.
-    """
-    task = asyncio.ensure_future(aw)
-    watcher = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if task.done():
-            return task.result()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        raise _ClientGone()
-    finally:
-        watcher.cancel()
-        if not task.done():  # we were cancelled ourselves
-            task.cancel()
-
-
-async def _disconnected(request: Request) -> None:
-    # NOTE: called after the body was read, so the only message left is the disconnect.
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
 def _too_large(limit: int) -> APIError:
     return APIError(413, f"the request body is larger than frontend.max_body_bytes ({limit} bytes)",
                     code="request_too_large")
@@ -212,93 +175,3 @@ def _fail(m: FrontendMetrics, t0: float, e: APIError) -> Response:
     m.requests.labels(str(e.status)).inc()
     m.duration.observe(time.perf_counter() - t0)
     return e.response()
-
-
-async def _first(deltas: AsyncIterator[Delta], timeout_s: float) -> Delta:
-    try:
-        async with asyncio.timeout(timeout_s):
-            return await anext(deltas)
-    except TimeoutError:
-        await deltas.aclose()
-        raise _timeout_error(timeout_s) from None
-    except StopAsyncIteration:
-        raise ProcessorError("the processor ended the stream without an answer") from None
-    except BaseException:
-        await deltas.aclose()
-        raise
-
-
-async def _collect(m: FrontendMetrics, deltas: AsyncIterator[Delta], first: Delta, t0: float,
-                   timeout_s: float) -> tuple[str, str, Usage | None]:
-    parts: list[str] = []
-    last = first
-    _observe_first(m, t0)
-    try:
-        async with asyncio.timeout(max(timeout_s - (time.perf_counter() - t0), 0.001)), \
-                aclosing(deltas):
-            parts.append(first.text)
-            if first.finish_reason is None:
-                async for d in deltas:
-                    parts.append(d.text)
-                    last = d
-                    if d.finish_reason is not None:
-                        break
-    except TimeoutError:
-        raise _timeout_error(timeout_s) from None
-    return "".join(parts), last.finish_reason or "stop", last.usage
-
-
-def _observe_first(m: FrontendMetrics, t0: float) -> None:
-    m.ttft.observe(time.perf_counter() - t0)
-
-
-def _timeout_error(timeout_s: float) -> APIError:
-    return APIError(504, f"the request took longer than frontend.request_timeout_s ({timeout_s} s)",
-                    "timeout_error", code="timeout")
-
-
-async def _sse(m: FrontendMetrics, r: Renderer, deltas: AsyncIterator[Delta], first: Delta,
-               t0: float, include_usage: bool, timeout_s: float, retry_after_s: int) -> AsyncIterator[str]:
-    status = "499"  # unless we reach the end: the client went away
-    _observe_first(m, t0)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + max(timeout_s - (time.perf_counter() - t0), 0.001)
-    prev = time.perf_counter()
-    try:
-        async with aclosing(deltas):
-            if r.chat:
-                yield _event(r.chunk_role())
-            d: Delta | None = first
-            while d is not None:
-                if d.text:
-                    yield _event(r.chunk_text(d.text, include_usage))
-                if d.finish_reason is not None:
-                    yield _event(r.chunk_finish(d.finish_reason, include_usage))
-                    if include_usage and d.usage is not None:
-                        yield _event(r.chunk_usage(d.usage))
-                    break
-                # NOTE: the timeout wraps only the await, never a yield: a yield suspends
-                # this generator inside the response's send, where a cancel must not land.
-                async with asyncio.timeout_at(deadline):
-                    d = await anext(deltas, None)
-                now = time.perf_counter()
-                m.itl.observe(now - prev)
-                prev = now
-            if d is None:
-                raise ProcessorError("the processor ended the stream without a finish reason")
-            status = "200"
-    except ProcessorError as e:
-        err = from_processor(e, retry_after_s)
-        status = str(err.status)
-        yield _event(err.body())
-    except TimeoutError:
-        status = "504"
-        yield _event(_timeout_error(timeout_s).body())
-    finally:
-        m.requests.labels(status).inc()
-        m.duration.observe(time.perf_counter() - t0)
-    yield "data: [DONE]\n\n"
-
-
-def _event(obj: dict) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
