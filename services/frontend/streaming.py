@@ -56,9 +56,8 @@ async def disconnected(request: Request) -> None:
 
 async def first_delta(deltas: AsyncIterator[Delta], timeout_s: float) -> Delta:
     try:
-        async with asyncio.timeout(timeout_s):
-            return await anext(deltas)
-    except TimeoutError:
+        return await asyncio.wait_for(_next(deltas), timeout_s)
+    except asyncio.TimeoutError:
         await deltas.aclose()
         raise timeout_error(timeout_s) from None
     except StopAsyncIteration:
@@ -73,19 +72,27 @@ async def collect(m: FrontendMetrics, deltas: AsyncIterator[Delta], first: Delta
     parts: list[str] = []
     last = first
     observe_first(m, t0)
+    parts.append(first.text)
+
+    async def drain() -> None:
+        nonlocal last
+        async for d in deltas:
+            parts.append(d.text)
+            last = d
+            if d.finish_reason is not None:
+                break
+
     try:
-        async with asyncio.timeout(max(timeout_s - (time.perf_counter() - t0), 0.001)), \
-                aclosing(deltas):
-            parts.append(first.text)
+        async with aclosing(deltas):
             if first.finish_reason is None:
-                async for d in deltas:
-                    parts.append(d.text)
-                    last = d
-                    if d.finish_reason is not None:
-                        break
-    except TimeoutError:
+                await asyncio.wait_for(drain(), max(timeout_s - (time.perf_counter() - t0), 0.001))
+    except asyncio.TimeoutError:
         raise timeout_error(timeout_s) from None
     return "".join(parts), last.finish_reason or "stop", last.usage
+
+
+async def _next(deltas: AsyncIterator[Delta]) -> Delta:
+    return await deltas.__anext__()
 
 
 def observe_first(m: FrontendMetrics, t0: float) -> None:
@@ -119,8 +126,10 @@ async def sse(m: FrontendMetrics, r: Renderer, deltas: AsyncIterator[Delta], fir
                     break
                 # NOTE: the timeout wraps only the await, never a yield: a yield suspends
                 # this generator inside the response's send, where a cancel must not land.
-                async with asyncio.timeout_at(deadline):
-                    d = await anext(deltas, None)
+                try:
+                    d = await asyncio.wait_for(_next(deltas), max(deadline - loop.time(), 0.001))
+                except StopAsyncIteration:
+                    d = None
                 now = time.perf_counter()
                 m.itl.observe(now - prev)
                 prev = now
@@ -131,7 +140,7 @@ async def sse(m: FrontendMetrics, r: Renderer, deltas: AsyncIterator[Delta], fir
         err = from_processor(e, retry_after_s)
         status = str(err.status)
         yield event(err.body())
-    except TimeoutError:
+    except asyncio.TimeoutError:
         status = "504"
         yield event(timeout_error(timeout_s).body())
     finally:

@@ -3,6 +3,7 @@ mock runner, behind the test decode servicer on gRPC): shapes, errors, auth, lim
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import AsyncIterator
@@ -169,3 +170,20 @@ async def test_metrics_count_statuses_and_latencies(c: Cluster) -> None:
     itl = re.search(r"^tandem_frontend_inter_token_latency_seconds_count (\S+)$", text, re.M)
     assert itl is not None and float(itl.group(1)) >= 1
     assert "tandem_frontend_request_duration_seconds_count 2.0" in text
+
+
+async def test_request_timeout_is_504_and_aborts(tok: Tokenizer) -> None:
+    # 500 tokens at >= 10 ms a step cannot finish inside a 0.3 s budget.
+    async for c in _cluster(tok, frontend={"request_timeout_s": 0.3},
+                            engine={"mock": {"step_base_s": 0.01}}):
+        r = await c.http.post("/v1/chat/completions", json=chat_body(max_tokens=500))
+        assert assert_error(r, 504, text="request_timeout_s")["type"] == "timeout_error"
+        r = await c.http.post("/v1/chat/completions", json=chat_body(max_tokens=500, stream=True))
+        events = [e[6:] for e in r.text.split("\n\n") if e.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        assert json.loads(events[-2])["error"]["code"] == "timeout"
+        for _ in range(500):
+            if c.node.engine.stats().num_running == 0 and c.node.engine.stats().kv_blocks_used == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert c.node.engine.stats().kv_blocks_used == 0
