@@ -64,12 +64,21 @@ class EngineConfig(_Strict):
 class FrontendConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
-    api_keys: list[str] = []
+    api_keys: list[str] = []  # empty: no auth; else `Authorization: Bearer <key>` required
+    max_body_bytes: int = Field(1_048_576, ge=1)  # larger request bodies get 413
+    request_timeout_s: float = Field(600.0, gt=0)  # a request running longer is ended (504)
+    retry_after_s: int = Field(1, ge=0)  # the Retry-After of a 503 (no workers)
+    # The processor's gRPC host:port; None: found in discovery (role "processor").
+    processor_address: str | None = None
+    drain_timeout_s: float = Field(30.0, ge=0)  # on SIGTERM, in-flight requests get this long
 
 
 class ProcessorConfig(_Strict):
     port: int = Field(9100, ge=0, le=65535)
     metrics_port: int = Field(9101, ge=0, le=65535)
+    # The router's gRPC host:port; None: found in discovery (role "router").
+    router_address: str | None = None
+    drain_timeout_s: float = Field(30.0, ge=0)  # on SIGTERM, in-flight streams get this long
 
 
 class RouterConfig(_Strict):

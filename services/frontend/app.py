@@ -1,0 +1,177 @@
+"""The OpenAI-compatible HTTP API: ``create_app(cfg, processor, readiness)``.
+
+``processor`` is the in-process ``Processor`` or a ``ProcessorClient`` (same ``generate`` /
+``list_models``). Streaming answers are SSE ending in ``data: [DONE]``. The first delta is
+awaited before the response starts so that errors found before generation (bad input,
+prompt too long, no workers) get their HTTP status even for ``stream: true``.
+
+Cancellation: a client that disconnects mid-stream cancels the SSE generator; it closes the
+processor stream, which cancels the gRPC call to the processor, which cancels its call to
+the decode worker, which aborts the request in the engine.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import ValidationError
+
+from services.common.config import ClusterConfig
+from services.frontend.errors import APIError, from_processor
+from services.frontend.metrics import FrontendMetrics
+from services.frontend.render import Renderer
+from services.frontend.schemas import ChatCompletionRequest, CompletionRequest
+from services.frontend.streaming import ClientGone, collect, first_delta, sse, unless_disconnected
+from services.processor.types import Delta, ModelInfo, ProcessorError, ProcessRequest
+
+
+class ProcessorLike(Protocol):
+    def generate(self, req: ProcessRequest) -> AsyncIterator[Delta]: ...
+    async def list_models(self) -> list[ModelInfo]: ...
+
+
+class Readiness(Protocol):
+    def ready(self) -> tuple[bool, str]: ...
+
+
+def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readiness | None = None,
+               metrics: FrontendMetrics | None = None) -> FastAPI:
+    """The app. ``readiness`` None: /health reports ready (no cluster view to consult)."""
+    fc = cfg.frontend
+    m = metrics if metrics is not None else FrontendMetrics()
+    app = FastAPI(title="tandem", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.metrics = m
+    keys = [k.encode() for k in fc.api_keys]
+
+    def check_auth(request: Request) -> None:
+        if not keys:
+            return
+        auth = request.headers.get("authorization", "")
+        scheme, _, token = auth.partition(" ")
+        if scheme.lower() != "bearer" or not any(hmac.compare_digest(token.strip().encode(), k) for k in keys):
+            raise APIError(401, "Incorrect or missing API key: send `Authorization: Bearer <key>`",
+                           "authentication_error", code="invalid_api_key")
+
+    async def read_json(request: Request) -> Any:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > fc.max_body_bytes:
+            raise _too_large(fc.max_body_bytes)
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > fc.max_body_bytes:
+                raise _too_large(fc.max_body_bytes)
+        try:
+            return json.loads(body)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise APIError(400, f"the request body is not valid JSON: {e}") from None
+
+    async def run(request: Request, model_cls: type[ChatCompletionRequest] | type[CompletionRequest],
+                  chat: bool) -> Response:
+        t0 = time.perf_counter()
+        try:
+            check_auth(request)
+            data = await read_json(request)
+            try:
+                body = model_cls.model_validate(data)
+            except ValidationError as e:
+                raise _validation_error(e) from None
+            models = await processor.list_models()
+            if body.model not in {x.id for x in models}:
+                raise APIError(404, f"The model {body.model!r} does not exist; served: "
+                               f"{', '.join(x.id for x in models)}", param="model",
+                               code="model_not_found")
+            rid = uuid.uuid4().hex
+            r = Renderer(chat, ("chatcmpl-" if chat else "cmpl-") + rid, body.model)
+            deltas = processor.generate(body.to_process(rid))
+            first = await unless_disconnected(request, first_delta(deltas, fc.request_timeout_s))
+        except ProcessorError as e:
+            return _fail(m, t0, from_processor(e, fc.retry_after_s))
+        except APIError as e:
+            return _fail(m, t0, e)
+        except ClientGone:
+            return _fail(m, t0, APIError(499, "the client disconnected"))
+        if body.stream:
+            gen = sse(m, r, deltas, first, t0, body.include_usage, fc.request_timeout_s, fc.retry_after_s)
+            return StreamingResponse(gen, media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        try:
+            text, reason, usage = await unless_disconnected(
+                request, collect(m, deltas, first, t0, fc.request_timeout_s))
+        except ProcessorError as e:
+            return _fail(m, t0, from_processor(e, fc.retry_after_s))
+        except APIError as e:
+            return _fail(m, t0, e)
+        except ClientGone:
+            return _fail(m, t0, APIError(499, "the client disconnected"))
+        m.requests.labels("200").inc()
+        m.duration.observe(time.perf_counter() - t0)
+        return JSONResponse(r.full(text, reason, usage))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await run(request, ChatCompletionRequest, chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await run(request, CompletionRequest, chat=False)
+
+    @app.get("/v1/models")
+    async def list_models(request: Request) -> Response:
+        try:
+            check_auth(request)
+            models = await processor.list_models()
+        except APIError as e:
+            return e.response()
+        except ProcessorError as e:
+            return from_processor(e, fc.retry_after_s).response()
+        return JSONResponse({"object": "list", "data": [
+            {"id": x.id, "object": "model", "created": 0, "owned_by": "tandem",
+             "context_length": x.context_length} for x in models]})
+
+    @app.get("/health")
+    async def health() -> Response:
+        ok, why = readiness.ready() if readiness is not None else (True, "ready")
+        return JSONResponse({"status": "ready" if ok else "not ready", "detail": why},
+                            status_code=200 if ok else 503)
+
+    @app.get("/live")
+    async def live() -> Response:
+        return JSONResponse({"status": "alive"})
+
+    @app.get("/metrics")
+    async def metrics_endpoint() -> Response:
+        return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+# ---- helpers ---------------------------------------------------------------------------
+def _too_large(limit: int) -> APIError:
+    return APIError(413, f"the request body is larger than frontend.max_body_bytes ({limit} bytes)",
+                    code="request_too_large")
+
+
+def _validation_error(e: ValidationError) -> APIError:
+    """400 naming the first bad field (we answer 400, as OpenAI does, not FastAPI's 422)."""
+    err = e.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    if not loc and ":" in msg:  # our model validators write "field: what is wrong"
+        loc = msg.split(":", 1)[0]
+    return APIError(400, f"{loc}: {msg}" if loc and not msg.startswith(loc) else msg,
+                    param=loc or None, code="invalid_value")
+
+
+def _fail(m: FrontendMetrics, t0: float, e: APIError) -> Response:
+    m.requests.labels(str(e.status)).inc()
+    m.duration.observe(time.perf_counter() - t0)
+    return e.response()

@@ -1,0 +1,132 @@
+"""Request bodies of the OpenAI API (pydantic), and their translation to ProcessRequest.
+
+Unknown fields are ignored (clients send many optional ones); known fields we do not
+implement are accepted only at their no-op values (e.g. ``n=1``), else a 400 names them.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from services.processor.types import ChatMessage, ProcessRequest, SamplingOptions
+
+MAX_STOP_STRINGS = 16
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class TextPart(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessageIn(_Body):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class _Sampling(_Body):
+    model: str = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1)  # -1 and 0: off (vLLM's and our convention)
+    seed: int | None = Field(None, ge=-(2**63), lt=2**63)
+    stop: str | list[str] | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logprobs: bool | None = None
+    user: str | None = None
+
+    @model_validator(mode="after")
+    def _check_unsupported(self) -> _Sampling:
+        if self.n != 1:
+            raise ValueError("n: only n=1 is supported")
+        if self.presence_penalty or self.frequency_penalty:
+            raise ValueError("presence_penalty/frequency_penalty: only 0 is supported")
+        if self.logprobs:
+            raise ValueError("logprobs: not supported")
+        stops = self.stop_list()
+        if len(stops) > MAX_STOP_STRINGS:
+            raise ValueError(f"stop: at most {MAX_STOP_STRINGS} stop strings")
+        if any(not s for s in stops):
+            raise ValueError("stop: stop strings must be non-empty")
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options: only allowed when stream is true")
+        return self
+
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def sampling(self, max_tokens: int | None) -> SamplingOptions:
+        return SamplingOptions(
+            max_tokens=max_tokens,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=max(self.top_k or 0, 0), seed=self.seed, stop=tuple(self.stop_list()))
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessageIn] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+
+    def to_process(self, request_id: str) -> ProcessRequest:
+        # max_completion_tokens is the newer name; it wins when both are given.
+        limit = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        msgs = tuple(ChatMessage(m.role, m.text()) for m in self.messages)
+        return ProcessRequest(request_id, messages=msgs, sampling=self.sampling(limit), model=self.model)
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str] | list[int]
+    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for /v1/completions
+    echo: bool = False
+    suffix: str | None = None
+
+    @model_validator(mode="after")
+    def _check_prompt(self) -> CompletionRequest:
+        if isinstance(self.prompt, list):
+            if not self.prompt:
+                raise ValueError("prompt: must not be empty")
+            if isinstance(self.prompt[0], str) and len(self.prompt) != 1:
+                raise ValueError("prompt: only one prompt per request is supported")
+        if self.echo:
+            raise ValueError("echo: not supported")
+        if self.suffix:
+            raise ValueError("suffix: not supported")
+        return self
+
+    def to_process(self, request_id: str) -> ProcessRequest:
+        p = self.prompt
+        if isinstance(p, str):
+            return ProcessRequest(request_id, prompt=p, sampling=self.sampling(self.max_tokens),
+                                  model=self.model)
+        if isinstance(p[0], str):
+            return ProcessRequest(request_id, prompt=str(p[0]),
+                                  sampling=self.sampling(self.max_tokens), model=self.model)
+        return ProcessRequest(request_id, prompt_ids=tuple(int(t) for t in p),
+                              sampling=self.sampling(self.max_tokens), model=self.model)

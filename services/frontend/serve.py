@@ -1,0 +1,87 @@
+"""`tandem frontend -c FILE [--set k=v]`: the HTTP API on ``frontend.host:port`` (uvicorn).
+
+Finds processors in discovery (or at ``frontend.processor_address``), watches routers and
+decode workers for /health, registers as role "frontend". SIGTERM/SIGINT: deregister, stop
+accepting, let in-flight requests finish (up to ``frontend.drain_timeout_s``), exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+
+import uvicorn
+
+from services.common.address_book import AddressBook, ChannelPool
+from services.common.config import ClusterConfig, ConfigError, load_config
+from services.common.discovery import Discovery, Registration
+from services.common.nats_client import connect
+
+log = logging.getLogger("tandem.frontend")
+
+
+class _Server(uvicorn.Server):
+    # NOTE: uvicorn re-raises a captured SIGTERM after shutdown (exit by signal); we handle
+    # the signals ourselves so a drain ends with exit status 0.
+    @contextlib.contextmanager
+    def capture_signals(self):  # type: ignore[override]
+        yield
+
+
+async def serve(cfg: ClusterConfig, replica: int = 0) -> None:
+    from services.frontend.app import create_app
+    from services.frontend.readiness import ClusterReadiness
+    from services.processor.client import ProcessorClient
+    from services.processor.serve import advertised_host
+
+    fc = cfg.frontend
+    nc = await connect(cfg.nats, name=f"frontend-{replica}")
+    pool = ChannelPool()
+    processors = AddressBook("processor", fc.processor_address)
+    routers, decoders = AddressBook("router"), AddressBook("decode")
+    try:
+        disc = await Discovery.open(nc, cfg.namespace, cfg.discovery)
+        for book in (processors, routers, decoders):
+            if not book.addresses():  # a fixed address needs no watch
+                book.start(disc)
+        app = create_app(cfg, ProcessorClient(processors, pool),
+                         ClusterReadiness(routers, decoders, processors))
+        port = fc.port + replica
+        server = _Server(uvicorn.Config(app, host=fc.host, port=port, log_level="warning",
+                                        timeout_graceful_shutdown=int(fc.drain_timeout_s)))
+        adv = advertised_host(fc.host)
+        lease = await disc.register(Registration(
+            "frontend", f"frontend-{replica}", address=f"{adv}:{port}",
+            metrics_address=f"{adv}:{port}"))
+
+        def on_signal() -> None:
+            server.should_exit = True
+
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, on_signal)
+        log.info("frontend: http://%s:%d/v1", fc.host, port)
+        try:
+            await server.serve()
+        finally:
+            await lease.close()
+    finally:
+        for book in (processors, routers, decoders):
+            await book.close()
+        await pool.close()
+        await nc.close()
+
+
+def main(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as e:
+        print(e, file=sys.stderr)
+        return 2
+    asyncio.run(serve(cfg, replica=args.replica))
+    return 0

@@ -1,0 +1,153 @@
+"""How a request's deltas become a response: the first delta (with the timeout), a whole
+answer, or an SSE stream; and cancelling the work when the client goes away."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import aclosing
+from typing import TypeVar
+
+from fastapi import Request
+
+from services.frontend.errors import APIError, from_processor
+from services.frontend.metrics import FrontendMetrics
+from services.frontend.render import Renderer
+from services.processor.types import Delta, ProcessorError, Usage
+
+T = TypeVar("T")
+
+
+class ClientGone(Exception):
+    """The client disconnected before the response started."""
+
+
+async def unless_disconnected(request: Request, aw: Awaitable[T]) -> T:
+    """Await ``aw`` in a task; cancel it if the client disconnects first (raises ClientGone).
+
+    Before a response starts nobody else listens for the disconnect (StreamingResponse does
+    once streaming), so a client that gives up on a non-streaming request would otherwise
+    leave it generating on the worker until the end.
+    """
+    task = asyncio.ensure_future(aw)
+    watcher = asyncio.ensure_future(disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        raise ClientGone()
+    finally:
+        watcher.cancel()
+        if not task.done():  # we were cancelled ourselves
+            task.cancel()
+
+
+async def disconnected(request: Request) -> None:
+    # NOTE: called after the body was read, so the only message left is the disconnect.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def first_delta(deltas: AsyncIterator[Delta], timeout_s: float) -> Delta:
+    try:
+        return await asyncio.wait_for(_next(deltas), timeout_s)
+    except asyncio.TimeoutError:
+        await deltas.aclose()
+        raise timeout_error(timeout_s) from None
+    except StopAsyncIteration:
+        raise ProcessorError("the processor ended the stream without an answer") from None
+    except BaseException:
+        await deltas.aclose()
+        raise
+
+
+async def collect(m: FrontendMetrics, deltas: AsyncIterator[Delta], first: Delta, t0: float,
+                   timeout_s: float) -> tuple[str, str, Usage | None]:
+    parts: list[str] = []
+    last = first
+    observe_first(m, t0)
+    parts.append(first.text)
+
+    async def drain() -> None:
+        nonlocal last
+        async for d in deltas:
+            parts.append(d.text)
+            last = d
+            if d.finish_reason is not None:
+                break
+
+    try:
+        async with aclosing(deltas):
+            if first.finish_reason is None:
+                await asyncio.wait_for(drain(), max(timeout_s - (time.perf_counter() - t0), 0.001))
+    except asyncio.TimeoutError:
+        raise timeout_error(timeout_s) from None
+    return "".join(parts), last.finish_reason or "stop", last.usage
+
+
+async def _next(deltas: AsyncIterator[Delta]) -> Delta:
+    return await deltas.__anext__()
+
+
+def observe_first(m: FrontendMetrics, t0: float) -> None:
+    m.ttft.observe(time.perf_counter() - t0)
+
+
+def timeout_error(timeout_s: float) -> APIError:
+    return APIError(504, f"the request took longer than frontend.request_timeout_s ({timeout_s} s)",
+                    "timeout_error", code="timeout")
+
+
+async def sse(m: FrontendMetrics, r: Renderer, deltas: AsyncIterator[Delta], first: Delta,
+               t0: float, include_usage: bool, timeout_s: float, retry_after_s: int) -> AsyncIterator[str]:
+    status = "499"  # unless we reach the end: the client went away
+    observe_first(m, t0)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + max(timeout_s - (time.perf_counter() - t0), 0.001)
+    prev = time.perf_counter()
+    try:
+        async with aclosing(deltas):
+            if r.chat:
+                yield event(r.chunk_role())
+            d: Delta | None = first
+            while d is not None:
+                if d.text:
+                    yield event(r.chunk_text(d.text, include_usage))
+                if d.finish_reason is not None:
+                    yield event(r.chunk_finish(d.finish_reason, include_usage))
+                    if include_usage and d.usage is not None:
+                        yield event(r.chunk_usage(d.usage))
+                    break
+                # NOTE: the timeout wraps only the await, never a yield: a yield suspends
+                # this generator inside the response's send, where a cancel must not land.
+                try:
+                    d = await asyncio.wait_for(_next(deltas), max(deadline - loop.time(), 0.001))
+                except StopAsyncIteration:
+                    d = None
+                now = time.perf_counter()
+                m.itl.observe(now - prev)
+                prev = now
+            if d is None:
+                raise ProcessorError("the processor ended the stream without a finish reason")
+            status = "200"
+    except ProcessorError as e:
+        err = from_processor(e, retry_after_s)
+        status = str(err.status)
+        yield event(err.body())
+    except asyncio.TimeoutError:
+        status = "504"
+        yield event(timeout_error(timeout_s).body())
+    finally:
+        m.requests.labels(status).inc()
+        m.duration.observe(time.perf_counter() - t0)
+    yield "data: [DONE]\n\n"
+
+
+def event(obj: dict) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"

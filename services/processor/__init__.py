@@ -1,0 +1,2 @@
+"""The processor part: chat template, tokenization, routing, streaming from a decode
+worker, incremental detokenization, stop strings and usage (see processor.py)."""

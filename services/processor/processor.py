@@ -1,0 +1,223 @@
+"""The Processor part: text in, text deltas out.
+
+``generate(ProcessRequest)`` renders the chat template, tokenizes, checks the prompt against
+the context, asks the router for a decode worker, streams that worker's tokens over gRPC,
+detokenizes incrementally, applies stop strings and counts usage. The router is the
+in-process ``Router`` or a ``RouterClient`` (same ``route``/``update``).
+
+Router bookkeeping: ``update(PREFILLED)`` at the first token, ``update(FINISHED)`` at the end
+whatever the end was (finish, stop string, error, cancellation), so no load leaks.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Sequence
+from typing import Protocol
+
+from services.engine.chat_template import ChatTemplateError
+from services.engine.request import FinishReason, SamplingParams
+from services.engine.tokenizer import Tokenizer
+from services.processor.detokenizer import IncrementalDetokenizer
+from services.processor.metrics import ProcessorMetrics
+from services.processor.stop import StopMatcher
+from services.processor.types import (
+    Delta,
+    InvalidRequest,
+    ModelInfo,
+    ModelNotFound,
+    ProcessorError,
+    ProcessRequest,
+    Unavailable,
+    Usage,
+)
+from services.processor.worker_client import DecodeWorkerClient, WorkerChunk
+from services.router.types import (
+    InvalidRouteRequest,
+    NoWorkersAvailable,
+    RequestPhase,
+    RouteRequest,
+    RouteResponse,
+)
+
+log = logging.getLogger(__name__)
+
+
+class RouterLike(Protocol):
+    async def route(self, req: RouteRequest) -> RouteResponse: ...
+    async def update(self, request_id: str, phase: RequestPhase) -> None: ...
+
+
+class WorkerLike(Protocol):
+    def generate(self, address: str, request_id: str, token_ids: Sequence[int],
+                 sampling: SamplingParams, overlap_blocks: int = 0) -> AsyncIterator[WorkerChunk]: ...
+
+
+class Processor:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        router: RouterLike,
+        workers: WorkerLike | DecodeWorkerClient,
+        model_name: str,
+        context_length: int,
+        block_size: int = 16,
+        metrics: ProcessorMetrics | None = None,
+    ) -> None:
+        self._tok = tokenizer
+        self._router = router
+        self._workers = workers
+        self.model_name = model_name
+        self.context_length = context_length
+        self._block_size = block_size
+        self.metrics = metrics if metrics is not None else ProcessorMetrics()
+
+    async def list_models(self) -> list[ModelInfo]:
+        return [ModelInfo(self.model_name, self.context_length)]
+
+    async def generate(self, req: ProcessRequest) -> AsyncIterator[Delta]:
+        """Stream the answer. Raises InvalidRequest, ModelNotFound or Unavailable before the
+        first delta for a request that cannot start; closing the iterator aborts it."""
+        m = self.metrics
+        try:
+            ids = self._prompt_ids(req)
+            sampling = self._sampling(req, len(ids))
+            try:
+                stops = StopMatcher(req.sampling.stop)
+            except ValueError as e:
+                raise InvalidRequest(str(e), param="stop") from None
+            route = await self._route(req.request_id, ids)
+        except ProcessorError as e:
+            m.requests.labels(e.kind).inc()
+            raise
+        m.prompt_tokens.inc(len(ids))
+        m.inflight.inc()
+        outcome = "cancelled"
+        released = False
+        try:
+            async for delta in self._stream(req.request_id, ids, sampling, stops, route):
+                if delta.finish_reason is not None:
+                    outcome = delta.finish_reason
+                    # NOTE: release the router's load before the caller sees the end, so a
+                    # client that got its answer never observes the request still counted.
+                    released = True
+                    await self._update(req.request_id, RequestPhase.FINISHED)
+                yield delta
+        except ProcessorError as e:
+            outcome = e.kind
+            raise
+        except Exception:
+            outcome = "error"
+            raise
+        finally:
+            m.inflight.dec()
+            m.requests.labels(outcome).inc()
+            if not released:
+                await self._update(req.request_id, RequestPhase.FINISHED)
+
+    # ---- steps -----------------------------------------------------------------------
+    def _prompt_ids(self, req: ProcessRequest) -> list[int]:
+        if req.model and req.model != self.model_name:
+            raise ModelNotFound(f"the model {req.model!r} does not exist; this cluster serves "
+                                f"{self.model_name!r}", param="model", code="model_not_found")
+        given = [x is not None for x in (req.messages, req.prompt, req.prompt_ids)]
+        if sum(given) != 1:
+            raise InvalidRequest("give exactly one of messages, prompt or prompt token ids")
+        if req.messages is not None:
+            if not req.messages:
+                raise InvalidRequest("messages must not be empty", param="messages")
+            msgs = [{"role": x.role, "content": x.content} for x in req.messages]
+            try:
+                ids = self._tok.encode_chat(msgs)
+            except (ChatTemplateError, ValueError) as e:
+                raise InvalidRequest(f"cannot apply the chat template: {e}", param="messages") from None
+            param = "messages"
+        elif req.prompt is not None:
+            ids, param = self._tok.encode(req.prompt), "prompt"
+        else:
+            ids, param = list(req.prompt_ids or ()), "prompt"
+            bad = [t for t in ids if not 0 <= t < self._tok.vocab_size]
+            if bad:
+                raise InvalidRequest(f"token id {bad[0]} is outside the vocabulary "
+                                     f"[0, {self._tok.vocab_size})", param="prompt")
+        if not ids:
+            raise InvalidRequest("the prompt is empty", param=param)
+        if len(ids) >= self.context_length:
+            raise InvalidRequest(
+                f"This model's maximum context length is {self.context_length} tokens, but the "
+                f"prompt has {len(ids)} tokens (at least one token must be left to generate)",
+                param=param, code="context_length_exceeded")
+        return ids
+
+    def _sampling(self, req: ProcessRequest, prompt_len: int) -> SamplingParams:
+        s = req.sampling
+        # NOTE: a max_tokens past the context is clamped, not refused: the engine ends the
+        # request with finish_reason "length" at the context limit either way.
+        room = self.context_length - prompt_len
+        max_tokens = room if s.max_tokens is None else min(s.max_tokens, room)
+        try:
+            return SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
+                                  seed=s.seed, max_tokens=max_tokens)
+        except ValueError as e:
+            raise InvalidRequest(str(e)) from None
+
+    async def _route(self, request_id: str, ids: list[int]) -> RouteResponse:
+        try:
+            route = await self._router.route(RouteRequest(request_id, ids))
+        except NoWorkersAvailable as e:
+            raise Unavailable(str(e)) from None
+        except InvalidRouteRequest as e:
+            raise InvalidRequest(str(e)) from None
+        if not route.address:
+            await self._update(request_id, RequestPhase.FINISHED)
+            raise Unavailable(f"decode worker {route.worker_id} announced no gRPC address")
+        return route
+
+    async def _stream(self, request_id: str, ids: list[int], sampling: SamplingParams,
+                      stops: StopMatcher, route: RouteResponse) -> AsyncIterator[Delta]:
+        detok = IncrementalDetokenizer(self._tok)
+        n_out = 0
+        tail = ""  # text that goes out with the finish reason
+        last: WorkerChunk | None = None
+        chunks = self._workers.generate(route.address, request_id, ids, sampling,
+                                        route.overlap_blocks)
+        try:
+            async for chunk in chunks:
+                if chunk.token_ids:
+                    if n_out == 0:
+                        await self._update(request_id, RequestPhase.PREFILLED)
+                    n_out += len(chunk.token_ids)
+                    self.metrics.completion_tokens.inc(len(chunk.token_ids))
+                    text = stops.feed(detok.add(chunk.token_ids))
+                    if stops.stopped or chunk.finish_reason is not None:
+                        tail = text
+                    elif text:
+                        yield Delta(text)
+                if stops.stopped:
+                    break
+                if chunk.finish_reason is not None:
+                    last = chunk
+                    break
+            else:
+                raise Unavailable(f"decode worker {route.address} ended the stream unfinished")
+        finally:
+            await chunks.aclose()  # cancels the worker call when we stopped early
+        if stops.stopped:
+            # NOTE: we cancelled the worker before its final usage: the cached count is the
+            # router's view of the prefix this worker held.
+            cached = min(route.overlap_blocks * self._block_size, len(ids))
+            yield Delta(tail, "stop", Usage(len(ids), n_out, cached))
+            return
+        assert last is not None
+        if last.finish_reason is FinishReason.ABORT:
+            raise Unavailable(f"decode worker {route.address} aborted the request")
+        tail += stops.feed(detok.flush())
+        tail += stops.flush()
+        reason = "stop" if stops.stopped or last.finish_reason is FinishReason.STOP else "length"
+        yield Delta(tail, reason, Usage(len(ids), n_out, last.cached_tokens))
+
+    async def _update(self, request_id: str, phase: RequestPhase) -> None:
+        try:
+            await self._router.update(request_id, phase)
+        except Exception as e:  # bookkeeping only: the router expires it by TTL anyway
+            log.warning("router update %s for %s failed: %s", phase.value, request_id, e)

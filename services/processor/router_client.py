@@ -1,0 +1,61 @@
+"""The router over gRPC with the in-process ``Router``'s methods (``route``, ``update``) and
+its typed errors, so the processor takes either."""
+
+from __future__ import annotations
+
+import grpc
+
+from services.common.address_book import AddressBook, ChannelPool
+from services.gen import router_pb2, router_pb2_grpc
+from services.router.types import (
+    InvalidRouteRequest,
+    NoWorkersAvailable,
+    RequestPhase,
+    RouteRequest,
+    RouteResponse,
+)
+
+_PHASES = {
+    RequestPhase.PREFILLED: router_pb2.RequestUpdate.PREFILLED,
+    RequestPhase.FINISHED: router_pb2.RequestUpdate.FINISHED,
+}
+
+
+class RouterClient:
+    """Calls a router replica picked from ``book`` (round-robin over live routers)."""
+
+    def __init__(self, book: AddressBook, pool: ChannelPool, timeout_s: float = 5.0) -> None:
+        self._book = book
+        self._pool = pool
+        self._timeout = timeout_s
+
+    def _stub(self) -> router_pb2_grpc.RouterStub:
+        addr = self._book.pick()
+        if addr is None:
+            raise NoWorkersAvailable("no router is registered in discovery")
+        return router_pb2_grpc.RouterStub(self._pool.get(addr))
+
+    async def route(self, req: RouteRequest) -> RouteResponse:
+        msg = router_pb2.RouteRequest(request_id=req.request_id, token_ids=req.token_ids,
+                                      local_hashes=req.local_hashes or ())
+        try:
+            r = await self._stub().Route(msg, timeout=self._timeout)
+        except grpc.aio.AioRpcError as e:
+            raise _translate(e) from None
+        return RouteResponse(r.worker_id, r.overlap_blocks, r.request_blocks,
+                             r.prefix_hit_rate, r.address)
+
+    async def update(self, request_id: str, phase: RequestPhase) -> None:
+        msg = router_pb2.RequestUpdate(request_id=request_id, phase=_PHASES[phase])
+        try:
+            await self._stub().Update(msg, timeout=self._timeout)
+        except grpc.aio.AioRpcError as e:
+            raise _translate(e) from None
+
+
+def _translate(e: grpc.aio.AioRpcError) -> Exception:
+    if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
+        return InvalidRouteRequest(e.details() or "invalid route request")
+    if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return NoWorkersAvailable(f"router: {e.details() or e.code().name}")
+    return RuntimeError(f"router call failed: {e.code().name}: {e.details()}")

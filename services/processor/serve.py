@@ -1,0 +1,93 @@
+"""`tandem processor -c FILE [--set k=v] [--replica N]`: one processor replica.
+
+Loads only the tokenizer, finds routers in discovery (or at ``processor.router_address``),
+serves gRPC on ``processor.port + N`` and /metrics on ``processor.metrics_port + N``,
+registers as role "processor". SIGTERM/SIGINT: deregister, let in-flight streams finish
+(up to ``processor.drain_timeout_s``), exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import socket
+import sys
+
+from prometheus_client import start_http_server
+
+from services.common.address_book import AddressBook, ChannelPool
+from services.common.config import ClusterConfig, ConfigError, load_config
+from services.common.discovery import Discovery, Registration
+from services.common.nats_client import connect
+
+log = logging.getLogger("tandem.processor")
+
+
+async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0") -> None:
+    from services.engine.model_store import resolve_model_path, served_model_name
+    from services.engine.tokenizer import Tokenizer
+    from services.processor.context import context_length
+    from services.processor.grpc_server import start_grpc
+    from services.processor.metrics import ProcessorMetrics
+    from services.processor.processor import Processor
+    from services.processor.router_client import RouterClient
+    from services.processor.worker_client import DecodeWorkerClient
+
+    model_path = resolve_model_path(cfg.model.path)
+    tok = Tokenizer.from_path(model_path)
+    ctx = context_length(cfg, model_path)
+    name = cfg.model.name or served_model_name(cfg.model.path)
+    pc = cfg.processor
+    nc = await connect(cfg.nats, name=f"processor-{replica}")
+    pool = ChannelPool()
+    routers = AddressBook("router", pc.router_address)
+    try:
+        disc = await Discovery.open(nc, cfg.namespace, cfg.discovery)
+        if pc.router_address is None:
+            routers.start(disc)
+        metrics = ProcessorMetrics()
+        processor = Processor(tok, RouterClient(routers, pool), DecodeWorkerClient(pool), name,
+                              ctx, cfg.engine.block_size, metrics)
+        server, port = await start_grpc(processor, host, pc.port + replica)
+        metrics_port = pc.metrics_port + replica
+        start_http_server(metrics_port, registry=metrics.registry)
+        adv = advertised_host(host)
+        lease = await disc.register(Registration(
+            "processor", f"processor-{replica}", address=f"{adv}:{port}",
+            metrics_address=f"{adv}:{metrics_port}", metadata={"model": name}))
+        log.info("processor %d: model %s (context %d), gRPC on %d, metrics on %d",
+                 replica, name, ctx, port, metrics_port)
+        await wait_for_signal()
+        log.info("processor %d: draining", replica)
+        await lease.close()
+        await server.stop(grace=pc.drain_timeout_s)
+    finally:
+        await routers.close()
+        await pool.close()
+        await nc.close()
+
+
+async def wait_for_signal() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+def advertised_host(host: str) -> str:
+    """The host others should dial: the bind address, or this machine's name for 0.0.0.0."""
+    return host if host not in ("0.0.0.0", "::", "") else socket.gethostname()
+
+
+def main(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as e:
+        print(e, file=sys.stderr)
+        return 2
+    asyncio.run(serve(cfg, replica=args.replica))
+    return 0

@@ -1,0 +1,67 @@
+"""Wiring for processor/frontend tests: a real engine (mock runner) behind the test decode
+servicer over real gRPC, plus the processor, in-process."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from services.common.address_book import ChannelPool
+from services.common.config import ClusterConfig, parse_config
+from services.engine.async_engine import AsyncEngine
+from services.engine.engine import LLMEngine
+from services.engine.runner.mock_runner import MockRunner
+from services.engine.tokenizer import Tokenizer
+from services.processor.processor import Processor, RouterLike
+from services.processor.worker_client import DecodeWorkerClient
+from tests.support.decode_servicer import EngineDecodeServicer, start_decode_server
+
+MODEL = "SmolLM2-135M-Instruct"
+
+
+def mock_cluster_cfg(**over: Any) -> ClusterConfig:
+    """Mock runner with SmolLM2's vocabulary (so the real tokenizer decodes its tokens)."""
+    data: dict[str, Any] = {
+        "model": {"name": MODEL},
+        "engine": {"runner": "mock", "block_size": 16, "num_kv_blocks": 256, "max_model_len": 512,
+                   "max_num_seqs": 16, "max_num_batched_tokens": 512,
+                   "mock": {"step_base_s": 0.002, "per_prefill_token_s": 0.0,
+                            "per_decode_seq_s": 0.0, "vocab_size": 49152, "eos_token_id": 2}},
+        "discovery": {"ttl_s": 2.0, "heartbeat_s": 0.5},
+    }
+    for k, v in over.items():
+        data[k] = {**data.get(k, {}), **v} if isinstance(v, dict) else v
+    return parse_config(data)
+
+
+@dataclass
+class DecodeNode:
+    engine: AsyncEngine
+    server: grpc.aio.Server
+    port: int
+    servicer: EngineDecodeServicer
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+@asynccontextmanager
+async def decode_node(cfg: ClusterConfig, tok: Tokenizer, worker_id: str = "w0") -> AsyncIterator[DecodeNode]:
+    engine = LLMEngine(MockRunner(cfg.engine), cfg.engine, tok.stop_token_ids, worker_id=worker_id)
+    async with AsyncEngine(engine) as ae:
+        server, port, servicer = await start_decode_server(ae)
+        try:
+            yield DecodeNode(ae, server, port, servicer)
+        finally:
+            await server.stop(grace=0)
+
+
+def make_processor(cfg: ClusterConfig, tok: Tokenizer, router: RouterLike, context_length: int,
+                   pool: ChannelPool) -> Processor:
+    return Processor(tok, router, DecodeWorkerClient(pool), MODEL, context_length,
+                     cfg.engine.block_size)
