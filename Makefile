@@ -32,8 +32,7 @@ model: $(STAMP)
 	$(VENV)/bin/tandem model pull
 
 run: setup model
-	# Until the cluster launcher lands (`tandem up`), run one engine with a chat prompt.
-	$(VENV)/bin/tandem chat -c $(CONFIG)
+	$(VENV)/bin/tandem up -c $(CONFIG)
 
 test: setup model
 	$(PY) -m pytest -q $(ARGS)
