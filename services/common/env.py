@@ -14,3 +14,20 @@ def cache_dir() -> Path:
 def in_ci() -> bool:
     """True under CI (``CI=true``): tests that need the real model fail instead of skip."""
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+# NOTE: secrets come from the environment so they need not sit in a config file that is
+# committed or shown by `tandem config`; a value set in the config file wins over these.
+NATS_USER = "TANDEM_NATS_USER"
+NATS_PASSWORD = "TANDEM_NATS_PASSWORD"
+NATS_TOKEN = "TANDEM_NATS_TOKEN"
+
+
+def nats_credentials() -> dict[str, str]:
+    """NATS credentials set in the environment, as NatsConfig field -> value.
+
+    ``TANDEM_NATS_USER`` / ``TANDEM_NATS_PASSWORD`` (user and password) and
+    ``TANDEM_NATS_TOKEN`` (token auth); unset or empty variables are left out.
+    """
+    pairs = (("user", NATS_USER), ("password", NATS_PASSWORD), ("token", NATS_TOKEN))
+    return {field: os.environ[var] for field, var in pairs if os.environ.get(var)}

@@ -6,14 +6,23 @@ share one nats-server without hearing each other.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import nats
+import nats.errors
 from nats.aio.client import Client as NatsClient
 
 from services.common.config import NatsConfig
+from services.common.env import nats_credentials
 
-__all__ = ["NatsClient", "Subjects", "connect"]
+log = logging.getLogger(__name__)
+
+__all__ = ["NatsAuthError", "NatsClient", "Subjects", "connect", "with_env_credentials"]
+
+
+class NatsAuthError(ConnectionError):
+    """The nats-server refused our credentials (or we sent none and it wants some)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,9 +91,41 @@ async def connect(cfg: NatsConfig, name: str) -> NatsClient:
         "connect_timeout": 2,
         "allow_reconnect": True,
     }
+    cfg = with_env_credentials(cfg)
+    first = True
+
+    async def on_error(e: Exception) -> None:
+        # NOTE: nats-py retries a refused first connect forever; wrong credentials never
+        # get better, so end the first connect with the reason instead of hanging.
+        if first and _is_auth_error(e):
+            raise e
+        log.warning("nats %s: %s", name, e)
+
+    opts["error_cb"] = on_error
     if cfg.user is not None:
         opts["user"] = cfg.user
         opts["password"] = cfg.password or ""
     if cfg.token is not None:
         opts["token"] = cfg.token
-    return await nats.connect(**opts)
+    try:
+        nc = await nats.connect(**opts)
+    except nats.errors.Error as e:
+        if _is_auth_error(e):
+            how = "user/password" if cfg.user else "token" if cfg.token else "no credentials"
+            raise NatsAuthError(
+                f"nats-server at {cfg.url} refused {name!r} ({how}): {e}; set nats.user/"
+                "nats.password or nats.token in the config, or TANDEM_NATS_USER/"
+                "TANDEM_NATS_PASSWORD/TANDEM_NATS_TOKEN in the environment") from None
+        raise
+    first = False
+    return nc
+
+
+def _is_auth_error(e: Exception) -> bool:
+    return isinstance(e, nats.errors.AuthorizationError) or "authorization" in str(e).lower()
+
+
+def with_env_credentials(cfg: NatsConfig) -> NatsConfig:
+    """``cfg`` with credentials it leaves unset filled from the environment (services.common.env)."""
+    missing = {k: v for k, v in nats_credentials().items() if getattr(cfg, k) is None}
+    return cfg.model_copy(update=missing) if missing else cfg

@@ -1,0 +1,89 @@
+"""NATS credentials from the config or the environment, against a real nats-server that
+requires them (``--user/--pass`` and ``--auth``)."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from services.common.config import DiscoveryConfig, NatsConfig
+from services.common.discovery import Discovery, Registration
+from services.common.nats_client import NatsAuthError, connect
+
+pytestmark = pytest.mark.asyncio
+
+
+def _server(store: Path, *auth: str) -> Iterator[str]:
+    binary = shutil.which("nats-server") or "/usr/sbin/nats-server"
+    if not Path(binary).exists():
+        pytest.skip("nats-server is not installed")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([binary, "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(store), *auth],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            assert proc.poll() is None and time.monotonic() < deadline, "nats-server did not start"
+            time.sleep(0.05)
+    yield f"nats://127.0.0.1:{port}"
+    proc.terminate()
+    proc.wait(timeout=5)
+
+
+@pytest.fixture(scope="module")
+def userpass_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    yield from _server(tmp_path_factory.mktemp("nats"), "--user", "tandem-u", "--pass", "s3cret-pw")
+
+
+@pytest.fixture(scope="module")
+def token_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    yield from _server(tmp_path_factory.mktemp("nats"), "--auth", "tok-123456")
+
+
+async def _works(cfg: NatsConfig) -> None:
+    """A part's first steps: connect, open discovery (JetStream KV), register."""
+    nc = await connect(cfg, "auth-test")
+    try:
+        disc = await Discovery.open(nc, "authns", DiscoveryConfig())
+        lease = await disc.register(Registration("decode", "d0", address="x:1"))
+        await lease.close()
+        assert nc.is_connected
+    finally:
+        await nc.close()
+
+
+async def test_user_password_from_config_and_from_env(userpass_url: str,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    await _works(NatsConfig(url=userpass_url, user="tandem-u", password="s3cret-pw"))
+    monkeypatch.setenv("TANDEM_NATS_USER", "tandem-u")
+    monkeypatch.setenv("TANDEM_NATS_PASSWORD", "s3cret-pw")
+    await _works(NatsConfig(url=userpass_url))
+
+
+async def test_missing_or_wrong_password_fails_clearly(userpass_url: str,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TANDEM_NATS_USER", raising=False)
+    monkeypatch.delenv("TANDEM_NATS_PASSWORD", raising=False)
+    with pytest.raises(NatsAuthError, match="no credentials.*TANDEM_NATS_USER"):
+        await connect(NatsConfig(url=userpass_url), "auth-test")
+    with pytest.raises(NatsAuthError, match="user/password"):
+        await connect(NatsConfig(url=userpass_url, user="tandem-u", password="wrong"), "auth-test")
+
+
+async def test_token_from_env(token_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TANDEM_NATS_TOKEN", "tok-123456")
+    await _works(NatsConfig(url=token_url))
+    monkeypatch.delenv("TANDEM_NATS_TOKEN")
+    with pytest.raises(NatsAuthError, match="no credentials"):
+        await connect(NatsConfig(url=token_url), "auth-test")
