@@ -67,7 +67,10 @@ class FrontendConfig(_Strict):
     api_keys: list[str] = []  # empty: no auth; else `Authorization: Bearer <key>` required
     max_body_bytes: int = Field(1_048_576, ge=1)  # larger request bodies get 413
     request_timeout_s: float = Field(600.0, gt=0)  # a request running longer is ended (504)
-    retry_after_s: int = Field(1, ge=0)  # the Retry-After of a 503 (no workers)
+    retry_after_s: int = Field(1, ge=0)  # the Retry-After of a 503 (no workers) or 429 (full)
+    # The largest max_tokens (max_completion_tokens) a request may ask for; more is a 400.
+    # A request that gives none is still bounded by the context length.
+    max_tokens_limit: int = Field(4096, ge=1)
     # The processor's gRPC host:port; None: found in discovery (role "processor").
     processor_address: str | None = None
     drain_timeout_s: float = Field(30.0, ge=0)  # on SIGTERM, in-flight requests get this long
@@ -118,6 +121,10 @@ class DecodeConfig(_Strict):
     disagg: DisaggConfig = DisaggConfig()
     # Generate calls in flight beyond this are refused with RESOURCE_EXHAUSTED.
     max_inflight_requests: int = Field(1024, ge=1)
+    # Requests in flight but not running (waiting for a batch slot or KV blocks, or parked
+    # for a remote prefill) beyond this are refused with RESOURCE_EXHAUSTED: the frontend
+    # answers 429 + Retry-After instead of letting the queue (and every wait in it) grow.
+    max_waiting_requests: int = Field(256, ge=0)
     # On SIGTERM: stop taking requests, let in-flight ones finish for this long, then exit.
     grace_period_s: float = Field(10.0, ge=0)
 

@@ -87,6 +87,11 @@ class DecodeWorker:
             raise WorkerOverloadedError(
                 f"decode worker {self.worker_id} has {self._inflight} requests in flight "
                 f"(decode.max_inflight_requests={self.cfg.decode.max_inflight_requests})")
+        waiting = self._inflight - self.engine.stats().num_running
+        if waiting >= self.cfg.decode.max_waiting_requests:
+            raise WorkerOverloadedError(
+                f"decode worker {self.worker_id} has {waiting} requests waiting "
+                f"(decode.max_waiting_requests={self.cfg.decode.max_waiting_requests})")
         self.engine.engine.validate(request)
         self._inflight += 1
         self._idle.clear()

@@ -84,6 +84,12 @@ def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readines
                 body = model_cls.model_validate(data)
             except ValidationError as e:
                 raise _validation_error(e) from None
+            asked = body.requested_max_tokens()
+            if asked is not None and asked > fc.max_tokens_limit:
+                param = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) else "max_tokens"
+                raise APIError(400, f"{param}: {asked} is more than this server allows "
+                               f"(frontend.max_tokens_limit={fc.max_tokens_limit})",
+                               param=param, code="invalid_value")
             models = await processor.list_models()
             if body.model not in {x.id for x in models}:
                 raise APIError(404, f"The model {body.model!r} does not exist; served: "

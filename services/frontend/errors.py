@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from fastapi.responses import JSONResponse
 
-from services.processor.types import InvalidRequest, ModelNotFound, ProcessorError, Unavailable
+from services.processor.types import (
+    InvalidRequest,
+    ModelNotFound,
+    Overloaded,
+    ProcessorError,
+    Unavailable,
+)
 
 
 class APIError(Exception):
@@ -30,9 +36,12 @@ class APIError(Exception):
 
 
 def from_processor(e: ProcessorError, retry_after_s: int) -> APIError:
-    """Map the processor's typed errors to HTTP: 400, 404, 503 (+ Retry-After) or 500."""
+    """Map the processor's typed errors to HTTP: 400, 404, 429 or 503 (+ Retry-After) or 500."""
     if isinstance(e, InvalidRequest):
         return APIError(400, e.message, param=e.param, code=e.code)
+    if isinstance(e, Overloaded):
+        return APIError(429, e.message, "rate_limit_error", code=e.code or "overloaded",
+                        headers={"Retry-After": str(retry_after_s)})
     if isinstance(e, ModelNotFound):
         return APIError(404, e.message, param=e.param or "model", code=e.code or "model_not_found")
     if isinstance(e, Unavailable):

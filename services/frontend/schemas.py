@@ -73,6 +73,9 @@ class _Sampling(_Body):
             raise ValueError("stream_options: only allowed when stream is true")
         return self
 
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
     def stop_list(self) -> list[str]:
         if self.stop is None:
             return []
@@ -93,6 +96,9 @@ class _Sampling(_Body):
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessageIn] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     def to_process(self, request_id: str) -> ProcessRequest:
         # max_completion_tokens is the newer name; it wins when both are given.

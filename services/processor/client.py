@@ -15,6 +15,7 @@ from services.processor.types import (
     InvalidRequest,
     ModelInfo,
     ModelNotFound,
+    Overloaded,
     ProcessorError,
     ProcessRequest,
     Unavailable,
@@ -25,6 +26,7 @@ _ERRORS: dict[grpc.StatusCode, type[ProcessorError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidRequest,
     grpc.StatusCode.NOT_FOUND: ModelNotFound,
     grpc.StatusCode.UNAVAILABLE: Unavailable,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: Overloaded,
 }
 
 

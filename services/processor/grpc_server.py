@@ -19,6 +19,7 @@ from services.processor.types import (
     ChatMessage,
     InvalidRequest,
     ModelNotFound,
+    Overloaded,
     ProcessorError,
     ProcessRequest,
     SamplingOptions,
@@ -32,6 +33,7 @@ _STATUS = {
     InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
     ModelNotFound: grpc.StatusCode.NOT_FOUND,
     Unavailable: grpc.StatusCode.UNAVAILABLE,
+    Overloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 

@@ -37,6 +37,12 @@ class Unavailable(ProcessorError):
     kind = "unavailable"
 
 
+class Overloaded(Unavailable):
+    """The chosen decode worker refused the request: its queue is full (HTTP 429)."""
+
+    kind = "overloaded"
+
+
 @dataclass(frozen=True, slots=True)
 class ChatMessage:
     role: str

@@ -14,7 +14,7 @@ import grpc
 from services.common.address_book import ChannelPool
 from services.engine.request import FinishReason, SamplingParams
 from services.gen import worker_pb2, worker_pb2_grpc
-from services.processor.types import InvalidRequest, ProcessorError, Unavailable
+from services.processor.types import InvalidRequest, Overloaded, ProcessorError, Unavailable
 
 _FINISH = {
     worker_pb2.STOP: FinishReason.STOP,
@@ -79,6 +79,8 @@ def _translate(address: str, e: grpc.aio.AioRpcError) -> ProcessorError:
     code, details = e.code(), e.details() or e.code().name
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return InvalidRequest(details)
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED):
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return Overloaded(f"decode worker {address}: {details}", code="overloaded")
+    if code == grpc.StatusCode.UNAVAILABLE:
         return Unavailable(f"decode worker {address}: {details}")
     return ProcessorError(f"decode worker {address} failed: {code.name}: {details}")

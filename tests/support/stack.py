@@ -12,6 +12,8 @@ import grpc
 
 from services.common.address_book import ChannelPool
 from services.common.config import ClusterConfig, parse_config
+from services.decode.grpc_server import start_grpc as start_worker_grpc
+from services.decode.worker import DecodeWorker
 from services.engine.async_engine import AsyncEngine
 from services.engine.engine import LLMEngine
 from services.engine.runner.mock_runner import MockRunner
@@ -43,7 +45,8 @@ class DecodeNode:
     engine: AsyncEngine
     server: grpc.aio.Server
     port: int
-    servicer: EngineDecodeServicer
+    servicer: EngineDecodeServicer | None  # None: the real decode worker (``worker``)
+    worker: DecodeWorker | None = None
 
     @property
     def address(self) -> str:
@@ -57,6 +60,22 @@ async def decode_node(cfg: ClusterConfig, tok: Tokenizer, worker_id: str = "w0")
         server, port, servicer = await start_decode_server(ae)
         try:
             yield DecodeNode(ae, server, port, servicer)
+        finally:
+            await server.stop(grace=0)
+
+
+@asynccontextmanager
+async def worker_decode_node(cfg: ClusterConfig, tok: Tokenizer | None = None,
+                             worker_id: str = "w0") -> AsyncIterator[DecodeNode]:
+    """The real decode worker (services/decode: admission limits, drain, RESOURCE_EXHAUSTED)
+    over the mock-runner engine, local prefill only, on real gRPC."""
+    stops = tok.stop_token_ids if tok is not None else (cfg.engine.mock.eos_token_id,)
+    engine = LLMEngine(MockRunner(cfg.engine), cfg.engine, stops, worker_id=worker_id)
+    async with AsyncEngine(engine) as ae:
+        worker = DecodeWorker(ae, cfg, worker_id)
+        server, port = await start_worker_grpc(worker, "127.0.0.1", 0)
+        try:
+            yield DecodeNode(ae, server, port, None, worker)
         finally:
             await server.stop(grace=0)
 
