@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 
+import nats.errors
 import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
@@ -63,6 +64,7 @@ class PrefillQueue:
         self._depth = 0
         self._depth_at = float("-inf")
         self._tokens: dict[str, int] = {}  # request id -> effective prefill tokens in flight
+        self._seqs: dict[str, int] = {}  # request id -> its job's stream sequence number
 
     @classmethod
     async def open(cls, nc: NatsClient, subjects: Subjects, prefill: PrefillConfig,
@@ -89,11 +91,24 @@ class PrefillQueue:
         """Enqueue a job (waits for JetStream's ack); ``done(id)`` when it resolves."""
         self._tokens[job.request_id] = effective_tokens
         try:
-            await self._js.publish(self._subjects.prefill_queue, job.SerializeToString())
+            ack = await self._js.publish(self._subjects.prefill_queue, job.SerializeToString())
         except BaseException:
             self._tokens.pop(job.request_id, None)
             raise
+        self._seqs[job.request_id] = ack.seq
         self._depth += 1  # NOTE: the cached depth sees our own job before the next refresh
 
-    def done(self, request_id: str) -> None:
+    def done(self, request_id: str) -> int | None:
+        """The job resolved (or was given up); returns its stream sequence, if published."""
         self._tokens.pop(request_id, None)
+        return self._seqs.pop(request_id, None)
+
+    async def retract(self, seq: int) -> bool:
+        """Delete a job nobody waits for any more (its request was cancelled) so no prefill
+        worker spends time on it. A job already acked or being worked on may be gone or go
+        on: its KV is then answered "not waiting" and dropped. True if it was deleted."""
+        try:
+            return bool(await self._js.delete_msg(self._subjects.prefill_stream, seq))
+        except (nats.errors.Error, nats.js.errors.Error) as e:
+            log.debug("retracting prefill job %d: %s", seq, e)
+            return False

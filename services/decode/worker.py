@@ -193,6 +193,7 @@ class DecodeWorker:
             kv_transfer_address=self.kv_address, first_block=handle.first_block_to_fill,
             num_blocks=handle.num_blocks_to_fill,
             deadline_unix_ms=int((time.time() + timeout) * 1000), attempt=1)
+        delivered = False
         try:
             try:
                 await self.queue.publish(job, decision.effective_tokens)
@@ -206,6 +207,7 @@ class DecodeWorker:
                 got: ReceivedKv = fut.result()
             except (KvTransferError, asyncio.CancelledError):
                 return await self._give_up(rid, "bad_kv")
+            delivered = True  # the prefill worker acks (removes) the job itself
             try:
                 await self.engine.complete_remote_prefill(rid, got.kv, got.first_token)
             except RemoteKvError:  # the engine already sent it to local prefill
@@ -214,7 +216,11 @@ class DecodeWorker:
             return "remote"
         finally:
             self.receiver.cancel(rid)
-            self.queue.done(rid)
+            seq = self.queue.done(rid)
+            if seq is not None and not delivered:
+                # Cancelled or given up: take the job off the queue so no prefill worker
+                # spends time on it (one already running it gets "not waiting" for its KV).
+                self._spawn(self.queue.retract(seq), f"retract {rid}")
 
     async def _give_up(self, rid: str, reason: str) -> str:
         self.receiver.cancel(rid)
@@ -226,7 +232,10 @@ class DecodeWorker:
         self.metrics.fallbacks.labels(reason).inc()
 
     def _spawn_abort(self, rid: str) -> None:
-        task = asyncio.create_task(self._abort_parked(rid), name=f"abort {rid}")
+        self._spawn(self._abort_parked(rid), f"abort {rid}")
+
+    def _spawn(self, coro, name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
         self._cleanup.add(task)
         task.add_done_callback(self._cleanup.discard)
 
