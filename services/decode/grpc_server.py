@@ -6,6 +6,7 @@ from contextlib import aclosing
 
 import grpc
 
+from services.common.grpc_guard import RejectMalformed
 from services.decode.worker import (
     DecodeWorker,
     WorkerOverloadedError,
@@ -70,7 +71,7 @@ class DecodeWorkerServicer(worker_pb2_grpc.DecodeWorkerServicer):
 # gRPC's default 4 MiB receive limit is kept: KV arrives in chunks well below it.
 async def start_grpc(worker: DecodeWorker, host: str, port: int) -> tuple[grpc.aio.Server, int]:
     """Serve ``worker`` on host:port (0 = any free port); returns the server and bound port."""
-    server = grpc.aio.server()
+    server = grpc.aio.server(interceptors=[RejectMalformed()])
     worker_pb2_grpc.add_DecodeWorkerServicer_to_server(DecodeWorkerServicer(worker), server)
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:

@@ -13,6 +13,7 @@ from contextlib import aclosing
 
 import grpc
 
+from services.common.grpc_guard import RejectMalformed
 from services.gen import processor_pb2, processor_pb2_grpc
 from services.processor.processor import Processor
 from services.processor.types import (
@@ -109,7 +110,7 @@ async def _abort(context: grpc.aio.ServicerContext, e: ProcessorError) -> None:
 
 async def start_grpc(processor: Processor, host: str, port: int) -> tuple[grpc.aio.Server, int]:
     """Serve ``processor`` on host:port (0 = a free port); returns the server and bound port."""
-    server = grpc.aio.server()
+    server = grpc.aio.server(interceptors=[RejectMalformed()])
     processor_pb2_grpc.add_ProcessorServicer_to_server(ProcessorServicer(processor), server)
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:

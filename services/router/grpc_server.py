@@ -11,6 +11,7 @@ from prometheus_client import start_http_server
 
 from services.common.config import ClusterConfig
 from services.common.discovery import Registration
+from services.common.grpc_guard import RejectMalformed
 from services.common.net import advertised_host
 from services.gen import router_pb2, router_pb2_grpc
 from services.router.router import Router, tune_gc_for_index
@@ -65,7 +66,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
 
 async def start_grpc(router: Router, host: str, port: int) -> tuple[grpc.aio.Server, int]:
     """Serve ``router`` on host:port (0 = any free port); returns the server and bound port."""
-    server = grpc.aio.server()
+    server = grpc.aio.server(interceptors=[RejectMalformed()])
     router_pb2_grpc.add_RouterServicer_to_server(RouterServicer(router), server)
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
