@@ -25,8 +25,10 @@ class NatsConfig(_Strict):
     url: str = "nats://127.0.0.1:4222"
     embedded: bool = True
     user: str | None = None
-    password: str | None = None
-    token: str | None = None
+    # Secrets stay out of reprs (a logged config must not leak them). Unset here, they are
+    # read from TANDEM_NATS_USER / TANDEM_NATS_PASSWORD / TANDEM_NATS_TOKEN (common/env.py).
+    password: str | None = Field(None, repr=False)
+    token: str | None = Field(None, repr=False)
 
 
 class ModelConfig(_Strict):
@@ -64,7 +66,8 @@ class EngineConfig(_Strict):
 class FrontendConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
-    api_keys: list[str] = []  # empty: no auth; else `Authorization: Bearer <key>` required
+    # Empty: no auth; else `Authorization: Bearer <key>` required. Kept out of reprs.
+    api_keys: list[str] = Field([], repr=False)
     max_body_bytes: int = Field(1_048_576, ge=1)  # larger request bodies get 413
     request_timeout_s: float = Field(600.0, gt=0)  # a request running longer is ended (504)
     retry_after_s: int = Field(1, ge=0)  # the Retry-After of a 503 (no workers) or 429 (full)
