@@ -43,11 +43,15 @@ class Readiness(Protocol):
 
 
 def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readiness | None = None,
-               metrics: FrontendMetrics | None = None) -> FastAPI:
-    """The app. ``readiness`` None: /health reports ready (no cluster view to consult)."""
+               metrics: FrontendMetrics | None = None, lifespan: Any = None) -> FastAPI:
+    """The app. ``readiness`` None: /health reports ready (no cluster view to consult).
+    ``lifespan``: FastAPI's lifespan context (tests start in-process parts with it).
+    The OpenAPI schema, request bodies included, is served at /openapi.json."""
     fc = cfg.frontend
     m = metrics if metrics is not None else FrontendMetrics()
-    app = FastAPI(title="tandem", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="tandem", docs_url=None, redoc_url=None, openapi_url="/openapi.json",
+                  lifespan=lifespan)
+    _describe_bodies(app)
     app.state.metrics = m
     keys = [k.encode() for k in fc.api_keys]
 
@@ -161,6 +165,30 @@ def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readines
 
 
 # ---- helpers ---------------------------------------------------------------------------
+def _describe_bodies(app: FastAPI) -> None:
+    """Put the request body models in the OpenAPI schema: the handlers read the body
+    themselves (for the size limit and our 400s), so FastAPI cannot see them."""
+    base = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = base()
+        comps = schema.setdefault("components", {}).setdefault("schemas", {})
+        for path, model in (("/v1/chat/completions", ChatCompletionRequest),
+                            ("/v1/completions", CompletionRequest)):
+            js = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            comps.update(js.pop("$defs", {}))
+            comps[model.__name__] = js
+            schema["paths"][path]["post"]["requestBody"] = {"required": True, "content": {
+                "application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+
 def _too_large(limit: int) -> APIError:
     return APIError(413, f"the request body is larger than frontend.max_body_bytes ({limit} bytes)",
                     code="request_too_large")
