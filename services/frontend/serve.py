@@ -58,10 +58,16 @@ async def serve(cfg: ClusterConfig, replica: int = 0) -> None:
             "frontend", f"frontend-{replica}", address=f"{adv}:{port}",
             metrics_address=f"{adv}:{port}"))
 
+        loop = asyncio.get_running_loop()
+        closing: list[asyncio.Task[None]] = []
+
         def on_signal() -> None:
+            # Deregister first (so nothing new is sent here), then let uvicorn stop accepting
+            # and finish in-flight requests for up to frontend.drain_timeout_s.
+            if not closing:
+                closing.append(loop.create_task(lease.close()))
             server.should_exit = True
 
-        loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal)
         log.info("frontend: http://%s:%d/v1", fc.host, port)

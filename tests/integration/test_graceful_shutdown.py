@@ -1,0 +1,101 @@
+"""SIGTERM drains: `tandem processor` and `tandem frontend` as real processes, with a router
+and the real decode worker (slow mock steps) in this test. A stream that is running when
+both processes get SIGTERM still completes (every token, finish reason, [DONE]); afterwards
+the frontend takes no new requests, and both processes exit 0."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from services.engine.tokenizer import Tokenizer
+from tests.support.cluster import free_port, running_cluster
+from tests.support.stack import MODEL, mock_cluster_cfg, worker_decode_node
+
+
+async def _wait_http(url: str, procs: dict[str, subprocess.Popen], logs: Path) -> None:
+    async with httpx.AsyncClient() as http:
+        for _ in range(600):
+            for name, p in procs.items():
+                assert p.poll() is None, f"{name} died: {(logs / f'{name}.log').read_text()[-2000:]}"
+            try:
+                if (await http.get(url + "/v1/models", timeout=2)).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.1)
+    raise AssertionError("the frontend process never reached the processor process")
+
+
+async def test_sigterm_lets_the_running_stream_finish_then_exits_0(
+        nats_url: str, smollm2_path: Path, tmp_path: Path) -> None:
+    ns = "drain"
+    cfg = mock_cluster_cfg(namespace=ns, nats={"url": nats_url},
+                           engine={"mock": {"step_base_s": 0.03}})
+    tok = Tokenizer.from_path(smollm2_path)
+    async with running_cluster(cfg, tok, node_factory=lambda: worker_decode_node(cfg, tok)) as c:
+        fe_port, p_port = free_port(), free_port()
+        sets = [f"nats.url={nats_url}", f"namespace={ns}", f"model.name={MODEL}",
+                f"processor.port={p_port}", f"processor.metrics_port={free_port()}",
+                f"frontend.port={fe_port}", f"frontend.processor_address=127.0.0.1:{p_port}",
+                "engine.max_model_len=512", "discovery.ttl_s=2", "discovery.heartbeat_s=0.5"]
+        args = [a for s in sets for a in ("--set", s)]
+        procs: dict[str, subprocess.Popen] = {}
+        for part in ("processor", "frontend"):
+            log = (tmp_path / f"{part}.log").open("w")
+            procs[part] = subprocess.Popen([sys.executable, "-m", "services.cli", part, *args],
+                                           stdout=log, stderr=subprocess.STDOUT)
+        try:
+            url = f"http://127.0.0.1:{fe_port}"
+            await _wait_http(url, procs, tmp_path)
+            body = {"model": MODEL, "stream": True, "max_tokens": 60, "temperature": 0,
+                    "stream_options": {"include_usage": True},
+                    "messages": [{"role": "user", "content": "Tell me a long story"}]}
+            chunks, finish, done, usage = 0, None, False, None
+            async with httpx.AsyncClient(timeout=60) as http:
+                async with http.stream("POST", url + "/v1/chat/completions", json=body) as r:
+                    assert r.status_code == 200
+                    async for line in r.aiter_lines():
+                        if line == "data: [DONE]":
+                            done = True
+                        elif line.startswith("data: {"):
+                            chunk = json.loads(line[6:])
+                            assert "error" not in chunk, chunk
+                            chunks += 1
+                            usage = chunk.get("usage") or usage
+                            if chunk["choices"]:
+                                finish = chunk["choices"][0]["finish_reason"] or finish
+                            if chunks == 2:  # mid-stream: stop both parts
+                                for p in procs.values():
+                                    p.send_signal(signal.SIGTERM)
+                                # NOTE: the processes drain concurrently with this stream.
+            assert done and finish == "length" and usage["completion_tokens"] == 60
+            codes = {}
+            for name, p in procs.items():
+                for _ in range(300):
+                    if p.poll() is not None:
+                        break
+                    await asyncio.sleep(0.1)
+                codes[name] = p.poll()
+            assert codes == {"processor": 0, "frontend": 0}, (
+                codes, (tmp_path / "frontend.log").read_text()[-1500:],
+                (tmp_path / "processor.log").read_text()[-1500:])
+            async with httpx.AsyncClient() as http:
+                try:
+                    late = await http.post(url + "/v1/chat/completions", json=body, timeout=2)
+                    raise AssertionError(f"a request after the drain was served: {late.status_code}")
+                except httpx.ConnectError:
+                    pass
+            await c.node.engine.check_integrity()
+            assert c.node.engine.stats().kv_blocks_used == 0
+        finally:
+            for p in procs.values():
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
