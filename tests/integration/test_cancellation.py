@@ -125,3 +125,7 @@ async def test_100_streams_cancelled_at_random_points_free_every_block(nats_url:
 
         await _eventually(drained, "the prefill queue and worker to drain")
         await settle(p.engine, 0)
+        # The gauges an operator watches say the same, on both workers.
+        for registry in (d.worker.metrics.registry, p.metrics.registry):
+            for gauge in ("kv_blocks_used", "requests_running", "requests_waiting"):
+                assert registry.get_sample_value(f"tandem_worker_{gauge}") == 0, gauge
