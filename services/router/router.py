@@ -82,6 +82,9 @@ class Router:
         self.load = LoadTracker(cfg.engine.block_size, rc.inflight_ttl_s, rc.load_stale_s)
         self.metrics.indexed_blocks.set_function(self.index.num_blocks)
         self._workers: dict[str, Registration] = {}
+        # Workers whose last load sample shows a full waiting queue
+        # (decode.max_waiting_requests): routed to only when every worker is full.
+        self._saturated: set[str] = set()
         self._worker_ids: list[str] = []  # sorted keys of _workers, kept off the route path
         self._rng = random.Random(seed)
         self._rr = 0
@@ -157,6 +160,10 @@ class Router:
         workers = self._worker_ids
         if not workers:
             raise NoWorkersAvailable("no decode workers registered in discovery")
+        if self._saturated:
+            # NOTE: when all are full the request still goes to one, which refuses it
+            # (RESOURCE_EXHAUSTED -> 429): the worker, not a load sample, has the last word.
+            workers = [w for w in workers if w not in self._saturated] or workers
         scores = self.index.find_matches(hashes).scores
         n = len(hashes)
         mode = self.cfg.router.mode
@@ -212,10 +219,16 @@ class Router:
     # ---- NATS inputs -----------------------------------------------------------------
     async def _on_load(self, msg: Msg) -> None:
         try:
-            self.load.update_metrics(decode_load(msg.data))
+            load = decode_load(msg.data)
         except WireError as e:
             self.metrics.bad_messages.labels("load").inc()
             log.warning("dropping bad load message on %s: %s", msg.subject, e)
+            return
+        self.load.update_metrics(load)
+        if load.requests_waiting >= self.cfg.decode.max_waiting_requests and load.worker_id in self._workers:
+            self._saturated.add(load.worker_id)
+        else:
+            self._saturated.discard(load.worker_id)
 
     async def _on_inflight(self, msg: Msg) -> None:
         try:
@@ -238,6 +251,7 @@ class Router:
     def worker_left(self, worker_id: str) -> None:
         """A decode worker is gone: forget its blocks, load and in-flight requests."""
         self._workers.pop(worker_id, None)
+        self._saturated.discard(worker_id)
         self._worker_ids = sorted(self._workers)
         self.ingest.worker_left(worker_id)
         self.load.remove_worker(worker_id)
