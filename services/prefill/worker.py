@@ -23,6 +23,7 @@ from nats.aio.msg import Msg
 
 from services.common.config import ClusterConfig
 from services.common.nats_client import NatsClient, Subjects
+from services.common.service import cancel_and_wait
 from services.decode.metrics import PrefillMetrics
 from services.decode.prefill_queue import ensure_prefill_queue
 from services.decode.worker import sampling_from_proto
@@ -67,11 +68,7 @@ class PrefillWorker:
     async def stop_pulling(self) -> None:
         """Take no more jobs (running ones continue)."""
         if self._loop_task is not None:
-            self._loop_task.cancel()
-            try:
-                await self._loop_task
-            except asyncio.CancelledError:
-                pass
+            await cancel_and_wait(self._loop_task)
             self._loop_task = None
 
     async def close(self, grace_s: float = 0.0) -> None:

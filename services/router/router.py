@@ -25,6 +25,7 @@ from services.common.config import ClusterConfig
 from services.common.discovery import Discovery, Registration
 from services.common.hashing import local_block_hashes
 from services.common.nats_client import NatsClient, Subjects, connect
+from services.common.service import cancel_and_wait
 from services.common.wire import (
     InflightOp,
     InflightUpdate,
@@ -109,11 +110,7 @@ class Router:
 
     async def close(self) -> None:
         if self._watch_task is not None:
-            self._watch_task.cancel()
-            try:
-                await self._watch_task
-            except asyncio.CancelledError:
-                pass
+            await cancel_and_wait(self._watch_task)
             self._watch_task = None
         await self.ingest.close()
         for sub in self._subs:
