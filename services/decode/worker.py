@@ -237,7 +237,8 @@ class DecodeWorker:
 def sampling_to_proto(s) -> worker_pb2.SamplingParams:
     return worker_pb2.SamplingParams(
         temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed,
-        max_tokens=s.max_tokens, stop_token_ids=list(s.stop_token_ids), ignore_eos=s.ignore_eos)
+        max_tokens=s.max_tokens, stop_token_ids=list(s.stop_token_ids), ignore_eos=s.ignore_eos,
+        seed_step_offset=s.seed_step_offset)
 
 
 def sampling_from_proto(p: worker_pb2.SamplingParams):
@@ -248,4 +249,5 @@ def sampling_from_proto(p: worker_pb2.SamplingParams):
         temperature=p.temperature, top_k=p.top_k, top_p=p.top_p if p.top_p > 0 else 1.0,
         seed=p.seed if p.HasField("seed") else None,
         max_tokens=p.max_tokens or SamplingParams().max_tokens,
-        stop_token_ids=tuple(p.stop_token_ids), ignore_eos=p.ignore_eos)
+        stop_token_ids=tuple(p.stop_token_ids), ignore_eos=p.ignore_eos,
+        seed_step_offset=p.seed_step_offset)
