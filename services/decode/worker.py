@@ -123,7 +123,11 @@ class DecodeWorker:
         depth = tokens = 0
         # NOTE: only pay the consumer-info round trip when the queue can change the answer.
         if self.queue is not None and d.enabled and n - cached > d.max_local_prefill_length:
-            depth, tokens = await self.queue.depth(), self.queue.queued_tokens
+            try:
+                depth, tokens = await self.queue.depth(), self.queue.queued_tokens
+            except Exception as e:  # NATS down or the queue gone: prefill here, never fail
+                log.warning("prefill queue depth unknown (%s); prefilling locally", e)
+                return decide_prefill(d.model_copy(update={"enabled": False}), n, cached, 0, 0)
         cfg = d if self.queue is not None else d.model_copy(update={"enabled": False})
         return decide_prefill(cfg, n, cached, depth, tokens)
 
