@@ -116,3 +116,34 @@ async def test_router_excludes_workers() -> None:
         assert r.worker_id == "b"
     with pytest.raises(NoWorkersAvailable, match="excluded"):
         await router.route(RouteRequest("z", list(range(40)), exclude_workers=("a", "b")))
+
+
+@pytest.mark.parametrize("sampling", [
+    {"temperature": 0.0},
+    {"temperature": 1.0, "seed": 1234},
+    {"temperature": 0.8, "top_p": 0.9, "seed": 7},
+])
+def test_continuation_on_a_fresh_engine_reproduces_the_tail(sampling) -> None:
+    """What migration relies on in the engine: prompt + the first k produced tokens, with
+    max_tokens - k and seed_step_offset k, yields exactly the remaining tokens of the whole
+    run (tiny random llama, real sampler; a different engine generator seed stands for
+    another worker)."""
+    from services.common.config import EngineConfig
+    from services.engine.engine import LLMEngine
+    from services.engine.request import GenerateRequest, SamplingParams
+    from tests.unit._tiny_model import make_runner, tiny_hf_model
+    from tests.unit.engine_factory import run_all
+
+    hf, arch = tiny_hf_model("llama")
+    prompt, k, n = [5, 17, 99, 3, 42, 8, 61, 77, 23, 1], 4, 10
+
+    def run(seed: int, ids: list[int], sp: SamplingParams) -> list[int]:
+        cfg = EngineConfig(device="cpu", dtype="float32", block_size=4, num_kv_blocks=64, seed=seed)
+        engine = LLMEngine(make_runner(arch, hf.state_dict(), seed=seed), cfg, [], "w")
+        engine.add_request(GenerateRequest("r", ids, sp))
+        return run_all(engine)["r"]
+
+    whole = run(1, prompt, SamplingParams(max_tokens=n, ignore_eos=True, **sampling))
+    tail = run(2, prompt + whole[:k], SamplingParams(max_tokens=n - k, ignore_eos=True,
+                                                     seed_step_offset=k, **sampling))
+    assert len(whole) == n and whole[k:] == tail
