@@ -79,6 +79,9 @@ class ProcessorConfig(_Strict):
     # The router's gRPC host:port; None: found in discovery (role "router").
     router_address: str | None = None
     drain_timeout_s: float = Field(30.0, ge=0)  # on SIGTERM, in-flight streams get this long
+    # A stream whose decode worker dies (or refuses it) moves to another worker at most this
+    # many times, carrying the tokens produced so far; 0 turns migration off.
+    migration_limit: int = Field(3, ge=0)
 
 
 class RouterConfig(_Strict):

@@ -34,6 +34,10 @@ from services.prefill.kv_sender import KvSender
 
 log = logging.getLogger(__name__)
 
+# An idle pull loop re-ensures the stream and consumer this often (they may be gone after a
+# nats-server restart that lost the memory stream).
+_ENSURE_IDLE_S = 3.0
+
 
 class PrefillWorker:
     """Owns a pull loop task and one task per running job; ``start()`` / ``close()``."""
@@ -91,6 +95,7 @@ class PrefillWorker:
 
     async def _pull_loop(self) -> None:
         assert self._psub is not None
+        idle_since = time.monotonic()
         while True:
             while self._free == 0:
                 self._room.clear()
@@ -99,16 +104,30 @@ class PrefillWorker:
             try:
                 msgs = await self._psub.fetch(batch=self._free, timeout=1.0)
             except (nats.errors.TimeoutError, asyncio.TimeoutError):
+                # NOTE: a fetch on a consumer that vanished (nats-server restarted, its memory
+                # stream lost) only times out: while idle, re-ensure the queue now and then.
+                if time.monotonic() - idle_since > _ENSURE_IDLE_S:
+                    await self._ensure_queue()
+                    idle_since = time.monotonic()
                 continue
             except nats.errors.Error as e:
                 log.warning("prefill fetch failed: %s", e)
                 await asyncio.sleep(0.2)
+                await self._ensure_queue()
                 continue
+            idle_since = time.monotonic()
             for m in msgs:
                 self._free -= 1
                 task = asyncio.create_task(self._run_job(m), name="prefill job")
                 self._jobs.add(task)
                 task.add_done_callback(self._job_done)
+
+    async def _ensure_queue(self) -> None:
+        """Create the stream and consumer again if they are gone (idempotent otherwise)."""
+        try:
+            await ensure_prefill_queue(self._nc.jetstream(), self._subjects, self.cfg.prefill)
+        except (nats.errors.Error, asyncio.TimeoutError) as e:  # still down: next time
+            log.debug("prefill queue check failed: %s", e)
 
     def _job_done(self, task: asyncio.Task[None]) -> None:
         self._jobs.discard(task)

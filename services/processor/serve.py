@@ -47,7 +47,7 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0") -> 
             routers.start(disc)
         metrics = ProcessorMetrics()
         processor = Processor(tok, RouterClient(routers, pool), DecodeWorkerClient(pool), name,
-                              ctx, cfg.engine.block_size, metrics)
+                              ctx, cfg.engine.block_size, metrics, pc.migration_limit)
         server, port = await start_grpc(processor, host, pc.port + replica)
         metrics_port = pc.metrics_port + replica
         start_http_server(metrics_port, registry=metrics.registry)

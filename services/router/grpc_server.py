@@ -39,6 +39,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             request_id=request.request_id,
             token_ids=request.token_ids,
             local_hashes=list(request.local_hashes) or None,
+            exclude_workers=tuple(request.exclude_workers),
         )
         try:
             r = await self._router.route(req)

@@ -154,6 +154,12 @@ class Router:
         workers = self._worker_ids
         if not workers:
             raise NoWorkersAvailable("no decode workers registered in discovery")
+        if req.exclude_workers:
+            excluded = set(req.exclude_workers)
+            workers = [w for w in workers if w not in excluded]
+            if not workers:
+                raise NoWorkersAvailable(
+                    f"no decode worker left: all {len(self._worker_ids)} registered are excluded")
         scores = self.index.find_matches(hashes).scores
         n = len(hashes)
         mode = self.cfg.router.mode
