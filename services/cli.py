@@ -98,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     bk.add_argument("--json", dest="json_path", default=None, help="write results to this file")
     bk.add_argument("--tokens", default="1024,2048,4096,8192", help="prompt lengths")
     bk.add_argument("--repeats", type=int, default=5)
+    bk.add_argument("--chunk-bytes", type=int, default=0, help="payload per gRPC message (default: config)")
     bk.set_defaults(_key=("bench", "kv-transfer"))
     return parser
 

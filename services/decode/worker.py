@@ -204,8 +204,12 @@ class DecodeWorker:
             try:
                 await self.engine.complete_remote_prefill(rid, got.kv, got.first_token)
             except RemoteKvError:  # the engine already sent it to local prefill
+                got.release()
                 self._fallback("bad_kv")
                 return "local"
+            # NOTE: only once the engine copied it into its cache (not when cancelled
+            # mid-call: the step thread may still be reading it).
+            got.release()
             return "remote"
         finally:
             self.receiver.cancel(rid)

@@ -18,9 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from services.common.config import PrefillConfig
-from services.decode.grpc_server import DecodeWorkerServicer
+from services.decode.grpc_server import SERVER_OPTIONS, DecodeWorkerServicer, add_decode_servicer
 from services.decode.kv_receiver import ExpectedKv, KvReceiver
-from services.gen import worker_pb2_grpc
 from services.prefill.kv_sender import KvSender
 
 LAYERS, KV_HEADS, HEAD_DIM, BLOCK = 30, 3, 64, 16
@@ -37,8 +36,8 @@ async def _bench(token_counts: list[int], repeats: int, chunk_bytes: int) -> dic
     import grpc
 
     receiver = KvReceiver()
-    server = grpc.aio.server()
-    worker_pb2_grpc.add_DecodeWorkerServicer_to_server(DecodeWorkerServicer(_ReceiverOnly(receiver)), server)  # type: ignore[arg-type]
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    add_decode_servicer(DecodeWorkerServicer(_ReceiverOnly(receiver)), server)  # type: ignore[arg-type]
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     sender = KvSender("bench", chunk_bytes)
@@ -57,12 +56,15 @@ async def _bench(token_counts: list[int], repeats: int, chunk_bytes: int) -> dic
                 ack = await sender.send(f"127.0.0.1:{port}", rid, kv, 7, 0)
                 got = await fut
                 dt = time.perf_counter() - t0
+                release = got.release  # as the decode worker does once imported
                 if not ack.accepted or got.num_bytes != nbytes:
                     raise RuntimeError(f"transfer of {rid} failed: {ack.error}")
                 if i == 0:
                     if not torch.equal(got.kv, kv):
                         raise RuntimeError("received KV differs from the sent KV")
+                    release()
                     continue
+                release()
                 rates.append(nbytes / dt / 1e9)
             by_tokens[str(n)] = {"bytes": nbytes, "gb_s_median": round(statistics.median(rates), 3),
                                  "gb_s_min": round(min(rates), 3)}
@@ -80,7 +82,7 @@ async def _bench(token_counts: list[int], repeats: int, chunk_bytes: int) -> dic
 
 def main(args: argparse.Namespace) -> int:
     counts = [int(x) for x in args.tokens.split(",") if x]
-    result = asyncio.run(_bench(counts, args.repeats, PrefillConfig().kv_chunk_bytes))
+    result = asyncio.run(_bench(counts, args.repeats, args.chunk_bytes or PrefillConfig().kv_chunk_bytes))
     text = json.dumps(result, indent=2)
     print(text)
     if args.json_path:
