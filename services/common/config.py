@@ -137,6 +137,9 @@ class PrefillConfig(_Strict):
     # KvTransfer payload bytes per gRPC message (the decode worker accepts messages up to
     # 16 MiB + 64 KiB: services/decode/grpc_server.py MAX_KV_MESSAGE_BYTES).
     kv_chunk_bytes: int = Field(1 << 20, ge=1024, le=16 << 20)
+    # "auto": KV goes through /dev/shm when the job's decode worker is on this host (same
+    # kv_shm.host_id), else gRPC bytes; "grpc": always gRPC bytes.
+    kv_transport: Literal["auto", "grpc"] = "auto"
     grace_period_s: float = Field(10.0, ge=0)
 
 

@@ -11,15 +11,24 @@ timeout) is answered ``accepted=False, error="not waiting"``: a duplicate delive
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import torch
 
+from services.common.kv_shm import (
+    SHM_UNAVAILABLE,
+    ShmUnavailableError,
+    map_segment,
+    unlink_segment,
+)
 from services.common.kv_wire import dtype_from_name, split_kv_chunk
 from services.decode.kv_buffers import KvBufferPool
 from services.gen import worker_pb2
+
+log = logging.getLogger(__name__)
 
 NOT_WAITING = "not waiting"
 
@@ -89,6 +98,16 @@ class KvReceiver:
             return worker_pb2.KvTransferAck(accepted=False, error="empty KV transfer stream")
         except ValueError as e:
             return worker_pb2.KvTransferAck(accepted=False, error=f"malformed KvChunk: {e}")
+        if not head.shm_name:
+            return await self._receive(head, head_data, chunks)
+        try:
+            return await self._receive(head, head_data, chunks)
+        finally:
+            # Every outcome (read, refused, not waiting, cancelled) removes the segment.
+            _discard_segment(head.shm_name)
+
+    async def _receive(self, head: worker_pb2.KvChunk, head_data: bytes | memoryview,
+                       chunks: AsyncIterator[worker_pb2.KvChunk | bytes]) -> worker_pb2.KvTransferAck:
         rid = head.request_id
         entry = self._pending.get(rid)
         if entry is None:
@@ -96,9 +115,23 @@ class KvReceiver:
         expected, fut = entry
         buf: torch.Tensor | None = None
         try:
-            buf = self.buffers.take(_check_header(head, expected))
-            got = await _read_payload(head, head_data, chunks, memoryview(buf.numpy()), rid)
-            kv = buf.view(expected.dtype).reshape(expected.shape)
+            nbytes = _check_header(head, expected)
+            if head.shm_name:
+                # NOTE: no copy here: the tensor is a mapping of the segment's pages (freed
+                # with the tensor); the engine's import is the one copy.
+                got, kv = await _map_shm(head, head_data, chunks, nbytes)
+                kv = kv.view(expected.dtype).reshape(expected.shape)
+                release = _noop
+            else:
+                buf = self.buffers.take(nbytes)
+                got = await _read_payload(head, head_data, chunks, memoryview(buf.numpy()), rid)
+                kv = buf.view(expected.dtype).reshape(expected.shape)
+                release = _once(self.buffers.give, buf)
+        except ShmUnavailableError as e:
+            # NOTE: the wait goes on: the sender resends the bytes over gRPC.
+            if buf is not None:
+                self.buffers.give(buf)
+            return worker_pb2.KvTransferAck(accepted=False, error=f"{SHM_UNAVAILABLE}: {e}")
         except (KvTransferError, ValueError) as e:
             if buf is not None:
                 self.buffers.give(buf)
@@ -111,11 +144,11 @@ class KvReceiver:
             return worker_pb2.KvTransferAck(accepted=False, error=str(e))
         # The wait may have ended (timeout) while the payload streamed in.
         if self._pending.get(rid, (None, None))[1] is not fut or fut.done():
-            self.buffers.give(buf)
+            release()
             return worker_pb2.KvTransferAck(accepted=False, error=NOT_WAITING, bytes_received=got)
         del self._pending[rid]
         fut.set_result(ReceivedKv(kv, head.first_token, head.prefill_worker_id, got,
-                                  release=_once(self.buffers.give, buf)))
+                                  release=release))
         if self._on_bytes is not None:
             self._on_bytes(got)
         return worker_pb2.KvTransferAck(accepted=True, bytes_received=got)
@@ -146,6 +179,30 @@ def _once(give: Callable[[torch.Tensor], None], buf: torch.Tensor) -> Callable[[
         if held:
             give(held.pop())
     return release
+
+
+async def _map_shm(head: worker_pb2.KvChunk, head_data: bytes | memoryview,
+                   chunks: AsyncIterator[worker_pb2.KvChunk | bytes], nbytes: int) -> tuple[int, torch.Tensor]:
+    """(bytes, a uint8 tensor over the header's shared-memory segment), which must be the
+    stream's only message."""
+    if len(head_data) or await anext(chunks, None) is not None:
+        raise KvTransferError(f"shared-memory KV transfer for {head.request_id!r} also carries data")
+    # NOTE: in a thread: faulting in a few hundred MB of pages takes a while.
+    mm = await asyncio.to_thread(map_segment, head.shm_name, nbytes)
+    return nbytes, torch.frombuffer(mm, dtype=torch.uint8)
+
+
+def _noop() -> None:
+    pass
+
+
+def _discard_segment(name: str) -> None:
+    try:
+        unlink_segment(name)
+    except ValueError:
+        pass  # not a name we accept: nothing of ours to remove
+    except OSError as e:
+        log.warning("cannot remove shared-memory segment %s: %s", name, e)
 
 
 def _parts(chunk: worker_pb2.KvChunk | bytes) -> tuple[worker_pb2.KvChunk, bytes | memoryview]:

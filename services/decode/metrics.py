@@ -76,3 +76,6 @@ class PrefillMetrics:
                             ["outcome"], registry=r)
         self.kv_bytes_sent = Counter("tandem_prefill_kv_bytes_sent_total",
                                      "KV bytes streamed to decode workers", registry=r)
+        self.kv_transfers = Counter("tandem_prefill_kv_transfers_total",
+                                    "KV transfers accepted by decode workers, by transport (shm, grpc)",
+                                    ["transport"], registry=r)
