@@ -6,6 +6,11 @@ checks the header against what was expected (blocks, shape, dtype) and the paylo
 the header (contiguous offsets, exact byte count), then resolves the future. A transfer for
 a request that is not waiting (never asked for, already delivered, or given up on after a
 timeout) is answered ``accepted=False, error="not waiting"``: a duplicate delivery is harmless.
+
+A header with ``shm_name`` (same-host transport, services/common/kv_shm.py) is the stream's
+only message: the KV is the mapped /dev/shm segment, which is unlinked whatever the outcome.
+A segment that cannot be opened here is answered ``"shm unavailable: ..."`` and the request
+keeps waiting for the sender's resend over gRPC bytes.
 """
 
 from __future__ import annotations
