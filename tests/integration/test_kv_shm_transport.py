@@ -3,7 +3,6 @@ segment left behind, and resent as gRPC bytes when the receiver cannot use the s
 
 from __future__ import annotations
 
-import glob
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from services.common import kv_shm
 from services.decode import kv_receiver
 from services.decode.grpc_server import SERVER_OPTIONS, DecodeWorkerServicer, add_decode_servicer
 from services.decode.kv_receiver import NOT_WAITING, ExpectedKv, KvReceiver
+from services.prefill import kv_sender
 from services.prefill.kv_sender import KvSender
 
 pytestmark = pytest.mark.asyncio
@@ -51,12 +51,21 @@ async def ends() -> AsyncIterator[Ends]:
         await server.stop(grace=0)
 
 
-def _segments() -> set[str]:
-    return set(glob.glob(os.path.join(kv_shm.SHM_DIR, "tandem-kv-*")))
+@pytest.fixture
+def segments(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths of the segments the sender names during the test (recorded, not faked)."""
+    made: list[str] = []
+
+    def recording() -> str:
+        name = kv_shm.new_segment_name()
+        made.append(os.path.join(kv_shm.SHM_DIR, name))
+        return name
+
+    monkeypatch.setattr(kv_sender, "new_segment_name", recording)
+    return made
 
 
-async def test_shm_send_is_exact_and_leaves_no_segment(ends: Ends) -> None:
-    before = _segments()
+async def test_shm_send_is_exact_and_leaves_no_segment(ends: Ends, segments: list[str]) -> None:
     kv = torch.randn(SHAPE)
     fut = ends.receiver.expect("r", ExpectedKv(2, 5, SHAPE, torch.float32))
     sent = await ends.sender.send(ends.address, "r", kv, 3, 2, timeout_s=10, shm=True)
@@ -66,19 +75,19 @@ async def test_shm_send_is_exact_and_leaves_no_segment(ends: Ends) -> None:
     # not waiting any more: refused, and that segment is removed as well
     late = await ends.sender.send(ends.address, "r", kv, 3, 2, timeout_s=10, shm=True)
     assert not late.ack.accepted and late.ack.error == NOT_WAITING
-    assert _segments() <= before
+    assert len(segments) == 2 and not any(os.path.exists(p) for p in segments)
 
 
-async def test_unusable_segment_falls_back_to_grpc_bytes(ends: Ends, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_unusable_segment_falls_back_to_grpc_bytes(ends: Ends, segments: list[str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     def private_shm(name: str, nbytes: int):
         # What a decode worker with its own /dev/shm mount sees: no such file.
         raise kv_shm.ShmUnavailableError(f"cannot open {name}: no such file")
 
     monkeypatch.setattr(kv_receiver, "map_segment", private_shm)
-    before = _segments()
     kv = torch.randn(SHAPE)
     fut = ends.receiver.expect("r", ExpectedKv(2, 5, SHAPE, torch.float32))
     sent = await ends.sender.send(ends.address, "r", kv, 3, 2, timeout_s=10, shm=True)
     assert sent.transport == "grpc" and sent.ack.accepted
     assert torch.equal((await fut).kv, kv)
-    assert _segments() <= before
+    assert len(segments) == 1 and not os.path.exists(segments[0])
