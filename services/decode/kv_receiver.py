@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import torch
+from google.protobuf.message import DecodeError
 
 from services.common.kv_shm import (
     SHM_UNAVAILABLE,
@@ -215,7 +216,10 @@ def _parts(chunk: worker_pb2.KvChunk | bytes) -> tuple[worker_pb2.KvChunk, bytes
     if isinstance(chunk, worker_pb2.KvChunk):
         return chunk, chunk.data
     rest, data = split_kv_chunk(chunk)
-    return worker_pb2.KvChunk.FromString(rest), data
+    try:
+        return worker_pb2.KvChunk.FromString(rest), data
+    except DecodeError as e:  # NOTE: not a ValueError (e.g. a string that is not UTF-8)
+        raise ValueError(f"cannot parse KvChunk: {e}") from e
 
 
 async def _read_payload(head: worker_pb2.KvChunk, head_data: bytes | memoryview,

@@ -19,6 +19,7 @@ import logging
 import time
 
 import nats.errors
+from google.protobuf.message import DecodeError
 from nats.aio.msg import Msg
 
 from services.common.config import ClusterConfig
@@ -125,7 +126,7 @@ class PrefillWorker:
         try:
             job = prefill_pb2.RemotePrefillRequest.FromString(msg.data)
             sampling = sampling_from_proto(job.sampling)
-        except ValueError as e:  # DecodeError is a ValueError too: a bad job never gets better
+        except (ValueError, DecodeError) as e:  # a bad job never gets better
             log.warning("dropping malformed prefill job: %s", e)
             self.metrics.jobs.labels("malformed").inc()
             await msg.term()

@@ -48,3 +48,15 @@ def test_pool_reuses_a_given_back_buffer_and_caps_idle_bytes() -> None:
     pool.give(b)
     pool.give(pool.take(90))  # a new one: the idle set would be 170 > 100, a is dropped
     assert pool.idle_bytes == 90
+
+
+@pytest.mark.asyncio
+async def test_receiver_answers_an_unparsable_raw_chunk_instead_of_raising() -> None:
+    from services.decode.kv_receiver import KvReceiver
+
+    async def one(msg: bytes):
+        yield msg
+
+    # request_id (field 1) that is not UTF-8: framing is fine, protobuf refuses the string
+    ack = await KvReceiver().receive(one(b"\x0a\x02\xff\xfe"))
+    assert not ack.accepted and "malformed KvChunk" in ack.error
