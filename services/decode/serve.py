@@ -58,7 +58,7 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0") -> 
         def sample() -> WorkerLoad:
             s = ae.stats()
             return WorkerLoad(worker_id, s.kv_blocks_used, s.kv_blocks_total, s.num_running,
-                              s.num_waiting, 0, time.time())
+                              s.num_waiting, s.num_prefill_tokens_pending, time.time())
 
         load = LoadPublisher(nc, subjects, sample)
         await load.start()

@@ -21,6 +21,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 
 from services.common.config import ClusterConfig
+from services.common.kv_shm import host_id
 from services.decode.disagg import PrefillDecision, decide_prefill
 from services.decode.kv_receiver import ExpectedKv, KvReceiver, KvTransferError, ReceivedKv
 from services.decode.metrics import DecodeMetrics
@@ -191,7 +192,8 @@ class DecodeWorker:
             sampling=sampling_to_proto(request.sampling), decode_worker_id=self.worker_id,
             kv_transfer_address=self.kv_address, first_block=handle.first_block_to_fill,
             num_blocks=handle.num_blocks_to_fill,
-            deadline_unix_ms=int((time.time() + timeout) * 1000), attempt=1)
+            deadline_unix_ms=int((time.time() + timeout) * 1000), attempt=1,
+            decode_host_id=host_id())
         try:
             try:
                 await self.queue.publish(job, decision.effective_tokens)
@@ -208,8 +210,12 @@ class DecodeWorker:
             try:
                 await self.engine.complete_remote_prefill(rid, got.kv, got.first_token)
             except RemoteKvError:  # the engine already sent it to local prefill
+                got.release()
                 self._fallback("bad_kv")
                 return "local"
+            # NOTE: only once the engine copied it into its cache (not when cancelled
+            # mid-call: the step thread may still be reading it).
+            got.release()
             return "remote"
         finally:
             self.receiver.cancel(rid)

@@ -82,7 +82,7 @@ class GenerateResponse(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., prefill_location: _Optional[_Union[PrefillLocation, str]] = ...) -> None: ...
 
 class KvChunk(_message.Message):
-    __slots__ = ("request_id", "first_token", "first_block", "num_blocks", "dtype", "shape", "prefill_worker_id", "offset", "data")
+    __slots__ = ("request_id", "first_token", "first_block", "num_blocks", "dtype", "shape", "prefill_worker_id", "offset", "data", "shm_name")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
     FIRST_BLOCK_FIELD_NUMBER: _ClassVar[int]
@@ -92,6 +92,7 @@ class KvChunk(_message.Message):
     PREFILL_WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    SHM_NAME_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     first_token: int
     first_block: int
@@ -101,7 +102,8 @@ class KvChunk(_message.Message):
     prefill_worker_id: str
     offset: int
     data: bytes
-    def __init__(self, request_id: _Optional[str] = ..., first_token: _Optional[int] = ..., first_block: _Optional[int] = ..., num_blocks: _Optional[int] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., prefill_worker_id: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+    shm_name: str
+    def __init__(self, request_id: _Optional[str] = ..., first_token: _Optional[int] = ..., first_block: _Optional[int] = ..., num_blocks: _Optional[int] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., prefill_worker_id: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., shm_name: _Optional[str] = ...) -> None: ...
 
 class KvTransferAck(_message.Message):
     __slots__ = ("accepted", "error", "bytes_received")

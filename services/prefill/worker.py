@@ -19,9 +19,11 @@ import logging
 import time
 
 import nats.errors
+from google.protobuf.message import DecodeError
 from nats.aio.msg import Msg
 
 from services.common.config import ClusterConfig
+from services.common.kv_shm import host_id
 from services.common.nats_client import NatsClient, Subjects
 from services.common.service import cancel_and_wait
 from services.decode.metrics import PrefillMetrics
@@ -30,7 +32,7 @@ from services.decode.worker import sampling_from_proto
 from services.engine.async_engine import AsyncEngine
 from services.engine.request import GenerateRequest
 from services.gen import prefill_pb2
-from services.prefill.kv_sender import KvSender
+from services.prefill.kv_sender import KvSender, SentKv
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +142,7 @@ class PrefillWorker:
         try:
             job = prefill_pb2.RemotePrefillRequest.FromString(msg.data)
             sampling = sampling_from_proto(job.sampling)
-        except ValueError as e:  # DecodeError is a ValueError too: a bad job never gets better
+        except (ValueError, DecodeError) as e:  # a bad job never gets better
             log.warning("dropping malformed prefill job: %s", e)
             self.metrics.jobs.labels("malformed").inc()
             await msg.term()
@@ -152,7 +154,7 @@ class PrefillWorker:
             return
         ticker = asyncio.create_task(self._keep_alive(msg), name=f"in-progress {job.request_id}")
         try:
-            ack = await self._prefill_and_send(msg, job, sampling, remaining_s)
+            sent = await self._prefill_and_send(msg, job, sampling, remaining_s)
         except asyncio.CancelledError:
             raise
         except Exception as e:
@@ -162,13 +164,15 @@ class PrefillWorker:
             return
         finally:
             ticker.cancel()
+        ack = sent.ack
         self.metrics.jobs.labels("delivered" if ack.accepted else "rejected").inc()
         if ack.accepted:
             self.metrics.kv_bytes_sent.inc(ack.bytes_received)
+            self.metrics.kv_transfers.labels(sent.transport).inc()
         await _quietly(msg.ack())
 
     async def _prefill_and_send(self, msg: Msg, job: prefill_pb2.RemotePrefillRequest,
-                                sampling, remaining_s: float):
+                                sampling, remaining_s: float) -> SentKv:
         delivery = msg.metadata.num_delivered if msg.metadata else job.attempt
         # NOTE: one sampled token with the request's own sampling (and seed): the first
         # token equals what a local prefill on the decode worker would sample.
@@ -182,9 +186,11 @@ class PrefillWorker:
             raise RuntimeError(f"engine returned no KV for {job.request_id!r}")
         if final.kv.shape[2] != job.num_blocks:
             raise RuntimeError(f"exported {final.kv.shape[2]} blocks, job asked {job.num_blocks}")
+        same_host = bool(job.decode_host_id) and job.decode_host_id == host_id()
         return await self._sender.send(job.kv_transfer_address, job.request_id, final.kv,
                                        final.token_ids[0], job.first_block,
-                                       timeout_s=max(remaining_s, 1.0))
+                                       timeout_s=max(remaining_s, 1.0),
+                                       shm=same_host and self.cfg.prefill.kv_transport == "auto")
 
     async def _keep_alive(self, msg: Msg) -> None:
         while True:
