@@ -94,10 +94,13 @@ def build_parser() -> argparse.ArgumentParser:
     br.add_argument("--prompt-tokens", type=int, default=8000)
     br.add_argument("--routes", type=int, default=2000)
     br.set_defaults(_key=("bench", "router"))
-    bk = bench_sub.add_parser("kv-transfer", help="KV transfer GB/s over loopback gRPC")
+    bk = bench_sub.add_parser("kv-transfer", help="KV transfer GB/s over loopback: gRPC bytes and /dev/shm")
     bk.add_argument("--json", dest="json_path", default=None, help="write results to this file")
     bk.add_argument("--tokens", default="1024,2048,4096,8192", help="prompt lengths")
     bk.add_argument("--repeats", type=int, default=5)
+    bk.add_argument("--chunk-bytes", type=int, default=0, help="payload per gRPC message (default: config)")
+    bk.add_argument("--processes", type=int, default=2, choices=(1, 2),
+                    help="2: decode end in a child process (as deployed); 1: all in one process")
     bk.set_defaults(_key=("bench", "kv-transfer"))
     return parser
 

@@ -15,6 +15,7 @@ import grpc
 import nats.errors
 
 from services.common.discovery import Discovery, Registration
+from services.common.service import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -58,11 +59,7 @@ class AddressBook:
 
     async def close(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+            await cancel_and_wait(self._task)
             self._task = None
 
     async def _watch(self, discovery: Discovery) -> None:

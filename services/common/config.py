@@ -85,6 +85,9 @@ class ProcessorConfig(_Strict):
     # The router's gRPC host:port; None: found in discovery (role "router").
     router_address: str | None = None
     drain_timeout_s: float = Field(30.0, ge=0)  # on SIGTERM, in-flight streams get this long
+    # A stream whose decode worker dies (or refuses it) moves to another worker at most this
+    # many times, carrying the tokens produced so far; 0 turns migration off.
+    migration_limit: int = Field(3, ge=0)
 
 
 class RouterConfig(_Strict):
@@ -144,8 +147,12 @@ class PrefillConfig(_Strict):
     # A failed job is nak'ed with this delay so another worker (or this one) retries it.
     nak_delay_s: float = Field(0.2, ge=0)
     max_deliver: int = Field(5, ge=1)  # deliveries of one job before JetStream drops it
-    # KvTransfer payload bytes per gRPC message (gRPC's default limit is 4 MiB).
-    kv_chunk_bytes: int = Field(1 << 20, ge=1024, le=3 << 20)
+    # KvTransfer payload bytes per gRPC message (the decode worker accepts messages up to
+    # 16 MiB + 64 KiB: services/decode/grpc_server.py MAX_KV_MESSAGE_BYTES).
+    kv_chunk_bytes: int = Field(1 << 20, ge=1024, le=16 << 20)
+    # "auto": KV goes through /dev/shm when the job's decode worker is on this host (same
+    # kv_shm.host_id), else gRPC bytes; "grpc": always gRPC bytes.
+    kv_transport: Literal["auto", "grpc"] = "auto"
     grace_period_s: float = Field(10.0, ge=0)
 
 

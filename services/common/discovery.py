@@ -27,6 +27,7 @@ from nats.js.kv import KeyValue
 
 from services.common.config import DiscoveryConfig
 from services.common.nats_client import NatsClient, Subjects
+from services.common.service import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -95,11 +96,7 @@ class Lease:
     async def close(self, delete: bool = True) -> None:
         """Stop heartbeating; ``delete=False`` simulates a crash (the TTL will expire it)."""
         if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+            await cancel_and_wait(self._task)
             self._task = None
         if delete:
             try:

@@ -25,6 +25,7 @@ from nats.aio.msg import Msg
 
 from services.common.kv_events import KvEvent
 from services.common.nats_client import NatsClient, Subjects
+from services.common.service import cancel_and_wait
 from services.common.wire import encode_dump, encode_event_batch
 
 log = logging.getLogger(__name__)
@@ -135,11 +136,7 @@ class KvEventPublisher:
 
     async def close(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+            await cancel_and_wait(self._task)
             self._task = None
         if self._sub is not None:
             await self._sub.unsubscribe()

@@ -46,3 +46,60 @@ def chunk_ranges(total: int, chunk_bytes: int) -> Iterator[tuple[int, int]]:
         return
     for off in range(0, total, chunk_bytes):
         yield off, min(off + chunk_bytes, total)
+
+
+def _read_varint(buf: memoryview, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(buf):
+            raise ValueError("truncated varint in KvChunk")
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return value, pos
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint longer than 10 bytes in KvChunk")
+
+
+_DATA_FIELD = 9  # KvChunk.data (proto/worker.proto)
+
+
+def split_kv_chunk(raw: bytes) -> tuple[bytes, memoryview]:
+    """A serialized ``KvChunk`` -> (its bytes without ``data``, a view of ``data`` in ``raw``).
+
+    Lets the receiver copy the payload once, straight from gRPC's message into its buffer,
+    instead of protobuf parsing it into a new ``bytes`` first. The first part still parses
+    as a ``KvChunk`` (fields may come in any order; the last ``data`` wins, as in protobuf).
+    Raises ValueError on malformed wire data.
+    """
+    mv = memoryview(raw)
+    rest: list[memoryview] = []
+    data = mv[0:0]
+    pos = 0
+    while pos < len(mv):
+        start = pos
+        key, pos = _read_varint(mv, pos)
+        wire_type = key & 7
+        if wire_type == 0:
+            _, pos = _read_varint(mv, pos)
+        elif wire_type == 1:
+            pos += 8
+        elif wire_type == 5:
+            pos += 4
+        elif wire_type == 2:
+            n, pos = _read_varint(mv, pos)
+            if key >> 3 == _DATA_FIELD:
+                data = mv[pos:pos + n]
+                if len(data) != n:
+                    raise ValueError("truncated data field in KvChunk")
+                pos += n
+                continue
+            pos += n
+        else:
+            raise ValueError(f"unsupported wire type {wire_type} in KvChunk")
+        if pos > len(mv):
+            raise ValueError("truncated field in KvChunk")
+        rest.append(mv[start:pos])
+    return b"".join(rest), data

@@ -9,6 +9,7 @@ from collections.abc import Callable
 import nats.errors
 
 from services.common.nats_client import NatsClient, Subjects
+from services.common.service import cancel_and_wait
 from services.common.wire import WorkerLoad, encode_load
 
 log = logging.getLogger(__name__)
@@ -42,9 +43,5 @@ class LoadPublisher:
 
     async def close(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+            await cancel_and_wait(self._task)
             self._task = None

@@ -24,6 +24,8 @@ __all__ = ["NatsAuthError", "NatsClient", "Subjects", "connect", "with_env_crede
 class NatsAuthError(ConnectionError):
     """The nats-server refused our credentials (or we sent none and it wants some)."""
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True, slots=True)
 class Subjects:
@@ -83,8 +85,21 @@ async def connect(cfg: NatsConfig, name: str) -> NatsClient:
     The first connect is retried a few times so a part started next to a nats-server that is
     still booting does not fail; a later loss of the server is survived by reconnecting.
     """
+    async def on_error(e: Exception) -> None:
+        # NOTE: one line per error; nats-py's default logs a traceback every retry.
+        log.warning("%s: NATS error: %s: %s", name, type(e).__name__, e)
+
+    async def on_disconnected() -> None:
+        log.warning("%s: disconnected from NATS; reconnecting", name)
+
+    async def on_reconnected() -> None:
+        log.warning("%s: reconnected to NATS", name)
+
     opts: dict = {
         "servers": [cfg.url],
+        "error_cb": on_error,
+        "disconnected_cb": on_disconnected,
+        "reconnected_cb": on_reconnected,
         "name": name,
         "max_reconnect_attempts": -1,
         "reconnect_time_wait": 0.5,

@@ -68,11 +68,30 @@ class DecodeWorkerServicer(worker_pb2_grpc.DecodeWorkerServicer):
         return await self._worker.receiver.receive(aiter(request_iterator))
 
 
-# gRPC's default 4 MiB receive limit is kept: KV arrives in chunks well below it.
+# KvTransfer messages carry up to prefill.kv_chunk_bytes of payload plus a small header.
+MAX_KV_MESSAGE_BYTES = (16 << 20) + (64 << 10)
+SERVER_OPTIONS = [("grpc.max_receive_message_length", MAX_KV_MESSAGE_BYTES)]
+
+
+def add_decode_servicer(servicer: DecodeWorkerServicer, server: grpc.aio.Server) -> None:
+    """Like the generated ``add_DecodeWorkerServicer_to_server``, except that ``KvTransfer``
+    receives each KvChunk as its serialized bytes (``KvReceiver`` slices the payload out
+    itself: one copy fewer than protobuf parsing it into a new ``bytes``)."""
+    handlers = {
+        "Generate": grpc.unary_stream_rpc_method_handler(
+            servicer.Generate, request_deserializer=worker_pb2.GenerateRequest.FromString,
+            response_serializer=worker_pb2.GenerateResponse.SerializeToString),
+        "KvTransfer": grpc.stream_unary_rpc_method_handler(
+            servicer.KvTransfer, request_deserializer=None,
+            response_serializer=worker_pb2.KvTransferAck.SerializeToString),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("tandem.worker.DecodeWorker", handlers),))
+
+
 async def start_grpc(worker: DecodeWorker, host: str, port: int) -> tuple[grpc.aio.Server, int]:
     """Serve ``worker`` on host:port (0 = any free port); returns the server and bound port."""
-    server = grpc.aio.server(interceptors=[RejectMalformed()])
-    worker_pb2_grpc.add_DecodeWorkerServicer_to_server(DecodeWorkerServicer(worker), server)
+    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[RejectMalformed()])
+    add_decode_servicer(DecodeWorkerServicer(worker), server)
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"decode worker: cannot bind gRPC port {host}:{port}")

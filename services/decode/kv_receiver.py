@@ -6,19 +6,35 @@ checks the header against what was expected (blocks, shape, dtype) and the paylo
 the header (contiguous offsets, exact byte count), then resolves the future. A transfer for
 a request that is not waiting (never asked for, already delivered, or given up on after a
 timeout) is answered ``accepted=False, error="not waiting"``: a duplicate delivery is harmless.
+
+A header with ``shm_name`` (same-host transport, services/common/kv_shm.py) is the stream's
+only message: the KV is the mapped /dev/shm segment, which is unlinked whatever the outcome.
+A segment that cannot be opened here is answered ``"shm unavailable: ..."`` and the request
+keeps waiting for the sender's resend over gRPC bytes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+from google.protobuf.message import DecodeError
 
-from services.common.kv_wire import dtype_from_name
+from services.common.kv_shm import (
+    SHM_UNAVAILABLE,
+    ShmUnavailableError,
+    map_segment,
+    unlink_segment,
+)
+from services.common.kv_wire import dtype_from_name, split_kv_chunk
+from services.decode.kv_buffers import KvBufferPool
 from services.gen import worker_pb2
+
+log = logging.getLogger(__name__)
 
 NOT_WAITING = "not waiting"
 
@@ -41,14 +57,19 @@ class ReceivedKv:
     first_token: int
     prefill_worker_id: str
     num_bytes: int
+    # Hands ``kv``'s memory back for reuse; call once nothing reads ``kv`` any more
+    # (after the engine imported it). Not calling it is safe, only slower.
+    release: Callable[[], None] = field(default=lambda: None, repr=False, compare=False)
 
 
 class KvReceiver:
     """Pending remote prefills of one decode worker. Use from the event loop thread only."""
 
-    def __init__(self, on_bytes: Callable[[int], None] | None = None) -> None:
+    def __init__(self, on_bytes: Callable[[int], None] | None = None,
+                 buffers: KvBufferPool | None = None) -> None:
         self._pending: dict[str, tuple[ExpectedKv, asyncio.Future[ReceivedKv]]] = {}
         self._on_bytes = on_bytes
+        self.buffers = buffers or KvBufferPool()
 
     def expect(self, request_id: str, expected: ExpectedKv) -> asyncio.Future[ReceivedKv]:
         """Register a request as waiting; its future gets the KV or a KvTransferError."""
@@ -71,22 +92,55 @@ class KvReceiver:
     def num_waiting(self) -> int:
         return len(self._pending)
 
-    async def receive(self, chunks: AsyncIterator[worker_pb2.KvChunk]) -> worker_pb2.KvTransferAck:
-        """Consume one KvTransfer stream and answer it (never raises for bad input)."""
+    async def receive(self, chunks: AsyncIterator[worker_pb2.KvChunk | bytes]) -> worker_pb2.KvTransferAck:
+        """Consume one KvTransfer stream and answer it (never raises for bad input).
+
+        Chunks are parsed ``KvChunk`` messages or their serialized bytes (the gRPC server
+        hands over raw messages so each payload byte is copied once, into the buffer).
+        """
         try:
-            head = await anext(chunks)
+            head, head_data = _parts(await anext(chunks))
         except StopAsyncIteration:
             return worker_pb2.KvTransferAck(accepted=False, error="empty KV transfer stream")
+        except ValueError as e:
+            return worker_pb2.KvTransferAck(accepted=False, error=f"malformed KvChunk: {e}")
+        if not head.shm_name:
+            return await self._receive(head, head_data, chunks)
+        try:
+            return await self._receive(head, head_data, chunks)
+        finally:
+            # Every outcome (read, refused, not waiting, cancelled) removes the segment.
+            _discard_segment(head.shm_name)
+
+    async def _receive(self, head: worker_pb2.KvChunk, head_data: bytes | memoryview,
+                       chunks: AsyncIterator[worker_pb2.KvChunk | bytes]) -> worker_pb2.KvTransferAck:
         rid = head.request_id
         entry = self._pending.get(rid)
         if entry is None:
             return worker_pb2.KvTransferAck(accepted=False, error=NOT_WAITING)
         expected, fut = entry
+        buf: torch.Tensor | None = None
         try:
-            buf = _check_header(head, expected)
-            got = await _read_payload(head, chunks, memoryview(buf.numpy()), rid)
-            kv = buf.view(expected.dtype).reshape(expected.shape)
+            nbytes = _check_header(head, expected)
+            if head.shm_name:
+                # NOTE: no copy here: the tensor is a mapping of the segment's pages (freed
+                # with the tensor); the engine's import is the one copy.
+                got, kv = await _map_shm(head, head_data, chunks, nbytes)
+                kv = kv.view(expected.dtype).reshape(expected.shape)
+                release = _noop
+            else:
+                buf = self.buffers.take(nbytes)
+                got = await _read_payload(head, head_data, chunks, memoryview(buf.numpy()), rid)
+                kv = buf.view(expected.dtype).reshape(expected.shape)
+                release = _once(self.buffers.give, buf)
+        except ShmUnavailableError as e:
+            # NOTE: the wait goes on: the sender resends the bytes over gRPC.
+            if buf is not None:
+                self.buffers.give(buf)
+            return worker_pb2.KvTransferAck(accepted=False, error=f"{SHM_UNAVAILABLE}: {e}")
         except (KvTransferError, ValueError) as e:
+            if buf is not None:
+                self.buffers.give(buf)
             # NOTE: a bad transfer ends the wait (the worker prefills locally); a retry of
             # the same job would most likely be just as bad.
             if self._pending.get(rid, (None, None))[1] is fut:
@@ -96,16 +150,18 @@ class KvReceiver:
             return worker_pb2.KvTransferAck(accepted=False, error=str(e))
         # The wait may have ended (timeout) while the payload streamed in.
         if self._pending.get(rid, (None, None))[1] is not fut or fut.done():
+            release()
             return worker_pb2.KvTransferAck(accepted=False, error=NOT_WAITING, bytes_received=got)
         del self._pending[rid]
-        fut.set_result(ReceivedKv(kv, head.first_token, head.prefill_worker_id, got))
+        fut.set_result(ReceivedKv(kv, head.first_token, head.prefill_worker_id, got,
+                                  release=release))
         if self._on_bytes is not None:
             self._on_bytes(got)
         return worker_pb2.KvTransferAck(accepted=True, bytes_received=got)
 
 
-def _check_header(head: worker_pb2.KvChunk, exp: ExpectedKv) -> torch.Tensor:
-    """Validate the header; returns an uninitialised uint8 buffer for the payload."""
+def _check_header(head: worker_pb2.KvChunk, exp: ExpectedKv) -> int:
+    """Validate the header; returns the payload's byte count."""
     rid = head.request_id
     if head.first_block != exp.first_block or head.num_blocks != exp.num_blocks:
         raise KvTransferError(
@@ -117,29 +173,74 @@ def _check_header(head: worker_pb2.KvChunk, exp: ExpectedKv) -> torch.Tensor:
     dtype = dtype_from_name(head.dtype)
     if dtype != exp.dtype:
         raise KvTransferError(f"KV for {rid!r} has dtype {head.dtype}; expected {exp.dtype}")
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    # NOTE: torch.empty, not bytearray: no zero-fill pass over a buffer about to be
-    # overwritten (a 377 MB transfer spent ~0.2 s zeroing).
-    return torch.empty(math.prod(shape) * itemsize, dtype=torch.uint8)
+    return math.prod(shape) * torch.empty((), dtype=dtype).element_size()
 
 
-async def _read_payload(
-    head: worker_pb2.KvChunk, chunks: AsyncIterator[worker_pb2.KvChunk], mv: memoryview, rid: str
-) -> int:
-    """Copy every chunk's data into ``buf``; offsets must be contiguous and fill it exactly."""
+def _once(give: Callable[[torch.Tensor], None], buf: torch.Tensor) -> Callable[[], None]:
+    """``give(buf)`` on the first call only: a second release must not hand the buffer
+    out twice."""
+    held = [buf]
+
+    def release() -> None:
+        if held:
+            give(held.pop())
+    return release
+
+
+async def _map_shm(head: worker_pb2.KvChunk, head_data: bytes | memoryview,
+                   chunks: AsyncIterator[worker_pb2.KvChunk | bytes], nbytes: int) -> tuple[int, torch.Tensor]:
+    """(bytes, a uint8 tensor over the header's shared-memory segment), which must be the
+    stream's only message."""
+    if len(head_data) or await anext(chunks, None) is not None:
+        raise KvTransferError(f"shared-memory KV transfer for {head.request_id!r} also carries data")
+    # NOTE: in a thread: faulting in a few hundred MB of pages takes a while.
+    mm = await asyncio.to_thread(map_segment, head.shm_name, nbytes)
+    return nbytes, torch.frombuffer(mm, dtype=torch.uint8)
+
+
+def _noop() -> None:
+    pass
+
+
+def _discard_segment(name: str) -> None:
+    try:
+        unlink_segment(name)
+    except ValueError:
+        pass  # not a name we accept: nothing of ours to remove
+    except OSError as e:
+        log.warning("cannot remove shared-memory segment %s: %s", name, e)
+
+
+def _parts(chunk: worker_pb2.KvChunk | bytes) -> tuple[worker_pb2.KvChunk, bytes | memoryview]:
+    """(the chunk's fields but data, its data); ValueError for malformed bytes."""
+    if isinstance(chunk, worker_pb2.KvChunk):
+        return chunk, chunk.data
+    rest, data = split_kv_chunk(chunk)
+    try:
+        return worker_pb2.KvChunk.FromString(rest), data
+    except DecodeError as e:  # NOTE: not a ValueError (e.g. a string that is not UTF-8)
+        raise ValueError(f"cannot parse KvChunk: {e}") from e
+
+
+async def _read_payload(head: worker_pb2.KvChunk, head_data: bytes | memoryview,
+                        chunks: AsyncIterator[worker_pb2.KvChunk | bytes], mv: memoryview,
+                        rid: str) -> int:
+    """Copy every chunk's data into ``mv``; offsets must be contiguous and fill it exactly."""
     pos = 0
     chunk: worker_pb2.KvChunk | None = head
+    data = head_data
     while chunk is not None:
         if chunk.request_id and chunk.request_id != rid:
             raise KvTransferError(f"KV stream for {rid!r} carries a chunk of {chunk.request_id!r}")
-        n = len(chunk.data)
+        n = len(data)
         if chunk.offset != pos:
             raise KvTransferError(f"KV chunk for {rid!r} at offset {chunk.offset}; expected {pos}")
         if pos + n > len(mv):
             raise KvTransferError(f"KV for {rid!r} is longer than its shape: > {len(mv)} bytes")
-        mv[pos:pos + n] = chunk.data
+        mv[pos:pos + n] = data
         pos += n
-        chunk = await anext(chunks, None)
+        nxt = await anext(chunks, None)
+        chunk, data = (None, b"") if nxt is None else _parts(nxt)
     if pos != len(mv):
         raise KvTransferError(f"KV for {rid!r} ended at {pos} of {len(mv)} bytes")
     return pos

@@ -30,6 +30,7 @@ class EngineStatsCollector(Collector):
             ("kv_blocks_cached", "Unreferenced KV blocks kept for prefix hits", s.kv_blocks_cached),
             ("requests_running", "Requests being prefilled or decoded", s.num_running),
             ("requests_waiting", "Requests waiting (parked remote prefills included)", s.num_waiting),
+            ("prefill_tokens_pending", "Tokens this engine still has to prefill", s.num_prefill_tokens_pending),
         ):
             yield GaugeMetricFamily(f"tandem_worker_{name}", doc, value=v)
         yield CounterMetricFamily("tandem_worker_prompt_tokens", "Prompt tokens admitted",
@@ -76,3 +77,6 @@ class PrefillMetrics:
                             ["outcome"], registry=r)
         self.kv_bytes_sent = Counter("tandem_prefill_kv_bytes_sent_total",
                                      "KV bytes streamed to decode workers", registry=r)
+        self.kv_transfers = Counter("tandem_prefill_kv_transfers_total",
+                                    "KV transfers accepted by decode workers, by transport (shm, grpc)",
+                                    ["transport"], registry=r)

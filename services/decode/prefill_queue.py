@@ -14,6 +14,7 @@ is therefore per worker; the request-count bound is global.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -57,8 +58,10 @@ async def ensure_prefill_queue(js: JetStreamContext, subjects: Subjects, cfg: Pr
 class PrefillQueue:
     """Decode side: publish jobs and read the queue depth. Create with ``await open(...)``."""
 
-    def __init__(self, js: JetStreamContext, subjects: Subjects, depth_cache_s: float) -> None:
+    def __init__(self, js: JetStreamContext, subjects: Subjects, depth_cache_s: float,
+                 prefill: PrefillConfig | None = None) -> None:
         self._js = js
+        self._prefill = prefill if prefill is not None else PrefillConfig()
         self._subjects = subjects
         self._cache_s = depth_cache_s
         self._depth = 0
@@ -71,14 +74,25 @@ class PrefillQueue:
                    depth_cache_s: float) -> PrefillQueue:
         js = nc.jetstream()
         await ensure_prefill_queue(js, subjects, prefill)
-        return cls(js, subjects, depth_cache_s)
+        return cls(js, subjects, depth_cache_s, prefill)
+
+    async def _recreate(self, e: Exception) -> None:
+        """The stream or consumer is gone (a nats-server restarted without its store, or
+        with the memory stream lost): create them again so later jobs can be queued."""
+        log.warning("prefill queue missing (%s); creating it again", e)
+        await ensure_prefill_queue(self._js, self._subjects, self._prefill)
 
     async def depth(self) -> int:
         """Jobs pending or delivered-but-unacked on the shared consumer (cached briefly)."""
         now = time.monotonic()
         if now - self._depth_at >= self._cache_s:
-            info = await self._js.consumer_info(self._subjects.prefill_stream,
-                                                self._subjects.prefill_consumer)
+            try:
+                info = await self._js.consumer_info(self._subjects.prefill_stream,
+                                                    self._subjects.prefill_consumer)
+            except nats.js.errors.NotFoundError as e:
+                await self._recreate(e)
+                info = await self._js.consumer_info(self._subjects.prefill_stream,
+                                                    self._subjects.prefill_consumer)
             self._depth = int(info.num_pending or 0) + int(info.num_ack_pending or 0)
             self._depth_at = now
         return self._depth
@@ -90,8 +104,13 @@ class PrefillQueue:
     async def publish(self, job: prefill_pb2.RemotePrefillRequest, effective_tokens: int) -> None:
         """Enqueue a job (waits for JetStream's ack); ``done(id)`` when it resolves."""
         self._tokens[job.request_id] = effective_tokens
+        data = job.SerializeToString()
         try:
-            ack = await self._js.publish(self._subjects.prefill_queue, job.SerializeToString())
+            try:
+                ack = await self._js.publish(self._subjects.prefill_queue, data)
+            except (nats.js.errors.NoStreamResponseError, nats.js.errors.NotFoundError) as e:
+                await self._recreate(e)
+                ack = await self._js.publish(self._subjects.prefill_queue, data)
         except BaseException:
             self._tokens.pop(job.request_id, None)
             raise
@@ -109,6 +128,6 @@ class PrefillQueue:
         on: its KV is then answered "not waiting" and dropped. True if it was deleted."""
         try:
             return bool(await self._js.delete_msg(self._subjects.prefill_stream, seq))
-        except (nats.errors.Error, nats.js.errors.Error) as e:
+        except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as e:
             log.debug("retracting prefill job %d: %s", seq, e)
             return False

@@ -9,19 +9,17 @@ ones finish for up to ``decode.grace_period_s``, exit 0.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
-import signal
-import sys
 import time
 
 from prometheus_client import start_http_server
 
-from services.common.config import ClusterConfig, ConfigError, load_config
+from services.common.config import ClusterConfig
 from services.common.discovery import Discovery, Registration
 from services.common.kv_publisher import KvEventPublisher
 from services.common.load_publisher import LoadPublisher
 from services.common.nats_client import Subjects, connect
+from services.common.service import run_part, stop_on_signals
 from services.common.wire import WorkerLoad
 from services.decode.grpc_server import start_grpc
 from services.decode.metrics import DecodeMetrics
@@ -60,7 +58,7 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0") -> 
         def sample() -> WorkerLoad:
             s = ae.stats()
             return WorkerLoad(worker_id, s.kv_blocks_used, s.kv_blocks_total, s.num_running,
-                              s.num_waiting, 0, time.time())
+                              s.num_waiting, s.num_prefill_tokens_pending, time.time())
 
         load = LoadPublisher(nc, subjects, sample)
         await load.start()
@@ -70,10 +68,7 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0") -> 
             metrics_address=f"{cfg.decode.advertise_host}:{metrics_port}",
             metadata={"model": parts.model_name}))
         log.info("decode worker %s: gRPC %s, metrics :%d", worker_id, address, metrics_port)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+        stop = stop_on_signals()
         try:
             await stop.wait()
             log.info("decode worker %s: draining (up to %.1fs)", worker_id, cfg.decode.grace_period_s)
@@ -91,11 +86,4 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0") -> 
 
 
 def main(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        cfg = load_config(args.config, args.overrides)
-    except ConfigError as e:
-        print(e, file=sys.stderr)
-        return 2
-    asyncio.run(serve(cfg, replica=args.replica))
-    return 0
+    return run_part(args, serve)

@@ -21,6 +21,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 
 from services.common.config import ClusterConfig
+from services.common.kv_shm import host_id
 from services.decode.disagg import PrefillDecision, decide_prefill
 from services.decode.kv_receiver import ExpectedKv, KvReceiver, KvTransferError, ReceivedKv
 from services.decode.metrics import DecodeMetrics
@@ -128,7 +129,11 @@ class DecodeWorker:
         depth = tokens = 0
         # NOTE: only pay the consumer-info round trip when the queue can change the answer.
         if self.queue is not None and d.enabled and n - cached > d.max_local_prefill_length:
-            depth, tokens = await self.queue.depth(), self.queue.queued_tokens
+            try:
+                depth, tokens = await self.queue.depth(), self.queue.queued_tokens
+            except Exception as e:  # NATS down or the queue gone: prefill here, never fail
+                log.warning("prefill queue depth unknown (%s); prefilling locally", e)
+                return decide_prefill(d.model_copy(update={"enabled": False}), n, cached, 0, 0)
         cfg = d if self.queue is not None else d.model_copy(update={"enabled": False})
         return decide_prefill(cfg, n, cached, depth, tokens)
 
@@ -192,7 +197,8 @@ class DecodeWorker:
             sampling=sampling_to_proto(request.sampling), decode_worker_id=self.worker_id,
             kv_transfer_address=self.kv_address, first_block=handle.first_block_to_fill,
             num_blocks=handle.num_blocks_to_fill,
-            deadline_unix_ms=int((time.time() + timeout) * 1000), attempt=1)
+            deadline_unix_ms=int((time.time() + timeout) * 1000), attempt=1,
+            decode_host_id=host_id())
         delivered = False
         try:
             try:
@@ -211,8 +217,12 @@ class DecodeWorker:
             try:
                 await self.engine.complete_remote_prefill(rid, got.kv, got.first_token)
             except RemoteKvError:  # the engine already sent it to local prefill
+                got.release()
                 self._fallback("bad_kv")
                 return "local"
+            # NOTE: only once the engine copied it into its cache (not when cancelled
+            # mid-call: the step thread may still be reading it).
+            got.release()
             return "remote"
         finally:
             self.receiver.cancel(rid)
@@ -251,7 +261,8 @@ class DecodeWorker:
 def sampling_to_proto(s) -> worker_pb2.SamplingParams:
     return worker_pb2.SamplingParams(
         temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed,
-        max_tokens=s.max_tokens, stop_token_ids=list(s.stop_token_ids), ignore_eos=s.ignore_eos)
+        max_tokens=s.max_tokens, stop_token_ids=list(s.stop_token_ids), ignore_eos=s.ignore_eos,
+        seed_step_offset=s.seed_step_offset)
 
 
 def sampling_from_proto(p: worker_pb2.SamplingParams):
@@ -262,4 +273,5 @@ def sampling_from_proto(p: worker_pb2.SamplingParams):
         temperature=p.temperature, top_k=p.top_k, top_p=p.top_p if p.top_p > 0 else 1.0,
         seed=p.seed if p.HasField("seed") else None,
         max_tokens=p.max_tokens or SamplingParams().max_tokens,
-        stop_token_ids=tuple(p.stop_token_ids), ignore_eos=p.ignore_eos)
+        stop_token_ids=tuple(p.stop_token_ids), ignore_eos=p.ignore_eos,
+        seed_step_offset=p.seed_step_offset)

@@ -12,6 +12,7 @@ If the step loop raises, every in-flight request and pending call fails with
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, TypeVar
@@ -93,8 +94,11 @@ class AsyncEngine:
         self.engine.validate(request)
         self._register(request.request_id)
         self._submit(self.engine.add_request, (request,), None, request.request_id)
-        async for out in self.stream(request.request_id):
-            yield out
+        # NOTE: close the inner stream explicitly: left to the event loop's async-generator
+        # finalizer, the abort it queues would come a loop iteration (and steps) late.
+        async with contextlib.aclosing(self.stream(request.request_id)) as outputs:
+            async for out in outputs:
+                yield out
 
     async def stream(self, request_id: str) -> AsyncIterator[TokenOutput]:
         """Outputs of a request registered by ``generate`` or ``begin_remote_prefill``."""

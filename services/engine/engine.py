@@ -34,6 +34,10 @@ class EngineStats:
     prompt_tokens_total: int
     prefix_cache_hit_tokens_total: int
     num_preemptions_total: int
+    # Tokens this engine still has to prefill: waiting sequences' uncomputed tokens and
+    # running ones still in their prompt (prefix-cache hits not yet subtracted; parked
+    # remote prefills excluded: another worker prefills them).
+    num_prefill_tokens_pending: int = 0
 
 
 class LLMEngine:
@@ -134,6 +138,7 @@ class LLMEngine:
             prompt_tokens_total=s.prompt_tokens_total,
             prefix_cache_hit_tokens_total=s.prefix_hit_tokens_total,
             num_preemptions_total=s.num_preemptions,
+            num_prefill_tokens_pending=s.prefill_tokens_pending(),
         )
 
     def check_integrity(self) -> None:

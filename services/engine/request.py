@@ -21,6 +21,9 @@ class SamplingParams:
     max_tokens: int = 16
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    # Seeded draws use step ``num_generated + seed_step_offset``: a request migrated with
+    # its produced tokens appended to the prompt continues the same random sequence.
+    seed_step_offset: int = 0
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0:
@@ -31,6 +34,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.seed_step_offset < 0:
+            raise ValueError(f"seed_step_offset must be >= 0, got {self.seed_step_offset}")
 
     @property
     def greedy(self) -> bool:

@@ -75,7 +75,7 @@ class Sampler:
         for i, s in enumerate(seqs):
             if s.sampling.seed is not None:
                 g = torch.Generator()
-                g.manual_seed(_mix_seed(s.sampling.seed, s.num_generated))
+                g.manual_seed(_mix_seed(s.sampling.seed, s.num_generated + s.sampling.seed_step_offset))
                 u[i] = torch.rand(1, generator=g, dtype=torch.float64).item()
         return u
 

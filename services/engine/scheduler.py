@@ -129,6 +129,16 @@ class Scheduler:
         self._finish(seq, FinishReason.ABORT)
         return out
 
+    def prefill_tokens_pending(self) -> int:
+        """Uncomputed tokens of waiting sequences plus those of running sequences that are
+        still prefilling (more than the one decode token left). O(waiting + running)."""
+        total = sum(s.num_tokens - s.num_computed_tokens for s in self.waiting)
+        for s in self.running:
+            left = s.num_tokens - s.num_computed_tokens
+            if left > 1 or s.num_computed_tokens < s.num_prompt_tokens:
+                total += left
+        return total
+
     def has_unfinished(self) -> bool:
         return bool(self.seqs)
 

@@ -12,14 +12,14 @@ import asyncio
 import contextlib
 import logging
 import signal
-import sys
 
 import uvicorn
 
 from services.common.address_book import AddressBook, ChannelPool
-from services.common.config import ClusterConfig, ConfigError, load_config
+from services.common.config import ClusterConfig
 from services.common.discovery import Discovery, Registration
 from services.common.nats_client import connect
+from services.common.service import run_part
 
 log = logging.getLogger("tandem.frontend")
 
@@ -83,11 +83,4 @@ async def serve(cfg: ClusterConfig, replica: int = 0) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        cfg = load_config(args.config, args.overrides)
-    except ConfigError as e:
-        print(e, file=sys.stderr)
-        return 2
-    asyncio.run(serve(cfg, replica=args.replica))
-    return 0
+    return run_part(args, serve)

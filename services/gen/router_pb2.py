@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19services/gen/router.proto\x12\rtandem.router\"K\n\x0cRouteRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x14\n\x0clocal_hashes\x18\x03 \x03(\x04\"|\n\rRouteResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x16\n\x0eoverlap_blocks\x18\x02 \x01(\r\x12\x16\n\x0erequest_blocks\x18\x03 \x01(\r\x12\x17\n\x0fprefix_hit_rate\x18\x04 \x01(\x01\x12\x0f\n\x07\x61\x64\x64ress\x18\x05 \x01(\t\"\x93\x01\n\rRequestUpdate\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x31\n\x05phase\x18\x02 \x01(\x0e\x32\".tandem.router.RequestUpdate.Phase\";\n\x05Phase\x12\x15\n\x11PHASE_UNSPECIFIED\x10\x00\x12\r\n\tPREFILLED\x10\x01\x12\x0c\n\x08\x46INISHED\x10\x02\"\x0b\n\tUpdateAck2\x8e\x01\n\x06Router\x12\x42\n\x05Route\x12\x1b.tandem.router.RouteRequest\x1a\x1c.tandem.router.RouteResponse\x12@\n\x06Update\x12\x1c.tandem.router.RequestUpdate\x1a\x18.tandem.router.UpdateAckb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19services/gen/router.proto\x12\rtandem.router\"d\n\x0cRouteRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x14\n\x0clocal_hashes\x18\x03 \x03(\x04\x12\x17\n\x0f\x65xclude_workers\x18\x04 \x03(\t\"|\n\rRouteResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x16\n\x0eoverlap_blocks\x18\x02 \x01(\r\x12\x16\n\x0erequest_blocks\x18\x03 \x01(\r\x12\x17\n\x0fprefix_hit_rate\x18\x04 \x01(\x01\x12\x0f\n\x07\x61\x64\x64ress\x18\x05 \x01(\t\"\x93\x01\n\rRequestUpdate\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x31\n\x05phase\x18\x02 \x01(\x0e\x32\".tandem.router.RequestUpdate.Phase\";\n\x05Phase\x12\x15\n\x11PHASE_UNSPECIFIED\x10\x00\x12\r\n\tPREFILLED\x10\x01\x12\x0c\n\x08\x46INISHED\x10\x02\"\x0b\n\tUpdateAck2\x8e\x01\n\x06Router\x12\x42\n\x05Route\x12\x1b.tandem.router.RouteRequest\x1a\x1c.tandem.router.RouteResponse\x12@\n\x06Update\x12\x1c.tandem.router.RequestUpdate\x1a\x18.tandem.router.UpdateAckb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,15 +32,15 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'services.gen.router_pb2', _
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ROUTEREQUEST']._serialized_start=44
-  _globals['_ROUTEREQUEST']._serialized_end=119
-  _globals['_ROUTERESPONSE']._serialized_start=121
-  _globals['_ROUTERESPONSE']._serialized_end=245
-  _globals['_REQUESTUPDATE']._serialized_start=248
-  _globals['_REQUESTUPDATE']._serialized_end=395
-  _globals['_REQUESTUPDATE_PHASE']._serialized_start=336
-  _globals['_REQUESTUPDATE_PHASE']._serialized_end=395
-  _globals['_UPDATEACK']._serialized_start=397
-  _globals['_UPDATEACK']._serialized_end=408
-  _globals['_ROUTER']._serialized_start=411
-  _globals['_ROUTER']._serialized_end=553
+  _globals['_ROUTEREQUEST']._serialized_end=144
+  _globals['_ROUTERESPONSE']._serialized_start=146
+  _globals['_ROUTERESPONSE']._serialized_end=270
+  _globals['_REQUESTUPDATE']._serialized_start=273
+  _globals['_REQUESTUPDATE']._serialized_end=420
+  _globals['_REQUESTUPDATE_PHASE']._serialized_start=361
+  _globals['_REQUESTUPDATE_PHASE']._serialized_end=420
+  _globals['_UPDATEACK']._serialized_start=422
+  _globals['_UPDATEACK']._serialized_end=433
+  _globals['_ROUTER']._serialized_start=436
+  _globals['_ROUTER']._serialized_end=578
 # @@protoc_insertion_point(module_scope)

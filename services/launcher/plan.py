@@ -8,6 +8,7 @@ deregister).
 
 from __future__ import annotations
 
+import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +59,8 @@ class ProcessSpec:
     env: dict[str, str] = field(default_factory=dict)  # added to the launcher's environment
     # Start nothing after this process until it is ready (NATS: everyone connects to it).
     barrier: bool = False
+    # What asks it to stop: nats-server exits 1 on SIGTERM but cleanly (0) on SIGINT.
+    stop_signal: int = signal.SIGTERM
 
     def address(self, host: str) -> str:
         return ", ".join(f"{p.label} {host}:{p.port}" for p in self.ports)
@@ -111,6 +114,7 @@ def plan(
             ports=(PortUse("client", port, "nats.url"),),
             ready=Readiness("tcp", _probe_host(host), port),
             barrier=True,
+            stop_signal=signal.SIGINT,
         ))
 
     r = cfg.router

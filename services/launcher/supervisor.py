@@ -203,7 +203,7 @@ class Supervisor:
         for group in groups:
             for c in group:
                 if c.proc.poll() is None:
-                    _signal_group(c.proc.pid, signal.SIGTERM)
+                    _signal_group(c.proc.pid, c.spec.stop_signal)
             deadline = time.monotonic() + self.stop_timeout
             for c in group:
                 try:

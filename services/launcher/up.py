@@ -45,6 +45,7 @@ def curl_example(cfg: ClusterConfig) -> str:
         "model": served_name(cfg),
         "messages": [{"role": "user", "content": "What is the capital of France?"}],
         "max_tokens": 32,
+        "temperature": 0,
     })
     auth = ' -H "Authorization: Bearer $TANDEM_API_KEY"' if cfg.frontend.api_keys else ""
     return (f"curl {base}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\\n"

@@ -1,9 +1,11 @@
-"""`tandem bench kv-transfer [--json FILE]`: KV transfer throughput over loopback gRPC.
+"""`tandem bench kv-transfer [--json FILE]`: KV transfer throughput over loopback, both paths.
 
 Runs the real path end to end in one process: ``KvSender`` (the prefill worker's client)
-streams a SmolLM2-shaped KV tensor (30 layers, 3 kv heads, head_dim 64, block 16, float32)
+sends a SmolLM2-shaped KV tensor (30 layers, 3 kv heads, head_dim 64, block 16, float32)
 to a real gRPC server running ``DecodeWorkerServicer.KvTransfer`` into a ``KvReceiver``,
-which validates and reassembles it. GB/s = tensor bytes / (send start -> future resolved).
+which validates and reassembles it, once as gRPC bytes and once through /dev/shm (the
+same-host path: only the header goes over gRPC). GB/s = tensor bytes / (send start ->
+the waiting future resolved); the buffer is then handed back as the decode worker does.
 """
 
 from __future__ import annotations
@@ -18,12 +20,12 @@ from dataclasses import dataclass
 import torch
 
 from services.common.config import PrefillConfig
-from services.decode.grpc_server import DecodeWorkerServicer
+from services.decode.grpc_server import SERVER_OPTIONS, DecodeWorkerServicer, add_decode_servicer
 from services.decode.kv_receiver import ExpectedKv, KvReceiver
-from services.gen import worker_pb2_grpc
 from services.prefill.kv_sender import KvSender
 
 LAYERS, KV_HEADS, HEAD_DIM, BLOCK = 30, 3, 64, 16
+TRANSPORTS = ("grpc", "shm")
 
 
 @dataclass
@@ -33,54 +35,150 @@ class _ReceiverOnly:
     receiver: KvReceiver
 
 
-async def _bench(token_counts: list[int], repeats: int, chunk_bytes: int) -> dict:
+class _LocalEnd:
+    """The receiving end in this process: ``expect`` registers with the real receiver."""
+
+    def __init__(self, receiver: KvReceiver) -> None:
+        self.receiver = receiver
+        self._futs: dict[str, asyncio.Future] = {}
+
+    async def expect(self, rid: str, shape: tuple[int, ...]) -> None:
+        self._futs[rid] = self.receiver.expect(rid, ExpectedKv(0, shape[2], shape, torch.float32))
+
+    async def done(self, rid: str, kv: torch.Tensor | None) -> None:
+        got = await self._futs.pop(rid)
+        if kv is not None and not torch.equal(got.kv, kv):
+            raise RuntimeError("received KV differs from the sent KV")
+        got.release()  # as the decode worker does once the engine imported it
+
+
+class _ChildEnd:
+    """The receiving end in a child process (as in a deployment: prefill and decode are
+    separate processes); ``expect`` goes over a pipe before each transfer."""
+
+    def __init__(self, conn) -> None:
+        self._conn = conn
+
+    async def expect(self, rid: str, shape: tuple[int, ...]) -> None:
+        self._conn.send(("expect", rid, shape))
+        await asyncio.to_thread(self._conn.recv)
+
+    async def done(self, rid: str, kv: torch.Tensor | None) -> None:
+        self._conn.send(("check", rid, kv))  # the child awaited the future before the ack
+        ok = await asyncio.to_thread(self._conn.recv)
+        if ok is not True:
+            raise RuntimeError(f"child receiver: {ok}")
+
+
+async def _one(sender: KvSender, end, address: str, rid: str, kv: torch.Tensor,
+               transport: str, check: bool) -> float:
+    """Seconds for one transfer (send start -> the decode side's ack, which is sent once the
+    waiting future resolved)."""
+    nbytes = kv.numel() * kv.element_size()
+    await end.expect(rid, tuple(kv.shape))
+    t0 = time.perf_counter()
+    sent = await sender.send(address, rid, kv, 7, 0, shm=transport == "shm")
+    dt = time.perf_counter() - t0
+    if not sent.ack.accepted or sent.ack.bytes_received != nbytes:
+        raise RuntimeError(f"transfer of {rid} failed: {sent.ack.error}")
+    if sent.transport != transport:
+        raise RuntimeError(f"transfer of {rid} went over {sent.transport}, not {transport}")
+    await end.done(rid, kv if check else None)
+    return dt
+
+
+async def _serve(receiver: KvReceiver):
     import grpc
 
-    receiver = KvReceiver()
-    server = grpc.aio.server()
-    worker_pb2_grpc.add_DecodeWorkerServicer_to_server(DecodeWorkerServicer(_ReceiverOnly(receiver)), server)  # type: ignore[arg-type]
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    add_decode_servicer(DecodeWorkerServicer(_ReceiverOnly(receiver)), server)  # type: ignore[arg-type]
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
+    return server, port
+
+
+def _child_main(conn) -> None:
+    torch.set_num_threads(1)
+
+    async def run() -> None:
+        receiver = KvReceiver()
+        server, port = await _serve(receiver)
+        conn.send(port)
+        futs: dict[str, asyncio.Future] = {}
+        while True:
+            msg = await asyncio.to_thread(conn.recv)
+            if msg[0] == "expect":
+                futs[msg[1]] = receiver.expect(msg[1], ExpectedKv(0, msg[2][2], msg[2], torch.float32))
+                conn.send(True)
+            elif msg[0] == "check":
+                got = await futs.pop(msg[1])
+                ok = msg[2] is None or torch.equal(got.kv, msg[2])
+                got.release()
+                conn.send(True if ok else "received KV differs from the sent KV")
+            else:
+                await server.stop(grace=0)
+                return
+
+    asyncio.run(run())
+
+
+async def _bench(token_counts: list[int], repeats: int, chunk_bytes: int, processes: int) -> dict:
+    child = conn = server = None
+    if processes == 2:
+        import multiprocessing as mp
+
+        conn, child_conn = mp.get_context("spawn").Pipe()
+        child = mp.get_context("spawn").Process(target=_child_main, args=(child_conn,), daemon=True)
+        child.start()
+        port = await asyncio.to_thread(conn.recv)
+        end: _LocalEnd | _ChildEnd = _ChildEnd(conn)
+    else:
+        receiver = KvReceiver()
+        server, port = await _serve(receiver)
+        end = _LocalEnd(receiver)
+    address = f"127.0.0.1:{port}"
     sender = KvSender("bench", chunk_bytes)
     by_tokens: dict[str, dict] = {}
     try:
         for n in token_counts:
             blocks = -(-n // BLOCK)
-            shape = (LAYERS, 2, blocks, BLOCK, KV_HEADS, HEAD_DIM)
-            kv = torch.randn(shape, dtype=torch.float32)  # (layers, 2, blocks, block, heads, dim)
+            kv = torch.randn(LAYERS, 2, blocks, BLOCK, KV_HEADS, HEAD_DIM)  # (layers, 2, blocks, block, heads, dim)
             nbytes = kv.numel() * kv.element_size()
-            rates = []
-            for i in range(repeats + 1):  # the first run warms the channel up
-                rid = f"b{n}-{i}"
-                fut = receiver.expect(rid, ExpectedKv(0, blocks, shape, torch.float32))
-                t0 = time.perf_counter()
-                ack = await sender.send(f"127.0.0.1:{port}", rid, kv, 7, 0)
-                got = await fut
-                dt = time.perf_counter() - t0
-                if not ack.accepted or got.num_bytes != nbytes:
-                    raise RuntimeError(f"transfer of {rid} failed: {ack.error}")
-                if i == 0:
-                    if not torch.equal(got.kv, kv):
-                        raise RuntimeError("received KV differs from the sent KV")
-                    continue
-                rates.append(nbytes / dt / 1e9)
-            by_tokens[str(n)] = {"bytes": nbytes, "gb_s_median": round(statistics.median(rates), 3),
-                                 "gb_s_min": round(min(rates), 3)}
+            entry: dict = {"bytes": nbytes}
+            for transport in TRANSPORTS:
+                # the first run warms the channel and the buffer pool up, and is checked bit-exact
+                await _one(sender, end, address, f"b{n}-{transport}-w", kv, transport, True)
+                rates = [nbytes / await _one(sender, end, address, f"b{n}-{transport}-{i}", kv,
+                                             transport, False) / 1e9 for i in range(repeats)]
+                entry[transport] = {"gb_s_median": round(statistics.median(rates), 3),
+                                    "gb_s_min": round(min(rates), 3), "gb_s_max": round(max(rates), 3)}
+            by_tokens[str(n)] = entry
     finally:
         await sender.close()
-        await server.stop(grace=0)
+        if server is not None:
+            await server.stop(grace=0)
+        if conn is not None and child is not None:
+            conn.send(("stop",))
+            child.join(timeout=10)
+    out: dict = {}
     total_b = sum(v["bytes"] for v in by_tokens.values())
-    # overall: byte-weighted harmonic mean of the medians (time-weighted throughput)
-    total_t = sum(v["bytes"] / v["gb_s_median"] for v in by_tokens.values())
-    return {"grpc_gb_s": round(total_b / total_t, 3), "by_tokens": by_tokens,
-            "kv_shape": {"layers": LAYERS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM,
-                         "block_size": BLOCK, "dtype": "float32"},
-            "chunk_bytes": chunk_bytes, "repeats": repeats}
+    for transport in TRANSPORTS:
+        # overall: byte-weighted harmonic mean of the medians (time-weighted throughput)
+        total_t = sum(v["bytes"] / v[transport]["gb_s_median"] for v in by_tokens.values())
+        out[f"{transport}_gb_s"] = round(total_b / total_t, 3)
+    out.update({"by_tokens": by_tokens,
+                "kv_shape": {"layers": LAYERS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM,
+                             "block_size": BLOCK, "dtype": "float32"},
+                "chunk_bytes": chunk_bytes, "repeats": repeats, "processes": processes})
+    return out
 
 
 def main(args: argparse.Namespace) -> int:
     counts = [int(x) for x in args.tokens.split(",") if x]
-    result = asyncio.run(_bench(counts, args.repeats, PrefillConfig().kv_chunk_bytes))
+    if args.repeats < 1 or not counts or args.processes not in (1, 2):
+        raise SystemExit("--repeats must be >= 1, --tokens non-empty, --processes 1 or 2")
+    result = asyncio.run(_bench(counts, args.repeats, args.chunk_bytes or PrefillConfig().kv_chunk_bytes,
+                                args.processes))
     text = json.dumps(result, indent=2)
     print(text)
     if args.json_path:

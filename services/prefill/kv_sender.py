@@ -1,15 +1,29 @@
 """Prefill side of the KV transfer: stream one request's KV + first token to a decode
-worker's ``KvTransfer`` (client streaming, raw bytes in chunks under gRPC's message limit)."""
+worker's ``KvTransfer`` (client streaming, raw bytes in chunks under gRPC's message limit),
+or, on the same host, pass it through a /dev/shm segment and send only the header."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal
 
 import grpc
 import torch
 
+from services.common.kv_shm import (
+    SHM_UNAVAILABLE,
+    ShmUnavailableError,
+    new_segment_name,
+    unlink_segment,
+    write_segment,
+)
 from services.common.kv_wire import chunk_ranges, dtype_name, tensor_bytes
 from services.gen import worker_pb2
+
+log = logging.getLogger(__name__)
 
 # The generated stub's method path (proto/worker.proto: tandem.worker.DecodeWorker).
 KV_TRANSFER_METHOD = "/tandem.worker.DecodeWorker/KvTransfer"
@@ -31,6 +45,17 @@ _OFFSET_TAG = b"\x40"  # KvChunk.offset: field 8, varint
 _DATA_TAG = b"\x4a"  # KvChunk.data: field 9, length-delimited
 
 
+def kv_header(request_id: str, kv: torch.Tensor, first_token: int, first_block: int,
+              prefill_worker_id: str) -> worker_pb2.KvChunk:
+    """The first chunk's header fields (no payload)."""
+    if kv.dim() != 6 or kv.shape[1] != 2:
+        raise ValueError(f"kv must be (layers, 2, blocks, block_size, heads, dim), got {tuple(kv.shape)}")
+    return worker_pb2.KvChunk(
+        request_id=request_id, first_token=first_token, first_block=first_block,
+        num_blocks=kv.shape[2], dtype=dtype_name(kv.dtype), shape=list(kv.shape),
+        prefill_worker_id=prefill_worker_id)
+
+
 def kv_chunks(request_id: str, kv: torch.Tensor, first_token: int, first_block: int,
               prefill_worker_id: str, chunk_bytes: int) -> Iterator[bytes]:
     """The serialized ``KvChunk`` messages of one transfer: header fields on the first,
@@ -40,16 +65,17 @@ def kv_chunks(request_id: str, kv: torch.Tensor, first_token: int, first_block: 
     encoded here rather than by protobuf so each payload byte is copied once (the slice
     is joined straight into the message), not twice; the result parses as a KvChunk.
     """
-    if kv.dim() != 6 or kv.shape[1] != 2:
-        raise ValueError(f"kv must be (layers, 2, blocks, block_size, heads, dim), got {tuple(kv.shape)}")
+    head = kv_header(request_id, kv, first_token, first_block, prefill_worker_id).SerializeToString()
     raw = tensor_bytes(kv)
-    head = worker_pb2.KvChunk(
-        request_id=request_id, first_token=first_token, first_block=first_block,
-        num_blocks=kv.shape[2], dtype=dtype_name(kv.dtype), shape=list(kv.shape),
-        prefill_worker_id=prefill_worker_id).SerializeToString()
     for off, end in chunk_ranges(len(raw), chunk_bytes):
         yield b"".join((head, _OFFSET_TAG, _varint(off), _DATA_TAG, _varint(end - off), raw[off:end]))
         head = b""
+
+
+@dataclass(frozen=True, slots=True)
+class SentKv:
+    ack: worker_pb2.KvTransferAck  # the decode worker's answer
+    transport: Literal["shm", "grpc"]  # how the bytes went in the end
 
 
 class KvSender:
@@ -72,10 +98,42 @@ class KvSender:
         return entry[1]
 
     async def send(self, address: str, request_id: str, kv: torch.Tensor, first_token: int,
-                   first_block: int, timeout_s: float | None = None) -> worker_pb2.KvTransferAck:
-        """Deliver; the decode worker's answer. Raises grpc.aio.AioRpcError if unreachable."""
+                   first_block: int, timeout_s: float | None = None, shm: bool = False) -> SentKv:
+        """Deliver; the decode worker's answer. Raises grpc.aio.AioRpcError if unreachable.
+
+        ``shm``: try the same-host path first (the caller knows both ends share /dev/shm);
+        if the segment cannot be written here or used there, send the bytes over gRPC.
+        """
+        if shm and kv.numel() > 0:  # an empty segment cannot be mapped
+            ack = await self._send_shm(address, request_id, kv, first_token, first_block, timeout_s)
+            if ack is not None:
+                return SentKv(ack, "shm")
         chunks = kv_chunks(request_id, kv, first_token, first_block, self.worker_id, self.chunk_bytes)
-        return await self._call(address)(chunks, timeout=timeout_s)
+        return SentKv(await self._call(address)(chunks, timeout=timeout_s), "grpc")
+
+    async def _send_shm(self, address: str, request_id: str, kv: torch.Tensor, first_token: int,
+                        first_block: int, timeout_s: float | None) -> worker_pb2.KvTransferAck | None:
+        """The shared-memory transfer's ack; None when it could not be used (send bytes)."""
+        head = kv_header(request_id, kv, first_token, first_block, self.worker_id)
+        head.shm_name = new_segment_name()
+        # NOTE: in a thread (a few hundred MB take ~0.1 s); the segment is unlinked only
+        # after the write ended, or a cancelled send could leave a file created later.
+        write = asyncio.ensure_future(asyncio.to_thread(write_segment, head.shm_name, tensor_bytes(kv)))
+        try:
+            try:
+                await asyncio.shield(write)
+            except ShmUnavailableError as e:
+                log.info("KV for %s over gRPC bytes: %s", request_id, e)
+                return None
+            ack = await self._call(address)(iter((head.SerializeToString(),)), timeout=timeout_s)
+        finally:
+            if not write.done():
+                await asyncio.wait({write})
+            unlink_segment(head.shm_name)
+        if not ack.accepted and ack.error.startswith(SHM_UNAVAILABLE):
+            log.info("KV for %s over gRPC bytes: decode worker answered %s", request_id, ack.error)
+            return None
+        return ack
 
     async def close(self) -> None:
         for ch, _ in self._stubs.values():

@@ -9,17 +9,15 @@ another worker by JetStream), exit 0.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
-import signal
-import sys
 
 from prometheus_client import start_http_server
 
-from services.common.config import ClusterConfig, ConfigError, load_config
+from services.common.config import ClusterConfig
 from services.common.discovery import Discovery, Registration
 from services.common.nats_client import connect
 from services.common.net import advertised_host
+from services.common.service import run_part, stop_on_signals
 from services.decode.metrics import PrefillMetrics
 from services.engine.async_engine import AsyncEngine
 from services.engine.factory import build_engine
@@ -46,10 +44,7 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0") -> 
             "prefill", worker_id, metrics_address=f"{advertised_host(host)}:{metrics_port}",
             metadata={"model": parts.model_name}))
         log.info("prefill worker %s: pulling jobs, metrics :%d", worker_id, metrics_port)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+        stop = stop_on_signals()
         try:
             await stop.wait()
         finally:
@@ -59,11 +54,4 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0") -> 
 
 
 def main(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        cfg = load_config(args.config, args.overrides)
-    except ConfigError as e:
-        print(e, file=sys.stderr)
-        return 2
-    asyncio.run(serve(cfg, replica=args.replica))
-    return 0
+    return run_part(args, serve)

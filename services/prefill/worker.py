@@ -23,16 +23,22 @@ from google.protobuf.message import DecodeError
 from nats.aio.msg import Msg
 
 from services.common.config import ClusterConfig
+from services.common.kv_shm import host_id
 from services.common.nats_client import NatsClient, Subjects
+from services.common.service import cancel_and_wait
 from services.decode.metrics import PrefillMetrics
 from services.decode.prefill_queue import ensure_prefill_queue
 from services.decode.worker import sampling_from_proto
 from services.engine.async_engine import AsyncEngine
 from services.engine.request import GenerateRequest
 from services.gen import prefill_pb2
-from services.prefill.kv_sender import KvSender
+from services.prefill.kv_sender import KvSender, SentKv
 
 log = logging.getLogger(__name__)
+
+# An idle pull loop re-ensures the stream and consumer this often (they may be gone after a
+# nats-server restart that lost the memory stream).
+_ENSURE_IDLE_S = 3.0
 
 
 class PrefillWorker:
@@ -68,11 +74,7 @@ class PrefillWorker:
     async def stop_pulling(self) -> None:
         """Take no more jobs (running ones continue)."""
         if self._loop_task is not None:
-            self._loop_task.cancel()
-            try:
-                await self._loop_task
-            except asyncio.CancelledError:
-                pass
+            await cancel_and_wait(self._loop_task)
             self._loop_task = None
 
     async def close(self, grace_s: float = 0.0) -> None:
@@ -95,6 +97,7 @@ class PrefillWorker:
 
     async def _pull_loop(self) -> None:
         assert self._psub is not None
+        idle_since = time.monotonic()
         while True:
             while self._free == 0:
                 self._room.clear()
@@ -103,16 +106,30 @@ class PrefillWorker:
             try:
                 msgs = await self._psub.fetch(batch=self._free, timeout=1.0)
             except (nats.errors.TimeoutError, asyncio.TimeoutError):
+                # NOTE: a fetch on a consumer that vanished (nats-server restarted, its memory
+                # stream lost) only times out: while idle, re-ensure the queue now and then.
+                if time.monotonic() - idle_since > _ENSURE_IDLE_S:
+                    await self._ensure_queue()
+                    idle_since = time.monotonic()
                 continue
             except nats.errors.Error as e:
                 log.warning("prefill fetch failed: %s", e)
                 await asyncio.sleep(0.2)
+                await self._ensure_queue()
                 continue
+            idle_since = time.monotonic()
             for m in msgs:
                 self._free -= 1
                 task = asyncio.create_task(self._run_job(m), name="prefill job")
                 self._jobs.add(task)
                 task.add_done_callback(self._job_done)
+
+    async def _ensure_queue(self) -> None:
+        """Create the stream and consumer again if they are gone (idempotent otherwise)."""
+        try:
+            await ensure_prefill_queue(self._nc.jetstream(), self._subjects, self.cfg.prefill)
+        except (nats.errors.Error, asyncio.TimeoutError) as e:  # still down: next time
+            log.debug("prefill queue check failed: %s", e)
 
     def _job_done(self, task: asyncio.Task[None]) -> None:
         self._jobs.discard(task)
@@ -125,7 +142,7 @@ class PrefillWorker:
         try:
             job = prefill_pb2.RemotePrefillRequest.FromString(msg.data)
             sampling = sampling_from_proto(job.sampling)
-        except (DecodeError, ValueError) as e:  # a bad job never gets better: drop it
+        except (ValueError, DecodeError) as e:  # a bad job never gets better
             log.warning("dropping malformed prefill job: %s", e)
             self.metrics.jobs.labels("malformed").inc()
             await msg.term()
@@ -137,7 +154,7 @@ class PrefillWorker:
             return
         ticker = asyncio.create_task(self._keep_alive(msg), name=f"in-progress {job.request_id}")
         try:
-            ack = await self._prefill_and_send(msg, job, sampling, remaining_s)
+            sent = await self._prefill_and_send(msg, job, sampling, remaining_s)
         except asyncio.CancelledError:
             raise
         except Exception as e:
@@ -147,13 +164,15 @@ class PrefillWorker:
             return
         finally:
             ticker.cancel()
+        ack = sent.ack
         self.metrics.jobs.labels("delivered" if ack.accepted else "rejected").inc()
         if ack.accepted:
             self.metrics.kv_bytes_sent.inc(ack.bytes_received)
+            self.metrics.kv_transfers.labels(sent.transport).inc()
         await _quietly(msg.ack())
 
     async def _prefill_and_send(self, msg: Msg, job: prefill_pb2.RemotePrefillRequest,
-                                sampling, remaining_s: float):
+                                sampling, remaining_s: float) -> SentKv:
         delivery = msg.metadata.num_delivered if msg.metadata else job.attempt
         # NOTE: one sampled token with the request's own sampling (and seed): the first
         # token equals what a local prefill on the decode worker would sample.
@@ -167,9 +186,11 @@ class PrefillWorker:
             raise RuntimeError(f"engine returned no KV for {job.request_id!r}")
         if final.kv.shape[2] != job.num_blocks:
             raise RuntimeError(f"exported {final.kv.shape[2]} blocks, job asked {job.num_blocks}")
+        same_host = bool(job.decode_host_id) and job.decode_host_id == host_id()
         return await self._sender.send(job.kv_transfer_address, job.request_id, final.kv,
                                        final.token_ids[0], job.first_block,
-                                       timeout_s=max(remaining_s, 1.0))
+                                       timeout_s=max(remaining_s, 1.0),
+                                       shm=same_host and self.cfg.prefill.kv_transport == "auto")
 
     async def _keep_alive(self, msg: Msg) -> None:
         while True:

@@ -18,5 +18,8 @@ class ProcessorMetrics:
         self.completion_tokens = Counter(
             "tandem_processor_completion_tokens_total", "Tokens received from decode workers",
             registry=r)
+        self.migrations = Counter(
+            "tandem_processor_migrations_total",
+            "Streams moved to another decode worker after theirs failed", registry=r)
         self.inflight = Gauge(
             "tandem_processor_requests_inflight", "Requests being streamed now", registry=r)

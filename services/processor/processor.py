@@ -7,12 +7,17 @@ in-process ``Router`` or a ``RouterClient`` (same ``route``/``update``).
 
 Router bookkeeping: ``update(PREFILLED)`` at the first token, ``update(FINISHED)`` at the end
 whatever the end was (finish, stop string, error, cancellation), so no load leaks.
+
+Migration: a stream whose decode worker fails mid-way continues on another worker (see
+``_stream``); the client sees one uninterrupted stream. Greedy requests continue exactly;
+seeded ones too (the worker continues the seeded draw sequence at the produced count).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 from typing import Protocol
 
 from services.engine.chat_template import ChatTemplateError
@@ -26,6 +31,7 @@ from services.processor.types import (
     InvalidRequest,
     ModelInfo,
     ModelNotFound,
+    Overloaded,
     ProcessorError,
     ProcessRequest,
     Unavailable,
@@ -63,6 +69,7 @@ class Processor:
         context_length: int,
         block_size: int = 16,
         metrics: ProcessorMetrics | None = None,
+        migration_limit: int = 3,
     ) -> None:
         self._tok = tokenizer
         self._router = router
@@ -71,6 +78,7 @@ class Processor:
         self.context_length = context_length
         self._block_size = block_size
         self.metrics = metrics if metrics is not None else ProcessorMetrics()
+        self.migration_limit = migration_limit
 
     async def list_models(self) -> list[ModelInfo]:
         return [ModelInfo(self.model_name, self.context_length)]
@@ -161,9 +169,10 @@ class Processor:
         except ValueError as e:
             raise InvalidRequest(str(e)) from None
 
-    async def _route(self, request_id: str, ids: list[int]) -> RouteResponse:
+    async def _route(self, request_id: str, ids: list[int],
+                     exclude: tuple[str, ...] = ()) -> RouteResponse:
         try:
-            route = await self._router.route(RouteRequest(request_id, ids))
+            route = await self._router.route(RouteRequest(request_id, ids, exclude_workers=exclude))
         except NoWorkersAvailable as e:
             raise Unavailable(str(e)) from None
         except InvalidRouteRequest as e:
@@ -175,46 +184,99 @@ class Processor:
 
     async def _stream(self, request_id: str, ids: list[int], sampling: SamplingParams,
                       stops: StopMatcher, route: RouteResponse) -> AsyncIterator[Delta]:
+        """Stream from ``route``'s worker; when it fails (dies, refuses, ends the stream
+        without a finish or aborts), migrate: route ``ids + produced`` again excluding the
+        failed workers, with ``max_tokens`` less what was produced and the seeded draws
+        continued, up to ``migration_limit`` times. The detokenizer and stop matcher live
+        here, so the client's text continues with nothing repeated or lost."""
         detok = IncrementalDetokenizer(self._tok)
-        n_out = 0
+        produced: list[int] = []
         tail = ""  # text that goes out with the finish reason
         last: WorkerChunk | None = None
-        chunks = self._workers.generate(route.address, request_id, ids, sampling,
-                                        route.overlap_blocks)
-        try:
-            async for chunk in chunks:
-                if chunk.token_ids:
-                    if n_out == 0:
-                        await self._update(request_id, RequestPhase.PREFILLED)
-                    n_out += len(chunk.token_ids)
-                    self.metrics.completion_tokens.inc(len(chunk.token_ids))
-                    text = stops.feed(detok.add(chunk.token_ids))
-                    if stops.stopped or chunk.finish_reason is not None:
-                        tail = text
-                    elif text:
-                        yield Delta(text)
-                if stops.stopped:
-                    break
-                if chunk.finish_reason is not None:
-                    last = chunk
-                    break
-            else:
-                raise Unavailable(f"decode worker {route.address} ended the stream unfinished")
-        finally:
-            await chunks.aclose()  # cancels the worker call when we stopped early
+        failed: list[str] = []  # worker ids that failed this request
+        full = 0  # of them, refused because their queue was full
+        while True:
+            attempt_ids = ids + produced if produced else ids
+            attempt_sp = replace(sampling, max_tokens=sampling.max_tokens - len(produced),
+                                 seed_step_offset=sampling.seed_step_offset + len(produced))
+            chunks = self._workers.generate(route.address, request_id, attempt_ids, attempt_sp,
+                                            route.overlap_blocks)
+            failure: str | None = None
+            first = True
+            try:
+                async for chunk in chunks:
+                    if chunk.token_ids:
+                        if first:
+                            first = False
+                            await self._update(request_id, RequestPhase.PREFILLED)
+                        produced.extend(chunk.token_ids)
+                        self.metrics.completion_tokens.inc(len(chunk.token_ids))
+                        text = stops.feed(detok.add(chunk.token_ids))
+                        if stops.stopped or chunk.finish_reason is not None:
+                            tail = text
+                        elif text:
+                            yield Delta(text)
+                    if stops.stopped:
+                        break
+                    if chunk.finish_reason is not None:
+                        last = chunk
+                        break
+                else:
+                    failure = "ended the stream unfinished"
+            except InvalidRequest:
+                raise  # the request itself is bad: another worker would refuse it too
+            except Overloaded as e:
+                failure, full = e.message, full + 1
+            except ProcessorError as e:
+                failure = e.message
+            finally:
+                await chunks.aclose()  # cancels the worker call when we stopped early
+            if failure is None and last is not None and last.finish_reason is FinishReason.ABORT:
+                failure, last = "aborted the request", None
+            if failure is None:
+                break
+            if len(produced) >= sampling.max_tokens:
+                # NOTE: the worker died after its last token but before the finish message.
+                last = WorkerChunk((), FinishReason.LENGTH, len(ids), len(produced), 0)
+                break
+            try:
+                route = await self._migrate(request_id, ids, produced, route, failure, failed)
+            except Unavailable as e:
+                if not produced and full == len(failed):  # every worker tried was full: 429
+                    raise Overloaded(e.message, code="overloaded") from None
+                raise
         if stops.stopped:
             # NOTE: we cancelled the worker before its final usage: the cached count is the
             # router's view of the prefix this worker held.
             cached = min(route.overlap_blocks * self._block_size, len(ids))
-            yield Delta(tail, "stop", Usage(len(ids), n_out, cached))
+            yield Delta(tail, "stop", Usage(len(ids), len(produced), cached))
             return
         assert last is not None
-        if last.finish_reason is FinishReason.ABORT:
-            raise Unavailable(f"decode worker {route.address} aborted the request")
         tail += stops.feed(detok.flush())
         tail += stops.flush()
         reason = "stop" if stops.stopped or last.finish_reason is FinishReason.STOP else "length"
-        yield Delta(tail, reason, Usage(len(ids), n_out, last.cached_tokens))
+        cached = last.cached_tokens if not failed else min(route.overlap_blocks * self._block_size, len(ids))
+        yield Delta(tail, reason, Usage(len(ids), len(produced), cached))
+
+    async def _migrate(self, request_id: str, ids: list[int], produced: list[int],
+                       route: RouteResponse, failure: str, failed: list[str]) -> RouteResponse:
+        """Pick the next worker for a request whose worker failed; Unavailable when the
+        migration limit is reached or no other worker is left."""
+        failed.append(route.worker_id)
+        what = (f"decode worker {route.worker_id} ({route.address}) {failure} after "
+                f"{len(produced)} tokens")
+        # The failed worker no longer carries this request's load.
+        await self._update(request_id, RequestPhase.FINISHED)
+        if len(failed) > self.migration_limit:
+            raise Unavailable(f"{what}; gave up after {self.migration_limit} migrations")
+        log.warning("%s; migrating %s (attempt %d of %d)", what, request_id, len(failed),
+                    self.migration_limit)
+        try:
+            new = await self._route(request_id, ids + produced, exclude=tuple(failed))
+        except Unavailable as e:
+            raise Unavailable(f"{what}; no other decode worker can continue it: {e}") from None
+        self.metrics.migrations.inc()
+        return new
 
     async def _update(self, request_id: str, phase: RequestPhase) -> None:
         try:

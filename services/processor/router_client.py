@@ -37,7 +37,8 @@ class RouterClient:
 
     async def route(self, req: RouteRequest) -> RouteResponse:
         msg = router_pb2.RouteRequest(request_id=req.request_id, token_ids=req.token_ids,
-                                      local_hashes=req.local_hashes or ())
+                                      local_hashes=req.local_hashes or (),
+                                      exclude_workers=req.exclude_workers)
         try:
             r = await self._stub().Route(msg, timeout=self._timeout)
         except grpc.aio.AioRpcError as e:

@@ -9,18 +9,16 @@ registers as role "processor". SIGTERM/SIGINT: deregister, let in-flight streams
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
-import signal
 import socket
-import sys
 
 from prometheus_client import start_http_server
 
 from services.common.address_book import AddressBook, ChannelPool
-from services.common.config import ClusterConfig, ConfigError, load_config
+from services.common.config import ClusterConfig
 from services.common.discovery import Discovery, Registration
 from services.common.nats_client import connect
+from services.common.service import run_part, stop_on_signals
 
 log = logging.getLogger("tandem.processor")
 
@@ -49,7 +47,7 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0") -> 
             routers.start(disc)
         metrics = ProcessorMetrics()
         processor = Processor(tok, RouterClient(routers, pool), DecodeWorkerClient(pool), name,
-                              ctx, cfg.engine.block_size, metrics)
+                              ctx, cfg.engine.block_size, metrics, pc.migration_limit)
         server, port = await start_grpc(processor, host, pc.port + replica)
         metrics_port = pc.metrics_port + replica
         start_http_server(metrics_port, registry=metrics.registry)
@@ -70,10 +68,7 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0") -> 
 
 
 async def wait_for_signal() -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     await stop.wait()
 
 
@@ -83,11 +78,4 @@ def advertised_host(host: str) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        cfg = load_config(args.config, args.overrides)
-    except ConfigError as e:
-        print(e, file=sys.stderr)
-        return 2
-    asyncio.run(serve(cfg, replica=args.replica))
-    return 0
+    return run_part(args, serve)

@@ -37,6 +37,7 @@ def to_pb_sampling(sp: SamplingParams) -> worker_pb2.SamplingParams:
     msg = worker_pb2.SamplingParams(
         temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p, max_tokens=sp.max_tokens,
         stop_token_ids=sp.stop_token_ids, ignore_eos=sp.ignore_eos,
+        seed_step_offset=sp.seed_step_offset,
     )
     if sp.seed is not None:
         msg.seed = sp.seed

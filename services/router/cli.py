@@ -3,21 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import logging
-import sys
 
-from services.common.config import ConfigError, load_config
+from services.common.config import ClusterConfig
+from services.common.service import run_part
+
+
+async def _serve(cfg: ClusterConfig, replica: int) -> None:
+    from services.router.grpc_server import serve
+
+    await serve(cfg, replica=replica)
 
 
 def main(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        cfg = load_config(args.config, args.overrides)
-    except ConfigError as e:
-        print(e, file=sys.stderr)
-        return 2
-    from services.router.grpc_server import serve
-
-    asyncio.run(serve(cfg, replica=args.replica))
-    return 0
+    return run_part(args, _serve)

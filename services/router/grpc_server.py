@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import signal
 
 import grpc
 from prometheus_client import start_http_server
@@ -13,6 +11,7 @@ from services.common.config import ClusterConfig
 from services.common.discovery import Registration
 from services.common.grpc_guard import RejectMalformed
 from services.common.net import advertised_host
+from services.common.service import stop_on_signals
 from services.gen import router_pb2, router_pb2_grpc
 from services.router.router import Router, tune_gc_for_index
 from services.router.types import (
@@ -41,6 +40,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             request_id=request.request_id,
             token_ids=request.token_ids,
             local_hashes=list(request.local_hashes) or None,
+            exclude_workers=tuple(request.exclude_workers),
         )
         try:
             r = await self._router.route(req)
@@ -90,10 +90,7 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0") -> 
                      metrics_address=f"{advertised_host(host)}:{metrics_port}")
     )
     log.info("router replica %d serving gRPC on %d, metrics on %d", replica, port, metrics_port)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     try:
         await stop.wait()
     finally:

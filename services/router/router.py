@@ -25,6 +25,7 @@ from services.common.config import ClusterConfig
 from services.common.discovery import Discovery, Registration
 from services.common.hashing import local_block_hashes
 from services.common.nats_client import NatsClient, Subjects, connect
+from services.common.service import cancel_and_wait
 from services.common.wire import (
     InflightOp,
     InflightUpdate,
@@ -112,11 +113,7 @@ class Router:
 
     async def close(self) -> None:
         if self._watch_task is not None:
-            self._watch_task.cancel()
-            try:
-                await self._watch_task
-            except asyncio.CancelledError:
-                pass
+            await cancel_and_wait(self._watch_task)
             self._watch_task = None
         await self.ingest.close()
         for sub in self._subs:
@@ -160,6 +157,12 @@ class Router:
         workers = self._worker_ids
         if not workers:
             raise NoWorkersAvailable("no decode workers registered in discovery")
+        if req.exclude_workers:
+            excluded = set(req.exclude_workers)
+            workers = [w for w in workers if w not in excluded]
+            if not workers:
+                raise NoWorkersAvailable(
+                    f"no decode worker left: all {len(self._worker_ids)} registered are excluded")
         if self._saturated:
             # NOTE: when all are full the request still goes to one, which refuses it
             # (RESOURCE_EXHAUSTED -> 429): the worker, not a load sample, has the last word.

@@ -18,11 +18,14 @@ class NoWorkersAvailable(RuntimeError):
 @dataclass(frozen=True, slots=True)
 class RouteRequest:
     """``token_ids`` (the prompt) or, when the caller hashed already, ``local_hashes`` (one per
-    full block, from services.common.hashing.local_block_hashes). One must be non-empty."""
+    full block, from services.common.hashing.local_block_hashes). One must be non-empty.
+    ``exclude_workers``: worker ids not to pick (the processor names workers that died
+    under this request when it migrates it)."""
 
     request_id: str
     token_ids: Sequence[int] = ()
     local_hashes: Sequence[int] | None = None
+    exclude_workers: Sequence[str] = ()
 
 
 @dataclass(frozen=True, slots=True)

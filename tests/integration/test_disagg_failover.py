@@ -90,3 +90,32 @@ async def test_killed_prefill_worker_job_is_redelivered_and_completes(
             proc.kill()
             proc.wait()
         await nc.close()
+
+
+async def test_slow_prefill_worker_falls_back_to_local_by_the_deadline(nats_url: str) -> None:
+    # The prefill worker's engine takes ~3.8 s for this prompt (simulated 0.08 s per prompt
+    # token); the decode worker waits at most 1 s for the remote KV, then prefills itself.
+    cfg = cluster_cfg(nats_url, engine=mock_engine_section(),
+                      decode={"disagg": {"max_local_prefill_length": 16,
+                                         "remote_prefill_timeout_s": 1.0}},
+                      prefill={"metrics_port": 0})
+    slow = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={
+        "mock": cfg.engine.mock.model_copy(update={"per_prefill_token_s": 0.08})})})
+    async with prefill_worker(slow, "prefill-slow") as p, decode_worker(cfg) as d:
+        baseline = d.engine.stats().kv_blocks_used
+        p_baseline = p.engine.stats().kv_blocks_used
+        # Bounded: the deadline (1 s) plus a local prefill, far below the slow remote one.
+        r = await asyncio.wait_for(generate(d.stub, "slow", PROMPT, max_tokens=6), 10)
+        assert r.where == worker_pb2.LOCAL and len(r.tokens) == 6
+        assert metric(d.worker, "tandem_worker_remote_prefill_fallbacks_total", reason="timeout") == 1
+        await settle(d.engine, baseline)
+        await d.engine.check_integrity()
+        # The late remote job ends and frees its blocks on the prefill worker too; its KV
+        # arrives for a request that no longer expects it and is refused, not imported.
+        await settle(p.engine, p_baseline, timeout=15)
+        await settle(d.engine, baseline)
+    cfg_local = cfg.model_copy(update={"decode": cfg.decode.model_copy(
+        update={"disagg": cfg.decode.disagg.model_copy(update={"enabled": False})})})
+    async with decode_worker(cfg_local, "decode-local") as d2:
+        local = await generate(d2.stub, "slow", PROMPT, max_tokens=6)
+    assert r.tokens == local.tokens

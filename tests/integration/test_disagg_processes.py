@@ -76,6 +76,10 @@ async def test_decode_and_prefill_processes_serve_and_exit_cleanly(nats_url: str
             lambda: urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics").read().decode())
         assert 'tandem_worker_prefill_total{where="remote"} 1.0' in body
         assert "tandem_worker_kv_blocks_total 128.0" in body
+        # two processes on one host: the KV went through /dev/shm
+        pbody = await asyncio.to_thread(
+            lambda: urllib.request.urlopen(f"http://127.0.0.1:{pport}/metrics").read().decode())
+        assert 'tandem_prefill_kv_transfers_total{transport="shm"} 1.0' in pbody
         for p in procs:
             p.send_signal(signal.SIGTERM)
         for p in procs:

@@ -5,12 +5,15 @@ the threshold (greedy; plus a seeded sampled request on the tiny model)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
+from services.decode import worker as decode_worker_module
 from services.engine.request import GenerateRequest, SamplingParams
 from services.gen import worker_pb2
+from services.prefill import kv_sender
 from tests.integration.disagg_harness import (
     cluster_cfg,
     decode_worker,
@@ -57,9 +60,25 @@ async def _reference(ae, rid: str, prompt: list[int], sp: SamplingParams) -> lis
     return toks
 
 
-async def test_tiny_model_remote_equals_local(nats_url: str, tiny_model_dir: Path) -> None:
+@pytest.mark.parametrize(("kv_transport", "same_host", "used"), [
+    ("auto", True, "shm"), ("grpc", True, "grpc"), ("auto", False, "grpc")],
+    ids=["shm", "grpc-by-config", "grpc-other-host"])
+async def test_tiny_model_remote_equals_local(nats_url: str, tiny_model_dir: Path, kv_transport: str,
+                                              same_host: bool, used: str,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    if not same_host:  # the decode worker advertises another host's id in its jobs
+        monkeypatch.setattr(decode_worker_module, "host_id", lambda: "boot-of-another-host/1:2")
     cfg = cluster_cfg(nats_url, model={"path": str(tiny_model_dir)}, engine=_engine(max_model_len=256),
-                      decode={"disagg": {"max_local_prefill_length": 16}})
+                      decode={"disagg": {"max_local_prefill_length": 16}},
+                      prefill={"kv_transport": kv_transport})
+    segments: list[str] = []  # the names the sender picks (recorded, not faked)
+    real_name = kv_sender.new_segment_name
+
+    def recording() -> str:
+        segments.append(real_name())
+        return segments[-1]
+
+    monkeypatch.setattr(kv_sender, "new_segment_name", recording)
     long = [(i * 37 + 5) % (VOCAB - 2) + 2 for i in range(45)]  # 11 full blocks + 1 token
     short = long[:10]
     async with decode_worker(cfg) as d, prefill_worker(cfg) as p:
@@ -71,6 +90,11 @@ async def test_tiny_model_remote_equals_local(nats_url: str, tiny_model_dir: Pat
             worker_pb2.REMOTE, worker_pb2.LOCAL, worker_pb2.REMOTE)
         assert metric(d.worker, "tandem_worker_prefill_total", where="remote") == 2
         assert metric(d.worker, "tandem_worker_prefill_total", where="local") == 1
+        transfers = {t: p.metrics.registry.get_sample_value(
+            "tandem_prefill_kv_transfers_total", {"transport": t}) or 0 for t in ("shm", "grpc")}
+        assert transfers == {"shm": 0, "grpc": 0, used: 2}
+        assert len(segments) == (2 if used == "shm" else 0)
+        assert not any(os.path.exists(f"/dev/shm/{n}") for n in segments)
         await settle(d.engine, 0)
         # The local path, on the prefill worker's engine (same weights, its own cache).
         greedy = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)

@@ -32,7 +32,8 @@ class EngineDecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
             sp = SamplingParams(
                 temperature=s.temperature, top_k=s.top_k, top_p=s.top_p or 1.0,
                 seed=s.seed if s.HasField("seed") else None, max_tokens=s.max_tokens,
-                stop_token_ids=tuple(s.stop_token_ids), ignore_eos=s.ignore_eos)
+                stop_token_ids=tuple(s.stop_token_ids), ignore_eos=s.ignore_eos,
+                seed_step_offset=s.seed_step_offset)
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         req = GenerateRequest(request.request_id, list(request.token_ids), sp)

@@ -118,3 +118,22 @@ def test_random_mixes_match_the_oracle(sc: dict) -> None:
     # the event stream and a fresh dump describe the same cache
     assert replay(events) == replay(eng.dump_kv_events())
     assert [e.event_id for e in events] == list(range(1, len(events) + 1))
+
+
+def test_prefill_tokens_pending_counts_uncomputed_prompt_tokens_only() -> None:
+    eng, _, _ = make_engine(mock_cfg(block_size=4, max_num_batched_tokens=8))
+    assert eng.stats().num_prefill_tokens_pending == 0
+    eng.add_request(req("a", list(range(1, 21)), max_tokens=50))  # 20 prompt tokens
+    eng.add_request(req("b", list(range(30, 40)), max_tokens=50))  # 10
+    assert eng.stats().num_prefill_tokens_pending == 30
+    eng.step()  # one 8-token budget, all of it prefill (nothing decodes yet)
+    assert eng.stats().num_prefill_tokens_pending == 22
+    # a parked remote prefill is another worker's work: not counted
+    assert eng.begin_remote_prefill(req("r", list(range(50, 90)), max_tokens=2)) is not None
+    assert eng.stats().num_prefill_tokens_pending == 22
+    seen = [22]
+    for _ in range(10):
+        eng.step()
+        seen.append(eng.stats().num_prefill_tokens_pending)
+    assert seen[-1] == 0 and all(x >= y for x, y in zip(seen, seen[1:], strict=False))
+    assert eng.stats().num_running == 2  # both decode now: their last token is not prefill

@@ -14,21 +14,12 @@ from services.engine.engine import LLMEngine
 from services.engine.request import GenerateRequest, SamplingParams
 from services.engine.runner.torch_runner import TorchRunner
 from services.engine.weights import load_weights
-
-TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, vocab_size=128, max_position_embeddings=256, rms_norm_eps=1e-6)
+from tests.unit._tiny_model import tiny_hf_model
 
 
 def _hf_model(arch: str, out: Path):
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-    cfg_cls, model_cls = (LlamaConfig, LlamaForCausalLM) if arch == "llama" else (Qwen2Config, Qwen2ForCausalLM)
-    torch.manual_seed(7)
-    model = model_cls(cfg_cls(**TINY, tie_word_embeddings=False, rope_theta=10000.0)).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn_like(p) * 0.1)
-    model.save_pretrained(out, safe_serialization=True)
+    model, _ = tiny_hf_model(arch, tie=False, seed=7)
+    model.save_pretrained(out, safe_serialization=True)  # the engine loads it from disk
     return model
 
 

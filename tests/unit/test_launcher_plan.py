@@ -113,3 +113,15 @@ def test_busy_port_is_reported_with_its_key() -> None:
         with pytest.raises(PreflightError, match=rf"port {busy} \(router metrics, set by router\.metrics_port\)"):
             check_ports_free(specs)
     assert port_is_free(busy)
+
+
+def test_nats_is_stopped_with_sigint_and_the_parts_with_sigterm(tmp_path) -> None:
+    import signal
+
+    from services.common.config import parse_config
+    from services.launcher.plan import plan
+
+    specs = plan(parse_config({}), tmp_path / "c.yaml", nats_data_dir=tmp_path, nats_binary="nats-server")
+    by_part = {s.part: s.stop_signal for s in specs}
+    assert by_part["nats"] == signal.SIGINT
+    assert {v for k, v in by_part.items() if k != "nats"} == {signal.SIGTERM}

@@ -1,0 +1,62 @@
+"""Reusable receive buffers for KV transfers.
+
+A fresh multi-hundred-MB ``torch.empty`` is backed by untouched pages: the first write to
+each 4 KiB page faults, and on the bench machine that alone halved the receive copy rate
+(~0.9 GB/s into a fresh buffer, ~2.5 GB/s into a reused one). The decode worker imports the
+received KV into its cache and then hands the buffer back, so the next transfer of a similar
+size writes into pages that are already mapped.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+
+class KvBufferPool:
+    """Byte buffers kept for reuse, at most ``max_bytes`` of them idle. Thread-safe.
+
+    ``take(n)`` returns a uint8 tensor of exactly ``n`` bytes (a view of a pooled buffer of
+    at least ``n``, or a new one); ``give(t)`` returns it once nothing reads it any more.
+    A buffer never given back is simply freed by the garbage collector.
+    """
+
+    def __init__(self, max_bytes: int = 1 << 30) -> None:
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+        self.max_bytes = max_bytes
+        self._idle: list[torch.Tensor] = []  # base buffers, uint8, 1-D
+        self._lock = threading.Lock()
+
+    @property
+    def idle_bytes(self) -> int:
+        with self._lock:
+            return sum(b.numel() for b in self._idle)
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        with self._lock:
+            fits = [b for b in self._idle if b.numel() >= nbytes]
+            if fits:
+                best = min(fits, key=lambda b: b.numel())
+                self._idle.remove(best)
+                return best[:nbytes]
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    def give(self, buf: torch.Tensor) -> None:
+        base = buf._base if buf._base is not None else buf
+        if base.dtype != torch.uint8 or base.dim() != 1:
+            raise ValueError("give() takes a buffer from take()")
+        with self._lock:
+            if any(b is base for b in self._idle):
+                return
+            self._idle.append(base)
+            # NOTE: keep the largest (they fit the most requests); drop the rest past the cap.
+            self._idle.sort(key=lambda b: b.numel(), reverse=True)
+            total = 0
+            kept = []
+            for b in self._idle:
+                if total + b.numel() <= self.max_bytes:
+                    kept.append(b)
+                    total += b.numel()
+            self._idle = kept

@@ -1,0 +1,149 @@
+"""Migration in the processor: two real engines (mock runner) behind real gRPC servers, an
+in-process Router; the serving worker's server is stopped mid-stream and the stream must
+continue on the other worker with exactly the text of an undisturbed run."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import pytest
+
+from services.common.address_book import ChannelPool
+from services.common.discovery import Registration
+from services.engine.tokenizer import Tokenizer
+from services.processor.types import ChatMessage, ProcessRequest, SamplingOptions, Unavailable
+from services.router.router import Router
+from services.router.types import NoWorkersAvailable, RouteRequest
+from tests.support.stack import MODEL, decode_node, make_processor, mock_cluster_cfg
+
+CTX = 512
+
+
+@pytest.fixture(scope="module")
+def tok(smollm2_path: Path) -> Tokenizer:
+    return Tokenizer.from_path(smollm2_path)
+
+
+def chat(rid: str, **sampling) -> ProcessRequest:
+    return ProcessRequest(rid, messages=(ChatMessage("user", "Tell me a story"),), model=MODEL,
+                          sampling=SamplingOptions(**sampling))
+
+
+async def _run_killing_after(p, req, nodes, after: int):
+    """Consume ``req``; after ``after`` deltas stop the gRPC server of the node serving it."""
+    deltas, killed = [], None
+    async for d in p.generate(req):
+        deltas.append(d)
+        if len(deltas) == after and killed is None:
+            killed = next(n for n in nodes if req.request_id in n.servicer.started)
+            await killed.server.stop(grace=0)
+    return deltas, killed
+
+
+async def test_stream_migrates_with_identical_text_and_usage(tok: Tokenizer) -> None:
+    cfg = mock_cluster_cfg(engine={"mock": {"step_base_s": 0.01}})
+    router = Router(cfg)
+    pool = ChannelPool()
+    async with AsyncExitStack() as stack:
+        nodes = [await stack.enter_async_context(decode_node(cfg, tok, f"w{i}")) for i in range(2)]
+        for i, n in enumerate(nodes):
+            router.worker_joined(Registration("decode", f"w{i}", address=n.address))
+        p = make_processor(cfg, tok, router, CTX, pool)
+        ref = [d async for d in p.generate(chat("ref", max_tokens=40, temperature=0))]
+        deltas, killed = await _run_killing_after(p, chat("mig", max_tokens=40, temperature=0),
+                                                  nodes, after=5)
+        assert killed is not None
+        survivor = next(n for n in nodes if n is not killed)
+        assert "mig" in survivor.servicer.started  # the stream really moved
+        assert "".join(d.text for d in deltas) == "".join(d.text for d in ref)
+        assert deltas[-1].finish_reason == ref[-1].finish_reason == "length"
+        assert deltas[-1].usage.completion_tokens == 40
+        assert deltas[-1].usage.prompt_tokens == ref[-1].usage.prompt_tokens
+        assert p.metrics.registry.get_sample_value("tandem_processor_migrations_total") == 1
+        for w in ("w0", "w1"):
+            assert router.load.inflight_count(w) == 0
+        await survivor.engine.check_integrity()
+    await pool.close()
+
+
+async def test_stop_string_state_carries_over_a_migration(tok: Tokenizer) -> None:
+    cfg = mock_cluster_cfg(engine={"mock": {"step_base_s": 0.01}})
+    router = Router(cfg)
+    pool = ChannelPool()
+    async with AsyncExitStack() as stack:
+        nodes = [await stack.enter_async_context(decode_node(cfg, tok, f"w{i}")) for i in range(2)]
+        for i, n in enumerate(nodes):
+            router.worker_joined(Registration("decode", f"w{i}", address=n.address))
+        p = make_processor(cfg, tok, router, CTX, pool)
+        full = "".join(d.text for d in [d async for d in p.generate(chat("f", max_tokens=60, temperature=0))])
+        # A stop string from late in the text, so the match happens after the migration.
+        stop = full[len(full) * 2 // 3:][:6]
+        assert stop.strip(), full
+        ref = [d async for d in p.generate(chat("ref", max_tokens=60, temperature=0, stop=(stop,)))]
+        deltas, killed = await _run_killing_after(
+            p, chat("mig", max_tokens=60, temperature=0, stop=(stop,)), nodes, after=3)
+        assert killed is not None
+        assert "".join(d.text for d in deltas) == "".join(d.text for d in ref) == full[:full.index(stop)]
+        assert deltas[-1].finish_reason == "stop"
+    await pool.close()
+
+
+async def test_no_worker_left_is_a_clear_unavailable(tok: Tokenizer) -> None:
+    cfg = mock_cluster_cfg(engine={"mock": {"step_base_s": 0.01}})
+    router = Router(cfg)
+    pool = ChannelPool()
+    async with decode_node(cfg, tok, "w0") as node:
+        router.worker_joined(Registration("decode", "w0", address=node.address))
+        p = make_processor(cfg, tok, router, CTX, pool)
+        with pytest.raises(Unavailable, match="no other decode worker can continue it") as e:
+            await asyncio.wait_for(_run_killing_after(p, chat("x", max_tokens=100), [node], 3), 20)
+        assert "w0" in e.value.message
+        assert router.load.inflight_count("w0") == 0
+        assert p.metrics.registry.get_sample_value(
+            "tandem_processor_requests_total", {"outcome": "unavailable"}) == 1
+    await pool.close()
+
+
+async def test_router_excludes_workers() -> None:
+    cfg = mock_cluster_cfg()
+    router = Router(cfg)
+    for w in ("a", "b"):
+        router.worker_joined(Registration("decode", w, address=f"{w}:1"))
+    for i in range(8):
+        r = await router.route(RouteRequest(f"r{i}", list(range(40)), exclude_workers=("a",)))
+        assert r.worker_id == "b"
+    with pytest.raises(NoWorkersAvailable, match="excluded"):
+        await router.route(RouteRequest("z", list(range(40)), exclude_workers=("a", "b")))
+
+
+@pytest.mark.parametrize("sampling", [
+    {"temperature": 0.0},
+    {"temperature": 1.0, "seed": 1234},
+    {"temperature": 0.8, "top_p": 0.9, "seed": 7},
+])
+def test_continuation_on_a_fresh_engine_reproduces_the_tail(sampling) -> None:
+    """What migration relies on in the engine: prompt + the first k produced tokens, with
+    max_tokens - k and seed_step_offset k, yields exactly the remaining tokens of the whole
+    run (tiny random llama, real sampler; a different engine generator seed stands for
+    another worker)."""
+    from services.common.config import EngineConfig
+    from services.engine.engine import LLMEngine
+    from services.engine.request import GenerateRequest, SamplingParams
+    from tests.unit._tiny_model import make_runner, tiny_hf_model
+    from tests.unit.engine_factory import run_all
+
+    hf, arch = tiny_hf_model("llama")
+    prompt, k, n = [5, 17, 99, 3, 42, 8, 61, 77, 23, 1], 4, 10
+
+    def run(seed: int, ids: list[int], sp: SamplingParams) -> list[int]:
+        cfg = EngineConfig(device="cpu", dtype="float32", block_size=4, num_kv_blocks=64, seed=seed)
+        engine = LLMEngine(make_runner(arch, hf.state_dict(), seed=seed), cfg, [], "w")
+        engine.add_request(GenerateRequest("r", ids, sp))
+        return run_all(engine)["r"]
+
+    whole = run(1, prompt, SamplingParams(max_tokens=n, ignore_eos=True, **sampling))
+    tail = run(2, prompt + whole[:k], SamplingParams(max_tokens=n - k, ignore_eos=True,
+                                                     seed_step_offset=k, **sampling))
+    assert len(whole) == n and whole[k:] == tail
