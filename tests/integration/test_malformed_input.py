@@ -1,7 +1,7 @@
 """Garbage in, error out, service up: raw bytes to every gRPC method (a channel with
 identity serializers, so nothing on our side can reject them first) and garbage on every
-NATS subject a part listens on. Each gets an error status or is counted, and a valid call
-made afterwards still works."""
+NATS subject a part listens on. Each gets an error status (KvTransfer: a refusing ack) or is
+counted, and a valid call made afterwards still works."""
 
 from __future__ import annotations
 
@@ -60,10 +60,13 @@ async def _raw_client_stream(channel: grpc.aio.Channel, method: str, payload: by
         yield payload
 
     try:
-        await channel.stream_unary(method)(chunks(), timeout=5)
+        raw = await channel.stream_unary(method)(chunks(), timeout=5)
     except grpc.aio.AioRpcError as e:
         return e.code()
-    return grpc.StatusCode.OK
+    # KvTransfer answers a bad transfer in its ack (the sender logs and acks the job).
+    ack = worker_pb2.KvTransferAck.FromString(raw)
+    assert not ack.accepted and ack.error, ack
+    return grpc.StatusCode.INVALID_ARGUMENT
 
 
 REFUSED = {grpc.StatusCode.INTERNAL, grpc.StatusCode.INVALID_ARGUMENT}
