@@ -87,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(part, help=help_text)
         _add_config(p)
         p.add_argument("--replica", type=int, default=0, help="replica index: ports are base + N")
+        if part == "decode":
+            p.add_argument("--replicas-in-process", type=int, default=1, metavar="K",
+                           help="host replicas N..N+K-1 in this process (mock runner at scale)")
         p.set_defaults(_key=(part,))
 
     up = sub.add_parser("up", help="start the whole cluster from a config and supervise it")
