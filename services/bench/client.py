@@ -67,6 +67,11 @@ def _chunk_text(obj: dict) -> str:
     return c.get("text") or ""
 
 
+def _finished(obj: dict) -> bool:
+    choices = obj.get("choices") or []
+    return bool(choices and choices[0].get("finish_reason"))
+
+
 async def send(client: httpx.AsyncClient, url: str, body: dict, rec: RequestRecord,
                timeout_s: float) -> None:
     """POST ``body`` to ``url`` streaming, filling ``rec``; never raises for a failed
@@ -89,7 +94,9 @@ async def send(client: httpx.AsyncClient, url: str, body: dict, rec: RequestReco
                     rec.error = str(obj["error"])[:200]
                     return
                 now = time.perf_counter()
-                if _chunk_text(obj):
+                if _chunk_text(obj) or (rec.first_token_time is None and _finished(obj)):
+                    # NOTE: a finish chunk without text still carries a token when none
+                    # came before (a detokenizer holding back a partial character).
                     if rec.first_token_time is None:
                         rec.first_token_time = now
                     rec.chunk_times.append(now)
