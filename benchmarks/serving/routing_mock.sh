@@ -12,6 +12,8 @@ for n in $workers; do
   for mode in round_robin random kv; do
     runs+=(--run "$mode=configs/scale-mock.yaml@router.mode=$mode,decode.replicas=$n")
   done
+  # kv with prefix overlap weighted 4x against load (router.overlap_weight)
+  runs+=(--run "kv_w4=configs/scale-mock.yaml@router.mode=kv,router.overlap_weight=4,decode.replicas=$n")
   # Mooncake: the whole trace (3,993 requests, 1,022 s) 10x faster; 512-token blocks -> 16
   $tandem bench compare "${runs[@]}" --workload mooncake \
     --trace /work/shared/traces/synthetic_trace.jsonl --scale 0.03125 --num-requests 4000 \

@@ -92,7 +92,13 @@ async def serve_many(cfg: ClusterConfig, first: int, count: int) -> None:
     """Replicas ``first .. first+count-1`` in one process, each a full worker (own gRPC and
     metrics port, KV publisher, discovery registration); one signal stops them all."""
     stop = stop_on_signals()
-    await asyncio.gather(*(serve(cfg, first + i, stop=stop) for i in range(count)))
+
+    async def staggered(i: int) -> None:
+        # NOTE: all K at once time out NATS's JetStream API (stream setup) on a busy host.
+        await asyncio.sleep(i * 0.25)
+        await serve(cfg, first + i, stop=stop)
+
+    await asyncio.gather(*(staggered(i) for i in range(count)))
 
 
 def main(args: argparse.Namespace) -> int:
