@@ -33,8 +33,9 @@ log = logging.getLogger(__name__)
 
 
 async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0",
-                stop: asyncio.Event | None = None) -> None:
-    """One decode worker until SIGTERM/SIGINT (or ``stop``, when several share a process)."""
+                stop: asyncio.Event | None = None, started: asyncio.Event | None = None) -> None:
+    """One decode worker until SIGTERM/SIGINT (or ``stop``, when several share a process);
+    ``started`` is set once it is registered in discovery."""
     import torch
 
     torch.set_num_threads(cfg.engine.threads)
@@ -71,6 +72,8 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0",
             metrics_address=f"{cfg.decode.advertise_host}:{metrics_port}",
             metadata={"model": parts.model_name}))
         log.info("decode worker %s: gRPC %s, metrics :%d", worker_id, address, metrics_port)
+        if started is not None:
+            started.set()
         stop = stop or stop_on_signals()
         try:
             await stop.wait()
@@ -92,13 +95,22 @@ async def serve_many(cfg: ClusterConfig, first: int, count: int) -> None:
     """Replicas ``first .. first+count-1`` in one process, each a full worker (own gRPC and
     metrics port, KV publisher, discovery registration); one signal stops them all."""
     stop = stop_on_signals()
-
-    async def staggered(i: int) -> None:
-        # NOTE: all K at once time out NATS's JetStream API (stream setup) on a busy host.
-        await asyncio.sleep(i * 0.25)
-        await serve(cfg, first + i, stop=stop)
-
-    await asyncio.gather(*(staggered(i) for i in range(count)))
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        for i in range(count):
+            # NOTE: one at a time: building an engine blocks the event loop, and with K
+            # building at once the others' NATS requests time out.
+            up = asyncio.Event()
+            tasks.append(asyncio.create_task(serve(cfg, first + i, stop=stop, started=up)))
+            waiter = asyncio.create_task(up.wait())
+            await asyncio.wait([tasks[-1], waiter], return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            if tasks[-1].done():
+                tasks[-1].result()  # it failed to start: raise its error
+        await asyncio.gather(*tasks)
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def main(args: argparse.Namespace) -> int:
