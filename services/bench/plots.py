@@ -26,12 +26,16 @@ def cdf_plot(series: Mapping[str, Sequence[float]], xlabel: str, title: str, pat
     """One CDF line per named series of values (ms); writes a small PNG to ``path``."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.2), dpi=90)
+    lo, hi = np.inf, 0.0
     for name, values in series.items():
         if not len(values):
             continue
         xs = np.sort(np.asarray(values, dtype=np.float64))
         ys = np.arange(1, len(xs) + 1) / len(xs)
         ax.step(xs, ys, where="post", label=name)
+        lo, hi = min(lo, xs[0]), max(hi, xs[-1])
+    if lo > 0 and hi / lo > 100:  # latencies spanning decades: a log axis shows the body
+        ax.set_xscale("log")
     ax.set_xlabel(xlabel)
     ax.set_ylabel("fraction of samples")
     ax.set_title(title)
