@@ -7,9 +7,11 @@ prefix hits, timed at each layer:
 - engine:   an in-process ``AsyncEngine`` built from the same config (no network)
 - decode:   the decode worker's gRPC ``Generate`` to its first response
 - router:   the router's gRPC ``Route`` round trip (then ``Update FINISHED``)
+- processor: the processor's gRPC ``Generate`` (route + decode + detokenize) to its
+  first message
 - http:     the whole path: HTTP -> frontend -> processor -> router + decode -> SSE
 
-Prints medians and p90s (ms) as JSON. Run: ``python benchmarks/serving/overhead.py -c
+Prints medians and p90s (ms) as JSON. Run: ``PYTHONPATH=. python benchmarks/serving/overhead.py -c
 configs/scale-mock.yaml --set ... --base-url http://127.0.0.1:8100``.
 """
 
@@ -30,7 +32,14 @@ from services.common.config import load_config
 from services.engine.async_engine import AsyncEngine
 from services.engine.factory import build_engine
 from services.engine.request import GenerateRequest, SamplingParams
-from services.gen import router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
+from services.gen import (
+    processor_pb2,
+    processor_pb2_grpc,
+    router_pb2,
+    router_pb2_grpc,
+    worker_pb2,
+    worker_pb2_grpc,
+)
 from services.launcher.up import served_name
 
 
@@ -87,6 +96,21 @@ async def router_rtt(address: str, prompts: list[list[int]]) -> list[float]:
     return out
 
 
+async def processor_ttft(address: str, prompts: list[list[int]]) -> list[float]:
+    out = []
+    async with grpc.aio.insecure_channel(address) as ch:
+        stub = processor_pb2_grpc.ProcessorStub(ch)
+        for i, p in enumerate(prompts):
+            req = processor_pb2.ProcessRequest(
+                request_id=f"p{i}-{time.time_ns()}", prompt_ids=processor_pb2.TokenIds(ids=p),
+                sampling=processor_pb2.SamplingOptions(max_tokens=1, temperature=0.0, top_p=1.0))
+            t0 = time.perf_counter()
+            async for _ in stub.Generate(req):
+                out.append((time.perf_counter() - t0) * 1000)
+                break
+    return out
+
+
 async def http_ttft(base_url: str, model: str, prompts: list[list[int]]) -> list[float]:
     import httpx
 
@@ -112,15 +136,19 @@ async def main() -> None:
     ap.add_argument("--n", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--prompt-len", type=int, default=32)
-    ap.add_argument("--layers", default="engine,decode,router,http")
+    ap.add_argument("--layers", default="engine,decode,router,processor,http")
     args = ap.parse_args()
     cfg = load_config(args.config, args.overrides)
+    import torch
+
+    torch.set_num_threads(cfg.engine.threads)  # as the decode worker process does
     model = served_name(cfg)
     layers = args.layers.split(",")
     funcs = {
         "engine": lambda ps: engine_ttft(cfg, ps),
         "decode": lambda ps: decode_ttft(f"127.0.0.1:{cfg.decode.port}", ps),
         "router": lambda ps: router_rtt(f"127.0.0.1:{cfg.router.port}", ps),
+        "processor": lambda ps: processor_ttft(f"127.0.0.1:{cfg.processor.port}", ps),
         "http": lambda ps: http_ttft(args.base_url, model, ps),
     }
     res: dict = {"load_average_1m_before": os.getloadavg()[0]}
