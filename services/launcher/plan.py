@@ -134,7 +134,7 @@ def plan(
         specs.append(ProcessSpec(
             name=f"decode-{first}" if k == 1 else f"decode-{first}-{last}", part="decode",
             argv=argv, ports=ports,
-            # the last replica's port: its process starts its workers together
+            # the last replica's port: a process starts its workers one after another
             ready=Readiness("tcp", "127.0.0.1", d.port + last), env=worker_env,
         ))
     p = cfg.prefill
