@@ -16,9 +16,11 @@ for part in $parts; do
     # 6 system prompts of 256 tokens over 2 workers whose caches (96 blocks = 1,536 tokens)
     # hold about half of them: where placement decides what stays cached.
     runs=()
-    for mode in round_robin random kv; do
+    for mode in ${MODES:-round_robin random kv}; do
       runs+=(--run "$mode=configs/agg.yaml@$ports,router.mode=$mode,engine.num_kv_blocks=96")
     done
+    # kv with prefix overlap weighted 4x against load
+    runs+=(--run "kv_w4=configs/agg.yaml@$ports,router.mode=kv,router.overlap_weight=4,engine.num_kv_blocks=96")
     $tandem bench compare "${runs[@]}" --workload shared-prefix --groups 6 --system-len 256 \
       --question-len 32 --output-len 16 --num-requests 60 --arrival poisson --rate 1.5 \
       --slo ttft_ms=2000 --json "$out/real_routing.json" --plot "$out/plots" \
