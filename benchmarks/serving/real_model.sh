@@ -32,7 +32,7 @@ for part in $parts; do
     $tandem bench compare \
       --run "agg=configs/agg.yaml@$ports" \
       --run "disagg=configs/disagg.yaml@$ports,decode.replicas=1,prefill.replicas=1" \
-      --workload mixed --short-len 32 --long-len 768 --long-fraction 0.25 --output-len 32 \
+      --workload mixed --short-len 32 --long-len 768 --long-fraction ${LONG_FRACTION:-0.25} --output-len 32 \
       --num-requests 40 --arrival poisson --rate 1.0 --slo ttft_ms=3000 --slo tpot_ms=100 \
       --json "$out/real_disagg.json" --plot "$out/plots" --plot-prefix real_disagg_ \
       --log-dir "$out/logs" > "$out/real_disagg.txt" 2>&1
