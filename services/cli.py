@@ -21,6 +21,8 @@ _HANDLERS = {
     ("frontend",): "services.frontend.serve:main",
     ("up",): "services.launcher.up:main",
     ("bench", "kv-transfer"): "services.prefill.bench:main",
+    ("bench", "serve"): "services.bench.serve_bench:main",
+    ("bench", "compare"): "services.bench.compare:main",
 }
 
 
@@ -30,6 +32,29 @@ def _add_config(p: argparse.ArgumentParser) -> None:
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
         help="override a config key, e.g. --set engine.threads=2 (repeatable)",
     )
+
+
+def _add_serving_bench(bench_sub: argparse._SubParsersAction) -> None:
+    from services.bench.args import add_workload_args
+
+    bs = bench_sub.add_parser("serve", help="stream a workload against an OpenAI-compatible server")
+    bs.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000")
+    bs.add_argument("--model", required=True, help="the served model name")
+    add_workload_args(bs)
+    bs.add_argument("--json", dest="json_path", default=None, help="write results to this file")
+    bs.add_argument("--plot", dest="plot_dir", default=None, help="write TTFT/ITL CDF PNGs here")
+    bs.set_defaults(_key=("bench", "serve"))
+    bc = bench_sub.add_parser("compare", help="the same workload against several cluster configs")
+    bc.add_argument("--run", dest="runs", action="append", default=[], required=True,
+                    metavar="NAME=FILE[@k=v,...]", help="a cluster to start with `tandem up`")
+    add_workload_args(bc)
+    bc.add_argument("--json", dest="json_path", default=None, help="write all results here")
+    bc.add_argument("--plot", dest="plot_dir", default=None, help="write TTFT/ITL CDF PNGs here")
+    bc.add_argument("--plot-prefix", default="", help="file name prefix of the plots")
+    bc.add_argument("--log-dir", default="/tmp/tandem-bench", help="cluster logs and run dirs")
+    bc.add_argument("--ready-timeout", type=float, default=300.0)
+    bc.add_argument("--settle", type=float, default=2.0, help="seconds to wait after /health")
+    bc.set_defaults(_key=("bench", "compare"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(part, help=help_text)
         _add_config(p)
         p.add_argument("--replica", type=int, default=0, help="replica index: ports are base + N")
+        if part == "decode":
+            p.add_argument("--replicas-in-process", type=int, default=1, metavar="K",
+                           help="host replicas N..N+K-1 in this process (mock runner at scale)")
         p.set_defaults(_key=(part,))
 
     up = sub.add_parser("up", help="start the whole cluster from a config and supervise it")
@@ -102,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     bk.add_argument("--processes", type=int, default=2, choices=(1, 2),
                     help="2: decode end in a child process (as deployed); 1: all in one process")
     bk.set_defaults(_key=("bench", "kv-transfer"))
+    _add_serving_bench(bench_sub)
     return parser
 
 

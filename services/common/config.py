@@ -133,6 +133,9 @@ class DecodeConfig(_Strict):
     max_waiting_requests: int = Field(256, ge=0)
     # On SIGTERM: stop taking requests, let in-flight ones finish for this long, then exit.
     grace_period_s: float = Field(10.0, ge=0)
+    # Decode workers hosted by one process (`tandem decode --replicas-in-process K`): for
+    # the mock runner at scale (configs/scale-mock.yaml); keep 1 for real models.
+    replicas_per_process: int = Field(1, ge=1)
 
 
 class PrefillConfig(_Strict):

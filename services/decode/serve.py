@@ -9,6 +9,7 @@ ones finish for up to ``decode.grace_period_s``, exit 0.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import time
 
@@ -31,7 +32,10 @@ from services.engine.factory import build_engine
 log = logging.getLogger(__name__)
 
 
-async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0") -> None:
+async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0",
+                stop: asyncio.Event | None = None, started: asyncio.Event | None = None) -> None:
+    """One decode worker until SIGTERM/SIGINT (or ``stop``, when several share a process);
+    ``started`` is set once it is registered in discovery."""
     import torch
 
     torch.set_num_threads(cfg.engine.threads)
@@ -68,7 +72,9 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0") -> 
             metrics_address=f"{cfg.decode.advertise_host}:{metrics_port}",
             metadata={"model": parts.model_name}))
         log.info("decode worker %s: gRPC %s, metrics :%d", worker_id, address, metrics_port)
-        stop = stop_on_signals()
+        if started is not None:
+            started.set()
+        stop = stop or stop_on_signals()
         try:
             await stop.wait()
             log.info("decode worker %s: draining (up to %.1fs)", worker_id, cfg.decode.grace_period_s)
@@ -85,5 +91,30 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0") -> 
     await nc.close()
 
 
+async def serve_many(cfg: ClusterConfig, first: int, count: int) -> None:
+    """Replicas ``first .. first+count-1`` in one process, each a full worker (own gRPC and
+    metrics port, KV publisher, discovery registration); one signal stops them all."""
+    stop = stop_on_signals()
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        for i in range(count):
+            # NOTE: one at a time: building an engine blocks the event loop, and with K
+            # building at once the others' NATS requests time out.
+            up = asyncio.Event()
+            tasks.append(asyncio.create_task(serve(cfg, first + i, stop=stop, started=up)))
+            waiter = asyncio.create_task(up.wait())
+            await asyncio.wait([tasks[-1], waiter], return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            if tasks[-1].done():
+                tasks[-1].result()  # it failed to start: raise its error
+        await asyncio.gather(*tasks)
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 def main(args: argparse.Namespace) -> int:
-    return run_part(args, serve)
+    count = getattr(args, "replicas_in_process", 1) or 1
+    if count == 1:
+        return run_part(args, serve)
+    return run_part(args, lambda cfg, replica: serve_many(cfg, replica, count))

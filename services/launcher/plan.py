@@ -125,12 +125,21 @@ def plan(
         ready=Readiness("tcp", "127.0.0.1", r.port), env=other_env,
     ))
     d = cfg.decode
-    for i in range(d.replicas):
+    k = d.replicas_per_process
+    for first in range(0, d.replicas, k):
+        # K > 1: one process hosts replicas first..last (the mock runner at scale).
+        last = min(first + k, d.replicas) - 1
+        argv = part_argv("decode", first)
+        if k > 1:
+            argv += ("--replicas-in-process", str(last - first + 1))
+        ports = tuple(u for i in range(first, last + 1)
+                      for u in (PortUse("grpc", d.port + i, "decode.port"),
+                                PortUse("metrics", d.metrics_port + i, "decode.metrics_port")))
         specs.append(ProcessSpec(
-            name=f"decode-{i}", part="decode", argv=part_argv("decode", i),
-            ports=(PortUse("grpc", d.port + i, "decode.port"),
-                   PortUse("metrics", d.metrics_port + i, "decode.metrics_port")),
-            ready=Readiness("tcp", "127.0.0.1", d.port + i), env=worker_env,
+            name=f"decode-{first}" if k == 1 else f"decode-{first}-{last}", part="decode",
+            argv=argv, ports=ports,
+            # the last replica's port: a process starts its workers one after another
+            ready=Readiness("tcp", "127.0.0.1", d.port + last), env=worker_env,
         ))
     p = cfg.prefill
     for i in range(p.replicas):

@@ -125,3 +125,16 @@ def test_nats_is_stopped_with_sigint_and_the_parts_with_sigterm(tmp_path) -> Non
     by_part = {s.part: s.stop_signal for s in specs}
     assert by_part["nats"] == signal.SIGINT
     assert {v for k, v in by_part.items() if k != "nats"} == {signal.SIGTERM}
+
+
+def test_decode_replicas_per_process_groups_workers() -> None:
+    cfg = parse_config({"engine": {"runner": "mock"},
+                        "decode": {"replicas": 5, "replicas_per_process": 2}, "prefill": {"replicas": 0}})
+    dec = [s for s in plan(cfg, None) if s.part == "decode"]
+    assert [s.name for s in dec] == ["decode-0-1", "decode-2-3", "decode-4-4"]
+    assert [s.argv[-4:] for s in dec[:2]] == [("--replica", "0", "--replicas-in-process", "2"),
+                                              ("--replica", "2", "--replicas-in-process", "2")]
+    assert dec[2].argv[-4:] == ("--replica", "4", "--replicas-in-process", "1")
+    assert [p.port for p in dec[1].ports] == [9302, 9402, 9303, 9403]
+    assert dec[1].ready.port == 9303
+    check_port_conflicts(plan(cfg, None))

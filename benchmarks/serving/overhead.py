@@ -1,0 +1,164 @@
+"""Stack overhead of a short prompt: TTFT at each layer, measured from the outside in.
+
+Against a running cluster (``tandem up -c CONFIG``), ``--n`` sequential requests (after
+``--warmup``) of one ``--prompt-len``-token prompt, max_tokens 1, unique prompts so no
+prefix hits, timed at each layer:
+
+- engine:   an in-process ``AsyncEngine`` built from the same config (no network)
+- decode:   the decode worker's gRPC ``Generate`` to its first response
+- router:   the router's gRPC ``Route`` round trip (then ``Update FINISHED``)
+- processor: the processor's gRPC ``Generate`` (route + decode + detokenize) to its
+  first message
+- http:     the whole path: HTTP -> frontend -> processor -> router + decode -> SSE
+
+Prints medians and p90s (ms) as JSON. Run: ``PYTHONPATH=. python benchmarks/serving/overhead.py -c
+configs/scale-mock.yaml --set ... --base-url http://127.0.0.1:8100``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import time
+
+import grpc
+import numpy as np
+
+from services.bench.client import RequestRecord, send
+from services.bench.workloads import ID_HIGH, ID_LOW
+from services.common.config import load_config
+from services.engine.async_engine import AsyncEngine
+from services.engine.factory import build_engine
+from services.engine.request import GenerateRequest, SamplingParams
+from services.gen import (
+    processor_pb2,
+    processor_pb2_grpc,
+    router_pb2,
+    router_pb2_grpc,
+    worker_pb2,
+    worker_pb2_grpc,
+)
+from services.launcher.up import served_name
+
+
+def _prompts(n: int, length: int, seed: int) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(ID_LOW, ID_HIGH, size=length).tolist() for _ in range(n)]
+
+
+def _stats(ms: list[float]) -> dict[str, float]:
+    a = np.asarray(ms)
+    return {"p50": float(np.percentile(a, 50)), "p90": float(np.percentile(a, 90)),
+            "mean": float(a.mean()), "n": len(a)}
+
+
+async def engine_ttft(cfg, prompts: list[list[int]]) -> list[float]:
+    parts = build_engine(cfg, worker_id="overhead")
+    out = []
+    async with AsyncEngine(parts.engine) as ae:
+        for i, p in enumerate(prompts):
+            req = GenerateRequest(f"e{i}", p, SamplingParams(temperature=0.0, max_tokens=1))
+            t0 = time.perf_counter()
+            async for _ in ae.generate(req):
+                out.append((time.perf_counter() - t0) * 1000)
+                break
+    return out
+
+
+async def decode_ttft(address: str, prompts: list[list[int]]) -> list[float]:
+    out = []
+    async with grpc.aio.insecure_channel(address) as ch:
+        stub = worker_pb2_grpc.DecodeWorkerStub(ch)
+        for i, p in enumerate(prompts):
+            req = worker_pb2.GenerateRequest(
+                request_id=f"d{i}-{time.time_ns()}", token_ids=p,
+                sampling=worker_pb2.SamplingParams(temperature=0.0, top_p=1.0, max_tokens=1))
+            t0 = time.perf_counter()
+            async for _ in stub.Generate(req):
+                out.append((time.perf_counter() - t0) * 1000)
+                break
+    return out
+
+
+async def router_rtt(address: str, prompts: list[list[int]]) -> list[float]:
+    out = []
+    async with grpc.aio.insecure_channel(address) as ch:
+        stub = router_pb2_grpc.RouterStub(ch)
+        for i, p in enumerate(prompts):
+            rid = f"r{i}-{time.time_ns()}"
+            t0 = time.perf_counter()
+            await stub.Route(router_pb2.RouteRequest(request_id=rid, token_ids=p))
+            out.append((time.perf_counter() - t0) * 1000)
+            await stub.Update(router_pb2.RequestUpdate(
+                request_id=rid, phase=router_pb2.RequestUpdate.FINISHED))
+    return out
+
+
+async def processor_ttft(address: str, prompts: list[list[int]]) -> list[float]:
+    out = []
+    async with grpc.aio.insecure_channel(address) as ch:
+        stub = processor_pb2_grpc.ProcessorStub(ch)
+        for i, p in enumerate(prompts):
+            req = processor_pb2.ProcessRequest(
+                request_id=f"p{i}-{time.time_ns()}", prompt_ids=processor_pb2.TokenIds(ids=p),
+                sampling=processor_pb2.SamplingOptions(max_tokens=1, temperature=0.0, top_p=1.0))
+            t0 = time.perf_counter()
+            async for _ in stub.Generate(req):
+                out.append((time.perf_counter() - t0) * 1000)
+                break
+    return out
+
+
+async def http_ttft(base_url: str, model: str, prompts: list[list[int]]) -> list[float]:
+    import httpx
+
+    out = []
+    url = base_url.rstrip("/") + "/v1/completions"
+    async with httpx.AsyncClient() as client:
+        for i, p in enumerate(prompts):
+            rec = RequestRecord(i, len(p))
+            body = {"model": model, "prompt": p, "max_tokens": 1, "temperature": 0.0,
+                    "stream": True}
+            await send(client, url, body, rec, 60.0)
+            if not rec.ok:
+                raise RuntimeError(f"request {i} failed: {rec.error}")
+            out.append((rec.first_token_time - rec.send_time) * 1000)
+    return out
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-c", "--config", required=True)
+    ap.add_argument("--set", dest="overrides", action="append", default=[])
+    ap.add_argument("--base-url", required=True)
+    ap.add_argument("--n", type=int, default=50)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--layers", default="engine,decode,router,processor,http")
+    args = ap.parse_args()
+    cfg = load_config(args.config, args.overrides)
+    import torch
+
+    torch.set_num_threads(cfg.engine.threads)  # as the decode worker process does
+    model = served_name(cfg)
+    layers = args.layers.split(",")
+    funcs = {
+        "engine": lambda ps: engine_ttft(cfg, ps),
+        "decode": lambda ps: decode_ttft(f"127.0.0.1:{cfg.decode.port}", ps),
+        "router": lambda ps: router_rtt(f"127.0.0.1:{cfg.router.port}", ps),
+        "processor": lambda ps: processor_ttft(f"127.0.0.1:{cfg.processor.port}", ps),
+        "http": lambda ps: http_ttft(args.base_url, model, ps),
+    }
+    res: dict = {"load_average_1m_before": os.getloadavg()[0]}
+    for k, layer in enumerate(layers):
+        prompts = _prompts(args.warmup + args.n, args.prompt_len, seed=100 + k)
+        ms = await funcs[layer](prompts)
+        res[layer] = _stats(ms[args.warmup:])
+    res["load_average_1m_after"] = os.getloadavg()[0]
+    print(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

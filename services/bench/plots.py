@@ -1,0 +1,58 @@
+"""TTFT and ITL CDF plots (matplotlib, Agg backend: no display needed).
+
+matplotlib is an optional dependency (the ``bench`` extra); it is imported only here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise RuntimeError("plots need matplotlib: pip install 'tandem[bench]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def cdf_plot(series: Mapping[str, Sequence[float]], xlabel: str, title: str, path: str | Path) -> Path:
+    """One CDF line per named series of values (ms); writes a small PNG to ``path``."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5, 3.2), dpi=90)
+    lo, hi = np.inf, 0.0
+    for name, values in series.items():
+        if not len(values):
+            continue
+        xs = np.sort(np.asarray(values, dtype=np.float64))
+        ys = np.arange(1, len(xs) + 1) / len(xs)
+        ax.step(xs, ys, where="post", label=name)
+        lo, hi = min(lo, xs[0]), max(hi, xs[-1])
+    if lo > 0 and hi / lo > 100:  # latencies spanning decades: a log axis shows the body
+        ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("fraction of samples")
+    ax.set_title(title)
+    ax.set_ylim(0, 1.01)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+    return out
+
+
+def latency_cdfs(ttft_ms: Mapping[str, Sequence[float]], itl_ms: Mapping[str, Sequence[float]],
+                 out_dir: str | Path, prefix: str = "") -> list[Path]:
+    """``{prefix}ttft_cdf.png`` and ``{prefix}itl_cdf.png`` under ``out_dir``."""
+    d = Path(out_dir)
+    return [cdf_plot(ttft_ms, "TTFT (ms)", "time to first token", d / f"{prefix}ttft_cdf.png"),
+            cdf_plot(itl_ms, "ITL (ms)", "inter-token latency", d / f"{prefix}itl_cdf.png")]
