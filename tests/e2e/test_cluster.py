@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from openai import AsyncOpenAI, OpenAI
 from services.common.config import load_config
 from services.engine.factory import build_engine
 from services.engine.request import GenerateRequest, SamplingParams
+from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "SmolLM2-135M-Instruct"
@@ -30,11 +30,6 @@ FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 LONG = [{"role": "user", "content": "Summarise: " + "The Roman Empire built roads, aqueducts "
          "and cities across Europe, and its law shaped later states. " * 30}]
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -54,7 +49,7 @@ def _metric(url: str, name: str) -> float:
 
 @pytest.fixture(scope="module")
 def cluster(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    ports = {k: _free_port() for k in ("nats", "router", "router_m", "decode", "decode_m",
+    ports = {k: free_port() for k in ("nats", "router", "router_m", "decode", "decode_m",
                                        "prefill_m", "proc", "proc_m", "front")}
     overrides = [
         f"nats.url=nats://127.0.0.1:{ports['nats']}", f"router.port={ports['router']}",

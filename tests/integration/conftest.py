@@ -13,12 +13,7 @@ from pathlib import Path
 import pytest
 
 from services.common.env import in_ci
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.support.ports import free_port
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +23,7 @@ def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         if in_ci():
             pytest.fail("nats-server is not installed (CI must have it: `make nats`)")
         pytest.skip("nats-server is not installed; `make nats` installs it")
-    port = _free_port()
+    port = free_port()
     store = tmp_path_factory.mktemp("nats")
     proc = subprocess.Popen(
         [binary, "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(store)],

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -21,18 +20,14 @@ from services.common.discovery import Discovery
 from services.common.nats_client import connect
 from services.gen import worker_pb2, worker_pb2_grpc
 from tests.integration.disagg_harness import cluster_cfg, generate, mock_engine_section
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.asyncio
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 async def test_decode_and_prefill_processes_serve_and_exit_cleanly(nats_url: str, tmp_path: Path) -> None:
-    dport, mport, pport = _free_port(), _free_port(), _free_port()
+    dport, mport, pport = free_port(), free_port(), free_port()
     cfg = cluster_cfg(nats_url, engine=mock_engine_section(),
                       decode={"port": dport, "metrics_port": mport, "grace_period_s": 2,
                               "disagg": {"max_local_prefill_length": 16}},

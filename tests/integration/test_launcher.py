@@ -19,6 +19,7 @@ from services.common.config import parse_config
 from services.launcher.nats import find_nats_server
 from services.launcher.plan import PortUse, ProcessSpec, Readiness, plan
 from services.launcher.supervisor import Supervisor, is_ready
+from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,15 +32,10 @@ def _needs_nats_server() -> None:
         pytest.skip(str(e))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _ports_overrides() -> list[str]:
-    return [f"nats.url=nats://127.0.0.1:{_free_port()}", f"router.port={_free_port()}",
-            f"router.metrics_port={_free_port()}"]
+    return [f"nats.url=nats://127.0.0.1:{free_port()}", f"router.port={free_port()}",
+            f"router.metrics_port={free_port()}"]
 
 
 def _gone(pid: int) -> bool:
@@ -120,7 +116,7 @@ def _real_specs(tmp_path: Path) -> list[ProcessSpec]:
 
 
 def _python_spec(name: str, code: str) -> ProcessSpec:
-    port = _free_port()
+    port = free_port()
     return ProcessSpec(name=name, part="processor", argv=(sys.executable, "-c", code),
                        ports=(PortUse("grpc", port, "processor.port"),),
                        ready=Readiness("tcp", "127.0.0.1", port))
@@ -142,7 +138,7 @@ def test_a_child_that_dies_is_named_and_the_rest_are_stopped(tmp_path: Path) -> 
 
 
 def test_a_child_that_ignores_sigterm_is_killed(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     stubborn = ProcessSpec(
         name="stubborn", part="processor",
         argv=(sys.executable, "-c",
@@ -181,7 +177,7 @@ def test_readiness_timeout_names_the_part_and_stops_it(tmp_path: Path) -> None:
 
 
 def test_http_readiness_needs_a_200_not_just_a_listening_port(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     ready = Readiness("http", "127.0.0.1", port, "/health")
     server = subprocess.Popen(
         [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(tmp_path)],

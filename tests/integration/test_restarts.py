@@ -22,7 +22,7 @@ from services.processor.router_client import RouterClient
 from services.processor.types import ProcessorError, ProcessRequest, SamplingOptions
 from services.processor.worker_client import DecodeWorkerClient
 from services.router.types import NoWorkersAvailable, RequestPhase, RouteRequest
-from tests.integration.test_worker_death import _two_free_ports
+from tests.support.ports import free_port_pair
 from tests.support.procs import NatsServer, Part, free_port, start_part, write_config
 from tests.support.stack import MODEL
 
@@ -41,7 +41,7 @@ def restart_cfg(nats_url: str) -> ClusterConfig:
                    "max_num_seqs": 8, "max_num_batched_tokens": 512,
                    "mock": {"step_base_s": 0.005, "per_prefill_token_s": 0, "per_decode_seq_s": 0,
                             "vocab_size": 49152, "eos_token_id": 2}},
-        "decode": {"port": _two_free_ports(), "metrics_port": _two_free_ports(),
+        "decode": {"port": free_port_pair(), "metrics_port": free_port_pair(),
                    "grace_period_s": 1,
                    "disagg": {"max_local_prefill_length": 16, "remote_prefill_timeout_s": 5}},
         "prefill": {"metrics_port": free_port(), "grace_period_s": 1},

@@ -5,7 +5,6 @@ requests still complete; with every worker dead the stream ends with a clear err
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -21,23 +20,12 @@ from services.processor.processor import Processor
 from services.processor.types import ChatMessage, ProcessRequest, SamplingOptions, Unavailable
 from services.processor.worker_client import DecodeWorkerClient
 from services.router.router import Router
-from tests.support.procs import Part, free_port, start_part, write_config
+from tests.support.ports import free_port_pair
+from tests.support.procs import Part, start_part, write_config
 from tests.support.stack import MODEL
 
 pytestmark = pytest.mark.asyncio
 
-
-def _two_free_ports() -> int:
-    """A port p with p + 1 also free (decode replica i listens on port + i)."""
-    for _ in range(50):
-        p = free_port()
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", p + 1))
-            except OSError:
-                continue
-        return p
-    raise AssertionError("no two consecutive free ports")
 
 
 def decode_cluster_cfg(nats_url: str, step_s: float = 0.03) -> ClusterConfig:
@@ -49,7 +37,7 @@ def decode_cluster_cfg(nats_url: str, step_s: float = 0.03) -> ClusterConfig:
                    "max_num_seqs": 8, "max_num_batched_tokens": 512,
                    "mock": {"step_base_s": step_s, "per_prefill_token_s": 0, "per_decode_seq_s": 0,
                             "vocab_size": 49152, "eos_token_id": 2}},
-        "decode": {"port": _two_free_ports(), "metrics_port": _two_free_ports(),
+        "decode": {"port": free_port_pair(), "metrics_port": free_port_pair(),
                    "grace_period_s": 1, "disagg": {"enabled": False}},
         "discovery": {"ttl_s": 2, "heartbeat_s": 0.5},
     })

@@ -6,7 +6,6 @@ finding the processor through discovery."""
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -27,13 +26,8 @@ from services.processor.grpc_server import start_grpc as start_processor_grpc
 from services.processor.router_client import RouterClient
 from services.router.grpc_server import start_grpc as start_router_grpc
 from services.router.router import Router
+from tests.support.ports import free_port
 from tests.support.stack import DecodeNode, decode_node, make_processor
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
