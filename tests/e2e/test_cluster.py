@@ -36,7 +36,6 @@ LONG = [{"role": "user", "content": "Summarise: " + "The Roman Empire built road
 class Cluster:
     base_url: str
     decode_metrics: str
-    overrides: list[str]
 
 
 def _metric(url: str, name: str) -> float:
@@ -47,8 +46,7 @@ def _metric(url: str, name: str) -> float:
     raise AssertionError(f"{name} not in {url}")
 
 
-@pytest.fixture(scope="module")
-def cluster(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def _start(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Popen, Path, dict[str, int]]:
     ports = {k: free_port() for k in ("nats", "router", "router_m", "decode", "decode_m",
                                        "prefill_m", "proc", "proc_m", "front")}
     overrides = [
@@ -66,10 +64,22 @@ def cluster(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     with open(log, "w") as out:
         proc = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-    base = f"http://127.0.0.1:{ports['front']}"
+    return proc, log, ports
+
+
+@pytest.fixture(scope="module")
+def cluster(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    proc, log, ports = _start(tmp_path_factory)
+    retried = False
     try:
         deadline = time.monotonic() + 300
         while True:
+            if not retried and proc.poll() == 2 and "port" in log.read_text():
+                retried = True
+                # NOTE: another process took one of the picked free ports before the
+                # launcher's preflight check: pick again, once.
+                proc, log, ports = _start(tmp_path_factory)
+            base = f"http://127.0.0.1:{ports['front']}"
             assert proc.poll() is None, f"tandem up exited {proc.returncode}:\n{log.read_text()}"
             assert time.monotonic() < deadline, f"cluster not ready:\n{log.read_text()}"
             try:
@@ -78,7 +88,7 @@ def cluster(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
             except httpx.HTTPError:
                 pass
             time.sleep(0.5)
-        yield Cluster(base + "/v1", f"http://127.0.0.1:{ports['decode_m']}/metrics", overrides)
+        yield Cluster(base + "/v1", f"http://127.0.0.1:{ports['decode_m']}/metrics")
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
