@@ -116,13 +116,8 @@ class MergedColumnParallelLinear(_ShardedLinear):
         src = slice(self.tp_rank * size, (self.tp_rank + 1) * size)
         dst = slice(self.offsets[part], self.offsets[part] + size)
         self.weight[dst].copy_(weight[src])
-        if self.bias is not None:
-            if bias is None:
-                raise ValueError(f"{name}: missing bias for a layer built with bias=True")
-            _check_shape(name.replace("weight", "bias"), bias, (self.full_sizes[part],))
-            self.bias[dst].copy_(bias[src])
-        elif bias is not None:
-            raise ValueError(f"{name}: unexpected bias for a layer built with bias=False")
+        part_bias = self.bias[dst] if self.bias is not None else None  # a view: copies land in place
+        _load_bias(part_bias, bias, src, self.full_sizes[part], name)
 
     def split_output(self, y: torch.Tensor) -> list[torch.Tensor]:
         return list(y.split(self.shard_sizes, dim=-1))
