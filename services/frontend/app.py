@@ -103,12 +103,8 @@ def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readines
             r = Renderer(chat, ("chatcmpl-" if chat else "cmpl-") + rid, body.model)
             deltas = processor.generate(body.to_process(rid))
             first = await unless_disconnected(request, first_delta(deltas, fc.request_timeout_s))
-        except ProcessorError as e:
-            return _fail(m, t0, from_processor(e, fc.retry_after_s))
-        except APIError as e:
-            return _fail(m, t0, e)
-        except ClientGone:
-            return _fail(m, t0, APIError(499, "the client disconnected"))
+        except (ProcessorError, APIError, ClientGone) as e:
+            return _fail(m, t0, _api_error(e, fc.retry_after_s))
         if body.stream:
             gen = sse(m, r, deltas, first, t0, body.include_usage, fc.request_timeout_s, fc.retry_after_s)
             return StreamingResponse(gen, media_type="text/event-stream",
@@ -116,12 +112,8 @@ def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readines
         try:
             text, reason, usage = await unless_disconnected(
                 request, collect(m, deltas, first, t0, fc.request_timeout_s))
-        except ProcessorError as e:
-            return _fail(m, t0, from_processor(e, fc.retry_after_s))
-        except APIError as e:
-            return _fail(m, t0, e)
-        except ClientGone:
-            return _fail(m, t0, APIError(499, "the client disconnected"))
+        except (ProcessorError, APIError, ClientGone) as e:
+            return _fail(m, t0, _api_error(e, fc.retry_after_s))
         m.requests.labels("200").inc()
         m.duration.observe(time.perf_counter() - t0)
         return JSONResponse(r.full(text, reason, usage))
@@ -203,6 +195,15 @@ def _validation_error(e: ValidationError) -> APIError:
         loc = msg.split(":", 1)[0]
     return APIError(400, f"{loc}: {msg}" if loc and not msg.startswith(loc) else msg,
                     param=loc or None, code="invalid_value")
+
+
+def _api_error(e: ProcessorError | APIError | ClientGone, retry_after_s: int) -> APIError:
+    """What the client is told for an error raised while a request is served."""
+    if isinstance(e, ProcessorError):
+        return from_processor(e, retry_after_s)
+    if isinstance(e, ClientGone):
+        return APIError(499, "the client disconnected")
+    return e
 
 
 def _fail(m: FrontendMetrics, t0: float, e: APIError) -> Response:
