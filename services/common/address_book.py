@@ -10,12 +10,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 import grpc
 import nats.errors
 
 from services.common.discovery import Discovery, Registration
 from services.common.service import cancel_and_wait
+
+S = TypeVar("S")
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +88,7 @@ class ChannelPool:
 
     def __init__(self) -> None:
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stubs: dict[tuple[str, Callable[[grpc.aio.Channel], Any]], Any] = {}
 
     def get(self, address: str) -> grpc.aio.Channel:
         ch = self._channels.get(address)
@@ -92,7 +96,17 @@ class ChannelPool:
             ch = self._channels[address] = grpc.aio.insecure_channel(address)
         return ch
 
+    def stub(self, address: str, stub_cls: Callable[[grpc.aio.Channel], S]) -> S:
+        """``stub_cls`` over the address's channel, built once (a stub builds a callable per
+        method, which is not worth repeating on every request)."""
+        key = (address, stub_cls)
+        s = self._stubs.get(key)
+        if s is None:
+            s = self._stubs[key] = stub_cls(self.get(address))
+        return s
+
     async def close(self) -> None:
+        self._stubs = {}
         channels, self._channels = list(self._channels.values()), {}
         for ch in channels:
             await ch.close()

@@ -42,7 +42,7 @@ class ProcessorClient:
         addr = self._book.pick()
         if addr is None:
             raise Unavailable("no processor is registered in discovery")
-        return processor_pb2_grpc.ProcessorStub(self._pool.get(addr))
+        return self._pool.stub(addr, processor_pb2_grpc.ProcessorStub)
 
     async def list_models(self) -> list[ModelInfo]:
         try:

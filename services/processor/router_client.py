@@ -33,7 +33,7 @@ class RouterClient:
         addr = self._book.pick()
         if addr is None:
             raise NoWorkersAvailable("no router is registered in discovery")
-        return router_pb2_grpc.RouterStub(self._pool.get(addr))
+        return self._pool.stub(addr, router_pb2_grpc.RouterStub)
 
     async def route(self, req: RouteRequest) -> RouteResponse:
         msg = router_pb2.RouteRequest(request_id=req.request_id, token_ids=req.token_ids,

@@ -55,7 +55,7 @@ class DecodeWorkerClient:
         """Stream the worker's chunks until the one with a finish reason. Raises
         InvalidRequest (worker said INVALID_ARGUMENT), Unavailable (worker unreachable,
         shutting down or full) or ProcessorError."""
-        stub = worker_pb2_grpc.DecodeWorkerStub(self._pool.get(address))
+        stub = self._pool.stub(address, worker_pb2_grpc.DecodeWorkerStub)
         call = stub.Generate(worker_pb2.GenerateRequest(
             request_id=request_id, token_ids=token_ids, sampling=to_pb_sampling(sampling),
             router_overlap_blocks=overlap_blocks,
