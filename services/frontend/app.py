@@ -94,11 +94,9 @@ def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readines
                 raise APIError(400, f"{param}: {asked} is more than this server allows "
                                f"(frontend.max_tokens_limit={fc.max_tokens_limit})",
                                param=param, code="invalid_value")
-            models = await processor.list_models()
-            if body.model not in {x.id for x in models}:
-                raise APIError(404, f"The model {body.model!r} does not exist; served: "
-                               f"{', '.join(x.id for x in models)}", param="model",
-                               code="model_not_found")
+            # NOTE: the processor checks the model (404 naming the served one) as it
+            # starts the request: asking it for the model list first would cost every
+            # request another round trip.
             rid = uuid.uuid4().hex
             r = Renderer(chat, ("chatcmpl-" if chat else "cmpl-") + rid, body.model)
             deltas = processor.generate(body.to_process(rid))
