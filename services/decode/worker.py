@@ -125,17 +125,21 @@ class DecodeWorker:
     async def _decide(self, request: GenerateRequest) -> PrefillDecision:
         d = self.cfg.decode.disagg
         n = len(request.prompt_token_ids)
+        queue = self.queue
+        if queue is None or not d.enabled or n <= d.max_local_prefill_length:
+            # NOTE: local whatever the prefix hit: skip the step thread round trip to look it up.
+            cfg = d if queue is not None else d.model_copy(update={"enabled": False})
+            return decide_prefill(cfg, n, 0, 0, 0)
         cached = await self.engine.prefix_hit_tokens(request.prompt_token_ids)
         depth = tokens = 0
         # NOTE: only pay the consumer-info round trip when the queue can change the answer.
-        if self.queue is not None and d.enabled and n - cached > d.max_local_prefill_length:
+        if n - cached > d.max_local_prefill_length:
             try:
-                depth, tokens = await self.queue.depth(), self.queue.queued_tokens
+                depth, tokens = await queue.depth(), queue.queued_tokens
             except Exception as e:  # NATS down or the queue gone: prefill here, never fail
                 log.warning("prefill queue depth unknown (%s); prefilling locally", e)
                 return decide_prefill(d.model_copy(update={"enabled": False}), n, cached, 0, 0)
-        cfg = d if self.queue is not None else d.model_copy(update={"enabled": False})
-        return decide_prefill(cfg, n, cached, depth, tokens)
+        return decide_prefill(d, n, cached, depth, tokens)
 
     # ---- paths ----------------------------------------------------------------------
     async def _local(self, rid: str, outs: AsyncIterator[TokenOutput], where: str
