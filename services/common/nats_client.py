@@ -55,7 +55,8 @@ class Subjects:
 
     @property
     def router_inflight(self) -> str:
-        """Router replicas share routed/prefilled/freed requests (wire.encode_inflight)."""
+        """Router replicas share routed/prefilled/freed requests (wire.encode_inflight);
+        processors report their requests' first token and end here too."""
         return f"{self.namespace}.router.inflight"
 
     @property
@@ -79,8 +80,10 @@ class Subjects:
         return f"{self.namespace}_discovery"
 
 
-async def connect(cfg: NatsConfig, name: str) -> NatsClient:
+async def connect(cfg: NatsConfig, name: str, no_echo: bool = False) -> NatsClient:
     """Connect with credentials from ``cfg`` and reconnect forever after a disconnect.
+    ``no_echo``: the server does not deliver this connection's own publishes back to its
+    subscriptions (JetStream deliveries are unaffected).
 
     The first connect is retried a few times so a part started next to a nats-server that is
     still booting does not fail; a later loss of the server is survived by reconnecting.
@@ -105,6 +108,7 @@ async def connect(cfg: NatsConfig, name: str) -> NatsClient:
         "reconnect_time_wait": 0.5,
         "connect_timeout": 2,
         "allow_reconnect": True,
+        "no_echo": no_echo,
     }
     cfg = with_env_credentials(cfg)
     first = True

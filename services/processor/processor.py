@@ -6,7 +6,8 @@ detokenizes incrementally, applies stop strings and counts usage. The router is 
 in-process ``Router`` or a ``RouterClient`` (same ``route``/``update``).
 
 Router bookkeeping: ``update(PREFILLED)`` at the first token, ``update(FINISHED)`` at the end
-whatever the end was (finish, stop string, error, cancellation), so no load leaks.
+whatever the end was (finish, stop string, error, cancellation), so no load leaks. Neither
+holds up a token: see ``RouterReports``.
 
 Migration: a stream whose decode worker fails mid-way continues on another worker (see
 ``_stream``); the client sees one uninterrupted stream. Greedy requests continue exactly;
@@ -25,6 +26,7 @@ from services.engine.request import FinishReason, SamplingParams
 from services.engine.tokenizer import Tokenizer
 from services.processor.detokenizer import IncrementalDetokenizer
 from services.processor.metrics import ProcessorMetrics
+from services.processor.router_reports import Publish, RouterLike, RouterReports
 from services.processor.stop import StopMatcher
 from services.processor.types import (
     Delta,
@@ -49,11 +51,6 @@ from services.router.types import (
 log = logging.getLogger(__name__)
 
 
-class RouterLike(Protocol):
-    async def route(self, req: RouteRequest) -> RouteResponse: ...
-    async def update(self, request_id: str, phase: RequestPhase) -> None: ...
-
-
 class WorkerLike(Protocol):
     def generate(self, address: str, request_id: str, token_ids: Sequence[int],
                  sampling: SamplingParams, overlap_blocks: int = 0) -> AsyncIterator[WorkerChunk]: ...
@@ -70,9 +67,12 @@ class Processor:
         block_size: int = 16,
         metrics: ProcessorMetrics | None = None,
         migration_limit: int = 3,
+        publish_reports: Publish | None = None,
+        instance: str = "processor",
     ) -> None:
         self._tok = tokenizer
         self._router = router
+        self.reports = RouterReports(router, publish_reports, instance)
         self._workers = workers
         self.model_name = model_name
         self.context_length = context_length
@@ -106,10 +106,8 @@ class Processor:
             async for delta in self._stream(req.request_id, ids, sampling, stops, route):
                 if delta.finish_reason is not None:
                     outcome = delta.finish_reason
-                    # NOTE: release the router's load before the caller sees the end, so a
-                    # client that got its answer never observes the request still counted.
                     released = True
-                    await self._update(req.request_id, RequestPhase.FINISHED)
+                    await self.reports.send(req.request_id, RequestPhase.FINISHED)
                 yield delta
         except ProcessorError as e:
             outcome = e.kind
@@ -121,7 +119,7 @@ class Processor:
             m.inflight.dec()
             m.requests.labels(outcome).inc()
             if not released:
-                await self._update(req.request_id, RequestPhase.FINISHED)
+                await self.reports.send(req.request_id, RequestPhase.FINISHED)
 
     # ---- steps -----------------------------------------------------------------------
     def _prompt_ids(self, req: ProcessRequest) -> list[int]:
@@ -178,7 +176,7 @@ class Processor:
         except InvalidRouteRequest as e:
             raise InvalidRequest(str(e)) from None
         if not route.address:
-            await self._update(request_id, RequestPhase.FINISHED)
+            await self.reports.send_now(request_id, RequestPhase.FINISHED)
             raise Unavailable(f"decode worker {route.worker_id} announced no gRPC address")
         return route
 
@@ -208,7 +206,7 @@ class Processor:
                     if chunk.token_ids:
                         if first:
                             first = False
-                            await self._update(request_id, RequestPhase.PREFILLED)
+                            await self.reports.send(request_id, RequestPhase.PREFILLED)
                         produced.extend(chunk.token_ids)
                         self.metrics.completion_tokens.inc(len(chunk.token_ids))
                         text = stops.feed(detok.add(chunk.token_ids))
@@ -265,8 +263,9 @@ class Processor:
         failed.append(route.worker_id)
         what = (f"decode worker {route.worker_id} ({route.address}) {failure} after "
                 f"{len(produced)} tokens")
-        # The failed worker no longer carries this request's load.
-        await self._update(request_id, RequestPhase.FINISHED)
+        # The failed worker no longer carries this request's load (before the same id is
+        # routed again).
+        await self.reports.send_now(request_id, RequestPhase.FINISHED)
         if len(failed) > self.migration_limit:
             raise Unavailable(f"{what}; gave up after {self.migration_limit} migrations")
         log.warning("%s; migrating %s (attempt %d of %d)", what, request_id, len(failed),
@@ -277,9 +276,3 @@ class Processor:
             raise Unavailable(f"{what}; no other decode worker can continue it: {e}") from None
         self.metrics.migrations.inc()
         return new
-
-    async def _update(self, request_id: str, phase: RequestPhase) -> None:
-        try:
-            await self._router.update(request_id, phase)
-        except Exception as e:  # bookkeeping only: the router expires it by TTL anyway
-            log.warning("router update %s for %s failed: %s", phase.value, request_id, e)

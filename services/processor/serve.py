@@ -9,6 +9,8 @@ registers as role "processor". SIGTERM/SIGINT: deregister, let in-flight streams
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import logging
 import socket
 
@@ -17,8 +19,9 @@ from prometheus_client import start_http_server
 from services.common.address_book import AddressBook, ChannelPool
 from services.common.config import ClusterConfig
 from services.common.discovery import Discovery, Registration
-from services.common.nats_client import connect
+from services.common.nats_client import Subjects, connect
 from services.common.service import run_part, stop_on_signals
+from services.common.wire import InflightUpdate, encode_inflight
 
 log = logging.getLogger("tandem.processor")
 
@@ -46,8 +49,14 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0") -> 
         if pc.router_address is None:
             routers.start(disc)
         metrics = ProcessorMetrics()
+        subject = Subjects(cfg.namespace).router_inflight
+
+        async def publish(u: InflightUpdate) -> None:
+            await nc.publish(subject, encode_inflight(u))
+
         processor = Processor(tok, RouterClient(routers, pool), DecodeWorkerClient(pool), name,
-                              ctx, cfg.engine.block_size, metrics, pc.migration_limit)
+                              ctx, cfg.engine.block_size, metrics, pc.migration_limit,
+                              publish_reports=publish, instance=f"processor-{replica}")
         server, port = await start_grpc(processor, host, pc.port + replica)
         metrics_port = pc.metrics_port + replica
         start_http_server(metrics_port, registry=metrics.registry)
@@ -61,6 +70,8 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0") -> 
         log.info("processor %d: draining", replica)
         await lease.close()
         await server.stop(grace=pc.drain_timeout_s)
+        with contextlib.suppress(Exception):  # the router expires what is left by TTL
+            await asyncio.wait_for(nc.flush(), 2.0)
     finally:
         await routers.close()
         await pool.close()

@@ -3,7 +3,9 @@
 Lifecycle: ``async with Router(cfg) as r`` (or start()/close()) connects to NATS (or uses a
 given connection), watches discovery for decode workers, ingests their KV events and load
 metrics, and shares in-flight request adds/frees with the other replicas. Callers report a
-request's first token and its end with ``update(request_id, phase)`` so its load is released.
+request's first token and its end with ``update(request_id, phase)`` so its load is released,
+or (deployed processors) publish them on the shared in-flight subject, which every replica
+applies.
 
 A request routes only to workers that discovery lists as live decode workers; the index may
 know more (events arrive before the registration) but they are not candidates.
@@ -101,7 +103,9 @@ class Router:
     # ---- lifecycle -------------------------------------------------------------------
     async def start(self, nc: NatsClient | None = None) -> None:
         if nc is None:
-            nc = await connect(self.cfg.nats, name=self.instance)
+            # NOTE: no_echo: the router would only drop its own in-flight updates (3 per
+            # request) after receiving and decoding them.
+            nc = await connect(self.cfg.nats, name=self.instance, no_echo=True)
             self._owns_nc = True
         self._nc = nc
         await self.ingest.start(nc)

@@ -15,7 +15,8 @@ import uvicorn
 from services.common.address_book import AddressBook, ChannelPool
 from services.common.config import ClusterConfig
 from services.common.discovery import Discovery, Lease, Registration
-from services.common.nats_client import connect
+from services.common.nats_client import Subjects, connect
+from services.common.wire import InflightUpdate, encode_inflight
 from services.engine.tokenizer import Tokenizer
 from services.frontend.app import create_app
 from services.frontend.readiness import ClusterReadiness
@@ -23,6 +24,7 @@ from services.frontend.serve import _Server
 from services.processor.client import ProcessorClient
 from services.processor.context import context_length
 from services.processor.grpc_server import start_grpc as start_processor_grpc
+from services.processor.processor import Processor
 from services.processor.router_client import RouterClient
 from services.router.grpc_server import start_grpc as start_router_grpc
 from services.router.router import Router
@@ -38,10 +40,21 @@ class Cluster:
     discovery: Discovery
     node: DecodeNode
     decode_lease: Lease | None
+    processor: Processor
 
     async def register_decode(self) -> None:
         self.decode_lease = await self.discovery.register(
             Registration("decode", "w0", address=self.node.address))
+
+    async def wait_router_released(self, worker: str = "w0") -> None:
+        """The processor's FINISHED reports travel over NATS: poll (bounded) until the
+        router counts nothing in flight on ``worker``."""
+        for _ in range(500):
+            if self.router.load.inflight_count(worker) == 0:
+                return
+            await asyncio.sleep(0.02)
+        raise AssertionError(f"the router still counts {self.router.load.inflight_count(worker)} "
+                             f"requests in flight on {worker}")
 
     async def wait_ready(self) -> None:
         for _ in range(500):
@@ -77,8 +90,13 @@ async def running_cluster(cfg: ClusterConfig, tok: Tokenizer, with_decode: bool 
         routers = AddressBook("router")
         routers.start(disc)
         stack.push_async_callback(routers.close)
+        subject = Subjects(cfg.namespace).router_inflight
+
+        async def publish(u: InflightUpdate) -> None:
+            await nc.publish(subject, encode_inflight(u))
+
         processor = make_processor(cfg, tok, RouterClient(routers, pool),
-                                   context_length(cfg, None), pool)
+                                   context_length(cfg, None), pool, publish_reports=publish)
         pserver, pport = await start_processor_grpc(processor, "127.0.0.1", 0)
         stack.push_async_callback(pserver.stop, 0)
         plane = await disc.register(Registration("processor", "p0", address=f"127.0.0.1:{pport}"))
@@ -103,7 +121,7 @@ async def running_cluster(cfg: ClusterConfig, tok: Tokenizer, with_decode: bool 
             if task.done():
                 task.result()
             await asyncio.sleep(0.01)
-        cluster = Cluster(cfg, f"http://127.0.0.1:{port}", router, disc, node, None)
+        cluster = Cluster(cfg, f"http://127.0.0.1:{port}", router, disc, node, None, processor)
         if with_decode:
             await cluster.register_decode()
             await cluster.wait_ready()

@@ -18,7 +18,8 @@ from services.engine.async_engine import AsyncEngine
 from services.engine.engine import LLMEngine
 from services.engine.runner.mock_runner import MockRunner
 from services.engine.tokenizer import Tokenizer
-from services.processor.processor import Processor, RouterLike
+from services.processor.processor import Processor
+from services.processor.router_reports import Publish, RouterLike
 from services.processor.worker_client import DecodeWorkerClient
 from tests.support.decode_servicer import EngineDecodeServicer, start_decode_server
 
@@ -81,6 +82,6 @@ async def worker_decode_node(cfg: ClusterConfig, tok: Tokenizer | None = None,
 
 
 def make_processor(cfg: ClusterConfig, tok: Tokenizer, router: RouterLike, context_length: int,
-                   pool: ChannelPool) -> Processor:
+                   pool: ChannelPool, publish_reports: Publish | None = None) -> Processor:
     return Processor(tok, router, DecodeWorkerClient(pool), MODEL, context_length,
-                     cfg.engine.block_size)
+                     cfg.engine.block_size, publish_reports=publish_reports)

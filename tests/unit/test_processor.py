@@ -62,6 +62,7 @@ async def test_stream_text_usage_and_router_bookkeeping(tok: Tokenizer) -> None:
         for _ in range(12):
             toks.append(runner.next_token(toks))
         assert "".join(d.text for d in deltas) == tok.decode(toks[len(prompt_ids):])
+        await p.reports.settled()  # router updates go out in the background
         assert router.load.inflight_count("w0") == 0  # FINISHED was reported
         # Same prompt again: the prefix is cached on the worker and usage says so.
         again = await collect(p, chat("r2", max_tokens=2, temperature=0))
@@ -86,6 +87,7 @@ async def test_stop_string_truncates_and_aborts_the_worker(tok: Tokenizer) -> No
         assert text == cut and stop not in text
         assert deltas[-1].finish_reason == "stop"
         assert deltas[-1].usage.completion_tokens < 40  # stopped early
+        await p.reports.settled()  # router updates go out in the background
         assert router.load.inflight_count("w0") == 0
         await _eventually_idle(node)
     await pool.close()
@@ -111,6 +113,7 @@ async def test_cancelling_the_consumer_aborts_on_the_engine(tok: Tokenizer) -> N
         with pytest.raises(asyncio.CancelledError):
             await task
         await _eventually_idle(node)
+        await p.reports.settled()  # router updates go out in the background
         assert router.load.inflight_count("w0") == 0
     await pool.close()
 
