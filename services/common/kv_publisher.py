@@ -102,7 +102,12 @@ class KvEventPublisher:
         self.on_events((event,))
 
     async def flush(self) -> None:
-        """Publish everything queued so far and flush the connection."""
+        """Publish everything queued so far and flush the connection (a PING/PONG round
+        trip to the server: once it returns, the server has the events)."""
+        await self._publish_pending()
+        await self._nc.flush()
+
+    async def _publish_pending(self) -> None:
         while True:
             with self._lock:
                 batch = self._pending[: self._max_batch]
@@ -113,13 +118,15 @@ class KvEventPublisher:
                 self._subjects.kv_events(self.worker_id),
                 encode_event_batch(self.worker_id, self.session, batch),
             )
-        await self._nc.flush()
 
     async def _flush_loop(self) -> None:
+        # NOTE: no round trip per batch: the client's own flusher writes a publish out at
+        # once, and a PING/PONG after every request's events cost the worker and the
+        # server more than the events themselves.
         while True:
             await self._wake.wait()
             self._wake.clear()
-            await self.flush()
+            await self._publish_pending()
 
     async def _on_dump(self, msg: Msg) -> None:
         with self._lock:
