@@ -9,7 +9,9 @@ prefix hits, timed at each layer:
 - router:   the router's gRPC ``Route`` round trip (then ``Update FINISHED``)
 - processor: the processor's gRPC ``Generate`` (route + decode + detokenize) to its
   first message
-- http:     the whole path: HTTP -> frontend -> processor -> router + decode -> SSE
+- http:     the whole path: HTTP -> frontend -> processor -> router + decode -> SSE, from
+  an httpx client (as ``tandem bench serve`` sends)
+- http_raw: the same from a minimal hand-written HTTP/1.1 client (the stack's share)
 
 Prints medians and p90s (ms) as JSON. Run: ``PYTHONPATH=. python benchmarks/serving/overhead.py -c
 configs/scale-mock.yaml --set ... --base-url http://127.0.0.1:8100``.
@@ -128,6 +130,42 @@ async def http_ttft(base_url: str, model: str, prompts: list[list[int]]) -> list
     return out
 
 
+async def http_raw_ttft(base_url: str, model: str, prompts: list[list[int]]) -> list[float]:
+    """The same request as ``http_ttft`` from a minimal client: one kept-alive socket, the
+    request written by hand, the clock stopped at the first SSE event carrying text. What
+    httpx adds on the client side (~1 ms a request here) is left out, so this layer is the
+    server stack's share of the time to first token."""
+    from urllib.parse import urlsplit
+
+    u = urlsplit(base_url)
+    host, port = u.hostname or "127.0.0.1", u.port or 80
+    reader, writer = await asyncio.open_connection(host, port)
+    out = []
+    try:
+        for p in prompts:
+            body = json.dumps({"model": model, "prompt": p, "max_tokens": 1, "temperature": 0.0,
+                               "stream": True}).encode()
+            head = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                    f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")
+            t0 = time.perf_counter()
+            writer.write(head.encode() + body)
+            buf = b""
+            first = None
+            while b"data: [DONE]" not in buf or not buf.endswith(b"0\r\n\r\n"):
+                data = await reader.read(65536)
+                if not data:
+                    raise RuntimeError("the server closed the connection")
+                buf += data
+                if first is None and b'"text":' in buf:
+                    first = time.perf_counter()
+            if not buf.startswith(b"HTTP/1.1 200") or first is None:
+                raise RuntimeError(f"unexpected answer: {buf[:300]!r}")
+            out.append((first - t0) * 1000)
+    finally:
+        writer.close()
+    return out
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-c", "--config", required=True)
@@ -136,7 +174,7 @@ async def main() -> None:
     ap.add_argument("--n", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--prompt-len", type=int, default=32)
-    ap.add_argument("--layers", default="engine,decode,router,processor,http")
+    ap.add_argument("--layers", default="engine,decode,router,processor,http,http_raw")
     args = ap.parse_args()
     cfg = load_config(args.config, args.overrides)
     import torch
@@ -150,6 +188,7 @@ async def main() -> None:
         "router": lambda ps: router_rtt(f"127.0.0.1:{cfg.router.port}", ps),
         "processor": lambda ps: processor_ttft(f"127.0.0.1:{cfg.processor.port}", ps),
         "http": lambda ps: http_ttft(args.base_url, model, ps),
+        "http_raw": lambda ps: http_raw_ttft(args.base_url, model, ps),
     }
     res: dict = {"load_average_1m_before": os.getloadavg()[0]}
     for k, layer in enumerate(layers):

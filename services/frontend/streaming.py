@@ -55,9 +55,11 @@ async def disconnected(request: Request) -> None:
 
 
 async def first_delta(deltas: AsyncIterator[Delta], timeout_s: float) -> Delta:
+    # NOTE: asyncio.timeout, not wait_for: wait_for runs the await in a new task.
     try:
-        return await asyncio.wait_for(_next(deltas), timeout_s)
-    except asyncio.TimeoutError:
+        async with asyncio.timeout(timeout_s):
+            return await deltas.__anext__()
+    except TimeoutError:
         await deltas.aclose()
         raise timeout_error(timeout_s) from None
     except StopAsyncIteration:
@@ -85,14 +87,11 @@ async def collect(m: FrontendMetrics, deltas: AsyncIterator[Delta], first: Delta
     try:
         async with aclosing(deltas):
             if first.finish_reason is None:
-                await asyncio.wait_for(drain(), max(timeout_s - (time.perf_counter() - t0), 0.001))
-    except asyncio.TimeoutError:
+                async with asyncio.timeout(max(timeout_s - (time.perf_counter() - t0), 0.001)):
+                    await drain()
+    except TimeoutError:
         raise timeout_error(timeout_s) from None
     return "".join(parts), last.finish_reason or "stop", last.usage
-
-
-async def _next(deltas: AsyncIterator[Delta]) -> Delta:
-    return await deltas.__anext__()
 
 
 def observe_first(m: FrontendMetrics, t0: float) -> None:
@@ -127,7 +126,8 @@ async def sse(m: FrontendMetrics, r: Renderer, deltas: AsyncIterator[Delta], fir
                 # NOTE: the timeout wraps only the await, never a yield: a yield suspends
                 # this generator inside the response's send, where a cancel must not land.
                 try:
-                    d = await asyncio.wait_for(_next(deltas), max(deadline - loop.time(), 0.001))
+                    async with asyncio.timeout_at(deadline):
+                        d = await deltas.__anext__()
                 except StopAsyncIteration:
                     d = None
                 now = time.perf_counter()
@@ -140,7 +140,7 @@ async def sse(m: FrontendMetrics, r: Renderer, deltas: AsyncIterator[Delta], fir
         err = from_processor(e, retry_after_s)
         status = str(err.status)
         yield event(err.body())
-    except asyncio.TimeoutError:
+    except TimeoutError:
         status = "504"
         yield event(timeout_error(timeout_s).body())
     finally:
