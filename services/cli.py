@@ -121,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     br.add_argument("--workers", type=int, default=64)
     br.add_argument("--prompt-tokens", type=int, default=8000)
     br.add_argument("--routes", type=int, default=2000)
+    br.add_argument("--prehashed", action="store_true",
+                    help="also time each route with the prompt sent as local block hashes "
+                         "(hashed outside the timed call, as processors do)")
     br.set_defaults(_key=("bench", "router"))
     bk = bench_sub.add_parser("kv-transfer", help="KV transfer GB/s over loopback: gRPC bytes and /dev/shm")
     bk.add_argument("--json", dest="json_path", default=None, help="write results to this file")

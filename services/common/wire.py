@@ -61,6 +61,8 @@ class WorkerLoad:
     kv_blocks_total: int
     requests_running: int
     requests_waiting: int
+    # Prompt tokens still to compute: waiting requests less their prefix-cache hits, running
+    # ones still prefilling (EngineStats.num_prefill_tokens_pending).
     active_prefill_tokens: int
     timestamp: float  # unix seconds at the worker
 

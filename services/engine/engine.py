@@ -34,9 +34,9 @@ class EngineStats:
     prompt_tokens_total: int
     prefix_cache_hit_tokens_total: int
     num_preemptions_total: int
-    # Tokens this engine still has to prefill: waiting sequences' uncomputed tokens and
-    # running ones still in their prompt (prefix-cache hits not yet subtracted; parked
-    # remote prefills excluded: another worker prefills them).
+    # Tokens this engine still has to prefill: waiting sequences' tokens less their prefix-
+    # cache hits (as of when they queued) and running ones' uncomputed prompt tokens (parked
+    # remote prefills excluded: another worker prefills them). Scheduler.prefill_tokens_pending.
     num_prefill_tokens_pending: int = 0
 
 

@@ -107,6 +107,9 @@ class Scheduler:
     def add(self, request: GenerateRequest) -> Sequence:
         self.validate(request)
         seq = Sequence.from_request(request)
+        # NOTE: the hashes match_prefix computes stay on the sequence for its admission, so
+        # this costs only the pool lookups, which a second lookup repeats at admission.
+        seq.num_expected_hit_tokens = self.kv.match_prefix(seq).num_tokens
         self.seqs[request.request_id] = seq
         self.waiting.append(seq)
         return seq
@@ -130,10 +133,17 @@ class Scheduler:
         return out
 
     def prefill_tokens_pending(self) -> int:
-        """Uncomputed tokens of waiting sequences plus those of running sequences that are
-        still prefilling (more than the one decode token left). O(waiting + running)."""
-        total = sum(s.num_tokens - s.num_computed_tokens for s in self.waiting)
-        for s in self.running:
+        """Tokens still to compute before first samples: for waiting sequences, their tokens
+        less what they hold or expect from the prefix cache (``num_expected_hit_tokens``); for
+        running ones still prefilling (more than the one decode token left), their uncomputed
+        tokens (which already leave out their hit). Parked remote prefills are not counted.
+        O(waiting + running); may be read from another thread (``EngineStats``)."""
+        total = 0
+        # NOTE: tuple()/list() copy the containers in C, without a thread switch: iterating
+        # them directly could race the step thread ("deque mutated during iteration").
+        for s in tuple(self.waiting):
+            total += s.num_tokens - max(s.num_computed_tokens, s.num_expected_hit_tokens)
+        for s in list(self.running):
             left = s.num_tokens - s.num_computed_tokens
             if left > 1 or s.num_computed_tokens < s.num_prompt_tokens:
                 total += left
@@ -156,7 +166,7 @@ class Scheduler:
             running.append(s)
         num_decodes = sum(1 for s in running if s.num_tokens - s.num_computed_tokens == 1)
         budget = self.max_num_batched_tokens - num_decodes
-        preempted = False
+        preempted = 0
         i = 0
         while i < len(running):
             seq = running[i]
@@ -170,7 +180,7 @@ class Scheduler:
                     continue
             while self.kv.allocate(seq, n) is None:
                 victim = running.pop()  # the newest, never one scheduled already
-                preempted = True
+                preempted += 1
                 if victim is not seq and victim.num_tokens - victim.num_computed_tokens == 1:
                     budget += 1  # its decode token is no longer reserved
                 self._preempt(victim)
@@ -183,6 +193,8 @@ class Scheduler:
                 i += 1
         if not preempted:
             self._admit(out, budget)
+        else:
+            self._expect_hits(preempted)
         return ScheduledBatch(out)
 
     def _admit(self, out: list[ScheduledSeq], budget: int) -> None:
@@ -228,6 +240,14 @@ class Scheduler:
         seq.status = SeqStatus.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
+
+    def _expect_hits(self, n: int) -> None:
+        """Estimate the prefix hits of the ``n`` sequences just preempted (the head of the
+        waiting queue): their full blocks went to the cache, less what this step's
+        allocations evicted again, hence after the allocations, not in ``_preempt``."""
+        for i in range(n):
+            seq = self.waiting[i]
+            seq.num_expected_hit_tokens = self.kv.match_prefix(seq).num_tokens
 
     # ---- after the forward ----------------------------------------------------------
     def update(self, batch: ScheduledBatch, result: RunnerOutput) -> list[TokenOutput]:

@@ -38,6 +38,9 @@ class Sequence:
     block_hashes: list[BlockHash] = field(default_factory=list)
     num_cached_blocks: int = 0  # leading blocks of block_table registered in the prefix cache
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache on first admission
+    # Tokens the prefix cache held for it when it last joined the waiting queue (added or
+    # preempted): a load estimate for prefill_tokens_pending; the hit at admission decides.
+    num_expected_hit_tokens: int = 0
     admitted: bool = False  # counted in the engine's prompt/hit totals already
     finish_reason: FinishReason | None = None
     # Remote prefill (decode side): blocks [fill_from, len(block_table)) await an import.

@@ -3,7 +3,8 @@
 ``generate(ProcessRequest)`` renders the chat template, tokenizes, checks the prompt against
 the context, asks the router for a decode worker, streams that worker's tokens over gRPC,
 detokenizes incrementally, applies stop strings and counts usage. The router is the
-in-process ``Router`` or a ``RouterClient`` (same ``route``/``update``).
+in-process ``Router`` or a ``RouterClient`` (same ``route``/``update``); routes carry the
+prompt's local block hashes (at ``block_size``), computed here rather than in the router.
 
 Router bookkeeping: ``update(PREFILLED)`` at the first token, ``update(FINISHED)`` at the end
 whatever the end was (finish, stop string, error, cancellation), so no load leaks. Neither
@@ -21,6 +22,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from typing import Protocol
 
+from services.common.hashing import local_block_hashes
 from services.engine.chat_template import ChatTemplateError
 from services.engine.request import FinishReason, SamplingParams
 from services.engine.tokenizer import Tokenizer
@@ -169,8 +171,12 @@ class Processor:
 
     async def _route(self, request_id: str, ids: list[int],
                      exclude: tuple[str, ...] = ()) -> RouteResponse:
+        # The router is shared and processors scale out: hash the prompt here. A prompt under
+        # one block has no hashes, so it goes as its (few) token ids.
+        hashes = local_block_hashes(ids, self._block_size)
+        req = RouteRequest(request_id, () if hashes else ids, hashes or None, exclude)
         try:
-            route = await self._router.route(RouteRequest(request_id, ids, exclude_workers=exclude))
+            route = await self._router.route(req)
         except NoWorkersAvailable as e:
             raise Unavailable(str(e)) from None
         except InvalidRouteRequest as e:

@@ -10,7 +10,10 @@ robin over the workers. Then:
   reported as stored blocks per second (the socket and the NATS client are not included);
 - route: ``--routes`` calls of ``Router.route`` (hashing the prompt's token list included)
   with prompts that share a system prompt and a random share of a stored prompt's own
-  blocks, each freed after routing so the load state stays steady; p50/p99 in microseconds.
+  blocks, each freed after routing so the load state stays steady; p50/p99 in microseconds;
+- with ``--prehashed``, each prompt is also routed right after as ``local_hashes`` (what a
+  processor sends; the hashing is timed apart, outside the route call): ``route_prehashed_*``
+  next to ``route_*``, and ``hash_outside_p50_us``.
 """
 
 from __future__ import annotations
@@ -21,13 +24,14 @@ import json
 import os
 import platform
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from services.common.config import ClusterConfig
 from services.common.discovery import Registration
-from services.common.hashing import block_hashes
+from services.common.hashing import block_hashes, local_block_hashes
 from services.common.kv_events import KvStored, StoredBlock
 from services.common.wire import decode_event_batch_raw, encode_event_batch
 from services.router.router import Router, tune_gc_for_index
@@ -67,19 +71,58 @@ def _build(
     return batches, seqs, n_seqs * seq_blocks, sum(len(d) for d in distinct.values())
 
 
-async def _routes(router: Router, prompts: list[list[int]]) -> tuple[np.ndarray, np.ndarray, float]:
-    """Wall time and this thread's CPU time per route (CPU time leaves out the time the OS
+@dataclass
+class RouteTimes:
+    """Per route: wall time and this thread's CPU time (CPU time leaves out the time the OS
     ran other processes, which on a shared machine dominates the wall-clock tail)."""
-    lat = np.empty(len(prompts))
-    cpu = np.empty(len(prompts))
+
+    wall: np.ndarray
+    cpu: np.ndarray
+
+    @classmethod
+    def empty(cls, n: int) -> RouteTimes:
+        return cls(np.empty(n), np.empty(n))
+
+    def summary(self, prefix: str) -> dict[str, float]:
+        return {
+            f"{prefix}_p50_us": _us(np.percentile(self.wall, 50)),
+            f"{prefix}_p99_us": _us(np.percentile(self.wall, 99)),
+            f"{prefix}_cpu_p50_us": _us(np.percentile(self.cpu, 50)),
+            f"{prefix}_cpu_p99_us": _us(np.percentile(self.cpu, 99)),
+        }
+
+
+def _us(seconds: float) -> float:
+    return round(float(seconds) * 1e6, 1)
+
+
+async def _timed_route(router: Router, req: RouteRequest, times: RouteTimes, i: int) -> float:
+    c0, t0 = time.thread_time(), time.perf_counter()
+    r = await router.route(req)
+    times.wall[i], times.cpu[i] = time.perf_counter() - t0, time.thread_time() - c0
+    await router.update(req.request_id, RequestPhase.FINISHED)
+    return r.prefix_hit_rate
+
+
+async def _routes(
+    router: Router, prompts: list[list[int]], prehashed: bool
+) -> tuple[RouteTimes, RouteTimes | None, np.ndarray | None, float]:
+    """Route every prompt as token ids; with ``prehashed`` also, right after, as local
+    hashes computed outside the timed call (as a processor sends them), so both series see
+    the same machine moments. Returns both series, the hashing times and the mean hit rate."""
+    n, bs = len(prompts), router.cfg.engine.block_size
+    ids_t = RouteTimes.empty(n)
+    hashed_t = RouteTimes.empty(n) if prehashed else None
+    hash_s = np.empty(n) if prehashed else None
     hit = 0.0
     for i, p in enumerate(prompts):
-        c0, t0 = time.thread_time(), time.perf_counter()
-        r = await router.route(RouteRequest(f"b{i}", p))
-        lat[i], cpu[i] = time.perf_counter() - t0, time.thread_time() - c0
-        hit += r.prefix_hit_rate
-        await router.update(f"b{i}", RequestPhase.FINISHED)
-    return lat, cpu, hit / len(prompts)
+        hit += await _timed_route(router, RouteRequest(f"b{i}", p), ids_t, i)
+        if hashed_t is not None and hash_s is not None:
+            t0 = time.perf_counter()
+            hashes = local_block_hashes(p, bs)
+            hash_s[i] = time.perf_counter() - t0
+            await _timed_route(router, RouteRequest(f"h{i}", (), hashes), hashed_t, i)
+    return ids_t, hashed_t, hash_s, hit / n
 
 
 def main(args: argparse.Namespace) -> int:
@@ -108,14 +151,16 @@ def main(args: argparse.Namespace) -> int:
         keep = int(rng.integers(seq_blocks // 4, seq_blocks + 1)) * bs  # the system prompt at least
         fresh = rng.integers(0, 49152, args.prompt_tokens - keep, dtype=np.uint32)
         prompts.append(np.concatenate([s[:keep], fresh]).tolist())
-    lat, cpu, hit = asyncio.run(_routes(router, prompts))
+    ids_t, hashed_t, hash_s, hit = asyncio.run(_routes(router, prompts, args.prehashed))
 
-    result = {
-        "route_p50_us": round(float(np.percentile(lat, 50)) * 1e6, 1),
-        "route_p99_us": round(float(np.percentile(lat, 99)) * 1e6, 1),
+    result: dict[str, object] = {
+        **ids_t.summary("route"),
         "ingest_blocks_s": round(stored / ingest_s),
-        "route_cpu_p50_us": round(float(np.percentile(cpu, 50)) * 1e6, 1),
-        "route_cpu_p99_us": round(float(np.percentile(cpu, 99)) * 1e6, 1),
+    }
+    if hashed_t is not None and hash_s is not None:
+        result.update(hashed_t.summary("route_prehashed"))
+        result["hash_outside_p50_us"] = _us(np.percentile(hash_s, 50))
+    result.update({
         "load_average_1m": round(os.getloadavg()[0], 2),
         "cpus": os.cpu_count(),
         "blocks": stored,  # in the events; a block stored twice by one worker is indexed once
@@ -126,7 +171,7 @@ def main(args: argparse.Namespace) -> int:
         "mean_prefix_hit_rate": round(hit, 3),
         "python": platform.python_version(),
         "machine": platform.machine(),
-    }
+    })
     print(json.dumps(result, indent=2))
     if args.json_path:
         Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)

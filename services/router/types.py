@@ -18,7 +18,9 @@ class NoWorkersAvailable(RuntimeError):
 @dataclass(frozen=True, slots=True)
 class RouteRequest:
     """``token_ids`` (the prompt) or, when the caller hashed already, ``local_hashes`` (one per
-    full block, from services.common.hashing.local_block_hashes). One must be non-empty.
+    full block, from services.common.hashing.local_block_hashes at the cluster's
+    ``engine.block_size``; u64 ints). One must be non-empty; ``local_hashes`` wins when both
+    are (and must then number ``len(token_ids) // block_size``).
     ``exclude_workers``: worker ids not to pick (the processor names workers that died
     under this request when it migrates it)."""
 

@@ -43,6 +43,12 @@ async def test_route_over_grpc(nats_url: str, wait_for) -> None:
                 resp2 = await stub.Route(router_pb2.RouteRequest(
                     request_id="r2", local_hashes=local_block_hashes(tokens, 16)))
                 assert resp2.request_blocks == 2
+                # hashes that do not match the token ids (another block size) are refused
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await stub.Route(router_pb2.RouteRequest(
+                        request_id="r3", token_ids=tokens, local_hashes=local_block_hashes(tokens, 8)))
+                assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert "expected one per full block" in (err.value.details() or "")
                 assert router.load.inflight_count("w0") == 2
                 await stub.Update(router_pb2.RequestUpdate(request_id="r1", phase=router_pb2.RequestUpdate.FINISHED))
                 assert router.load.inflight_count("w0") == 1

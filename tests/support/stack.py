@@ -21,6 +21,8 @@ from services.engine.tokenizer import Tokenizer
 from services.processor.processor import Processor
 from services.processor.router_reports import Publish, RouterLike
 from services.processor.worker_client import DecodeWorkerClient
+from services.router.router import Router
+from services.router.types import RouteRequest, RouteResponse
 from tests.support.decode_servicer import EngineDecodeServicer, start_decode_server
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -85,3 +87,16 @@ def make_processor(cfg: ClusterConfig, tok: Tokenizer, router: RouterLike, conte
                    pool: ChannelPool, publish_reports: Publish | None = None) -> Processor:
     return Processor(tok, router, DecodeWorkerClient(pool), MODEL, context_length,
                      cfg.engine.block_size, publish_reports=publish_reports)
+
+
+class RecordingRouter(Router):
+    """The real in-process Router, keeping every (request, response) it routed."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.routed: list[tuple[RouteRequest, RouteResponse]] = []
+
+    async def route(self, req: RouteRequest) -> RouteResponse:
+        r = await super().route(req)
+        self.routed.append((req, r))
+        return r

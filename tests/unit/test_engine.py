@@ -51,6 +51,50 @@ def test_generated_tokens_fill_blocks_that_later_prompts_hit() -> None:
     assert run_all(eng)["b"] == oracle(eng, runner, req("b", convo, 3))[0]
 
 
+def test_prefill_tokens_pending_leaves_out_prefix_cache_hits() -> None:
+    eng, _, _ = make_engine(mock_cfg(block_size=4, max_num_batched_tokens=8))
+    base = list(range(100, 120))  # 5 full blocks
+    eng.add_request(req("a", base, max_tokens=1))
+    run_all(eng)  # a's blocks stay in the prefix cache
+    assert eng.stats().num_prefill_tokens_pending == 0
+    b = base[:16] + [7] * 6  # 22 tokens: 4 cached blocks, then its own 6 tokens
+    eng.add_request(req("b", b, max_tokens=20))
+    assert eng.stats().num_prefill_tokens_pending == 22 - 16
+    eng.add_request(req("c", list(range(300, 310)), max_tokens=20))  # nothing cached: all 10
+    assert eng.stats().num_prefill_tokens_pending == 6 + 10
+    eng.step()  # b's 6 uncached tokens, then 2 of c's (an 8-token budget)
+    assert eng.stats().num_prefill_tokens_pending == 8
+    assert eng.stats().prefix_cache_hit_tokens_total == 16
+    seen = [8]
+    for _ in range(4):
+        eng.step()
+        seen.append(eng.stats().num_prefill_tokens_pending)
+    assert seen[-1] == 0 and all(x >= y for x, y in zip(seen, seen[1:], strict=False))
+    assert eng.stats().num_running == 2  # both decode: prefilled, nothing pending
+
+
+def test_prefill_tokens_pending_after_preemption_counts_what_is_left_to_recompute() -> None:
+    # 8 blocks of 4 tokens: three 9-token prompts growing to 21 tokens cannot all fit
+    eng, _, _ = make_engine(mock_cfg(num_kv_blocks=8, max_num_batched_tokens=32))
+    for i in range(3):
+        eng.add_request(req(f"r{i}", [50 * i + k for k in range(1, 10)], max_tokens=12))
+    checked = 0
+    while eng.has_unfinished():
+        before = eng.stats().num_preemptions_total
+        eng.step()
+        s = eng.scheduler
+        if eng.stats().num_preemptions_total == before or not s.waiting:
+            continue
+        # a preempted sequence recomputes only what the cache no longer holds
+        want = sum(q.num_tokens - eng.prefix_hit_tokens(q.token_ids) for q in s.waiting)
+        want += sum(q.num_tokens - q.num_computed_tokens for q in s.running
+                    if q.num_computed_tokens < q.num_prompt_tokens
+                    or q.num_tokens - q.num_computed_tokens > 1)
+        assert eng.stats().num_prefill_tokens_pending == want
+        checked += 1
+    assert checked > 0 and eng.stats().num_prefill_tokens_pending == 0
+
+
 # ---- property test against the oracle ------------------------------------------------
 
 @st.composite

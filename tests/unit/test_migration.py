@@ -12,13 +12,21 @@ import pytest
 
 from services.common.address_book import ChannelPool
 from services.common.discovery import Registration
+from services.common.hashing import local_block_hashes
 from services.engine.tokenizer import Tokenizer
 from services.processor.types import ChatMessage, ProcessRequest, SamplingOptions, Unavailable
 from services.router.router import Router
 from services.router.types import NoWorkersAvailable, RouteRequest
-from tests.support.stack import MODEL, decode_node, make_processor, mock_cluster_cfg
+from tests.support.stack import (
+    MODEL,
+    RecordingRouter,
+    decode_node,
+    make_processor,
+    mock_cluster_cfg,
+)
 
 CTX = 512
+BS = 16  # mock_cluster_cfg's engine.block_size
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +52,7 @@ async def _run_killing_after(p, req, nodes, after: int):
 
 async def test_stream_migrates_with_identical_text_and_usage(tok: Tokenizer) -> None:
     cfg = mock_cluster_cfg(engine={"mock": {"step_base_s": 0.01}})
-    router = Router(cfg)
+    router = RecordingRouter(cfg)
     pool = ChannelPool()
     async with AsyncExitStack() as stack:
         nodes = [await stack.enter_async_context(decode_node(cfg, tok, f"w{i}")) for i in range(2)]
@@ -62,6 +70,17 @@ async def test_stream_migrates_with_identical_text_and_usage(tok: Tokenizer) -> 
         assert deltas[-1].usage.completion_tokens == 40
         assert deltas[-1].usage.prompt_tokens == ref[-1].usage.prompt_tokens
         assert p.metrics.registry.get_sample_value("tandem_processor_migrations_total") == 1
+        # The re-route names the blocks of prompt + produced tokens, hashed by the processor.
+        first, again = [req for req, _ in router.routed if req.request_id == "mig"]
+        ids = tok.encode_chat([{"role": "user", "content": "Tell me a story"}])
+        assert list(first.local_hashes) == local_block_hashes(ids, BS)
+        runner = survivor.engine.engine.runner
+        out = list(ids)
+        for _ in range(40):
+            out.append(runner.next_token(out))
+        assert any(list(again.local_hashes) == local_block_hashes(out[: len(ids) + k], BS)
+                   for k in range(5, 40))
+        assert tuple(again.exclude_workers) == ("w0" if killed is nodes[0] else "w1",)
         for w in ("w0", "w1"):
             await p.reports.settled()
             assert router.load.inflight_count(w) == 0

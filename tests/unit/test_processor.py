@@ -10,6 +10,7 @@ import pytest
 
 from services.common.address_book import ChannelPool
 from services.common.discovery import Registration
+from services.common.hashing import block_hashes, local_block_hashes
 from services.engine.tokenizer import Tokenizer
 from services.processor.types import (
     ChatMessage,
@@ -20,7 +21,14 @@ from services.processor.types import (
     Unavailable,
 )
 from services.router.router import Router
-from tests.support.stack import MODEL, decode_node, make_processor, mock_cluster_cfg
+from services.router.types import RequestPhase, RouteRequest
+from tests.support.stack import (
+    MODEL,
+    RecordingRouter,
+    decode_node,
+    make_processor,
+    mock_cluster_cfg,
+)
 
 CTX = 512
 
@@ -136,6 +144,40 @@ async def test_errors_are_typed(tok: Tokenizer) -> None:
         await collect(p, chat("x"))
     assert p.metrics.registry.get_sample_value(
         "tandem_processor_requests_total", {"outcome": "invalid_request"}) == 3
+
+
+async def test_routes_carry_the_prompts_block_hashes(tok: Tokenizer) -> None:
+    """The processor hashes the prompt (the router need not): the route names the blocks of
+    ``local_block_hashes(ids, block_size)`` and goes where the token ids would have gone."""
+    cfg = mock_cluster_cfg()
+    bs = cfg.engine.block_size
+    router = RecordingRouter(cfg, seed=0)
+    pool = ChannelPool()
+    text = "Summarise the following. " + "The quick brown fox jumps over the lazy dog. " * 8
+    ids = tok.encode_chat([{"role": "user", "content": text}])
+    assert len(ids) > 4 * bs
+    async with decode_node(cfg, tok) as node:
+        for w in ("w0", "w1", "w2"):
+            router.worker_joined(Registration("decode", w, address=node.address))
+        # w1 caches the first 3 blocks of this prompt: it is the worker to pick
+        held = block_hashes(ids[: 3 * bs], bs)
+        router.index.apply_stored("w1", None, [b.seq_hash for b in held], [b.local_hash for b in held])
+        p = make_processor(cfg, tok, router, CTX, pool)
+        await collect(p, chat("r1", text, max_tokens=3, temperature=0))
+        (req, got), = router.routed
+        assert list(req.local_hashes) == local_block_hashes(ids, bs) and not req.token_ids
+        assert (got.worker_id, got.overlap_blocks, got.request_blocks) == ("w1", 3, len(ids) // bs)
+        await p.reports.settled()
+        by_ids = await router.route(RouteRequest("probe", ids))  # the same state, as token ids
+        assert (by_ids.worker_id, by_ids.overlap_blocks) == (got.worker_id, got.overlap_blocks)
+        await router.update("probe", RequestPhase.FINISHED)
+        # a prompt under one block has no hashes: it goes as its token ids
+        await collect(p, ProcessRequest("short", prompt_ids=(5, 6, 7), model=MODEL,
+                                        sampling=SamplingOptions(max_tokens=2)))
+        req, got = router.routed[-1]
+        assert list(req.token_ids) == [5, 6, 7] and not req.local_hashes
+        assert got.request_blocks == 0
+    await pool.close()
 
 
 async def _eventually_idle(node) -> None:
