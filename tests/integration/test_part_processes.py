@@ -10,8 +10,12 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
+from services.common.config import parse_config
+from services.launcher.nats import tcp_accepts
 from tests.support.cluster import free_port
+from tests.support.procs import start_part, write_config
 
 
 def test_processor_and_frontend_processes(nats_url: str, smollm2_path: Path, tmp_path: Path) -> None:
@@ -52,3 +56,24 @@ def test_processor_and_frontend_processes(nats_url: str, smollm2_path: Path, tmp
             p.send_signal(signal.SIGTERM)
         codes = {name: p.wait(timeout=30) for name, p in procs.items()}
     assert codes == {"processor": 0, "frontend": 0}, codes
+
+
+@pytest.mark.parametrize("part", ["router", "processor"])
+def test_sigterm_the_moment_the_port_accepts_exits_0(
+        part: str, nats_url: str, smollm2_path: Path, tmp_path: Path) -> None:
+    """What `tandem up` does to a part that is ready and then stopped at once: the signal
+    comes while the part is still registering, and must not kill it by the default action."""
+    port = free_port()
+    cfg = parse_config({}, [f"nats.url={nats_url}", f"namespace=early-{part}", f"{part}.port={port}",
+                            f"{part}.metrics_port={free_port()}"])
+    proc = start_part(part, write_config(cfg, tmp_path / "cluster.yaml"), tmp_path)
+    try:
+        while not tcp_accepts("127.0.0.1", port, timeout=0.2):
+            assert proc.alive(), proc.output()
+            time.sleep(0.002)  # poll tightly: the signal should land inside startup
+        proc.proc.send_signal(signal.SIGTERM)
+        code = proc.proc.wait(timeout=60)
+    finally:
+        proc.kill9()
+    assert code == 0, proc.output()
+    assert {"router": "serving gRPC", "processor": "gRPC on"}[part] in proc.output()  # it did start
