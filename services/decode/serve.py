@@ -51,6 +51,8 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0",
         metrics = DecodeMetrics(ae.stats, cfg.decode.disagg)
         queue = await PrefillQueue.open(nc, subjects, cfg.prefill, cfg.decode.disagg.queue_depth_cache_s)
         worker = DecodeWorker(ae, cfg, worker_id, queue, metrics=metrics)
+        # before the port opens: a part that looks ready must stop cleanly (see stop_on_signals)
+        stop = stop or stop_on_signals()
         server, port = await start_grpc(worker, host, cfg.decode.port + replica)
         # NOTE: peers dial what discovery says, so publish the configured reachable host
         # (a compose service name, a pod IP), not the bind address.
@@ -74,7 +76,6 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0",
         log.info("decode worker %s: gRPC %s, metrics :%d", worker_id, address, metrics_port)
         if started is not None:
             started.set()
-        stop = stop or stop_on_signals()
         try:
             await stop.wait()
             log.info("decode worker %s: draining (up to %.1fs)", worker_id, cfg.decode.grace_period_s)

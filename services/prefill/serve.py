@@ -36,6 +36,8 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0") -> 
     async with AsyncEngine(parts.engine) as ae:
         metrics = PrefillMetrics(ae.stats)
         metrics_port = cfg.prefill.metrics_port + replica
+        # before the port opens: a part that looks ready must stop cleanly (see stop_on_signals)
+        stop = stop_on_signals()
         start_http_server(metrics_port, registry=metrics.registry)
         worker = PrefillWorker(ae, nc, cfg, worker_id, metrics)
         await worker.start()
@@ -44,7 +46,6 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0") -> 
             "prefill", worker_id, metrics_address=f"{advertised_host(host)}:{metrics_port}",
             metadata={"model": parts.model_name}))
         log.info("prefill worker %s: pulling jobs, metrics :%d", worker_id, metrics_port)
-        stop = stop_on_signals()
         try:
             await stop.wait()
         finally:

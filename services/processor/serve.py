@@ -57,6 +57,8 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0") -> 
         processor = Processor(tok, RouterClient(routers, pool), DecodeWorkerClient(pool), name,
                               ctx, cfg.engine.block_size, metrics, pc.migration_limit,
                               publish_reports=publish, instance=f"processor-{replica}")
+        # before the port opens: a part that looks ready must stop cleanly (see stop_on_signals)
+        stop = stop_on_signals()
         server, port = await start_grpc(processor, host, pc.port + replica)
         metrics_port = pc.metrics_port + replica
         start_http_server(metrics_port, registry=metrics.registry)
@@ -66,7 +68,7 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0") -> 
             metrics_address=f"{adv}:{metrics_port}", metadata={"model": name}))
         log.info("processor %d: model %s (context %d), gRPC on %d, metrics on %d",
                  replica, name, ctx, port, metrics_port)
-        await wait_for_signal()
+        await stop.wait()
         log.info("processor %d: draining", replica)
         await lease.close()
         await server.stop(grace=pc.drain_timeout_s)
@@ -76,11 +78,6 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0") -> 
         await routers.close()
         await pool.close()
         await nc.close()
-
-
-async def wait_for_signal() -> None:
-    stop = stop_on_signals()
-    await stop.wait()
 
 
 def advertised_host(host: str) -> str:

@@ -81,6 +81,8 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0") -> 
     tune_gc_for_index()
     router = Router(cfg, replica=replica)
     await router.start()
+    # before the port opens: a part that looks ready must stop cleanly (see stop_on_signals)
+    stop = stop_on_signals()
     server, port = await start_grpc(router, host, cfg.router.port + replica)
     metrics_port = cfg.router.metrics_port + replica
     start_http_server(metrics_port, registry=router.metrics.registry)
@@ -90,7 +92,6 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0") -> 
                      metrics_address=f"{advertised_host(host)}:{metrics_port}")
     )
     log.info("router replica %d serving gRPC on %d, metrics on %d", replica, port, metrics_port)
-    stop = stop_on_signals()
     try:
         await stop.wait()
     finally:

@@ -4,18 +4,16 @@ own gRPC port and discovery entry), both gone after SIGTERM with exit 0."""
 from __future__ import annotations
 
 import asyncio
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import grpc
 
-from services.common.config import DiscoveryConfig, NatsConfig
+from services.common.config import DiscoveryConfig, NatsConfig, parse_config
 from services.common.discovery import Discovery
 from services.common.nats_client import connect
 from services.gen import worker_pb2, worker_pb2_grpc
 from tests.support.cluster import free_port
+from tests.support.procs import start_part, write_config
 
 
 async def _generate_one(address: str) -> int:
@@ -31,14 +29,13 @@ async def _generate_one(address: str) -> int:
 
 async def test_two_workers_in_one_process(nats_url: str, smollm2_path: Path, tmp_path: Path) -> None:
     base = free_port()  # replica 1 uses base + 1 (free in practice: ports are handed out at random)
-    sets = [f"nats.url={nats_url}", "namespace=pool", "engine.runner=mock",
-            "engine.num_kv_blocks=64", "engine.max_model_len=256", "engine.mock.step_base_s=0.001",
-            f"decode.port={base}", f"decode.metrics_port={free_port()}",
-            "decode.disagg.enabled=false", "discovery.ttl_s=2", "discovery.heartbeat_s=0.5"]
-    log = (tmp_path / "decode.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "decode",
-                             *[a for s in sets for a in ("--set", s)], "--replicas-in-process", "2"],
-                            stdout=log, stderr=subprocess.STDOUT)
+    cfg = parse_config({}, [
+        f"nats.url={nats_url}", "namespace=pool", "engine.runner=mock",
+        "engine.num_kv_blocks=64", "engine.max_model_len=256", "engine.mock.step_base_s=0.001",
+        f"decode.port={base}", f"decode.metrics_port={free_port()}",
+        "decode.disagg.enabled=false", "discovery.ttl_s=2", "discovery.heartbeat_s=0.5"])
+    proc = start_part("decode", write_config(cfg, tmp_path / "cluster.yaml"), tmp_path,
+                      args=("--replicas-in-process", "2"))
     nc = await connect(NatsConfig(url=nats_url), "pool-test")
     try:
         disc = await Discovery.open(nc, "pool", DiscoveryConfig(ttl_s=2, heartbeat_s=0.5))
@@ -54,11 +51,10 @@ async def test_two_workers_in_one_process(nats_url: str, smollm2_path: Path, tmp
         try:
             await asyncio.wait_for(joins(), 60)
         except TimeoutError:
-            raise AssertionError((tmp_path / "decode.log").read_text()[-3000:]) from None
+            raise AssertionError(proc.output()) from None
         assert seen == {"decode-0": f"127.0.0.1:{base}", "decode-1": f"127.0.0.1:{base + 1}"}
         assert [await _generate_one(a) for a in sorted(seen.values())] == [3, 3]
     finally:
-        proc.send_signal(signal.SIGTERM)
-        code = await asyncio.to_thread(proc.wait, 30)
+        code = await asyncio.to_thread(proc.stop, 30)
         await nc.close()
-    assert code == 0, (tmp_path / "decode.log").read_text()[-3000:]
+    assert code == 0, proc.output()

@@ -5,15 +5,11 @@ prefill, and the decode worker's used blocks return to their baseline."""
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
+from services.common.config import parse_config
 from services.common.nats_client import Subjects, connect
 from services.gen import worker_pb2
 from tests.integration.disagg_harness import (
@@ -25,6 +21,7 @@ from tests.integration.disagg_harness import (
     prefill_worker,
     settle,
 )
+from tests.support.procs import start_part, write_config
 
 pytestmark = pytest.mark.asyncio
 
@@ -41,14 +38,9 @@ async def test_killed_prefill_worker_job_is_redelivered_and_completes(
                                          "remote_prefill_timeout_s": 30.0}},
                       prefill={"ack_wait_s": 1.0, "in_progress_interval_s": 0.3,
                                "metrics_port": 0})
-    data = cfg.model_dump(mode="json")
-    data["engine"] = slow
-    cfg_file = tmp_path / "cluster.yaml"
-    cfg_file.write_text(yaml.safe_dump(data))
-    repo = Path(__file__).resolve().parents[2]
-    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "prefill", "-c", str(cfg_file)],
-                            cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    cfg_file = write_config(parse_config({**cfg.model_dump(mode="json"), "engine": slow}),
+                            tmp_path / "cluster.yaml")
+    proc = start_part("prefill", cfg_file, tmp_path)
     subjects = Subjects(cfg.namespace)
     nc = await connect(cfg.nats, "observer")
     js = nc.jetstream()
@@ -60,7 +52,7 @@ async def test_killed_prefill_worker_job_is_redelivered_and_completes(
             loop = asyncio.get_running_loop()
             deadline = loop.time() + 60
             while True:
-                assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+                proc.assert_alive()
                 assert loop.time() < deadline, "the prefill subprocess never took the job"
                 try:
                     info = await js.consumer_info(subjects.prefill_stream, subjects.prefill_consumer)
@@ -70,8 +62,7 @@ async def test_killed_prefill_worker_job_is_redelivered_and_completes(
                     pass
                 await asyncio.sleep(0.05)
             await asyncio.sleep(0.5)  # a few in-progress acks have gone out
-            proc.send_signal(signal.SIGKILL)
-            proc.wait(timeout=10)
+            proc.kill9()
             assert not call.done()
             async with prefill_worker(cfg, "prefill-new") as p:
                 r = await asyncio.wait_for(call, 20)
@@ -86,9 +77,7 @@ async def test_killed_prefill_worker_job_is_redelivered_and_completes(
             local = await generate(d2.stub, "k", PROMPT, max_tokens=6)
         assert r.tokens == local.tokens
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        proc.kill9()
         await nc.close()
 
 

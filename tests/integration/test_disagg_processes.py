@@ -5,22 +5,18 @@ and exit 0."""
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 
 import grpc
 import pytest
-import yaml
 
 from services.common.discovery import Discovery
 from services.common.nats_client import connect
 from services.gen import worker_pb2, worker_pb2_grpc
 from tests.integration.disagg_harness import cluster_cfg, generate, mock_engine_section
 from tests.support.ports import free_port
+from tests.support.procs import start_part, stop_parts, write_config
 
 pytestmark = pytest.mark.asyncio
 
@@ -33,13 +29,8 @@ async def test_decode_and_prefill_processes_serve_and_exit_cleanly(nats_url: str
                               "disagg": {"max_local_prefill_length": 16}},
                       prefill={"metrics_port": pport},
                       discovery={"ttl_s": 5, "heartbeat_s": 1})
-    cfg_file = tmp_path / "cluster.yaml"
-    cfg_file.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
-    repo = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": str(repo)}
-    procs = [subprocess.Popen([sys.executable, "-m", "services.cli", part, "-c", str(cfg_file)],
-                              cwd=repo, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-             for part in ("decode", "prefill")]
+    cfg_file = write_config(cfg, tmp_path / "cluster.yaml")
+    parts = [start_part(part, cfg_file, tmp_path) for part in ("decode", "prefill")]
     nc = await connect(cfg.nats, "observer")
     try:
         disc = await Discovery.open(nc, cfg.namespace, cfg.discovery)
@@ -56,8 +47,8 @@ async def test_decode_and_prefill_processes_serve_and_exit_cleanly(nats_url: str
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 60
         while seen.get("decode-0") != "join" or seen.get("prefill-0") != "join":
-            for p in procs:
-                assert p.poll() is None, p.stderr.read().decode()[-3000:]
+            for p in parts:
+                p.assert_alive()
             assert loop.time() < deadline, f"workers did not register: {seen}"
             await asyncio.sleep(0.1)
         async with grpc.aio.insecure_channel(f"127.0.0.1:{dport}") as ch:
@@ -75,10 +66,8 @@ async def test_decode_and_prefill_processes_serve_and_exit_cleanly(nats_url: str
         pbody = await asyncio.to_thread(
             lambda: urllib.request.urlopen(f"http://127.0.0.1:{pport}/metrics").read().decode())
         assert 'tandem_prefill_kv_transfers_total{transport="shm"} 1.0' in pbody
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            assert await asyncio.to_thread(p.wait, 20) == 0
+        codes = await asyncio.to_thread(stop_parts, parts, 20)
+        assert codes == {"decode-0": 0, "prefill-0": 0}, (codes, *(p.output() for p in parts))
         deadline = loop.time() + 5
         while seen.get("decode-0") != "leave" or seen.get("prefill-0") != "leave":
             assert loop.time() < deadline, f"workers did not deregister: {seen}"
@@ -86,8 +75,6 @@ async def test_decode_and_prefill_processes_serve_and_exit_cleanly(nats_url: str
         watcher.cancel()
         watcher2.cancel()
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        for p in parts:
+            p.kill9()
         await nc.close()

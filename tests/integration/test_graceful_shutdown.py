@@ -7,30 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 
+from services.common.config import parse_config
 from services.engine.tokenizer import Tokenizer
 from tests.support.cluster import free_port, running_cluster
+from tests.support.procs import start_part, wait_http_ok, write_config
 from tests.support.stack import MODEL, mock_cluster_cfg, worker_decode_node
-
-
-async def _wait_http(url: str, procs: dict[str, subprocess.Popen], logs: Path) -> None:
-    async with httpx.AsyncClient() as http:
-        for _ in range(600):
-            for name, p in procs.items():
-                assert p.poll() is None, f"{name} died: {(logs / f'{name}.log').read_text()[-2000:]}"
-            try:
-                if (await http.get(url + "/v1/models", timeout=2)).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            await asyncio.sleep(0.1)
-    raise AssertionError("the frontend process never reached the processor process")
 
 
 async def test_sigterm_lets_the_running_stream_finish_then_exits_0(
@@ -41,19 +26,17 @@ async def test_sigterm_lets_the_running_stream_finish_then_exits_0(
     tok = Tokenizer.from_path(smollm2_path)
     async with running_cluster(cfg, tok, node_factory=lambda: worker_decode_node(cfg, tok)) as c:
         fe_port, p_port = free_port(), free_port()
-        sets = [f"nats.url={nats_url}", f"namespace={ns}", f"model.name={MODEL}",
-                f"processor.port={p_port}", f"processor.metrics_port={free_port()}",
-                f"frontend.port={fe_port}", f"frontend.processor_address=127.0.0.1:{p_port}",
-                "engine.max_model_len=512", "discovery.ttl_s=2", "discovery.heartbeat_s=0.5"]
-        args = [a for s in sets for a in ("--set", s)]
-        procs: dict[str, subprocess.Popen] = {}
-        for part in ("processor", "frontend"):
-            log = (tmp_path / f"{part}.log").open("w")
-            procs[part] = subprocess.Popen([sys.executable, "-m", "services.cli", part, *args],
-                                           stdout=log, stderr=subprocess.STDOUT)
+        part_cfg = parse_config({}, [
+            f"nats.url={nats_url}", f"namespace={ns}", f"model.name={MODEL}",
+            f"processor.port={p_port}", f"processor.metrics_port={free_port()}",
+            f"frontend.port={fe_port}", f"frontend.processor_address=127.0.0.1:{p_port}",
+            "engine.max_model_len=512", "discovery.ttl_s=2", "discovery.heartbeat_s=0.5"])
+        cfg_file = write_config(part_cfg, tmp_path / "cluster.yaml")
+        parts = [start_part(part, cfg_file, tmp_path) for part in ("processor", "frontend")]
         try:
             url = f"http://127.0.0.1:{fe_port}"
-            await _wait_http(url, procs, tmp_path)
+            # the frontend process reaches the processor process
+            await asyncio.to_thread(wait_http_ok, url + "/v1/models", parts)
             body = {"model": MODEL, "stream": True, "max_tokens": 60, "temperature": 0,
                     "stream_options": {"include_usage": True},
                     "messages": [{"role": "user", "content": "Tell me a long story"}]}
@@ -72,20 +55,13 @@ async def test_sigterm_lets_the_running_stream_finish_then_exits_0(
                             if chunk["choices"]:
                                 finish = chunk["choices"][0]["finish_reason"] or finish
                             if chunks == 2:  # mid-stream: stop both parts
-                                for p in procs.values():
-                                    p.send_signal(signal.SIGTERM)
+                                for p in parts:
+                                    p.terminate()
                                 # NOTE: the processes drain concurrently with this stream.
             assert done and finish == "length" and usage["completion_tokens"] == 60
-            codes = {}
-            for name, p in procs.items():
-                for _ in range(300):
-                    if p.poll() is not None:
-                        break
-                    await asyncio.sleep(0.1)
-                codes[name] = p.poll()
-            assert codes == {"processor": 0, "frontend": 0}, (
-                codes, (tmp_path / "frontend.log").read_text()[-1500:],
-                (tmp_path / "processor.log").read_text()[-1500:])
+            codes = {p.name: await asyncio.to_thread(p.wait, 30) for p in parts}
+            assert codes == {"processor-0": 0, "frontend-0": 0}, (
+                codes, *(p.output()[-1500:] for p in parts))
             async with httpx.AsyncClient() as http:
                 try:
                     late = await http.post(url + "/v1/chat/completions", json=body, timeout=2)
@@ -95,7 +71,5 @@ async def test_sigterm_lets_the_running_stream_finish_then_exits_0(
             await c.node.engine.check_integrity()
             assert c.node.engine.stats().kv_blocks_used == 0
         finally:
-            for p in procs.values():
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
+            for p in parts:
+                p.kill9()

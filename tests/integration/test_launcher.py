@@ -20,16 +20,14 @@ from services.launcher.nats import find_nats_server
 from services.launcher.plan import PortUse, ProcessSpec, Readiness, plan
 from services.launcher.supervisor import Supervisor, is_ready
 from tests.support.ports import free_port
+from tests.support.procs import needs_nats_server
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
 def _needs_nats_server() -> None:
-    try:
-        find_nats_server()
-    except RuntimeError as e:
-        pytest.skip(str(e))
+    needs_nats_server()
 
 
 

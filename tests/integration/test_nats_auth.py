@@ -3,10 +3,6 @@ requires them (``--user/--pass`` and ``--auth``)."""
 
 from __future__ import annotations
 
-import shutil
-import socket
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,30 +11,17 @@ import pytest
 from services.common.config import DiscoveryConfig, NatsConfig
 from services.common.discovery import Discovery, Registration
 from services.common.nats_client import NatsAuthError, connect
+from tests.support.procs import NatsServer, needs_nats_server
 
 pytestmark = pytest.mark.asyncio
 
 
 def _server(store: Path, *auth: str) -> Iterator[str]:
-    binary = shutil.which("nats-server") or "/usr/sbin/nats-server"
-    if not Path(binary).exists():
-        pytest.skip("nats-server is not installed")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([binary, "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(store), *auth],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            assert proc.poll() is None and time.monotonic() < deadline, "nats-server did not start"
-            time.sleep(0.05)
-    yield f"nats://127.0.0.1:{port}"
-    proc.terminate()
-    proc.wait(timeout=5)
+    needs_nats_server()
+    server = NatsServer(store, args=auth)
+    server.start()
+    yield server.url
+    server.stop()
 
 
 @pytest.fixture(scope="module")

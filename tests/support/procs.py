@@ -1,46 +1,68 @@
-"""Real processes for the fault tests: a nats-server that can be killed and restarted on the
-same port and store dir, and `tandem <part>` processes run from a config file."""
+"""Real processes for the integration tests: a nats-server that can be killed and restarted
+on the same port and store dir, and `tandem <part>` processes run from a config file, each
+with its output in a log file that failure messages quote."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
+import pytest
 import yaml
 
 from services.common.config import ClusterConfig
+from services.common.env import in_ci
+from services.launcher.nats import NatsServerNotFoundError, find_nats_server, tcp_accepts
 from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-
-def _wait_port(port: int, proc: subprocess.Popen, timeout: float, what: str) -> None:
+def _wait_port(port: int, proc: subprocess.Popen, timeout: float, what: str, log: Path) -> None:
     deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise AssertionError(f"{what} did not listen on {port}") from None
-            time.sleep(0.05)
+    while not tcp_accepts("127.0.0.1", port):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            tail = log.read_text(errors="replace")[-2000:]
+            raise AssertionError(f"{what} did not listen on {port}: {tail}")
+        time.sleep(0.05)
+
+
+def _end(proc: subprocess.Popen, timeout: float) -> int:
+    """Wait up to ``timeout`` for ``proc`` to exit; SIGKILL it if it has not."""
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
+def needs_nats_server() -> None:
+    """Skip the test when nats-server is not installed; under CI, fail it instead."""
+    try:
+        find_nats_server()
+    except NatsServerNotFoundError as e:
+        if in_ci():
+            pytest.fail(f"CI must have nats-server: {e}")
+        pytest.skip(str(e))
 
 
 @dataclass
 class NatsServer:
     """``start``/``kill``/``start`` again: same port, same JetStream store dir, so streams,
-    consumers and KV buckets survive the restart."""
+    consumers and KV buckets survive the restart. ``args`` go to nats-server as they are
+    (``--user``/``--pass``, ``--auth``); its output is in ``store/nats-server.log``."""
 
     store: Path
+    args: tuple[str, ...] = ()
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
 
@@ -49,16 +71,26 @@ class NatsServer:
         return f"nats://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        binary = shutil.which("nats-server") or "/usr/sbin/nats-server"
-        self.proc = subprocess.Popen(
-            [binary, "-js", "-a", "127.0.0.1", "-p", str(self.port), "-sd", str(self.store)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _wait_port(self.port, self.proc, 10, "nats-server")
+        log = self.store / "nats-server.log"
+        self.store.mkdir(parents=True, exist_ok=True)
+        with log.open("a") as out:
+            self.proc = subprocess.Popen(
+                [find_nats_server(), "-js", "-a", "127.0.0.1", "-p", str(self.port),
+                 "-sd", str(self.store), *self.args],
+                stdout=out, stderr=subprocess.STDOUT)
+        _wait_port(self.port, self.proc, 10, "nats-server", log)
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(timeout=10)
+        self.proc = None
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL if it is still up after 5 s."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            _end(self.proc, 5)
         self.proc = None
 
 
@@ -81,26 +113,69 @@ class Part:
     def output(self) -> str:
         return self.log.read_text(errors="replace")[-3000:]
 
+    def assert_alive(self) -> None:
+        """AssertionError with the exit status and the end of the log if it has exited."""
+        if not self.alive():
+            raise AssertionError(f"{self.name} died (exit {self.proc.returncode}): {self.output()}")
+
+    def terminate(self) -> None:
+        """SIGTERM (the part's cue to drain and exit 0) without waiting."""
+        if self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+
+    def wait(self, timeout: float) -> int | None:
+        """The exit status, or None if it is still running after ``timeout`` seconds."""
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
     def kill9(self) -> None:
         if self.alive():
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(timeout=10)
 
     def stop(self, timeout: float = 20) -> int:
-        if self.alive():
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                return self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        """SIGTERM and the exit status; SIGKILL (status -9) after ``timeout`` seconds."""
+        self.terminate()
+        return _end(self.proc, timeout)
 
 
-def start_part(part: str, cfg_file: Path, log_dir: Path, replica: int = 0) -> Part:
+def start_part(part: str, cfg_file: Path, log_dir: Path, replica: int = 0,
+               args: Sequence[str] = ()) -> Part:
+    """`tandem <part> -c cfg_file --replica N [args...]`, its output in
+    ``log_dir/<part>-<replica>.log``; returns at once (readiness is the caller's to check)."""
     log = log_dir / f"{part}-{replica}.log"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "services.cli", part, "-c", str(cfg_file), "--replica", str(replica)],
-        cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "services.cli", part, "-c", str(cfg_file), "--replica", str(replica),
+             *args],
+            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
     return Part(f"{part}-{replica}", proc, log)
+
+
+def stop_parts(parts: Sequence[Part], timeout: float = 30) -> dict[str, int]:
+    """SIGTERM every part at once (they drain concurrently), then each one's exit status by
+    name; one still running after ``timeout`` is SIGKILLed (status -9)."""
+    for p in parts:
+        p.terminate()
+    deadline = time.monotonic() + timeout
+    return {p.name: _end(p.proc, max(0.0, deadline - time.monotonic())) for p in parts}
+
+
+def wait_http_ok(url: str, parts: Sequence[Part], timeout: float = 60) -> httpx.Response:
+    """GET ``url`` until it answers 200 and return that response; AssertionError (with the
+    log) as soon as one of ``parts`` dies, or after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for p in parts:
+            p.assert_alive()
+        try:
+            r = httpx.get(url, timeout=2)
+            if r.status_code == 200:
+                return r
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{url} never answered 200 in {timeout:g} s")

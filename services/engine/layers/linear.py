@@ -49,39 +49,9 @@ class _ShardedLinear(nn.Module):
         )
 
 
-class ColumnParallelLinear(_ShardedLinear):
-    """``y = x @ W.T + b`` with W's output rows split across ranks; output stays sharded."""
-
-    def __init__(
-        self,
-        in_features: int,
-        out_features: int,
-        bias: bool = False,
-        *,
-        tp_rank: int = 0,
-        tp_size: int = 1,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str = "cpu",
-    ) -> None:
-        self.tp_rank, self.tp_size = tp_rank, tp_size
-        self.full_out = out_features
-        super().__init__(
-            in_features, _split(out_features, tp_size, "out_features"), bias, dtype, device
-        )
-
-    def load(self, weight: torch.Tensor, bias: torch.Tensor | None = None, name: str = "weight") -> None:
-        """Copy this rank's rows of the full ``[out, in]`` HF weight (and bias)."""
-        _check_shape(name, weight, (self.full_out, self.in_features))
-        rows = slice(self.tp_rank * self.out_features, (self.tp_rank + 1) * self.out_features)
-        self.weight.copy_(weight[rows])
-        _load_bias(self.bias, bias, rows, self.full_out, name)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
-
-
 class MergedColumnParallelLinear(_ShardedLinear):
-    """Several column-parallel projections of the same input fused into one matmul.
+    """Several column-parallel projections of the same input fused into one matmul:
+    ``y = x @ W.T + b`` with W's output rows split across ranks; the output stays sharded.
 
     ``output_sizes`` are the full (unsharded) sizes of the parts, e.g. ``[q, k, v]`` or
     ``[gate, up]``. Each part is sharded on its own so that rank r holds rows r of every
@@ -102,7 +72,7 @@ class MergedColumnParallelLinear(_ShardedLinear):
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.full_sizes = list(output_sizes)
         self.shard_sizes = [
-            _split(s, tp_size, f"output part {i}") for i, s in enumerate(output_sizes)
+            _split(s, tp_size, f"out_features of part {i}") for i, s in enumerate(output_sizes)
         ]
         self.offsets = [sum(self.shard_sizes[:i]) for i in range(len(self.shard_sizes))]
         super().__init__(in_features, sum(self.shard_sizes), bias, dtype, device)
@@ -124,6 +94,28 @@ class MergedColumnParallelLinear(_ShardedLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
+
+
+class ColumnParallelLinear(MergedColumnParallelLinear):
+    """A column-parallel projection on its own: the merged layer with a single part."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = False,
+        *,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        super().__init__(in_features, [out_features], bias, tp_rank=tp_rank, tp_size=tp_size,
+                         dtype=dtype, device=device)
+
+    def load(self, weight: torch.Tensor, bias: torch.Tensor | None = None, name: str = "weight") -> None:
+        """Copy this rank's rows of the full ``[out, in]`` HF weight (and bias)."""
+        self.load_part(0, weight, bias, name)
 
 
 class RowParallelLinear(_ShardedLinear):
