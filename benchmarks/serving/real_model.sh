@@ -2,7 +2,7 @@
 # The real SmolLM2 behind the whole stack (docs/benchmarks.md "Serving"): routing with 2
 # decode workers, then aggregated (2 decode) vs disaggregated (1 decode + 1 prefill).
 # Ports are moved off local.yaml's so it runs next to another cluster.
-# Usage: benchmarks/serving/real_model.sh OUT_DIR [routing] [disagg]
+# Usage: benchmarks/serving/real_model.sh OUT_DIR [routing] [routing-pressure] [disagg]
 set -u
 out=${1:?OUT_DIR}; shift
 parts=${*:-routing disagg}
@@ -19,12 +19,25 @@ for part in $parts; do
     for mode in ${MODES:-round_robin random kv}; do
       runs+=(--run "$mode=configs/agg.yaml@$ports,router.mode=$mode,engine.num_kv_blocks=96")
     done
-    # kv with prefix overlap weighted 4x against load
-    runs+=(--run "kv_w4=configs/agg.yaml@$ports,router.mode=kv,router.overlap_weight=4,engine.num_kv_blocks=96")
     $tandem bench compare "${runs[@]}" --workload shared-prefix --groups 6 --system-len 256 \
       --question-len 32 --output-len 16 --num-requests 60 --arrival poisson --rate 1.5 \
       --slo ttft_ms=2000 --json "$out/real_routing.json" --plot "$out/plots" \
       --plot-prefix real_routing_ --log-dir "$out/logs" > "$out/real_routing.txt" 2>&1
+  fi
+  if [ "$part" = routing-pressure ]; then
+    # 8 system prompts of 512 tokens (32 blocks each, 256 in all) over 2 workers that
+    # cache 160 blocks each: together they hold every prompt, alone about half. Round
+    # robin sends every prompt to both (each cache churns through all 8); kv keeps each
+    # prompt on one worker.
+    runs=()
+    for mode in ${MODES:-round_robin random kv}; do
+      runs+=(--run "$mode=configs/agg.yaml@$ports,router.mode=$mode,engine.num_kv_blocks=160")
+    done
+    $tandem bench compare "${runs[@]}" --workload shared-prefix --groups 8 --system-len 512 \
+      --question-len 16 --output-len 8 --num-requests ${NUM_REQUESTS:-80} --arrival poisson \
+      --rate ${RATE:-1.0} --slo ttft_ms=2000 --json "$out/real_routing_pressure.json" \
+      --plot "$out/plots" --plot-prefix real_routing_pressure_ --log-dir "$out/logs" \
+      > "$out/real_routing_pressure.txt" 2>&1
   fi
   if [ "$part" = disagg ]; then
     # a quarter of the prompts are 768 tokens (remote prefill: > max_local_prefill_length

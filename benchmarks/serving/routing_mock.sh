@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Routing at scale on mock workers (docs/benchmarks.md "Serving: routing"): round_robin,
-# random and kv on the Mooncake trace and on a shared-prefix workload, 16 and 64 workers.
-# Usage: benchmarks/serving/routing_mock.sh OUT_DIR [WORKERS...]   (default workers: 16 64)
+# random and kv (default overlap_weight 4) on the Mooncake trace and on a shared-prefix workload, 16 and 64 workers.
+# Usage: [EXTRA_WEIGHTS="1 8"] benchmarks/serving/routing_mock.sh OUT_DIR [WORKERS...]   (default workers: 16 64)
 set -u
 out=${1:?OUT_DIR}; shift
 workers=${*:-16 64}
@@ -12,8 +12,10 @@ for n in $workers; do
   for mode in round_robin random kv; do
     runs+=(--run "$mode=configs/scale-mock.yaml@router.mode=$mode,decode.replicas=$n")
   done
-  # kv with prefix overlap weighted 4x against load (router.overlap_weight)
-  runs+=(--run "kv_w4=configs/scale-mock.yaml@router.mode=kv,router.overlap_weight=4,decode.replicas=$n")
+  # more kv variants, e.g. EXTRA_WEIGHTS="1 8": router.overlap_weight (default 4)
+  for w in ${EXTRA_WEIGHTS:-}; do
+    runs+=(--run "kv_w$w=configs/scale-mock.yaml@router.mode=kv,router.overlap_weight=$w,decode.replicas=$n")
+  done
   # Mooncake: the whole trace (3,993 requests, 1,022 s) 10x faster; 512-token blocks -> 16
   $tandem bench compare "${runs[@]}" --workload mooncake \
     --trace /work/shared/traces/synthetic_trace.jsonl --scale 0.03125 --num-requests 4000 \

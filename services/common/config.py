@@ -94,7 +94,11 @@ class RouterConfig(_Strict):
     mode: Literal["kv", "round_robin", "random"] = "kv"
     port: int = Field(9200, ge=0, le=65535)
     metrics_port: int = Field(9201, ge=0, le=65535)
-    overlap_weight: float = Field(1.0, ge=0)
+    # NOTE: 4, not 1: a block to prefill costs far more time than a block of decode memory
+    # (docs/benchmarks.md "Routing at scale": 1, 2, 4, 8 measured; hit rate and mean TTFT
+    # improved at every step). 8 was better still there, but then a burst on one prefix
+    # piles onto the worker holding it (10 of 16 in test_burst_sharing_a_system_prompt_spreads).
+    overlap_weight: float = Field(4.0, ge=0)
     temperature: float = Field(0.0, ge=0)
     # Routed-but-unfinished requests are forgotten after this long without a free
     # (a processor that died mid-request must not pin load on a worker forever).
