@@ -7,8 +7,8 @@ in-process ``Router`` or a ``RouterClient`` (same ``route``/``update``); routes 
 prompt's local block hashes (at ``block_size``), computed here rather than in the router.
 
 Router bookkeeping: ``update(PREFILLED)`` at the first token, ``update(FINISHED)`` at the end
-whatever the end was (finish, stop string, error, cancellation), so no load leaks. Neither
-holds up a token: see ``RouterReports``.
+whatever the end was (finish, stop string, error, cancellation), so no load leaks. A deployed
+processor publishes both on NATS, so neither holds up a token: see ``RouterReports``.
 
 Migration: a stream whose decode worker fails mid-way continues on another worker (see
 ``_stream``); the client sees one uninterrupted stream. Greedy requests continue exactly;

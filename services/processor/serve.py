@@ -19,9 +19,8 @@ from prometheus_client import start_http_server
 from services.common.address_book import AddressBook, ChannelPool
 from services.common.config import ClusterConfig
 from services.common.discovery import Discovery, Registration
-from services.common.nats_client import Subjects, connect
+from services.common.nats_client import connect
 from services.common.service import run_part, stop_on_signals
-from services.common.wire import InflightUpdate, encode_inflight
 
 log = logging.getLogger("tandem.processor")
 
@@ -34,6 +33,7 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0") -> 
     from services.processor.metrics import ProcessorMetrics
     from services.processor.processor import Processor
     from services.processor.router_client import RouterClient
+    from services.processor.router_reports import inflight_publisher
     from services.processor.worker_client import DecodeWorkerClient
 
     model_path = resolve_model_path(cfg.model.path)
@@ -49,14 +49,9 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0") -> 
         if pc.router_address is None:
             routers.start(disc)
         metrics = ProcessorMetrics()
-        subject = Subjects(cfg.namespace).router_inflight
-
-        async def publish(u: InflightUpdate) -> None:
-            await nc.publish(subject, encode_inflight(u))
-
         processor = Processor(tok, RouterClient(routers, pool), DecodeWorkerClient(pool), name,
                               ctx, cfg.engine.block_size, metrics, pc.migration_limit,
-                              publish_reports=publish, instance=f"processor-{replica}")
+                              publish_reports=inflight_publisher(nc, cfg.namespace), instance=f"processor-{replica}")
         # before the port opens: a part that looks ready must stop cleanly (see stop_on_signals)
         stop = stop_on_signals()
         server, port = await start_grpc(processor, host, pc.port + replica)

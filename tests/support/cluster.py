@@ -15,8 +15,7 @@ import uvicorn
 from services.common.address_book import AddressBook, ChannelPool
 from services.common.config import ClusterConfig
 from services.common.discovery import Discovery, Lease, Registration
-from services.common.nats_client import Subjects, connect
-from services.common.wire import InflightUpdate, encode_inflight
+from services.common.nats_client import connect
 from services.engine.tokenizer import Tokenizer
 from services.frontend.app import create_app
 from services.frontend.readiness import ClusterReadiness
@@ -26,6 +25,7 @@ from services.processor.context import context_length
 from services.processor.grpc_server import start_grpc as start_processor_grpc
 from services.processor.processor import Processor
 from services.processor.router_client import RouterClient
+from services.processor.router_reports import inflight_publisher
 from services.router.grpc_server import start_grpc as start_router_grpc
 from services.router.router import Router
 from tests.support.ports import free_port
@@ -90,13 +90,8 @@ async def running_cluster(cfg: ClusterConfig, tok: Tokenizer, with_decode: bool 
         routers = AddressBook("router")
         routers.start(disc)
         stack.push_async_callback(routers.close)
-        subject = Subjects(cfg.namespace).router_inflight
-
-        async def publish(u: InflightUpdate) -> None:
-            await nc.publish(subject, encode_inflight(u))
-
-        processor = make_processor(cfg, tok, RouterClient(routers, pool),
-                                   context_length(cfg, None), pool, publish_reports=publish)
+        processor = make_processor(cfg, tok, RouterClient(routers, pool), context_length(cfg, None),
+                                   pool, publish_reports=inflight_publisher(nc, cfg.namespace))
         pserver, pport = await start_processor_grpc(processor, "127.0.0.1", 0)
         stack.push_async_callback(pserver.stop, 0)
         plane = await disc.register(Registration("processor", "p0", address=f"127.0.0.1:{pport}"))

@@ -22,7 +22,7 @@ from services.processor.processor import Processor
 from services.processor.router_reports import Publish, RouterLike
 from services.processor.worker_client import DecodeWorkerClient
 from services.router.router import Router
-from services.router.types import RouteRequest, RouteResponse
+from services.router.types import RequestPhase, RouteRequest, RouteResponse
 from tests.support.decode_servicer import EngineDecodeServicer, start_decode_server
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -90,13 +90,23 @@ def make_processor(cfg: ClusterConfig, tok: Tokenizer, router: RouterLike, conte
 
 
 class RecordingRouter(Router):
-    """The real in-process Router, keeping every (request, response) it routed."""
+    """The real in-process Router, keeping every (request, response) it routed and every
+    (request id, phase) update it applied; ``fail_updates_for``: request ids whose updates
+    raise, as an unreachable router's would."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.routed: list[tuple[RouteRequest, RouteResponse]] = []
+        self.updates: list[tuple[str, RequestPhase]] = []
+        self.fail_updates_for: set[str] = set()
 
     async def route(self, req: RouteRequest) -> RouteResponse:
         r = await super().route(req)
         self.routed.append((req, r))
         return r
+
+    async def update(self, request_id: str, phase: RequestPhase) -> None:
+        if request_id in self.fail_updates_for:
+            raise RuntimeError("router unreachable")
+        await super().update(request_id, phase)
+        self.updates.append((request_id, phase))

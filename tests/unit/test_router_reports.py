@@ -1,62 +1,58 @@
-"""Router bookkeeping sent in the background: per-request order holds even when an earlier
-report is slower, failures are dropped, and settled() waits for everything."""
+"""Router bookkeeping from the processor: published on the in-flight subject when a
+publisher is given (no call to the router), else applied by the router before ``send``
+returns; a failed report is logged and dropped, never raised into the request."""
 
 from __future__ import annotations
 
-import asyncio
-
 from services.common.discovery import Registration
+from services.common.wire import InflightOp, InflightUpdate
 from services.processor.router_reports import RouterReports
-from services.router.router import Router
 from services.router.types import RequestPhase, RouteRequest
-from tests.support.stack import mock_cluster_cfg
+from tests.support.stack import RecordingRouter, mock_cluster_cfg
 
 
-class RecordingRouter(Router):
-    """The real in-process router; PREFILLED reports take longer to arrive than FINISHED."""
-
-    def __init__(self) -> None:
-        super().__init__(mock_cluster_cfg())
-        self.seen: list[tuple[str, RequestPhase]] = []
-        self.fail_for: set[str] = set()
-
-    async def update(self, request_id: str, phase: RequestPhase) -> None:
-        if phase is RequestPhase.PREFILLED:
-            await asyncio.sleep(0.05)
-        if request_id in self.fail_for:
-            raise RuntimeError("router unreachable")
-        self.seen.append((request_id, phase))
-        await super().update(request_id, phase)
-
-
-async def test_reports_keep_their_order_per_request_and_do_not_block() -> None:
-    router = RecordingRouter()
+def _router() -> RecordingRouter:
+    router = RecordingRouter(mock_cluster_cfg())
     router.worker_joined(Registration("decode", "w0", address="127.0.0.1:1"))
+    return router
+
+
+async def test_without_a_publisher_the_router_has_each_report_when_send_returns() -> None:
+    router = _router()
     reports = RouterReports(router)
-    for rid in ("a", "b"):
-        await router.route(RouteRequest(rid, list(range(64))))
-    assert router.load.inflight_count("w0") == 2
+    await router.route(RouteRequest("a", list(range(64))))
+    await reports.send("a", RequestPhase.PREFILLED)
+    assert router.updates == [("a", RequestPhase.PREFILLED)]
+    assert router.load.view("w0").pending_prefill_blocks == 0
+    assert router.load.inflight_count("w0") == 1
+    await reports.send("a", RequestPhase.FINISHED)
+    assert router.updates[-1] == ("a", RequestPhase.FINISHED)
+    assert router.load.inflight_count("w0") == 0
+    router.fail_updates_for.add("gone")
+    await reports.send("gone", RequestPhase.FINISHED)  # logged, not raised
+    await reports.send_now("gone", RequestPhase.FINISHED)
+    assert ("gone", RequestPhase.FINISHED) not in router.updates
+
+
+async def test_with_a_publisher_reports_are_published_in_order_not_sent_to_the_router() -> None:
+    router = _router()
+    published: list[InflightUpdate] = []
+
+    async def publish(u: InflightUpdate) -> None:
+        published.append(u)
+
+    reports = RouterReports(router, publish, sender="processor-3")
     await reports.send("a", RequestPhase.PREFILLED)
     await reports.send("a", RequestPhase.FINISHED)
-    await reports.send("b", RequestPhase.FINISHED)
-    assert router.seen == [] and reports.pending == 2  # nothing awaited yet
-    await reports.settled()
-    # b's FINISHED needed no wait; a's FINISHED waited for a's slower PREFILLED.
-    assert router.seen == [("b", RequestPhase.FINISHED), ("a", RequestPhase.PREFILLED),
-                           ("a", RequestPhase.FINISHED)]
-    assert router.load.inflight_count("w0") == 0 and reports.pending == 0
-
-
-async def test_send_now_waits_for_earlier_reports_and_failures_are_dropped() -> None:
-    router = RecordingRouter()
-    router.worker_joined(Registration("decode", "w0", address="127.0.0.1:1"))
-    reports = RouterReports(router)
+    assert published == [InflightUpdate("processor-3", InflightOp.PREFILLED, "a"),
+                         InflightUpdate("processor-3", InflightOp.FREE, "a")]
+    assert router.updates == []
+    # Migration's FINISHED must be applied before the id is routed again: it goes to the router.
     await router.route(RouteRequest("m", list(range(32))))
-    await reports.send("m", RequestPhase.PREFILLED)
     await reports.send_now("m", RequestPhase.FINISHED)
-    assert router.seen == [("m", RequestPhase.PREFILLED), ("m", RequestPhase.FINISHED)]
-    assert router.load.inflight_count("w0") == 0
-    router.fail_for.add("gone")
-    await reports.send("gone", RequestPhase.FINISHED)  # logged, not raised
-    await reports.settled()
-    assert reports.pending == 0 and ("gone", RequestPhase.FINISHED) not in router.seen
+    assert router.updates == [("m", RequestPhase.FINISHED)] and router.load.inflight_count("w0") == 0
+
+    async def broken(u: InflightUpdate) -> None:
+        raise ConnectionError("nats down")
+
+    await RouterReports(router, broken).send("x", RequestPhase.FINISHED)  # logged, not raised
