@@ -24,6 +24,8 @@ import asyncio
 import json
 import os
 import time
+from collections.abc import AsyncIterator, Callable
+from functools import partial
 
 import grpc
 import numpy as np
@@ -57,16 +59,26 @@ def _stats(ms: list[float]) -> dict[str, float]:
             "mean": float(a.mean()), "n": len(a)}
 
 
+async def _first_item_ms(start: Callable[[], AsyncIterator[object]]) -> float:
+    """Milliseconds from starting the stream to its first item; the rest is drained (each
+    layer is asked for one token) so the call ends before the next request."""
+    t0 = time.perf_counter()
+    first = None
+    async for _ in start():
+        if first is None:
+            first = time.perf_counter()
+    if first is None:
+        raise RuntimeError("the stream ended without an item")
+    return (first - t0) * 1000
+
+
 async def engine_ttft(cfg, prompts: list[list[int]]) -> list[float]:
     parts = build_engine(cfg, worker_id="overhead")
     out = []
     async with AsyncEngine(parts.engine) as ae:
         for i, p in enumerate(prompts):
             req = GenerateRequest(f"e{i}", p, SamplingParams(temperature=0.0, max_tokens=1))
-            t0 = time.perf_counter()
-            async for _ in ae.generate(req):
-                out.append((time.perf_counter() - t0) * 1000)
-                break
+            out.append(await _first_item_ms(partial(ae.generate, req)))
     return out
 
 
@@ -78,10 +90,7 @@ async def decode_ttft(address: str, prompts: list[list[int]]) -> list[float]:
             req = worker_pb2.GenerateRequest(
                 request_id=f"d{i}-{time.time_ns()}", token_ids=p,
                 sampling=worker_pb2.SamplingParams(temperature=0.0, top_p=1.0, max_tokens=1))
-            t0 = time.perf_counter()
-            async for _ in stub.Generate(req):
-                out.append((time.perf_counter() - t0) * 1000)
-                break
+            out.append(await _first_item_ms(partial(stub.Generate, req)))
     return out
 
 
@@ -107,10 +116,7 @@ async def processor_ttft(address: str, prompts: list[list[int]]) -> list[float]:
             req = processor_pb2.ProcessRequest(
                 request_id=f"p{i}-{time.time_ns()}", prompt_ids=processor_pb2.TokenIds(ids=p),
                 sampling=processor_pb2.SamplingOptions(max_tokens=1, temperature=0.0, top_p=1.0))
-            t0 = time.perf_counter()
-            async for _ in stub.Generate(req):
-                out.append((time.perf_counter() - t0) * 1000)
-                break
+            out.append(await _first_item_ms(partial(stub.Generate, req)))
     return out
 
 
