@@ -1,4 +1,4 @@
-"""gRPC adapter of the decode worker (proto/worker.proto): translation and status codes only."""
+"""gRPC adapter of the decode worker (proto/worker.proto): codec and error table only."""
 
 from __future__ import annotations
 
@@ -6,24 +6,11 @@ from contextlib import aclosing
 
 import grpc
 
+from services.codec.worker import generate_request_from_pb, output_to_pb
+from services.common.errors import InvalidRequest, ServingError, abort
 from services.common.grpc_guard import RejectMalformed
-from services.decode.worker import (
-    DecodeWorker,
-    WorkerOverloadedError,
-    WorkerUnavailableError,
-    sampling_from_proto,
-)
-from services.engine.async_engine import EngineDeadError
-from services.engine.request import FinishReason, GenerateRequest
-from services.engine.scheduler import InvalidRequestError
+from services.decode.worker import DecodeWorker
 from services.gen import worker_pb2, worker_pb2_grpc
-
-_FINISH = {
-    FinishReason.STOP: worker_pb2.STOP,
-    FinishReason.LENGTH: worker_pb2.LENGTH,
-    FinishReason.ABORT: worker_pb2.ABORT,
-}
-_WHERE = {"local": worker_pb2.LOCAL, "remote": worker_pb2.REMOTE}
 
 
 class DecodeWorkerServicer(worker_pb2_grpc.DecodeWorkerServicer):
@@ -39,30 +26,17 @@ class DecodeWorkerServicer(worker_pb2_grpc.DecodeWorkerServicer):
     async def Generate(self, request: worker_pb2.GenerateRequest,  # noqa: N802
                        context: grpc.aio.ServicerContext):
         try:
-            sampling = sampling_from_proto(request.sampling)
+            req = generate_request_from_pb(request)
         except ValueError as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"sampling: {e}")
-        if not request.request_id:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id is empty")
-        req = GenerateRequest(request.request_id, list(request.token_ids), sampling)
+            await abort(context, InvalidRequest(str(e)))
+        produced = 0
         try:
             async with aclosing(self._worker.generate(req)) as outs:
                 async for o in outs:
-                    msg = worker_pb2.GenerateResponse(token_ids=o.token_ids)
-                    if o.prefill_location:
-                        msg.prefill_location = _WHERE[o.prefill_location]
-                    if o.finished:
-                        msg.finish_reason = _FINISH[o.finish_reason or FinishReason.STOP]
-                        msg.usage.prompt_tokens = o.prompt_tokens
-                        msg.usage.completion_tokens = o.completion_tokens
-                        msg.usage.cached_tokens = o.cached_tokens
-                    yield msg
-        except InvalidRequestError as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        except WorkerOverloadedError as e:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
-        except (WorkerUnavailableError, EngineDeadError) as e:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+                    produced += len(o.token_ids)
+                    yield output_to_pb(o, produced)
+        except ServingError as e:  # InvalidRequestError, Overloaded, Unavailable, EngineDeadError
+            await abort(context, e)
 
     async def KvTransfer(self, request_iterator, context: grpc.aio.ServicerContext):  # noqa: N802
         return await self._worker.receiver.receive(aiter(request_iterator))

@@ -7,7 +7,7 @@ the header (contiguous offsets, exact byte count), then resolves the future. A t
 a request that is not waiting (never asked for, already delivered, or given up on after a
 timeout) is answered ``accepted=False, error="not waiting"``: a duplicate delivery is harmless.
 
-A header with ``shm_name`` (same-host transport, services/common/kv_shm.py) is the stream's
+A header with ``shm_name`` (same-host transport, services/disagg/kv_shm.py) is the stream's
 only message: the KV is the mapped /dev/shm segment, which is unlinked whatever the outcome.
 A segment that cannot be opened here is answered ``"shm unavailable: ..."`` and the request
 keeps waiting for the sender's resend over gRPC bytes.
@@ -24,14 +24,14 @@ from dataclasses import dataclass, field
 import torch
 from google.protobuf.message import DecodeError
 
-from services.common.kv_shm import (
+from services.decode.kv_buffers import KvBufferPool
+from services.disagg.kv_shm import (
     SHM_UNAVAILABLE,
     ShmUnavailableError,
     map_segment,
     unlink_segment,
 )
-from services.common.kv_wire import dtype_from_name, split_kv_chunk
-from services.decode.kv_buffers import KvBufferPool
+from services.disagg.kv_wire import dtype_from_name, split_kv_chunk
 from services.gen import worker_pb2
 
 log = logging.getLogger(__name__)

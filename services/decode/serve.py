@@ -24,8 +24,8 @@ from services.common.service import run_part, stop_on_signals
 from services.common.wire import WorkerLoad
 from services.decode.grpc_server import start_grpc
 from services.decode.metrics import DecodeMetrics
-from services.decode.prefill_queue import PrefillQueue
 from services.decode.worker import DecodeWorker
+from services.disagg.prefill_queue import PrefillQueue
 from services.engine.async_engine import AsyncEngine
 from services.engine.factory import build_engine
 

@@ -4,7 +4,7 @@
 
 Remote path (``services.decode.disagg`` decides): park the request with blocks for its
 uncached part (``AsyncEngine.begin_remote_prefill``), wait for its KV in the ``KvReceiver``,
-publish a ``RemotePrefillRequest``, then either import the KV (``complete_remote_prefill``)
+publish a ``PrefillJob``, then either import the KV (``complete_remote_prefill``)
 or, past the deadline / on bad KV / on a publish failure, prefill locally
 (``fail_remote_prefill``). Either way the tokens come from ``AsyncEngine.stream``. A
 request's blocks never leak: every exit (finish, abort, cancelled call) ends in the engine
@@ -18,41 +18,20 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass
 
 from services.common.config import ClusterConfig
-from services.common.kv_shm import host_id
+from services.common.errors import Overloaded, Unavailable
 from services.decode.disagg import PrefillDecision, decide_prefill
 from services.decode.kv_receiver import ExpectedKv, KvReceiver, KvTransferError, ReceivedKv
 from services.decode.metrics import DecodeMetrics
-from services.decode.prefill_queue import PrefillQueue
+from services.disagg.kv_shm import host_id
+from services.disagg.prefill_job import FallbackReason, PrefillJob, PrefillLocation
+from services.disagg.prefill_queue import PrefillQueue
 from services.engine.async_engine import AsyncEngine
 from services.engine.remote_prefill import RemoteKvError, RemotePrefillHandle
-from services.engine.request import FinishReason, GenerateRequest, TokenOutput
-from services.gen import prefill_pb2, worker_pb2
+from services.engine.request import GenerateRequest, TokenOutput
 
 log = logging.getLogger(__name__)
-
-
-class WorkerOverloadedError(RuntimeError):
-    """Too many requests in flight on this worker (gRPC RESOURCE_EXHAUSTED)."""
-
-
-class WorkerUnavailableError(RuntimeError):
-    """The worker is draining for shutdown (gRPC UNAVAILABLE)."""
-
-
-@dataclass(slots=True)
-class DecodeOutput:
-    """New tokens of one request; usage and finish reason on the last one."""
-
-    token_ids: list[int]
-    prefill_location: str  # "local" | "remote": where the prompt's KV was computed
-    finished: bool = False
-    finish_reason: FinishReason | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
 
 
 class DecodeWorker:
@@ -78,22 +57,24 @@ class DecodeWorker:
     def num_inflight(self) -> int:
         return self._inflight
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[DecodeOutput]:
-        """Stream a request's tokens. Raises InvalidRequestError (bad request),
-        WorkerOverloadedError, WorkerUnavailableError, EngineDeadError. Closing the
-        iterator early aborts the request."""
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenOutput]:
+        """Stream a request's outputs; this is where a request enters the worker, so it is
+        checked here (InvalidRequestError) and nowhere further in. Raises Overloaded,
+        Unavailable (draining), EngineDeadError. Closing the iterator early aborts it."""
         if self._draining:
-            raise WorkerUnavailableError(f"decode worker {self.worker_id} is shutting down")
+            raise Unavailable(f"decode worker {self.worker_id} is shutting down")
         if self._inflight >= self.cfg.decode.max_inflight_requests:
-            raise WorkerOverloadedError(
+            raise Overloaded(
                 f"decode worker {self.worker_id} has {self._inflight} requests in flight "
-                f"(decode.max_inflight_requests={self.cfg.decode.max_inflight_requests})")
+                f"(decode.max_inflight_requests={self.cfg.decode.max_inflight_requests})",
+                code="overloaded")
         waiting = self._inflight - self.engine.stats().num_running
         if waiting >= self.cfg.decode.max_waiting_requests:
-            raise WorkerOverloadedError(
+            raise Overloaded(
                 f"decode worker {self.worker_id} has {waiting} requests waiting "
-                f"(decode.max_waiting_requests={self.cfg.decode.max_waiting_requests})")
-        self.engine.engine.validate(request)
+                f"(decode.max_waiting_requests={self.cfg.decode.max_waiting_requests})",
+                code="overloaded")
+        self.engine.validate(request)
         self._inflight += 1
         self._idle.clear()
         try:
@@ -102,8 +83,8 @@ class DecodeWorker:
             if decision.remote:
                 outs = self._remote(request, decision)
             else:
-                self.metrics.prefill.labels("local").inc()
-                outs = self._local(request.request_id, self.engine.generate(request), "local")
+                self.metrics.prefill.labels(PrefillLocation.LOCAL.value).inc()
+                outs = self.engine.generate(request)
             async with aclosing(outs):
                 async for o in outs:
                     yield o
@@ -141,25 +122,9 @@ class DecodeWorker:
                 return decide_prefill(d.model_copy(update={"enabled": False}), n, cached, 0, 0)
         return decide_prefill(d, n, cached, depth, tokens)
 
-    # ---- paths ----------------------------------------------------------------------
-    async def _local(self, rid: str, outs: AsyncIterator[TokenOutput], where: str
-                     ) -> AsyncIterator[DecodeOutput]:
-        completion = 0
-        first = True
-        async with aclosing(outs):
-            async for o in outs:
-                completion += len(o.token_ids)
-                d = DecodeOutput(list(o.token_ids), where if first else "", o.finished)
-                first = False
-                if o.finished:
-                    d.finish_reason = o.finish_reason
-                    d.prompt_tokens = o.num_prompt_tokens
-                    d.completion_tokens = completion
-                    d.cached_tokens = o.num_cached_tokens
-                yield d
-
+    # ---- remote path ----------------------------------------------------------------
     async def _remote(self, request: GenerateRequest, decision: PrefillDecision
-                      ) -> AsyncIterator[DecodeOutput]:
+                      ) -> AsyncIterator[TokenOutput]:
         assert self.queue is not None
         rid = request.request_id
         try:
@@ -168,11 +133,12 @@ class DecodeWorker:
             self._spawn_abort(rid)
             raise
         if handle is None:  # its blocks do not fit now: the scheduler will wait for room
-            self._fallback("no_blocks")
-            async for o in self._local(rid, self.engine.generate(request), "local"):
-                yield o
+            self._fallback(FallbackReason.NO_BLOCKS)
+            self.metrics.prefill.labels(PrefillLocation.LOCAL.value).inc()
+            async with aclosing(self.engine.generate(request)) as outs:
+                async for o in outs:
+                    yield o
             return
-        where = "local"
         try:
             where = await self._await_remote_kv(request, handle, decision)
         except BaseException:
@@ -182,52 +148,51 @@ class DecodeWorker:
             self.queue.done(rid)
             self._spawn_abort(rid)
             raise
-        self.metrics.prefill.labels(where).inc()
-        async for o in self._local(rid, self.engine.stream(rid), where):
-            yield o
+        self.metrics.prefill.labels(where.value).inc()
+        async with aclosing(self.engine.stream(rid)) as outs:
+            async for o in outs:
+                yield o
 
     async def _await_remote_kv(self, request: GenerateRequest, handle: RemotePrefillHandle,
-                               decision: PrefillDecision) -> str:
+                               decision: PrefillDecision) -> PrefillLocation:
         """Publish the job and wait for its KV; returns where the prefill ran in the end."""
         assert self.queue is not None
         rid = request.request_id
-        spec = self.engine.engine.runner.kv_spec
+        spec = self.engine.kv_spec
         fut = self.receiver.expect(rid, ExpectedKv(
             handle.first_block_to_fill, handle.num_blocks_to_fill,
             spec.block_range_shape(handle.num_blocks_to_fill), spec.dtype))
         timeout = self.cfg.decode.disagg.remote_prefill_timeout_s
-        job = prefill_pb2.RemotePrefillRequest(
-            request_id=rid, token_ids=request.prompt_token_ids,
-            sampling=sampling_to_proto(request.sampling), decode_worker_id=self.worker_id,
-            kv_transfer_address=self.kv_address, first_block=handle.first_block_to_fill,
-            num_blocks=handle.num_blocks_to_fill,
-            deadline_unix_ms=int((time.time() + timeout) * 1000), attempt=1,
-            decode_host_id=host_id())
+        job = PrefillJob(
+            request_id=rid, token_ids=tuple(request.prompt_token_ids), sampling=request.sampling,
+            decode_worker_id=self.worker_id, kv_transfer_address=self.kv_address,
+            first_block=handle.first_block_to_fill, num_blocks=handle.num_blocks_to_fill,
+            deadline_unix_ms=int((time.time() + timeout) * 1000), decode_host_id=host_id())
         delivered = False
         try:
             try:
                 await self.queue.publish(job, decision.effective_tokens)
             except Exception as e:  # NATS down or the stream missing: prefill here
                 log.warning("publishing remote prefill %s failed: %s", rid, e)
-                return await self._give_up(rid, "publish_failed")
+                return await self._give_up(rid, FallbackReason.PUBLISH_FAILED)
             done, _ = await asyncio.wait({fut}, timeout=timeout)
             if not done:
-                return await self._give_up(rid, "timeout")
+                return await self._give_up(rid, FallbackReason.TIMEOUT)
             try:
                 got: ReceivedKv = fut.result()
             except (KvTransferError, asyncio.CancelledError):
-                return await self._give_up(rid, "bad_kv")
+                return await self._give_up(rid, FallbackReason.BAD_KV)
             delivered = True  # the prefill worker acks (removes) the job itself
             try:
                 await self.engine.complete_remote_prefill(rid, got.kv, got.first_token)
             except RemoteKvError:  # the engine already sent it to local prefill
                 got.release()
-                self._fallback("bad_kv")
-                return "local"
+                self._fallback(FallbackReason.BAD_KV)
+                return PrefillLocation.LOCAL
             # NOTE: only once the engine copied it into its cache (not when cancelled
             # mid-call: the step thread may still be reading it).
             got.release()
-            return "remote"
+            return PrefillLocation.REMOTE
         finally:
             self.receiver.cancel(rid)
             seq = self.queue.done(rid)
@@ -236,14 +201,14 @@ class DecodeWorker:
                 # spends time on it (one already running it gets "not waiting" for its KV).
                 self._spawn(self.queue.retract(seq), f"retract {rid}")
 
-    async def _give_up(self, rid: str, reason: str) -> str:
+    async def _give_up(self, rid: str, reason: FallbackReason) -> PrefillLocation:
         self.receiver.cancel(rid)
         await self.engine.fail_remote_prefill(rid)
         self._fallback(reason)
-        return "local"
+        return PrefillLocation.LOCAL
 
-    def _fallback(self, reason: str) -> None:
-        self.metrics.fallbacks.labels(reason).inc()
+    def _fallback(self, reason: FallbackReason) -> None:
+        self.metrics.fallbacks.labels(reason.value).inc()
 
     def _spawn_abort(self, rid: str) -> None:
         self._spawn(self._abort_parked(rid), f"abort {rid}")
@@ -260,22 +225,3 @@ class DecodeWorker:
                 pass
         except Exception as e:  # engine already dead or the request gone: nothing to free
             log.debug("abort of parked %s: %s", rid, e)
-
-
-def sampling_to_proto(s) -> worker_pb2.SamplingParams:
-    return worker_pb2.SamplingParams(
-        temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed,
-        max_tokens=s.max_tokens, stop_token_ids=list(s.stop_token_ids), ignore_eos=s.ignore_eos,
-        seed_step_offset=s.seed_step_offset)
-
-
-def sampling_from_proto(p: worker_pb2.SamplingParams):
-    """proto -> engine SamplingParams; ValueError names a bad field. max_tokens 0 -> 16."""
-    from services.engine.request import SamplingParams
-
-    return SamplingParams(
-        temperature=p.temperature, top_k=p.top_k, top_p=p.top_p if p.top_p > 0 else 1.0,
-        seed=p.seed if p.HasField("seed") else None,
-        max_tokens=p.max_tokens or SamplingParams().max_tokens,
-        stop_token_ids=tuple(p.stop_token_ids), ignore_eos=p.ignore_eos,
-        seed_step_offset=p.seed_step_offset)

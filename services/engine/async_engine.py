@@ -17,16 +17,18 @@ import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, TypeVar
 
+from services.common.errors import Unavailable
 from services.common.kv_events import KvEvent
 from services.engine.engine import EngineStats, LLMEngine
 from services.engine.remote_prefill import RemotePrefillHandle
 from services.engine.request import GenerateRequest, TokenOutput
+from services.engine.runner.base import KvSpec
 from services.engine.scheduler import InvalidRequestError
 
 T = TypeVar("T")
 
 
-class EngineDeadError(RuntimeError):
+class EngineDeadError(Unavailable):
     """The engine's step loop failed or was shut down; the request cannot continue."""
 
 
@@ -162,6 +164,14 @@ class AsyncEngine:
 
     async def check_integrity(self) -> None:
         await self.call(lambda e: e.check_integrity())
+
+    def validate(self, request: GenerateRequest) -> None:
+        """Raise InvalidRequestError if the request can never be served (reads config only)."""
+        self.engine.validate(request)
+
+    @property
+    def kv_spec(self) -> KvSpec:
+        return self.engine.runner.kv_spec
 
     def stats(self) -> EngineStats:
         """A snapshot read without waiting for the step thread (counters may be one step apart)."""

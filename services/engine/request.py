@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -10,15 +11,32 @@ if TYPE_CHECKING:
     import torch
 
 
+# Bounds that keep a request's cost and its numbers sane whoever builds it (the HTTP API,
+# a gRPC caller, a prefill job): every process builds SamplingParams where a request
+# enters it, so these checks run once per process.
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 256
+MAX_STOP_TOKEN_IDS = 64
+MAX_TOP_K = 1 << 20
+_INT64 = 1 << 63
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    """Per-request sampling. temperature 0 is greedy; top_k 0 and top_p 1 disable them."""
+    """How one request samples and when it stops, from the API to the engine.
+
+    temperature 0 is greedy; top_k 0 and top_p 1 disable them. ``max_tokens`` None: up to
+    the context length. ``stop`` strings are matched on the text by the processor (the
+    engine sees token ids only); ``stop_token_ids`` end the request in the engine. The
+    constructor rejects a bad value with a ValueError that names the field.
+    """
 
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
-    max_tokens: int = 16
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     # Seeded draws use step ``num_generated + seed_step_offset``: a request migrated with
@@ -26,16 +44,29 @@ class SamplingParams:
     seed_step_offset: int = 0
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature: must be a finite number >= 0, got {self.temperature}")
+        if not 0 <= self.top_k <= MAX_TOP_K:
+            raise ValueError(f"top_k: must be in [0, {MAX_TOP_K}] (0 = off), got {self.top_k}")
         if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+            raise ValueError(f"top_p: must be in (0, 1], got {self.top_p}")
+        if self.seed is not None and not -_INT64 <= self.seed < _INT64:
+            raise ValueError(f"seed: must fit in a signed 64-bit integer, got {self.seed}")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"max_tokens: must be >= 1, got {self.max_tokens}")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise ValueError(f"stop: at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
+        for s in self.stop:
+            if not s or len(s) > MAX_STOP_STRING_CHARS:
+                raise ValueError(f"stop: stop strings must have 1 to {MAX_STOP_STRING_CHARS} "
+                                 f"characters, got {len(s)}")
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise ValueError(f"stop_token_ids: at most {MAX_STOP_TOKEN_IDS}, "
+                             f"got {len(self.stop_token_ids)}")
+        if any(t < 0 for t in self.stop_token_ids):
+            raise ValueError("stop_token_ids: token ids must be >= 0")
         if self.seed_step_offset < 0:
-            raise ValueError(f"seed_step_offset must be >= 0, got {self.seed_step_offset}")
+            raise ValueError(f"seed_step_offset: must be >= 0, got {self.seed_step_offset}")
 
     @property
     def greedy(self) -> bool:
@@ -43,9 +74,22 @@ class SamplingParams:
 
 
 class FinishReason(str, enum.Enum):
-    STOP = "stop"  # an eos / stop token was produced
+    STOP = "stop"  # eos, a stop token id, or (in the processor) a stop string
     LENGTH = "length"  # max_tokens or the context length was reached
     ABORT = "abort"  # aborted by the caller
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """A finished request's token counts, as the API reports them."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
 
 
 @dataclass(slots=True)

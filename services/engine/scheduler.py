@@ -27,13 +27,14 @@ from collections.abc import Callable, Iterable
 from collections.abc import Sequence as Seq
 from typing import Any
 
+from services.common.errors import InvalidRequest
 from services.engine.batch import RunnerOutput, ScheduledBatch, ScheduledSeq
 from services.engine.kv_cache_manager import NO_HIT, KvCacheManager, PrefixHit
 from services.engine.request import FinishReason, GenerateRequest, TokenOutput
 from services.engine.sequence import SeqStatus, Sequence
 
 
-class InvalidRequestError(ValueError):
+class InvalidRequestError(InvalidRequest, ValueError):
     """A request the engine can never serve; the message names the request and the reason."""
 
 
@@ -280,7 +281,8 @@ class Scheduler:
         reason: FinishReason | None = None
         if (not sp.ignore_eos and tok in self.eos_token_ids) or tok in sp.stop_token_ids:
             reason = FinishReason.STOP
-        elif seq.num_generated >= sp.max_tokens or seq.num_tokens >= self.max_model_len:
+        elif seq.num_tokens >= self.max_model_len or (
+                sp.max_tokens is not None and seq.num_generated >= sp.max_tokens):
             reason = FinishReason.LENGTH
         out = self._output(seq, [tok], reason)
         if reason is not None:

@@ -25,12 +25,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
 from services.common.config import ClusterConfig
-from services.frontend.errors import APIError, from_processor
+from services.common.errors import ServingError
+from services.frontend.errors import APIError, from_serving_error
 from services.frontend.metrics import FrontendMetrics
 from services.frontend.render import Renderer
 from services.frontend.schemas import ChatCompletionRequest, CompletionRequest
 from services.frontend.streaming import ClientGone, collect, first_delta, sse, unless_disconnected
-from services.processor.types import Delta, ModelInfo, ProcessorError, ProcessRequest
+from services.processor.types import Delta, ModelInfo, ProcessRequest
 
 
 class ProcessorLike(Protocol):
@@ -101,7 +102,7 @@ def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readines
             r = Renderer(chat, ("chatcmpl-" if chat else "cmpl-") + rid, body.model)
             deltas = processor.generate(body.to_process(rid))
             first = await unless_disconnected(request, first_delta(deltas, fc.request_timeout_s))
-        except (ProcessorError, APIError, ClientGone) as e:
+        except (ServingError, APIError, ClientGone) as e:
             return _fail(m, t0, _api_error(e, fc.retry_after_s))
         if body.stream:
             gen = sse(m, r, deltas, first, t0, body.include_usage, fc.request_timeout_s, fc.retry_after_s)
@@ -110,7 +111,7 @@ def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readines
         try:
             text, reason, usage = await unless_disconnected(
                 request, collect(m, deltas, first, t0, fc.request_timeout_s))
-        except (ProcessorError, APIError, ClientGone) as e:
+        except (ServingError, APIError, ClientGone) as e:
             return _fail(m, t0, _api_error(e, fc.retry_after_s))
         m.requests.labels("200").inc()
         m.duration.observe(time.perf_counter() - t0)
@@ -131,8 +132,8 @@ def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readines
             models = await processor.list_models()
         except APIError as e:
             return e.response()
-        except ProcessorError as e:
-            return from_processor(e, fc.retry_after_s).response()
+        except ServingError as e:
+            return from_serving_error(e, fc.retry_after_s).response()
         return JSONResponse({"object": "list", "data": [
             {"id": x.id, "object": "model", "created": 0, "owned_by": "tandem",
              "context_length": x.context_length} for x in models]})
@@ -195,10 +196,10 @@ def _validation_error(e: ValidationError) -> APIError:
                     param=loc or None, code="invalid_value")
 
 
-def _api_error(e: ProcessorError | APIError | ClientGone, retry_after_s: int) -> APIError:
+def _api_error(e: ServingError | APIError | ClientGone, retry_after_s: int) -> APIError:
     """What the client is told for an error raised while a request is served."""
-    if isinstance(e, ProcessorError):
-        return from_processor(e, retry_after_s)
+    if isinstance(e, ServingError):
+        return from_serving_error(e, retry_after_s)
     if isinstance(e, ClientGone):
         return APIError(499, "the client disconnected")
     return e

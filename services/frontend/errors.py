@@ -4,13 +4,7 @@ from __future__ import annotations
 
 from fastapi.responses import JSONResponse
 
-from services.processor.types import (
-    InvalidRequest,
-    ModelNotFound,
-    Overloaded,
-    ProcessorError,
-    Unavailable,
-)
+from services.common.errors import ServingError, kind_of
 
 
 class APIError(Exception):
@@ -35,16 +29,10 @@ class APIError(Exception):
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
-def from_processor(e: ProcessorError, retry_after_s: int) -> APIError:
-    """Map the processor's typed errors to HTTP: 400, 404, 429 or 503 (+ Retry-After) or 500."""
-    if isinstance(e, InvalidRequest):
-        return APIError(400, e.message, param=e.param, code=e.code)
-    if isinstance(e, Overloaded):
-        return APIError(429, e.message, "rate_limit_error", code=e.code or "overloaded",
-                        headers={"Retry-After": str(retry_after_s)})
-    if isinstance(e, ModelNotFound):
-        return APIError(404, e.message, param=e.param or "model", code=e.code or "model_not_found")
-    if isinstance(e, Unavailable):
-        return APIError(503, e.message, "service_unavailable", code=e.code or "no_workers",
-                        headers={"Retry-After": str(retry_after_s)})
-    return APIError(500, e.message, "internal_error", code=e.code)
+def from_serving_error(e: ServingError, retry_after_s: int) -> APIError:
+    """The HTTP answer for a serving error: status, type and default code from the one
+    error table (services/common/errors.py)."""
+    k = kind_of(e)
+    headers = {"Retry-After": str(retry_after_s)} if k.retry_after else None
+    return APIError(k.http_status, e.message, k.openai_type, param=e.param or k.default_param,
+                    code=e.code or k.default_code, headers=headers)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from services.processor.types import Usage
+from services.engine.request import FinishReason, Usage
 
 
 def usage_body(u: Usage | None) -> dict | None:
@@ -25,7 +25,7 @@ class Renderer:
     def _base(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def full(self, text: str, finish_reason: str, usage: Usage | None) -> dict:
+    def full(self, text: str, finish_reason: FinishReason, usage: Usage | None) -> dict:
         if self.chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": text},
                       "logprobs": None, "finish_reason": finish_reason}
@@ -37,7 +37,8 @@ class Renderer:
         body["usage"] = usage_body(usage)
         return body
 
-    def _chunk(self, delta: dict | str, finish_reason: str | None, include_usage: bool) -> dict:
+    def _chunk(self, delta: dict | str, finish_reason: FinishReason | None,
+               include_usage: bool) -> dict:
         if self.chat:
             body = self._base("chat.completion.chunk")
             body["choices"] = [{"index": 0, "delta": delta, "logprobs": None,
@@ -56,7 +57,7 @@ class Renderer:
     def chunk_text(self, text: str, include_usage: bool) -> dict:
         return self._chunk({"content": text} if self.chat else text, None, include_usage)
 
-    def chunk_finish(self, reason: str, include_usage: bool) -> dict:
+    def chunk_finish(self, reason: FinishReason, include_usage: bool) -> dict:
         return self._chunk({} if self.chat else "", reason, include_usage)
 
     def chunk_usage(self, usage: Usage) -> dict:

@@ -10,9 +10,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from services.processor.types import ChatMessage, ProcessRequest, SamplingOptions
-
-MAX_STOP_STRINGS = 16
+from services.common.errors import InvalidRequest
+from services.engine.request import SamplingParams
+from services.processor.types import ChatMessage, ProcessRequest
 
 
 class _Body(BaseModel):
@@ -55,6 +55,9 @@ class _Sampling(_Body):
     frequency_penalty: float = 0.0
     logprobs: bool | None = None
     user: str | None = None
+    # vLLM's extras
+    stop_token_ids: list[int] = Field(default_factory=list)
+    ignore_eos: bool = False
 
     @model_validator(mode="after")
     def _check_unsupported(self) -> _Sampling:
@@ -64,11 +67,6 @@ class _Sampling(_Body):
             raise ValueError("presence_penalty/frequency_penalty: only 0 is supported")
         if self.logprobs:
             raise ValueError("logprobs: not supported")
-        stops = self.stop_list()
-        if len(stops) > MAX_STOP_STRINGS:
-            raise ValueError(f"stop: at most {MAX_STOP_STRINGS} stop strings")
-        if any(not s for s in stops):
-            raise ValueError("stop: stop strings must be non-empty")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options: only allowed when stream is true")
         return self
@@ -85,12 +83,18 @@ class _Sampling(_Body):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
-    def sampling(self, max_tokens: int | None) -> SamplingOptions:
-        return SamplingOptions(
-            max_tokens=max_tokens,
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            top_k=max(self.top_k or 0, 0), seed=self.seed, stop=tuple(self.stop_list()))
+    def sampling(self, max_tokens: int | None) -> SamplingParams:
+        """The request's one sampling type; InvalidRequest names a value it refuses."""
+        try:
+            return SamplingParams(
+                max_tokens=max_tokens,
+                temperature=1.0 if self.temperature is None else self.temperature,
+                top_p=1.0 if self.top_p is None else self.top_p,
+                top_k=max(self.top_k or 0, 0), seed=self.seed, stop=tuple(self.stop_list()),
+                stop_token_ids=tuple(self.stop_token_ids), ignore_eos=self.ignore_eos)
+        except ValueError as e:
+            field = str(e).split(":", 1)[0]
+            raise InvalidRequest(str(e), param=field, code="invalid_value") from None
 
 
 class ChatCompletionRequest(_Sampling):

@@ -13,10 +13,12 @@ from typing import TypeVar
 
 from fastapi import Request
 
-from services.frontend.errors import APIError, from_processor
+from services.common.errors import ServingError
+from services.engine.request import FinishReason, Usage
+from services.frontend.errors import APIError, from_serving_error
 from services.frontend.metrics import FrontendMetrics
 from services.frontend.render import Renderer
-from services.processor.types import Delta, ProcessorError, Usage
+from services.processor.types import Delta
 
 T = TypeVar("T")
 
@@ -63,14 +65,14 @@ async def first_delta(deltas: AsyncIterator[Delta], timeout_s: float) -> Delta:
         await deltas.aclose()
         raise timeout_error(timeout_s) from None
     except StopAsyncIteration:
-        raise ProcessorError("the processor ended the stream without an answer") from None
+        raise ServingError("the processor ended the stream without an answer") from None
     except BaseException:
         await deltas.aclose()
         raise
 
 
 async def collect(m: FrontendMetrics, deltas: AsyncIterator[Delta], first: Delta, t0: float,
-                   timeout_s: float) -> tuple[str, str, Usage | None]:
+                   timeout_s: float) -> tuple[str, FinishReason, Usage | None]:
     parts: list[str] = []
     last = first
     observe_first(m, t0)
@@ -91,7 +93,7 @@ async def collect(m: FrontendMetrics, deltas: AsyncIterator[Delta], first: Delta
                     await drain()
     except TimeoutError:
         raise timeout_error(timeout_s) from None
-    return "".join(parts), last.finish_reason or "stop", last.usage
+    return "".join(parts), last.finish_reason or FinishReason.STOP, last.usage
 
 
 def observe_first(m: FrontendMetrics, t0: float) -> None:
@@ -134,10 +136,10 @@ async def sse(m: FrontendMetrics, r: Renderer, deltas: AsyncIterator[Delta], fir
                 m.itl.observe(now - prev)
                 prev = now
             if d is None:
-                raise ProcessorError("the processor ended the stream without a finish reason")
+                raise ServingError("the processor ended the stream without a finish reason")
             status = "200"
-    except ProcessorError as e:
-        err = from_processor(e, retry_after_s)
+    except ServingError as e:
+        err = from_serving_error(e, retry_after_s)
         status = str(err.status)
         yield event(err.body())
     except TimeoutError:

@@ -1,4 +1,4 @@
-from services.gen import worker_pb2 as _worker_pb2
+from services.gen import request_pb2 as _request_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -21,7 +21,7 @@ class RemotePrefillRequest(_message.Message):
     DECODE_HOST_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
-    sampling: _worker_pb2.SamplingParams
+    sampling: _request_pb2.SamplingParams
     decode_worker_id: str
     kv_transfer_address: str
     first_block: int
@@ -29,4 +29,4 @@ class RemotePrefillRequest(_message.Message):
     deadline_unix_ms: int
     attempt: int
     decode_host_id: str
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_worker_pb2.SamplingParams, _Mapping]] = ..., decode_worker_id: _Optional[str] = ..., kv_transfer_address: _Optional[str] = ..., first_block: _Optional[int] = ..., num_blocks: _Optional[int] = ..., deadline_unix_ms: _Optional[int] = ..., attempt: _Optional[int] = ..., decode_host_id: _Optional[str] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_request_pb2.SamplingParams, _Mapping]] = ..., decode_worker_id: _Optional[str] = ..., kv_transfer_address: _Optional[str] = ..., first_block: _Optional[int] = ..., num_blocks: _Optional[int] = ..., deadline_unix_ms: _Optional[int] = ..., attempt: _Optional[int] = ..., decode_host_id: _Optional[str] = ...) -> None: ...

@@ -22,35 +22,32 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from services.gen import request_pb2 as services_dot_gen_dot_request__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cservices/gen/processor.proto\x12\x10tandem.processor\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"?\n\x0c\x43hatMessages\x12/\n\x08messages\x18\x01 \x03(\x0b\x32\x1d.tandem.processor.ChatMessage\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\x96\x01\n\x0fSamplingOptions\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\r\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x01\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\tB\r\n\x0b_max_tokensB\x07\n\x05_seed\"\xe5\x01\n\x0eProcessRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12.\n\x04\x63hat\x18\x03 \x01(\x0b\x32\x1e.tandem.processor.ChatMessagesH\x00\x12\x10\n\x06prompt\x18\x04 \x01(\tH\x00\x12\x30\n\nprompt_ids\x18\x05 \x01(\x0b\x32\x1a.tandem.processor.TokenIdsH\x00\x12\x33\n\x08sampling\x18\x06 \x01(\x0b\x32!.tandem.processor.SamplingOptionsB\x07\n\x05input\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\"^\n\x0fProcessResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x15\n\rfinish_reason\x18\x02 \x01(\t\x12&\n\x05usage\x18\x03 \x01(\x0b\x32\x17.tandem.processor.Usage\"\x13\n\x11ListModelsRequest\"/\n\tModelInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x16\n\x0e\x63ontext_length\x18\x02 \x01(\r\"A\n\x12ListModelsResponse\x12+\n\x06models\x18\x01 \x03(\x0b\x32\x1b.tandem.processor.ModelInfo2\xb7\x01\n\tProcessor\x12Q\n\x08Generate\x12 .tandem.processor.ProcessRequest\x1a!.tandem.processor.ProcessResponse0\x01\x12W\n\nListModels\x12#.tandem.processor.ListModelsRequest\x1a$.tandem.processor.ListModelsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cservices/gen/processor.proto\x12\x10tandem.processor\x1a\x1aservices/gen/request.proto\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"?\n\x0c\x43hatMessages\x12/\n\x08messages\x18\x01 \x03(\x0b\x32\x1d.tandem.processor.ChatMessage\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xe2\x01\n\x0eProcessRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12.\n\x04\x63hat\x18\x03 \x01(\x0b\x32\x1e.tandem.processor.ChatMessagesH\x00\x12\x10\n\x06prompt\x18\x04 \x01(\tH\x00\x12\x30\n\nprompt_ids\x18\x05 \x01(\x0b\x32\x1a.tandem.processor.TokenIdsH\x00\x12\x30\n\x08sampling\x18\x06 \x01(\x0b\x32\x1e.tandem.request.SamplingParamsB\x07\n\x05input\"z\n\x0fProcessResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x33\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x1c.tandem.request.FinishReason\x12$\n\x05usage\x18\x03 \x01(\x0b\x32\x15.tandem.request.Usage\"\x13\n\x11ListModelsRequest\"/\n\tModelInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x16\n\x0e\x63ontext_length\x18\x02 \x01(\r\"A\n\x12ListModelsResponse\x12+\n\x06models\x18\x01 \x03(\x0b\x32\x1b.tandem.processor.ModelInfo2\xb7\x01\n\tProcessor\x12Q\n\x08Generate\x12 .tandem.processor.ProcessRequest\x1a!.tandem.processor.ProcessResponse0\x01\x12W\n\nListModels\x12#.tandem.processor.ListModelsRequest\x1a$.tandem.processor.ListModelsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'services.gen.processor_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CHATMESSAGE']._serialized_start=50
-  _globals['_CHATMESSAGE']._serialized_end=94
-  _globals['_CHATMESSAGES']._serialized_start=96
-  _globals['_CHATMESSAGES']._serialized_end=159
-  _globals['_TOKENIDS']._serialized_start=161
-  _globals['_TOKENIDS']._serialized_end=184
-  _globals['_SAMPLINGOPTIONS']._serialized_start=187
-  _globals['_SAMPLINGOPTIONS']._serialized_end=337
-  _globals['_PROCESSREQUEST']._serialized_start=340
-  _globals['_PROCESSREQUEST']._serialized_end=569
-  _globals['_USAGE']._serialized_start=571
-  _globals['_USAGE']._serialized_end=651
-  _globals['_PROCESSRESPONSE']._serialized_start=653
-  _globals['_PROCESSRESPONSE']._serialized_end=747
-  _globals['_LISTMODELSREQUEST']._serialized_start=749
-  _globals['_LISTMODELSREQUEST']._serialized_end=768
-  _globals['_MODELINFO']._serialized_start=770
-  _globals['_MODELINFO']._serialized_end=817
-  _globals['_LISTMODELSRESPONSE']._serialized_start=819
-  _globals['_LISTMODELSRESPONSE']._serialized_end=884
-  _globals['_PROCESSOR']._serialized_start=887
-  _globals['_PROCESSOR']._serialized_end=1070
+  _globals['_CHATMESSAGE']._serialized_start=78
+  _globals['_CHATMESSAGE']._serialized_end=122
+  _globals['_CHATMESSAGES']._serialized_start=124
+  _globals['_CHATMESSAGES']._serialized_end=187
+  _globals['_TOKENIDS']._serialized_start=189
+  _globals['_TOKENIDS']._serialized_end=212
+  _globals['_PROCESSREQUEST']._serialized_start=215
+  _globals['_PROCESSREQUEST']._serialized_end=441
+  _globals['_PROCESSRESPONSE']._serialized_start=443
+  _globals['_PROCESSRESPONSE']._serialized_end=565
+  _globals['_LISTMODELSREQUEST']._serialized_start=567
+  _globals['_LISTMODELSREQUEST']._serialized_end=586
+  _globals['_MODELINFO']._serialized_start=588
+  _globals['_MODELINFO']._serialized_end=635
+  _globals['_LISTMODELSRESPONSE']._serialized_start=637
+  _globals['_LISTMODELSRESPONSE']._serialized_end=702
+  _globals['_PROCESSOR']._serialized_start=705
+  _globals['_PROCESSOR']._serialized_end=888
 # @@protoc_insertion_point(module_scope)

@@ -1,3 +1,4 @@
+from services.gen import request_pb2 as _request_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -26,22 +27,6 @@ class TokenIds(_message.Message):
     ids: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
-class SamplingOptions(_message.Message):
-    __slots__ = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
-    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
-    TOP_P_FIELD_NUMBER: _ClassVar[int]
-    TOP_K_FIELD_NUMBER: _ClassVar[int]
-    SEED_FIELD_NUMBER: _ClassVar[int]
-    STOP_FIELD_NUMBER: _ClassVar[int]
-    max_tokens: int
-    temperature: float
-    top_p: float
-    top_k: int
-    seed: int
-    stop: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ...) -> None: ...
-
 class ProcessRequest(_message.Message):
     __slots__ = ("request_id", "model", "chat", "prompt", "prompt_ids", "sampling")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
@@ -55,18 +40,8 @@ class ProcessRequest(_message.Message):
     chat: ChatMessages
     prompt: str
     prompt_ids: TokenIds
-    sampling: SamplingOptions
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., prompt: _Optional[str] = ..., prompt_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[SamplingOptions, _Mapping]] = ...) -> None: ...
-
-class Usage(_message.Message):
-    __slots__ = ("prompt_tokens", "completion_tokens", "cached_tokens")
-    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
+    sampling: _request_pb2.SamplingParams
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., prompt: _Optional[str] = ..., prompt_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[_request_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
 
 class ProcessResponse(_message.Message):
     __slots__ = ("text", "finish_reason", "usage")
@@ -74,9 +49,9 @@ class ProcessResponse(_message.Message):
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     text: str
-    finish_reason: str
-    usage: Usage
-    def __init__(self, text: _Optional[str] = ..., finish_reason: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ...) -> None: ...
+    finish_reason: _request_pb2.FinishReason
+    usage: _request_pb2.Usage
+    def __init__(self, text: _Optional[str] = ..., finish_reason: _Optional[_Union[_request_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_request_pb2.Usage, _Mapping]] = ...) -> None: ...
 
 class ListModelsRequest(_message.Message):
     __slots__ = ()

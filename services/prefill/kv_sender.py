@@ -13,14 +13,14 @@ from typing import Literal
 import grpc
 import torch
 
-from services.common.kv_shm import (
+from services.disagg.kv_shm import (
     SHM_UNAVAILABLE,
     ShmUnavailableError,
     new_segment_name,
     unlink_segment,
     write_segment,
 )
-from services.common.kv_wire import chunk_ranges, dtype_name, tensor_bytes
+from services.disagg.kv_wire import chunk_ranges, dtype_name, tensor_bytes
 from services.gen import worker_pb2
 
 log = logging.getLogger(__name__)

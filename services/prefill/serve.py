@@ -18,9 +18,9 @@ from services.common.discovery import Discovery, Registration
 from services.common.nats_client import connect
 from services.common.net import advertised_host
 from services.common.service import run_part, stop_on_signals
-from services.decode.metrics import PrefillMetrics
 from services.engine.async_engine import AsyncEngine
 from services.engine.factory import build_engine
+from services.prefill.metrics import PrefillMetrics
 from services.prefill.worker import PrefillWorker
 
 log = logging.getLogger(__name__)

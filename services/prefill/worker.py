@@ -19,20 +19,20 @@ import logging
 import time
 
 import nats.errors
-from google.protobuf.message import DecodeError
 from nats.aio.msg import Msg
 
+from services.codec.prefill import job_from_bytes
 from services.common.config import ClusterConfig
-from services.common.kv_shm import host_id
+from services.common.errors import InvalidRequest
 from services.common.nats_client import NatsClient, Subjects
 from services.common.service import cancel_and_wait
-from services.decode.metrics import PrefillMetrics
-from services.decode.prefill_queue import ensure_prefill_queue
-from services.decode.worker import sampling_from_proto
+from services.disagg.kv_shm import host_id
+from services.disagg.prefill_job import PrefillJob
+from services.disagg.prefill_queue import ensure_prefill_queue
 from services.engine.async_engine import AsyncEngine
 from services.engine.request import GenerateRequest
-from services.gen import prefill_pb2
 from services.prefill.kv_sender import KvSender, SentKv
+from services.prefill.metrics import PrefillMetrics
 
 log = logging.getLogger(__name__)
 
@@ -140,9 +140,8 @@ class PrefillWorker:
 
     async def _run_job(self, msg: Msg) -> None:
         try:
-            job = prefill_pb2.RemotePrefillRequest.FromString(msg.data)
-            sampling = sampling_from_proto(job.sampling)
-        except (ValueError, DecodeError) as e:  # a bad job never gets better
+            job = job_from_bytes(msg.data)
+        except ValueError as e:  # a bad job never gets better
             log.warning("dropping malformed prefill job: %s", e)
             self.metrics.jobs.labels("malformed").inc()
             await msg.term()
@@ -154,9 +153,14 @@ class PrefillWorker:
             return
         ticker = asyncio.create_task(self._keep_alive(msg), name=f"in-progress {job.request_id}")
         try:
-            sent = await self._prefill_and_send(msg, job, sampling, remaining_s)
+            sent = await self._prefill_and_send(msg, job, remaining_s)
         except asyncio.CancelledError:
             raise
+        except InvalidRequest as e:  # e.g. a prompt longer than this engine's context
+            log.warning("dropping prefill job %s: %s", job.request_id, e)
+            self.metrics.jobs.labels("malformed").inc()
+            await _quietly(msg.term())
+            return
         except Exception as e:
             log.warning("prefill job %s failed (nak for retry): %s", job.request_id, e)
             self.metrics.jobs.labels("failed").inc()
@@ -171,14 +175,15 @@ class PrefillWorker:
             self.metrics.kv_transfers.labels(sent.transport).inc()
         await _quietly(msg.ack())
 
-    async def _prefill_and_send(self, msg: Msg, job: prefill_pb2.RemotePrefillRequest,
-                                sampling, remaining_s: float) -> SentKv:
+    async def _prefill_and_send(self, msg: Msg, job: PrefillJob, remaining_s: float) -> SentKv:
         delivery = msg.metadata.num_delivered if msg.metadata else job.attempt
         # NOTE: one sampled token with the request's own sampling (and seed): the first
         # token equals what a local prefill on the decode worker would sample.
         req = GenerateRequest(f"{job.request_id}@{delivery}", list(job.token_ids),
-                              dataclasses.replace(sampling, max_tokens=1),
+                              dataclasses.replace(job.sampling, max_tokens=1),
                               export_kv_from_block=job.first_block)
+        # NOTE: the job entered this process from the queue: this is its one check.
+        self.engine.validate(req)
         final = None
         async for out in self.engine.generate(req):
             final = out

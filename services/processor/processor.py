@@ -22,26 +22,23 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from typing import Protocol
 
+from services.common.errors import (
+    InvalidRequest,
+    ModelNotFound,
+    Overloaded,
+    ServingError,
+    Unavailable,
+)
 from services.common.hashing import local_block_hashes
 from services.engine.chat_template import ChatTemplateError
-from services.engine.request import FinishReason, SamplingParams
+from services.engine.request import FinishReason, SamplingParams, TokenOutput, Usage
 from services.engine.tokenizer import Tokenizer
 from services.processor.detokenizer import IncrementalDetokenizer
 from services.processor.metrics import ProcessorMetrics
 from services.processor.router_reports import Publish, RouterLike, RouterReports
 from services.processor.stop import StopMatcher
-from services.processor.types import (
-    Delta,
-    InvalidRequest,
-    ModelInfo,
-    ModelNotFound,
-    Overloaded,
-    ProcessorError,
-    ProcessRequest,
-    Unavailable,
-    Usage,
-)
-from services.processor.worker_client import DecodeWorkerClient, WorkerChunk
+from services.processor.types import Delta, ModelInfo, ProcessRequest
+from services.processor.worker_client import DecodeWorkerClient
 from services.router.types import (
     InvalidRouteRequest,
     NoWorkersAvailable,
@@ -55,7 +52,7 @@ log = logging.getLogger(__name__)
 
 class WorkerLike(Protocol):
     def generate(self, address: str, request_id: str, token_ids: Sequence[int],
-                 sampling: SamplingParams, overlap_blocks: int = 0) -> AsyncIterator[WorkerChunk]: ...
+                 sampling: SamplingParams) -> AsyncIterator[TokenOutput]: ...
 
 
 class Processor:
@@ -97,7 +94,7 @@ class Processor:
             except ValueError as e:
                 raise InvalidRequest(str(e), param="stop") from None
             route = await self._route(req.request_id, ids)
-        except ProcessorError as e:
+        except ServingError as e:
             m.requests.labels(e.kind).inc()
             raise
         m.prompt_tokens.inc(len(ids))
@@ -107,11 +104,11 @@ class Processor:
         try:
             async for delta in self._stream(req.request_id, ids, sampling, stops, route):
                 if delta.finish_reason is not None:
-                    outcome = delta.finish_reason
+                    outcome = delta.finish_reason.value
                     released = True
                     await self.reports.send(req.request_id, RequestPhase.FINISHED)
                 yield delta
-        except ProcessorError as e:
+        except ServingError as e:
             outcome = e.kind
             raise
         except Exception:
@@ -158,16 +155,16 @@ class Processor:
         return ids
 
     def _sampling(self, req: ProcessRequest, prompt_len: int) -> SamplingParams:
-        s = req.sampling
         # NOTE: a max_tokens past the context is clamped, not refused: the engine ends the
-        # request with finish_reason "length" at the context limit either way.
+        # request with finish_reason "length" at the context limit either way. Resolving it
+        # here gives migration a number to count down from.
+        s = req.sampling
+        bad = [t for t in s.stop_token_ids if t >= self._tok.vocab_size]
+        if bad:
+            raise InvalidRequest(f"stop_token_ids: token id {bad[0]} is outside the vocabulary "
+                                 f"[0, {self._tok.vocab_size})", param="stop_token_ids")
         room = self.context_length - prompt_len
-        max_tokens = room if s.max_tokens is None else min(s.max_tokens, room)
-        try:
-            return SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-                                  seed=s.seed, max_tokens=max_tokens)
-        except ValueError as e:
-            raise InvalidRequest(str(e)) from None
+        return replace(s, max_tokens=room if s.max_tokens is None else min(s.max_tokens, room))
 
     async def _route(self, request_id: str, ids: list[int],
                      exclude: tuple[str, ...] = ()) -> RouteResponse:
@@ -193,18 +190,19 @@ class Processor:
         failed workers, with ``max_tokens`` less what was produced and the seeded draws
         continued, up to ``migration_limit`` times. The detokenizer and stop matcher live
         here, so the client's text continues with nothing repeated or lost."""
+        limit = sampling.max_tokens
+        assert limit is not None  # resolved by _sampling
         detok = IncrementalDetokenizer(self._tok)
         produced: list[int] = []
         tail = ""  # text that goes out with the finish reason
-        last: WorkerChunk | None = None
+        last: TokenOutput | None = None
         failed: list[str] = []  # worker ids that failed this request
         full = 0  # of them, refused because their queue was full
         while True:
             attempt_ids = ids + produced if produced else ids
-            attempt_sp = replace(sampling, max_tokens=sampling.max_tokens - len(produced),
+            attempt_sp = replace(sampling, max_tokens=limit - len(produced),
                                  seed_step_offset=sampling.seed_step_offset + len(produced))
-            chunks = self._workers.generate(route.address, request_id, attempt_ids, attempt_sp,
-                                            route.overlap_blocks)
+            chunks = self._workers.generate(route.address, request_id, attempt_ids, attempt_sp)
             failure: str | None = None
             first = True
             try:
@@ -231,7 +229,7 @@ class Processor:
                 raise  # the request itself is bad: another worker would refuse it too
             except Overloaded as e:
                 failure, full = e.message, full + 1
-            except ProcessorError as e:
+            except ServingError as e:
                 failure = e.message
             finally:
                 await chunks.aclose()  # cancels the worker call when we stopped early
@@ -239,9 +237,9 @@ class Processor:
                 failure, last = "aborted the request", None
             if failure is None:
                 break
-            if len(produced) >= sampling.max_tokens:
+            if len(produced) >= limit:
                 # NOTE: the worker died after its last token but before the finish message.
-                last = WorkerChunk((), FinishReason.LENGTH, len(ids), len(produced), 0)
+                last = TokenOutput(request_id, [], True, FinishReason.LENGTH, len(ids))
                 break
             try:
                 route = await self._migrate(request_id, ids, produced, route, failure, failed)
@@ -253,13 +251,14 @@ class Processor:
             # NOTE: we cancelled the worker before its final usage: the cached count is the
             # router's view of the prefix this worker held.
             cached = min(route.overlap_blocks * self._block_size, len(ids))
-            yield Delta(tail, "stop", Usage(len(ids), len(produced), cached))
+            yield Delta(tail, FinishReason.STOP, Usage(len(ids), len(produced), cached))
             return
         assert last is not None
         tail += stops.feed(detok.flush())
         tail += stops.flush()
-        reason = "stop" if stops.stopped or last.finish_reason is FinishReason.STOP else "length"
-        cached = last.cached_tokens if not failed else min(route.overlap_blocks * self._block_size, len(ids))
+        reason = (FinishReason.STOP if stops.stopped or last.finish_reason is FinishReason.STOP
+                  else FinishReason.LENGTH)
+        cached = last.num_cached_tokens if not failed else min(route.overlap_blocks * self._block_size, len(ids))
         yield Delta(tail, reason, Usage(len(ids), len(produced), cached))
 
     async def _migrate(self, request_id: str, ids: list[int], produced: list[int],

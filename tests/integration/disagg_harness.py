@@ -12,15 +12,17 @@ from typing import Any
 
 import grpc
 
+from services.codec.worker import generate_request_to_pb
 from services.common.config import ClusterConfig, parse_config
 from services.common.nats_client import Subjects, connect
 from services.decode.grpc_server import start_grpc
-from services.decode.prefill_queue import PrefillQueue
-from services.decode.worker import DecodeWorker, sampling_to_proto
+from services.decode.worker import DecodeWorker
+from services.disagg.prefill_job import PrefillLocation
+from services.disagg.prefill_queue import PrefillQueue
 from services.engine.async_engine import AsyncEngine
 from services.engine.factory import build_engine
 from services.engine.request import SamplingParams
-from services.gen import worker_pb2, worker_pb2_grpc
+from services.gen import request_pb2, worker_pb2_grpc
 from services.prefill.worker import PrefillWorker
 
 
@@ -87,24 +89,36 @@ async def prefill_worker(cfg: ClusterConfig, worker_id: str = "prefill-0") -> As
 @dataclass
 class Result:
     tokens: list[int]
-    where: int
+    where: PrefillLocation | None  # None: asked through a bare stub (no metrics to read)
     finish: int
-    usage: worker_pb2.Usage
+    usage: request_pb2.Usage
 
 
-async def generate(stub: worker_pb2_grpc.DecodeWorkerStub, rid: str, prompt: list[int],
-                   max_tokens: int = 8, **sampling: Any) -> Result:
+def _prefills(worker: DecodeWorker) -> dict[PrefillLocation, float]:
+    return {w: metric(worker, "tandem_worker_prefill_total", where=w.value) for w in PrefillLocation}
+
+
+async def generate(target: DecodeHandle | worker_pb2_grpc.DecodeWorkerStub, rid: str,
+                   prompt: list[int], max_tokens: int = 8, **sampling: Any) -> Result:
+    """One request over gRPC. With a DecodeHandle, ``where`` is the location whose
+    tandem_worker_prefill_total counter the request moved (requests one at a time)."""
+    handle = target if isinstance(target, DecodeHandle) else None
+    stub = handle.stub if handle is not None else target
+    before = _prefills(handle.worker) if handle is not None else {}
     sp = SamplingParams(temperature=sampling.pop("temperature", 0.0), max_tokens=max_tokens, **sampling)
-    call = stub.Generate(worker_pb2.GenerateRequest(request_id=rid, token_ids=prompt,
-                                                    sampling=sampling_to_proto(sp)))
+    call = stub.Generate(generate_request_to_pb(rid, prompt, sp))
     tokens: list[int] = []
-    where = finish = 0
-    usage = worker_pb2.Usage()
+    finish = 0
+    usage = request_pb2.Usage()
     async for m in call:
         tokens += m.token_ids
-        where = where or m.prefill_location
         if m.finish_reason:
             finish, usage = m.finish_reason, m.usage
+    where = None
+    if handle is not None:
+        grew = [w for w, n in _prefills(handle.worker).items() if n > before[w]]
+        assert len(grew) == 1, f"{rid}: prefill counters moved for {grew}"
+        where = grew[0]
     return Result(tokens, where, finish, usage)
 
 

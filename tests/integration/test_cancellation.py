@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from services.common.nats_client import Subjects, connect
-from services.gen import worker_pb2
+from services.gen import request_pb2, worker_pb2
 from tests.integration.disagg_harness import (
     cluster_cfg,
     decode_worker,
@@ -56,7 +56,7 @@ async def test_cancelled_parked_request_takes_its_job_off_the_queue(nats_url: st
     async with decode_worker(cfg) as d:  # no prefill worker: the job stays queued
         prompt = [(i * 7 + 3) % 997 + 3 for i in range(40)]
         call = d.stub.Generate(worker_pb2.GenerateRequest(
-            request_id="parked", token_ids=prompt, sampling=worker_pb2.SamplingParams(max_tokens=4)))
+            request_id="parked", token_ids=prompt, sampling=request_pb2.SamplingParams(max_tokens=4)))
         reader = asyncio.create_task(call.read())
 
         async def parked() -> bool:
@@ -85,7 +85,7 @@ async def test_100_streams_cancelled_at_random_points_free_every_block(nats_url:
             prompt = [rng.randrange(3, 997) for _ in range(n)]
             call = d.stub.Generate(worker_pb2.GenerateRequest(
                 request_id=f"r{i}", token_ids=prompt,
-                sampling=worker_pb2.SamplingParams(max_tokens=16, temperature=0)))
+                sampling=request_pb2.SamplingParams(max_tokens=16, temperature=0)))
             mode = rng.choice(["delay", "after_tokens", "immediately"])
             try:
                 if mode == "immediately":

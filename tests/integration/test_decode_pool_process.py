@@ -11,7 +11,7 @@ import grpc
 from services.common.config import DiscoveryConfig, NatsConfig, parse_config
 from services.common.discovery import Discovery
 from services.common.nats_client import connect
-from services.gen import worker_pb2, worker_pb2_grpc
+from services.gen import request_pb2, worker_pb2, worker_pb2_grpc
 from tests.support.cluster import free_port
 from tests.support.procs import start_part, write_config
 
@@ -20,7 +20,7 @@ async def _generate_one(address: str) -> int:
     async with grpc.aio.insecure_channel(address) as ch:
         stub = worker_pb2_grpc.DecodeWorkerStub(ch)
         req = worker_pb2.GenerateRequest(request_id=f"t-{address}", token_ids=list(range(1000, 1020)),
-                                         sampling=worker_pb2.SamplingParams(max_tokens=3, top_p=1.0))
+                                         sampling=request_pb2.SamplingParams(max_tokens=3, top_p=1.0))
         n = 0
         async for resp in stub.Generate(req, timeout=30):
             n += len(resp.token_ids)

@@ -11,7 +11,7 @@ import pytest
 
 from services.common.config import parse_config
 from services.common.nats_client import Subjects, connect
-from services.gen import worker_pb2
+from services.disagg.prefill_job import PrefillLocation
 from tests.integration.disagg_harness import (
     cluster_cfg,
     decode_worker,
@@ -47,7 +47,7 @@ async def test_killed_prefill_worker_job_is_redelivered_and_completes(
     try:
         async with decode_worker(cfg) as d:
             baseline = d.engine.stats().kv_blocks_used
-            call = asyncio.create_task(generate(d.stub, "k", PROMPT, max_tokens=6))
+            call = asyncio.create_task(generate(d, "k", PROMPT, max_tokens=6))
             # Mid-job: the subprocess has taken the job (unacked, nothing pending).
             loop = asyncio.get_running_loop()
             deadline = loop.time() + 60
@@ -68,13 +68,13 @@ async def test_killed_prefill_worker_job_is_redelivered_and_completes(
                 r = await asyncio.wait_for(call, 20)
                 assert p.metrics.registry.get_sample_value(
                     "tandem_prefill_jobs_total", {"outcome": "delivered"}) == 1
-            assert r.where == worker_pb2.REMOTE and len(r.tokens) == 6
+            assert r.where == PrefillLocation.REMOTE and len(r.tokens) == 6
             assert metric(d.worker, "tandem_worker_prefill_total", where="remote") == 1
             await settle(d.engine, baseline)
         cfg_local = cfg.model_copy(update={"decode": cfg.decode.model_copy(
             update={"disagg": cfg.decode.disagg.model_copy(update={"enabled": False})})})
         async with decode_worker(cfg_local, "decode-local") as d2:
-            local = await generate(d2.stub, "k", PROMPT, max_tokens=6)
+            local = await generate(d2, "k", PROMPT, max_tokens=6)
         assert r.tokens == local.tokens
     finally:
         proc.kill9()
@@ -94,8 +94,8 @@ async def test_slow_prefill_worker_falls_back_to_local_by_the_deadline(nats_url:
         baseline = d.engine.stats().kv_blocks_used
         p_baseline = p.engine.stats().kv_blocks_used
         # Bounded: the deadline (1 s) plus a local prefill, far below the slow remote one.
-        r = await asyncio.wait_for(generate(d.stub, "slow", PROMPT, max_tokens=6), 10)
-        assert r.where == worker_pb2.LOCAL and len(r.tokens) == 6
+        r = await asyncio.wait_for(generate(d, "slow", PROMPT, max_tokens=6), 10)
+        assert r.where == PrefillLocation.LOCAL and len(r.tokens) == 6
         assert metric(d.worker, "tandem_worker_remote_prefill_fallbacks_total", reason="timeout") == 1
         await settle(d.engine, baseline)
         await d.engine.check_integrity()
@@ -106,5 +106,5 @@ async def test_slow_prefill_worker_falls_back_to_local_by_the_deadline(nats_url:
     cfg_local = cfg.model_copy(update={"decode": cfg.decode.model_copy(
         update={"disagg": cfg.decode.disagg.model_copy(update={"enabled": False})})})
     async with decode_worker(cfg_local, "decode-local") as d2:
-        local = await generate(d2.stub, "slow", PROMPT, max_tokens=6)
+        local = await generate(d2, "slow", PROMPT, max_tokens=6)
     assert r.tokens == local.tokens

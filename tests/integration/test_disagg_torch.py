@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from services.decode import worker as decode_worker_module
+from services.disagg.prefill_job import PrefillLocation
 from services.engine.request import GenerateRequest, SamplingParams
-from services.gen import worker_pb2
 from services.prefill import kv_sender
 from tests.integration.disagg_harness import (
     cluster_cfg,
@@ -82,12 +82,12 @@ async def test_tiny_model_remote_equals_local(nats_url: str, tiny_model_dir: Pat
     long = [(i * 37 + 5) % (VOCAB - 2) + 2 for i in range(45)]  # 11 full blocks + 1 token
     short = long[:10]
     async with decode_worker(cfg) as d, prefill_worker(cfg) as p:
-        r_long = await generate(d.stub, "long", long, max_tokens=10, ignore_eos=True)
-        r_short = await generate(d.stub, "short", short, max_tokens=10, ignore_eos=True)
-        seeded = await generate(d.stub, "seeded", long[::-1], max_tokens=10, ignore_eos=True,
+        r_long = await generate(d, "long", long, max_tokens=10, ignore_eos=True)
+        r_short = await generate(d, "short", short, max_tokens=10, ignore_eos=True)
+        seeded = await generate(d, "seeded", long[::-1], max_tokens=10, ignore_eos=True,
                                 temperature=0.9, seed=1234)
         assert (r_long.where, r_short.where, seeded.where) == (
-            worker_pb2.REMOTE, worker_pb2.LOCAL, worker_pb2.REMOTE)
+            PrefillLocation.REMOTE, PrefillLocation.LOCAL, PrefillLocation.REMOTE)
         assert metric(d.worker, "tandem_worker_prefill_total", where="remote") == 2
         assert metric(d.worker, "tandem_worker_prefill_total", where="local") == 1
         transfers = {t: p.metrics.registry.get_sample_value(
@@ -113,9 +113,9 @@ async def test_smollm2_remote_equals_local(nats_url: str, smollm2_path: Path) ->
     long = [(i * 7919 + 17) % 49000 + 100 for i in range(100)]
     short = long[:30]
     async with decode_worker(cfg) as d, prefill_worker(cfg) as p:
-        r_long = await generate(d.stub, "long", long, max_tokens=8, ignore_eos=True)
-        r_short = await generate(d.stub, "short", short, max_tokens=8, ignore_eos=True)
-        assert r_long.where == worker_pb2.REMOTE and r_short.where == worker_pb2.LOCAL
+        r_long = await generate(d, "long", long, max_tokens=8, ignore_eos=True)
+        r_short = await generate(d, "short", short, max_tokens=8, ignore_eos=True)
+        assert r_long.where == PrefillLocation.REMOTE and r_short.where == PrefillLocation.LOCAL
         await settle(d.engine, 0)
         greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
         assert r_long.tokens == await _reference(p.engine, "ref-long", long, greedy)

@@ -12,10 +12,10 @@ import pytest
 import pytest_asyncio
 import torch
 
-from services.common import kv_shm
 from services.decode import kv_receiver
 from services.decode.grpc_server import SERVER_OPTIONS, DecodeWorkerServicer, add_decode_servicer
 from services.decode.kv_receiver import NOT_WAITING, ExpectedKv, KvReceiver
+from services.disagg import kv_shm
 from services.prefill import kv_sender
 from services.prefill.kv_sender import KvSender
 

@@ -16,6 +16,7 @@ from services.common.discovery import Registration
 from services.common.kv_publisher import KvEventPublisher
 from services.common.nats_client import Subjects, connect
 from services.common.wire import decode_dump
+from services.disagg.prefill_job import PrefillLocation
 from services.engine.tokenizer import Tokenizer
 from services.gen import processor_pb2, router_pb2, worker_pb2
 from services.processor.grpc_server import start_grpc as start_processor_grpc
@@ -105,7 +106,7 @@ async def test_garbage_to_every_grpc_method_is_refused_and_the_service_stays_up(
                 bad = {k: c.name for k, c in codes.items() if c not in REFUSED}
                 assert not bad, (payload, bad)
             # Still up: valid calls to each service succeed.
-            r = await generate(d.stub, "after-garbage", LONG[:8], max_tokens=3)
+            r = await generate(d, "after-garbage", LONG[:8], max_tokens=3)
             assert len(r.tokens) == 3
             route = await channels["router"].unary_unary(
                 "/tandem.router.Router/Route",
@@ -169,8 +170,8 @@ async def test_garbage_on_every_nats_subject_is_counted_and_the_parts_stay_up(na
                     count("kv_events"), count("load"), count("inflight"), malformed_jobs())
                 await asyncio.sleep(0.05)
             # Still up: a remote prefill goes through the same queue and prefill worker.
-            r = await generate(d.stub, "after-garbage", LONG, max_tokens=4)
-            assert r.where == worker_pb2.REMOTE and len(r.tokens) == 4
+            r = await generate(d, "after-garbage", LONG, max_tokens=4)
+            assert r.where == PrefillLocation.REMOTE and len(r.tokens) == 4
             await d.engine.check_integrity()
             await p.engine.check_integrity()
     finally:

@@ -16,10 +16,12 @@ import pytest
 
 from services.common.address_book import AddressBook, ChannelPool
 from services.common.config import ClusterConfig, parse_config
+from services.common.errors import ServingError
+from services.engine.request import SamplingParams
 from services.engine.tokenizer import Tokenizer
 from services.processor.processor import Processor
 from services.processor.router_client import RouterClient
-from services.processor.types import ProcessorError, ProcessRequest, SamplingOptions
+from services.processor.types import ProcessRequest
 from services.processor.worker_client import DecodeWorkerClient
 from services.router.types import NoWorkersAvailable, RequestPhase, RouteRequest
 from tests.support.ports import free_port_pair
@@ -90,10 +92,10 @@ async def until(check, timeout: float, what: str):
 async def ask(p: Processor, rid: str, prompt: list[int]) -> str:
     """One request, bounded: 'ok' or 'error: ...' (a clear typed error); never hangs."""
     req = ProcessRequest(rid, prompt_ids=tuple(prompt), model=MODEL,
-                         sampling=SamplingOptions(max_tokens=4, temperature=0))
+                         sampling=SamplingParams(max_tokens=4, temperature=0))
     try:
         out = await asyncio.wait_for(_drain(p, req), DEADLINE_S)
-    except ProcessorError as e:
+    except ServingError as e:
         return f"error: {e.message}"
     assert out[-1].finish_reason == "length"
     return "ok"

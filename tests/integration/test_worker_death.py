@@ -15,9 +15,11 @@ import pytest
 
 from services.common.address_book import ChannelPool
 from services.common.config import ClusterConfig, parse_config
+from services.common.errors import Unavailable
+from services.engine.request import SamplingParams
 from services.engine.tokenizer import Tokenizer
 from services.processor.processor import Processor
-from services.processor.types import ChatMessage, ProcessRequest, SamplingOptions, Unavailable
+from services.processor.types import ChatMessage, ProcessRequest
 from services.processor.worker_client import DecodeWorkerClient
 from services.router.router import Router
 from tests.support.ports import free_port_pair
@@ -65,7 +67,7 @@ async def wait_workers(router: Router, ids: set[str], parts: list[Part], timeout
 
 def chat(rid: str, **sampling) -> ProcessRequest:
     return ProcessRequest(rid, messages=(ChatMessage("user", "Tell me a story"),), model=MODEL,
-                          sampling=SamplingOptions(**sampling))
+                          sampling=SamplingParams(**sampling))
 
 
 async def test_kill9_decode_worker_mid_stream_migrates(nats_url: str, smollm2_path: Path,

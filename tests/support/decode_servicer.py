@@ -12,13 +12,10 @@ from contextlib import aclosing
 
 import grpc
 
+from services.codec.worker import generate_request_from_pb, output_to_pb
 from services.engine.async_engine import AsyncEngine, EngineDeadError
-from services.engine.request import FinishReason, GenerateRequest, SamplingParams
 from services.engine.scheduler import InvalidRequestError
-from services.gen import worker_pb2, worker_pb2_grpc
-
-_FINISH = {FinishReason.STOP: worker_pb2.STOP, FinishReason.LENGTH: worker_pb2.LENGTH,
-           FinishReason.ABORT: worker_pb2.ABORT}
+from services.gen import worker_pb2_grpc
 
 
 class EngineDecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
@@ -27,31 +24,17 @@ class EngineDecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
         self.started: list[str] = []  # request ids, in arrival order
 
     async def Generate(self, request, context: grpc.aio.ServicerContext):  # noqa: N802
-        s = request.sampling
         try:
-            sp = SamplingParams(
-                temperature=s.temperature, top_k=s.top_k, top_p=s.top_p or 1.0,
-                seed=s.seed if s.HasField("seed") else None, max_tokens=s.max_tokens,
-                stop_token_ids=tuple(s.stop_token_ids), ignore_eos=s.ignore_eos,
-                seed_step_offset=s.seed_step_offset)
+            req = generate_request_from_pb(request)
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        req = GenerateRequest(request.request_id, list(request.token_ids), sp)
         self.started.append(req.request_id)
         n = 0
         try:
             async with aclosing(self.engine.generate(req)) as outs:
                 async for out in outs:
                     n += len(out.token_ids)
-                    msg = worker_pb2.GenerateResponse(token_ids=out.token_ids)
-                    if n == len(out.token_ids):
-                        msg.prefill_location = worker_pb2.LOCAL
-                    if out.finished:
-                        msg.finish_reason = _FINISH[out.finish_reason or FinishReason.STOP]
-                        msg.usage.CopyFrom(worker_pb2.Usage(
-                            prompt_tokens=out.num_prompt_tokens, completion_tokens=n,
-                            cached_tokens=out.num_cached_tokens))
-                    yield msg
+                    yield output_to_pb(out, n)
         except InvalidRequestError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except EngineDeadError as e:

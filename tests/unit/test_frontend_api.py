@@ -108,7 +108,7 @@ async def test_models(c: Cluster) -> None:
     (chat_body(n=2), "n", "only n=1"),
     (chat_body(temperature=3), "temperature", "less than or equal to 2"),
     (chat_body(max_tokens=0), "max_tokens", "greater than or equal to 1"),
-    (chat_body(stop=["a", ""]), "stop", "non-empty"),
+    (chat_body(stop=["a", ""]), "stop", "1 to 256 characters"),
     ({"model": MODEL, "messages": []}, "messages", "at least 1"),
     ({"model": MODEL}, "messages", "Field required"),
     (chat_body(messages=[{"role": "wizard", "content": "x"}]), "messages.0.role", ""),

@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 import pytest
 import torch
 
-from services.common import kv_shm
 from services.decode.kv_receiver import NOT_WAITING, ExpectedKv, KvReceiver, KvTransferError
+from services.disagg import kv_shm
 from services.gen import worker_pb2
 from services.prefill.kv_sender import kv_header
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.common.kv_wire import split_kv_chunk
 from services.decode.kv_buffers import KvBufferPool
+from services.disagg.kv_wire import split_kv_chunk
 from services.gen import worker_pb2
 from services.prefill.kv_sender import kv_chunks
 

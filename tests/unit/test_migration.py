@@ -12,9 +12,11 @@ import pytest
 
 from services.common.address_book import ChannelPool
 from services.common.discovery import Registration
+from services.common.errors import Unavailable
 from services.common.hashing import local_block_hashes
+from services.engine.request import SamplingParams
 from services.engine.tokenizer import Tokenizer
-from services.processor.types import ChatMessage, ProcessRequest, SamplingOptions, Unavailable
+from services.processor.types import ChatMessage, ProcessRequest
 from services.router.router import Router
 from services.router.types import NoWorkersAvailable, RouteRequest
 from tests.support.stack import (
@@ -36,7 +38,7 @@ def tok(smollm2_path: Path) -> Tokenizer:
 
 def chat(rid: str, **sampling) -> ProcessRequest:
     return ProcessRequest(rid, messages=(ChatMessage("user", "Tell me a story"),), model=MODEL,
-                          sampling=SamplingOptions(**sampling))
+                          sampling=SamplingParams(**sampling))
 
 
 async def _run_killing_after(p, req, nodes, after: int):

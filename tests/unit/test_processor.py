@@ -10,16 +10,11 @@ import pytest
 
 from services.common.address_book import ChannelPool
 from services.common.discovery import Registration
+from services.common.errors import InvalidRequest, ModelNotFound, Unavailable
 from services.common.hashing import block_hashes, local_block_hashes
+from services.engine.request import SamplingParams
 from services.engine.tokenizer import Tokenizer
-from services.processor.types import (
-    ChatMessage,
-    InvalidRequest,
-    ModelNotFound,
-    ProcessRequest,
-    SamplingOptions,
-    Unavailable,
-)
+from services.processor.types import ChatMessage, ProcessRequest
 from services.router.router import Router
 from services.router.types import RequestPhase, RouteRequest
 from tests.support.stack import (
@@ -47,7 +42,7 @@ async def collect(p, req):
 
 def chat(rid: str, text: str = "Hello there", **sampling) -> ProcessRequest:
     return ProcessRequest(rid, messages=(ChatMessage("user", text),), model=MODEL,
-                          sampling=SamplingOptions(**sampling))
+                          sampling=SamplingParams(**sampling))
 
 
 async def test_stream_text_usage_and_router_bookkeeping(tok: Tokenizer) -> None:
@@ -133,8 +128,10 @@ async def test_errors_are_typed(tok: Tokenizer) -> None:
     assert e.value.code == "context_length_exceeded" and e.value.param == "prompt"
     with pytest.raises(InvalidRequest, match="empty"):
         await collect(p, ProcessRequest("x", prompt="", model=MODEL))
-    with pytest.raises(InvalidRequest, match="top_p"):
-        await collect(p, chat("x", top_p=0.0))
+    # NOTE: a bad sampling value cannot be built: SamplingParams refuses it where the
+    # request enters a process (tests/unit/test_codec.py checks the gRPC entries).
+    with pytest.raises(InvalidRequest, match="stop_token_ids") as e:
+        await collect(p, chat("x", stop_token_ids=(1 << 20,)))
     with pytest.raises(ModelNotFound, match="nope"):
         await collect(p, ProcessRequest("x", prompt="hi", model="nope"))
     with pytest.raises(Unavailable, match="no decode workers"):
@@ -169,7 +166,7 @@ async def test_routes_carry_the_prompts_block_hashes(tok: Tokenizer) -> None:
         await router.update("probe", RequestPhase.FINISHED)
         # a prompt under one block has no hashes: it goes as its token ids
         await collect(p, ProcessRequest("short", prompt_ids=(5, 6, 7), model=MODEL,
-                                        sampling=SamplingOptions(max_tokens=2)))
+                                        sampling=SamplingParams(max_tokens=2)))
         req, got = router.routed[-1]
         assert list(req.token_ids) == [5, 6, 7] and not req.local_hashes
         assert got.request_blocks == 0

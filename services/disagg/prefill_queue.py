@@ -1,7 +1,7 @@
 """The prefill queue: a JetStream stream with work-queue retention and one durable pull
 consumer shared by all prefill workers (DESIGN.md "Prefill queue").
 
-A message is a ``prefill_pb2.RemotePrefillRequest``; a job leaves the stream when a prefill
+A message is a ``PrefillJob`` (proto/prefill.proto); a job leaves the stream when a prefill
 worker acks it. Decode workers read the queue depth (the consumer's pending + unacked
 messages) for the remote-prefill decision, cached for ``queue_depth_cache_s`` because it is a
 round trip to the server.
@@ -23,9 +23,10 @@ import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
 
+from services.codec.prefill import job_to_pb
 from services.common.config import PrefillConfig
 from services.common.nats_client import NatsClient, Subjects
-from services.gen import prefill_pb2
+from services.disagg.prefill_job import PrefillJob
 
 log = logging.getLogger(__name__)
 
@@ -101,10 +102,10 @@ class PrefillQueue:
     def queued_tokens(self) -> int:
         return sum(self._tokens.values())
 
-    async def publish(self, job: prefill_pb2.RemotePrefillRequest, effective_tokens: int) -> None:
+    async def publish(self, job: PrefillJob, effective_tokens: int) -> None:
         """Enqueue a job (waits for JetStream's ack); ``done(id)`` when it resolves."""
         self._tokens[job.request_id] = effective_tokens
-        data = job.SerializeToString()
+        data = job_to_pb(job).SerializeToString()
         try:
             try:
                 ack = await self._js.publish(self._subjects.prefill_queue, data)

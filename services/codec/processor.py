@@ -1,0 +1,60 @@
+"""proto/processor.proto <-> services/processor/types.py: the frontend -> processor hop."""
+
+from __future__ import annotations
+
+from services.codec.request import (
+    finish_from_pb,
+    finish_to_pb,
+    sampling_from_pb,
+    sampling_to_pb,
+    usage_from_pb,
+    usage_to_pb,
+)
+from services.gen import processor_pb2
+from services.processor.types import ChatMessage, Delta, ModelInfo, ProcessRequest
+
+
+def request_to_pb(req: ProcessRequest) -> processor_pb2.ProcessRequest:
+    msg = processor_pb2.ProcessRequest(request_id=req.request_id, model=req.model,
+                                       sampling=sampling_to_pb(req.sampling))
+    if req.messages is not None:
+        msg.chat.messages.extend(processor_pb2.ChatMessage(role=m.role, content=m.content)
+                                 for m in req.messages)
+    elif req.prompt is not None:
+        msg.prompt = req.prompt
+    elif req.prompt_ids is not None:
+        msg.prompt_ids.ids.extend(req.prompt_ids)
+    return msg
+
+
+def request_from_pb(m: processor_pb2.ProcessRequest) -> ProcessRequest:
+    """Raises ValueError naming a bad sampling field."""
+    which = m.WhichOneof("input")
+    return ProcessRequest(
+        request_id=m.request_id, model=m.model, sampling=sampling_from_pb(m.sampling),
+        messages=tuple(ChatMessage(x.role, x.content) for x in m.chat.messages)
+        if which == "chat" else None,
+        prompt=m.prompt if which == "prompt" else None,
+        prompt_ids=tuple(m.prompt_ids.ids) if which == "prompt_ids" else None,
+    )
+
+
+def delta_to_pb(d: Delta) -> processor_pb2.ProcessResponse:
+    msg = processor_pb2.ProcessResponse(text=d.text, finish_reason=finish_to_pb(d.finish_reason))
+    if d.usage is not None:
+        msg.usage.CopyFrom(usage_to_pb(d.usage))
+    return msg
+
+
+def delta_from_pb(m: processor_pb2.ProcessResponse) -> Delta:
+    return Delta(m.text, finish_from_pb(m.finish_reason),
+                 usage_from_pb(m.usage) if m.HasField("usage") else None)
+
+
+def models_to_pb(models: list[ModelInfo]) -> processor_pb2.ListModelsResponse:
+    return processor_pb2.ListModelsResponse(models=[
+        processor_pb2.ModelInfo(id=x.id, context_length=x.context_length) for x in models])
+
+
+def models_from_pb(m: processor_pb2.ListModelsResponse) -> list[ModelInfo]:
+    return [ModelInfo(x.id, x.context_length) for x in m.models]

@@ -1,0 +1,53 @@
+"""proto/request.proto <-> services/engine/request.py: sampling, finish reason, usage."""
+
+from __future__ import annotations
+
+from services.engine.request import FinishReason, SamplingParams, Usage
+from services.gen import request_pb2
+
+_FINISH_TO_PB = {
+    FinishReason.STOP: request_pb2.STOP,
+    FinishReason.LENGTH: request_pb2.LENGTH,
+    FinishReason.ABORT: request_pb2.ABORT,
+}
+_FINISH_FROM_PB = {v: k for k, v in _FINISH_TO_PB.items()}
+
+
+def sampling_to_pb(s: SamplingParams) -> request_pb2.SamplingParams:
+    msg = request_pb2.SamplingParams(
+        temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, stop=s.stop,
+        stop_token_ids=s.stop_token_ids, ignore_eos=s.ignore_eos,
+        seed_step_offset=s.seed_step_offset)
+    if s.seed is not None:
+        msg.seed = s.seed
+    if s.max_tokens is not None:
+        msg.max_tokens = s.max_tokens
+    return msg
+
+
+def sampling_from_pb(m: request_pb2.SamplingParams) -> SamplingParams:
+    """Raises ValueError naming the bad field (SamplingParams checks every value)."""
+    return SamplingParams(
+        temperature=m.temperature, top_k=m.top_k, top_p=m.top_p,
+        seed=m.seed if m.HasField("seed") else None,
+        max_tokens=m.max_tokens if m.HasField("max_tokens") else None,
+        stop=tuple(m.stop), stop_token_ids=tuple(m.stop_token_ids), ignore_eos=m.ignore_eos,
+        seed_step_offset=m.seed_step_offset)
+
+
+def finish_to_pb(reason: FinishReason | None) -> request_pb2.FinishReason.ValueType:
+    return request_pb2.FINISH_REASON_UNSPECIFIED if reason is None else _FINISH_TO_PB[reason]
+
+
+def finish_from_pb(value: request_pb2.FinishReason.ValueType) -> FinishReason | None:
+    """None for UNSPECIFIED (not finished) and for a value this build does not know."""
+    return _FINISH_FROM_PB.get(value)
+
+
+def usage_to_pb(u: Usage) -> request_pb2.Usage:
+    return request_pb2.Usage(prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
+                             cached_tokens=u.cached_tokens)
+
+
+def usage_from_pb(m: request_pb2.Usage) -> Usage:
+    return Usage(m.prompt_tokens, m.completion_tokens, m.cached_tokens)

@@ -1,0 +1,46 @@
+"""The prefill queue's message: what a decode worker asks a prefill worker to compute."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from services.engine.request import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillJob:
+    """Run ``token_ids`` and send the KV of prompt blocks ``[first_block, +num_blocks)`` and
+    the first sampled token to ``kv_transfer_address`` (the decode worker's KvTransfer)."""
+
+    request_id: str
+    token_ids: tuple[int, ...]  # the whole prompt
+    # The request's own sampling: the first token is sampled with it (and its seed), so the
+    # remote path produces what a local prefill would.
+    sampling: SamplingParams
+    decode_worker_id: str
+    kv_transfer_address: str
+    first_block: int
+    num_blocks: int
+    deadline_unix_ms: int  # past it the decode worker no longer waits: drop the job
+    attempt: int = 1
+    # The decode worker's kv_shm.host_id(): a prefill worker with the same id may pass the
+    # KV through /dev/shm instead of gRPC bytes ("" = never).
+    decode_host_id: str = ""
+
+
+class PrefillLocation(str, enum.Enum):
+    """Where a request's prompt KV was computed (the ``where`` label of
+    tandem_worker_prefill_total)."""
+
+    LOCAL = "local"
+    REMOTE = "remote"
+
+
+class FallbackReason(str, enum.Enum):
+    """Why a remote prefill ended as a local one (tandem_worker_remote_prefill_fallbacks_total)."""
+
+    NO_BLOCKS = "no_blocks"  # its blocks did not fit when parking: the scheduler waits for room
+    PUBLISH_FAILED = "publish_failed"  # NATS down or the stream missing
+    TIMEOUT = "timeout"  # no KV before decode.disagg.remote_prefill_timeout_s
+    BAD_KV = "bad_kv"  # the KV that came does not match what was asked

@@ -1,0 +1,36 @@
+"""Engine state as Prometheus metrics, read from ``EngineStats`` at scrape time by a
+collector, so nothing on the step thread updates metrics. Decode and prefill workers both
+register it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from services.engine.engine import EngineStats
+
+
+class EngineStatsCollector(Collector):
+    """The DESIGN.md ``tandem_worker_*`` engine gauges and counters, from ``stats()``."""
+
+    def __init__(self, stats: Callable[[], EngineStats]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        s = self._stats()
+        for name, doc, v in (
+            ("kv_blocks_used", "KV blocks referenced by a live request", s.kv_blocks_used),
+            ("kv_blocks_total", "KV blocks in the pool", s.kv_blocks_total),
+            ("kv_blocks_cached", "Unreferenced KV blocks kept for prefix hits", s.kv_blocks_cached),
+            ("requests_running", "Requests being prefilled or decoded", s.num_running),
+            ("requests_waiting", "Requests waiting (parked remote prefills included)", s.num_waiting),
+            ("prefill_tokens_pending", "Tokens this engine still has to prefill", s.num_prefill_tokens_pending),
+        ):
+            yield GaugeMetricFamily(f"tandem_worker_{name}", doc, value=v)
+        yield CounterMetricFamily("tandem_worker_prompt_tokens", "Prompt tokens admitted",
+                                  value=s.prompt_tokens_total)
+        yield CounterMetricFamily("tandem_worker_prefix_cache_hit_tokens",
+                                  "Prompt tokens served from the prefix cache",
+                                  value=s.prefix_cache_hit_tokens_total)

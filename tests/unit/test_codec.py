@@ -1,0 +1,124 @@
+"""The codecs of services/codec and the error table: each message survives its proto both
+ways, a bad value is refused where a process reads it, and an error keeps its kind, code
+and param across gRPC."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from services.codec.prefill import job_from_bytes, job_to_pb
+from services.codec.processor import delta_from_pb, delta_to_pb, request_from_pb, request_to_pb
+from services.codec.request import sampling_from_pb, sampling_to_pb
+from services.codec.worker import (
+    generate_request_from_pb,
+    generate_request_to_pb,
+    output_from_pb,
+    output_to_pb,
+)
+from services.common.errors import (
+    ERRORS,
+    InvalidRequest,
+    ModelNotFound,
+    Overloaded,
+    ServingError,
+    Unavailable,
+    from_rpc_error,
+    kind_of,
+)
+from services.disagg.prefill_job import PrefillJob
+from services.engine.async_engine import EngineDeadError
+from services.engine.request import FinishReason, SamplingParams, TokenOutput, Usage
+from services.engine.scheduler import InvalidRequestError
+from services.gen import request_pb2, worker_pb2
+from services.processor.types import ChatMessage, Delta, ProcessRequest
+
+FULL = SamplingParams(temperature=0.7, top_k=40, top_p=0.9, seed=-(2**63), max_tokens=12,
+                      stop=("\n\n", "END"), stop_token_ids=(7, 9), ignore_eos=True,
+                      seed_step_offset=3)
+
+
+def test_sampling_round_trips_every_field_and_keeps_unset_apart_from_zero() -> None:
+    assert sampling_from_pb(sampling_to_pb(FULL)) == FULL
+    default = SamplingParams()
+    assert sampling_from_pb(sampling_to_pb(default)) == default
+    assert default.seed is None and default.max_tokens is None
+    assert sampling_from_pb(sampling_to_pb(SamplingParams(seed=0))).seed == 0
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("temperature", float("inf")), ("temperature", float("nan")), ("temperature", -1.0),
+    ("top_p", 0.0), ("top_p", float("nan")), ("top_p", -1.0), ("top_k", 1 << 21),
+    ("max_tokens", 0), ("stop", [""]), ("stop", ["x"] * 17), ("stop", ["x" * 257]),
+    ("stop_token_ids", list(range(65))),
+])
+def test_a_bad_value_on_the_wire_is_refused_naming_the_field(field: str, value: object) -> None:
+    msg = request_pb2.SamplingParams(top_p=1.0)
+    if isinstance(value, list):
+        getattr(msg, field).extend(value)
+    else:
+        setattr(msg, field, value)
+    with pytest.raises(ValueError, match=f"^{field}:"):
+        sampling_from_pb(msg)
+    with pytest.raises(ValueError, match=f"^sampling.{field}:"):
+        generate_request_from_pb(worker_pb2.GenerateRequest(request_id="r", token_ids=[1],
+                                                            sampling=msg))
+
+
+def test_generate_request_and_outputs_round_trip() -> None:
+    req = generate_request_from_pb(generate_request_to_pb("r1", [5, 6, 7], FULL))
+    assert (req.request_id, req.prompt_token_ids, req.sampling) == ("r1", [5, 6, 7], FULL)
+    with pytest.raises(ValueError, match="request_id"):
+        generate_request_from_pb(generate_request_to_pb("", [1], FULL))
+    mid = TokenOutput("r1", [4])
+    assert output_from_pb("r1", output_to_pb(mid, 1)) == mid
+    last = TokenOutput("r1", [8, 9], True, FinishReason.LENGTH, 3, 2)
+    pb = output_to_pb(last, 5)
+    assert pb.usage.completion_tokens == 5
+    assert output_from_pb("r1", pb) == last
+
+
+def test_process_request_and_deltas_round_trip() -> None:
+    for req in (ProcessRequest("a", messages=(ChatMessage("user", "hi"),), sampling=FULL, model="m"),
+                ProcessRequest("b", prompt="text"),
+                ProcessRequest("c", prompt_ids=(1, 2, 3), sampling=SamplingParams(temperature=0))):
+        assert request_from_pb(request_to_pb(req)) == req
+    for d in (Delta("x"), Delta("", FinishReason.STOP, Usage(3, 4, 1))):
+        assert delta_from_pb(delta_to_pb(d)) == d
+
+
+def test_prefill_job_round_trips_and_garbage_is_a_value_error() -> None:
+    job = PrefillJob("r", (1, 2, 3), FULL, "decode-0", "127.0.0.1:9", 1, 2, 123, 2, "host")
+    assert job_from_bytes(job_to_pb(job).SerializeToString()) == job
+    with pytest.raises(ValueError):
+        job_from_bytes(b"\xff\xff\xff")
+
+
+class _RpcError(grpc.aio.AioRpcError):
+    def __init__(self, code: grpc.StatusCode, details: str, meta: tuple = ()) -> None:
+        super().__init__(code, grpc.aio.Metadata(), grpc.aio.Metadata(*meta), details)
+
+
+@pytest.mark.parametrize("err", [
+    InvalidRequest("bad", code="context_length_exceeded", param="messages"),
+    ModelNotFound("no such model", param="model", code="model_not_found"),
+    Unavailable("no workers"), Overloaded("full", code="overloaded"),
+])
+def test_an_error_crosses_grpc_as_the_same_kind_with_its_code_and_param(err: ServingError) -> None:
+    k = kind_of(err)
+    meta = tuple((key, v) for key, v in (("tandem-error-code", err.code),
+                                         ("tandem-error-param", err.param)) if v)
+    back = from_rpc_error(_RpcError(k.status, err.message, meta), "peer")
+    assert type(back) is type(err)
+    assert (back.message, back.code, back.param) == (err.message, err.code, err.param)
+
+
+def test_unknown_statuses_are_internal_and_engine_errors_share_their_base_row() -> None:
+    e = from_rpc_error(_RpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "slow"), "decode worker x")
+    assert type(e) is ServingError and "decode worker x" in e.message and kind_of(e).http_status == 500
+    assert kind_of(InvalidRequestError("x")) is ERRORS[InvalidRequest]
+    assert kind_of(EngineDeadError("x")) is ERRORS[Unavailable]
+    named = from_rpc_error(_RpcError(grpc.StatusCode.UNAVAILABLE, "draining"), "decode worker y",
+                           name_peer=True)
+    assert named.message == "decode worker y: draining"
+    assert len({k.status for k in ERRORS.values()}) == len(ERRORS)  # the table inverts
