@@ -11,6 +11,7 @@ _FINISH_TO_PB = {
     FinishReason.ABORT: request_pb2.ABORT,
 }
 _FINISH_FROM_PB = {v: k for k, v in _FINISH_TO_PB.items()}
+_DEFAULT = SamplingParams()
 
 
 def sampling_to_pb(s: SamplingParams) -> request_pb2.SamplingParams:
@@ -27,8 +28,10 @@ def sampling_to_pb(s: SamplingParams) -> request_pb2.SamplingParams:
 
 def sampling_from_pb(m: request_pb2.SamplingParams) -> SamplingParams:
     """Raises ValueError naming the bad field (SamplingParams checks every value)."""
+    d = _DEFAULT
     return SamplingParams(
-        temperature=m.temperature, top_k=m.top_k, top_p=m.top_p,
+        temperature=m.temperature if m.HasField("temperature") else d.temperature,
+        top_k=m.top_k, top_p=m.top_p if m.HasField("top_p") else d.top_p,
         seed=m.seed if m.HasField("seed") else None,
         max_tokens=m.max_tokens if m.HasField("max_tokens") else None,
         stop=tuple(m.stop), stop_token_ids=tuple(m.stop_token_ids), ignore_eos=m.ignore_eos,

@@ -44,6 +44,9 @@ def test_sampling_round_trips_every_field_and_keeps_unset_apart_from_zero() -> N
     assert sampling_from_pb(sampling_to_pb(default)) == default
     assert default.seed is None and default.max_tokens is None
     assert sampling_from_pb(sampling_to_pb(SamplingParams(seed=0))).seed == 0
+    assert sampling_from_pb(request_pb2.SamplingParams()) == default  # a bare caller's message
+    greedy = sampling_from_pb(request_pb2.SamplingParams(temperature=0.0))
+    assert greedy.temperature == 0 and greedy.greedy
 
 
 @pytest.mark.parametrize(("field", "value"), [
@@ -53,7 +56,7 @@ def test_sampling_round_trips_every_field_and_keeps_unset_apart_from_zero() -> N
     ("stop_token_ids", list(range(65))),
 ])
 def test_a_bad_value_on_the_wire_is_refused_naming_the_field(field: str, value: object) -> None:
-    msg = request_pb2.SamplingParams(top_p=1.0)
+    msg = request_pb2.SamplingParams()
     if isinstance(value, list):
         getattr(msg, field).extend(value)
     else:
