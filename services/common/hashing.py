@@ -1,6 +1,6 @@
 """Block hashing shared by the engine's prefix cache, the router's index and the workers.
 
-The contract (DESIGN.md, "Block hashing"): tokens are u32 little-endian, a block is
+The contract (docs/architecture.md, "Block hashing"): tokens are u32 little-endian, a block is
 ``block_size`` tokens and a trailing partial block is never hashed.
 
     local_hash[i] = xxh3_64(block_bytes[i], seed=1337)

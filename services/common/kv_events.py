@@ -1,6 +1,6 @@
 """KV cache events: what a worker's prefix cache stored, removed or cleared.
 
-Shapes fixed by DESIGN.md ("KV events"). ``event_id`` is monotonic per worker, starting
+Shapes fixed by docs/architecture.md, "KV events". ``event_id`` is monotonic per worker, starting
 at 1, so a consumer that sees a gap knows it missed something and asks for a full dump.
 The engine produces these objects; the wire encoding lives with the router's ingest.
 """

@@ -1,6 +1,6 @@
 """Worker side of the KV event stream: batch the engine's events onto NATS and answer dumps.
 
-What a worker must do for the router (DESIGN.md "KV events"):
+What a worker must do for the router (docs/architecture.md, "KV events"):
 - publish every KvStored/KvRemoved/KvCleared of its prefix cache, in order, with event ids
   increasing by exactly 1 from 1 (``on_events`` enforces it), on ``{ns}.kv.events.{worker}``;
 - answer ``{ns}.kv.dump.{worker}`` requests with its whole cache as events (KvCleared, then

@@ -1,7 +1,7 @@
 """NATS connection and the one place that names every subject.
 
-Every subject starts with the cluster namespace (DESIGN.md, "Names") so two clusters can
-share one nats-server without hearing each other.
+Every subject starts with the cluster namespace (docs/architecture.md, "NATS subjects") so
+two clusters can share one nats-server without hearing each other.
 """
 
 from __future__ import annotations

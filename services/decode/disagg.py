@@ -1,5 +1,5 @@
 """The remote-prefill decision: a pure function of the config, the prompt, this worker's
-prefix cache and the prefill queue (DESIGN.md "Remote prefill decision")."""
+prefix cache and the prefill queue (docs/architecture.md, "Remote prefill decision")."""
 
 from __future__ import annotations
 

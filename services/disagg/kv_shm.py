@@ -1,5 +1,5 @@
-"""Same-host KV transfer through a file in /dev/shm (DESIGN: the gRPC bytes path always works;
-this one is an optimisation between processes that share a /dev/shm).
+"""Same-host KV transfer through a file in /dev/shm. The gRPC bytes path always works; this one
+is an optimisation between processes that share a /dev/shm (docs/architecture.md, "gRPC services").
 
 The prefill worker writes the KV bytes into a fresh segment and sends only its name in the
 KvTransfer header; the decode worker reads it into its buffer and unlinks it. The sender

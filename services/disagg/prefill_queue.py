@@ -1,5 +1,5 @@
 """The prefill queue: a JetStream stream with work-queue retention and one durable pull
-consumer shared by all prefill workers (DESIGN.md "Prefill queue").
+consumer shared by all prefill workers (docs/architecture.md, "Prefill queue").
 
 A message is a ``PrefillJob`` (proto/prefill.proto); a job leaves the stream when a prefill
 worker acks it. Decode workers read the queue depth (the consumer's pending + unacked

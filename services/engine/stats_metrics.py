@@ -13,7 +13,7 @@ from services.engine.engine import EngineStats
 
 
 class EngineStatsCollector(Collector):
-    """The DESIGN.md ``tandem_worker_*`` engine gauges and counters, from ``stats()``."""
+    """``tandem_worker_*`` engine metrics, from ``stats()`` (docs/architecture.md, "Metrics")."""
 
     def __init__(self, stats: Callable[[], EngineStats]) -> None:
         self._stats = stats

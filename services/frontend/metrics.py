@@ -1,4 +1,4 @@
-"""The frontend's Prometheus metrics (names fixed in DESIGN.md), in a per-app registry."""
+"""The frontend's Prometheus metrics, in a per-app registry (docs/architecture.md, "Metrics")."""
 
 from __future__ import annotations
 

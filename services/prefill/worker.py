@@ -1,7 +1,7 @@
 """The prefill worker part: pull remote prefill jobs from the shared durable consumer, run
 them on the engine (with its own prefix cache), stream the KV to the decode worker.
 
-Delivery rules (DESIGN.md "Prefill queue"):
+Delivery rules (docs/architecture.md, "Prefill queue"):
 - pull only as many jobs as there are free slots (``prefill.max_concurrent_jobs``);
 - a running job sends ``in_progress`` every ``prefill.in_progress_interval_s`` so JetStream
   does not redeliver it while it is being worked on;

@@ -16,9 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 TANDEM_PARTS = ("router", "decode", "prefill", "processor", "frontend")
 
-# The metrics DESIGN.md fixes for outside tools (dashboards, alerts); histograms also
-# expose _bucket/_count/_sum series.
-DESIGN_METRICS = {
+# The metrics docs/architecture.md ("Metrics") fixes for outside tools (dashboards, alerts);
+# histograms also expose _bucket/_count/_sum series.
+CONTRACT_METRICS = {
     "tandem_frontend_requests_total",
     "tandem_frontend_time_to_first_token_seconds",
     "tandem_frontend_inter_token_latency_seconds",
@@ -112,11 +112,11 @@ def test_grafana_provisioning_points_at_prometheus_and_the_dashboard(compose: di
     assert all(p["datasource"]["uid"] == uid for p in dash["panels"])
 
 
-def test_dashboard_uses_only_design_metrics_and_covers_the_required_views() -> None:
+def test_dashboard_uses_only_contract_metrics_and_covers_the_required_views() -> None:
     dash = json.loads((DEPLOY / "grafana/dashboards/tandem.json").read_text())
     exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
     used = {re.sub(r"_(bucket|count|sum)$", "", m) for e in exprs for m in re.findall(r"tandem_[a-z_]+", e)}
-    assert used <= DESIGN_METRICS, used - DESIGN_METRICS
+    assert used <= CONTRACT_METRICS, used - CONTRACT_METRICS
     text = "\n".join(exprs)
     assert "histogram_quantile(0.99, sum by (le) (rate(tandem_frontend_time_to_first_token_seconds_bucket" in text
     assert "histogram_quantile(0.5, sum by (le) (rate(tandem_frontend_inter_token_latency_seconds_bucket" in text
@@ -127,6 +127,14 @@ def test_dashboard_uses_only_design_metrics_and_covers_the_required_views() -> N
     titles = {p["title"] for p in dash["panels"]}
     assert {"Time to first token", "Inter-token latency", "Tokens/s", "KV cache usage",
             "Prefix cache hit rate", "Remote prefill share", "Queue depth"} <= titles
+
+
+def test_contract_metrics_are_the_architecture_docs_metrics_table() -> None:
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text.split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `(tandem_[a-z_]+)(?:\{[a-z]+\})?` \|", section, re.MULTILINE)
+    assert len(rows) == len(set(rows))
+    assert set(rows) == CONTRACT_METRICS
 
 
 def test_dockerfile_installs_cpu_torch_then_the_package_then_the_model() -> None:
