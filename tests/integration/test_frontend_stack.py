@@ -1,6 +1,6 @@
 """The user's path end to end over real hops: the official openai client -> frontend (uvicorn)
--> processor (gRPC) -> router (gRPC, discovery over a real nats-server) -> decode servicer
-(gRPC) -> the real engine (mock runner here; the real SmolLM2 in the last test)."""
+-> processor (gRPC) -> router (gRPC, discovery over a real nats-server) -> the real decode
+worker (gRPC) -> the real engine (mock runner here; the real SmolLM2 in the last test)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from services.common.config import parse_config
 from services.engine.tokenizer import Tokenizer
 from tests.support.cluster import running_cluster
-from tests.support.stack import MODEL, mock_cluster_cfg
+from tests.support.stack import MODEL, mock_cluster_cfg, worker_decode_node
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +114,8 @@ async def test_client_disconnect_aborts_on_the_engine(nats_url: str, tok: Tokeni
         async with httpx.AsyncClient(timeout=httpx.Timeout(30, read=0.5)) as http:
             with pytest.raises(httpx.ReadTimeout):
                 await http.post(c.url + "/v1/chat/completions", json={**body, "stream": False})
-        assert c.node.servicer.started[-1] != c.node.servicer.started[0]  # it reached the worker
+        calls = c.node.worker.generate_calls  # the streamed request, then this one reached it
+        assert len(calls) == 2 and calls[0] != calls[1], calls
         for _ in range(500):
             s = c.node.engine.stats()
             if s.kv_blocks_used == 0 and s.num_running == 0 and s.num_waiting == 0:
@@ -165,28 +166,15 @@ async def test_errors_over_the_wire(nats_url: str, tok: Tokenizer) -> None:
 @pytest.mark.model
 async def test_real_smollm2_capital_of_france(nats_url: str, smollm2_path: Path, tok: Tokenizer) -> None:
     """The real model behind the same hops: greedy chat answer names Paris."""
-    from contextlib import asynccontextmanager
-
-    from services.engine.async_engine import AsyncEngine
     from services.engine.factory import build_engine
-    from tests.support.decode_servicer import start_decode_server
-    from tests.support.stack import DecodeNode
 
     cfg = parse_config({"namespace": "fe5", "nats": {"url": nats_url}, "model": {"name": MODEL},
                         "engine": {"num_kv_blocks": 64, "max_model_len": 1024},
                         "discovery": {"ttl_s": 2.0, "heartbeat_s": 0.5}})
     parts = build_engine(cfg, worker_id="w0")
 
-    @asynccontextmanager
-    async def real_node():
-        async with AsyncEngine(parts.engine) as ae:
-            server, port, servicer = await start_decode_server(ae)
-            try:
-                yield DecodeNode(ae, server, port, servicer)
-            finally:
-                await server.stop(grace=0)
-
-    async with running_cluster(cfg, tok, node_factory=real_node) as c:
+    async with running_cluster(cfg, tok, node_factory=lambda: worker_decode_node(
+            cfg, tok, engine=parts.engine)) as c:
         client = openai.AsyncOpenAI(base_url=c.url + "/v1", api_key="x", max_retries=0)
         r = await client.chat.completions.create(
             model=MODEL, temperature=0, max_tokens=24,

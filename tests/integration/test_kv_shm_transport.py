@@ -1,5 +1,6 @@
-"""KvSender -> real gRPC server -> KvReceiver over /dev/shm: delivered bit-exact with no
-segment left behind, and resent as gRPC bytes when the receiver cannot use the segment."""
+"""KvSender -> the real decode worker's gRPC server (mock-runner engine) -> its KvReceiver
+over /dev/shm: delivered bit-exact with no segment left behind, and resent as gRPC bytes when
+the receiver cannot use the segment."""
 
 from __future__ import annotations
 
@@ -7,17 +8,17 @@ import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-import grpc
 import pytest
 import pytest_asyncio
 import torch
 
 from services.decode import kv_receiver
-from services.decode.grpc_server import SERVER_OPTIONS, DecodeWorkerServicer, add_decode_servicer
 from services.decode.kv_receiver import NOT_WAITING, ExpectedKv, KvReceiver
+from services.decode.worker import DecodeWorker
 from services.disagg import kv_shm
 from services.prefill import kv_sender
 from services.prefill.kv_sender import KvSender
+from tests.support.stack import mock_cluster_cfg, worker_decode_node
 
 pytestmark = pytest.mark.asyncio
 
@@ -25,30 +26,26 @@ SHAPE = (2, 2, 5, 4, 2, 8)  # (layers, K/V, blocks, block_size, heads, dim)
 
 
 @dataclass
-class _Worker:
-    receiver: KvReceiver
-
-
-@dataclass
 class Ends:
     receiver: KvReceiver
     sender: KvSender
     address: str
+    worker: DecodeWorker
+
+    def bytes_received(self) -> float | None:
+        """The worker's own count of KV bytes it accepted (its metrics)."""
+        return self.worker.metrics.registry.get_sample_value(
+            "tandem_worker_kv_transfer_bytes_received_total")
 
 
 @pytest_asyncio.fixture
 async def ends() -> AsyncIterator[Ends]:
-    rx = KvReceiver()
-    server = grpc.aio.server(options=SERVER_OPTIONS)
-    add_decode_servicer(DecodeWorkerServicer(_Worker(rx)), server)  # type: ignore[arg-type]
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    sender = KvSender("p", chunk_bytes=1024)
-    try:
-        yield Ends(rx, sender, f"127.0.0.1:{port}")
-    finally:
-        await sender.close()
-        await server.stop(grace=0)
+    async with worker_decode_node(mock_cluster_cfg()) as node:
+        sender = KvSender("p", chunk_bytes=1024)
+        try:
+            yield Ends(node.worker.receiver, sender, node.address, node.worker)
+        finally:
+            await sender.close()
 
 
 @pytest.fixture
@@ -76,6 +73,7 @@ async def test_shm_send_is_exact_and_leaves_no_segment(ends: Ends, segments: lis
     late = await ends.sender.send(ends.address, "r", kv, 3, 2, timeout_s=10, shm=True)
     assert not late.ack.accepted and late.ack.error == NOT_WAITING
     assert len(segments) == 2 and not any(os.path.exists(p) for p in segments)
+    assert ends.bytes_received() == kv.nbytes  # the accepted transfer only
 
 
 async def test_unusable_segment_falls_back_to_grpc_bytes(ends: Ends, segments: list[str],
@@ -90,4 +88,5 @@ async def test_unusable_segment_falls_back_to_grpc_bytes(ends: Ends, segments: l
     sent = await ends.sender.send(ends.address, "r", kv, 3, 2, timeout_s=10, shm=True)
     assert sent.transport == "grpc" and sent.ack.accepted
     assert torch.equal((await fut).kv, kv)
+    assert ends.bytes_received() == kv.nbytes
     assert len(segments) == 1 and not os.path.exists(segments[0])

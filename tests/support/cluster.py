@@ -1,5 +1,5 @@
 """A whole cluster in one event loop, every hop real: nats-server (from the fixture), the
-Router served over gRPC, the test decode servicer (real engine) registered in discovery,
+Router served over gRPC, the real decode worker (mock-runner engine) registered in discovery,
 the Processor over gRPC finding the router through discovery, and the frontend on uvicorn
 finding the processor through discovery."""
 
@@ -29,7 +29,7 @@ from services.processor.router_reports import inflight_publisher
 from services.router.grpc_server import start_grpc as start_router_grpc
 from services.router.router import Router
 from tests.support.ports import free_port
-from tests.support.stack import DecodeNode, decode_node, make_processor
+from tests.support.stack import DecodeNode, make_processor, worker_decode_node
 
 
 @dataclass
@@ -68,7 +68,8 @@ class Cluster:
 async def running_cluster(cfg: ClusterConfig, tok: Tokenizer, with_decode: bool = True,
                           node_factory: Callable[[], AbstractAsyncContextManager[DecodeNode]]
                           | None = None) -> AsyncIterator[Cluster]:
-    """``node_factory``: the decode node to run (default: the mock-runner engine)."""
+    """``node_factory``: the decode node to run (default: the real decode worker over the
+    mock-runner engine)."""
     async with AsyncExitStack() as stack:
         nc = await connect(cfg.nats, "test-cluster")
         stack.push_async_callback(nc.close)
@@ -84,7 +85,7 @@ async def running_cluster(cfg: ClusterConfig, tok: Tokenizer, with_decode: bool 
         lease = await disc.register(Registration("router", "r0", address=f"127.0.0.1:{rport}"))
         stack.push_async_callback(lease.close)
 
-        factory = node_factory or (lambda: decode_node(cfg, tok))
+        factory = node_factory or (lambda: worker_decode_node(cfg, tok))
         node = await stack.enter_async_context(factory())
 
         routers = AddressBook("router")

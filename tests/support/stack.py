@@ -1,10 +1,10 @@
-"""Wiring for processor/frontend tests: a real engine (mock runner) behind the test decode
-servicer over real gRPC, plus the processor, in-process."""
+"""Wiring for processor/frontend tests: the real decode worker (services/decode) over a real
+engine (mock runner unless given one) on real gRPC, plus the processor, in-process."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,9 +13,10 @@ import grpc
 from services.common.address_book import ChannelPool
 from services.common.config import ClusterConfig, parse_config
 from services.decode.grpc_server import start_grpc as start_worker_grpc
-from services.decode.worker import DecodeWorker
+from services.decode.worker import DecodeOutput, DecodeWorker
 from services.engine.async_engine import AsyncEngine
 from services.engine.engine import LLMEngine
+from services.engine.request import GenerateRequest
 from services.engine.runner.mock_runner import MockRunner
 from services.engine.tokenizer import Tokenizer
 from services.processor.processor import Processor
@@ -23,7 +24,6 @@ from services.processor.router_reports import Publish, RouterLike
 from services.processor.worker_client import DecodeWorkerClient
 from services.router.router import Router
 from services.router.types import RequestPhase, RouteRequest, RouteResponse
-from tests.support.decode_servicer import EngineDecodeServicer, start_decode_server
 
 MODEL = "SmolLM2-135M-Instruct"
 
@@ -43,13 +43,27 @@ def mock_cluster_cfg(**over: Any) -> ClusterConfig:
     return parse_config(data)
 
 
+class RecordingDecodeWorker(DecodeWorker):
+    """The real DecodeWorker, keeping the request id of every ``generate`` call it got, in
+    arrival order (a call it then refuses, e.g. over its admission limits, included)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.generate_calls: list[str] = []
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[DecodeOutput]:
+        self.generate_calls.append(request.request_id)
+        async with aclosing(super().generate(request)) as outs:
+            async for o in outs:
+                yield o
+
+
 @dataclass
 class DecodeNode:
     engine: AsyncEngine
     server: grpc.aio.Server
     port: int
-    servicer: EngineDecodeServicer | None  # None: the real decode worker (``worker``)
-    worker: DecodeWorker | None = None
+    worker: RecordingDecodeWorker
 
     @property
     def address(self) -> str:
@@ -57,28 +71,20 @@ class DecodeNode:
 
 
 @asynccontextmanager
-async def decode_node(cfg: ClusterConfig, tok: Tokenizer, worker_id: str = "w0") -> AsyncIterator[DecodeNode]:
-    engine = LLMEngine(MockRunner(cfg.engine), cfg.engine, tok.stop_token_ids, worker_id=worker_id)
-    async with AsyncEngine(engine) as ae:
-        server, port, servicer = await start_decode_server(ae)
-        try:
-            yield DecodeNode(ae, server, port, servicer)
-        finally:
-            await server.stop(grace=0)
-
-
-@asynccontextmanager
 async def worker_decode_node(cfg: ClusterConfig, tok: Tokenizer | None = None,
-                             worker_id: str = "w0") -> AsyncIterator[DecodeNode]:
+                             worker_id: str = "w0", engine: LLMEngine | None = None
+                             ) -> AsyncIterator[DecodeNode]:
     """The real decode worker (services/decode: admission limits, drain, RESOURCE_EXHAUSTED)
-    over the mock-runner engine, local prefill only, on real gRPC."""
-    stops = tok.stop_token_ids if tok is not None else (cfg.engine.mock.eos_token_id,)
-    engine = LLMEngine(MockRunner(cfg.engine), cfg.engine, stops, worker_id=worker_id)
+    over ``engine`` (default: the mock runner's, from ``cfg``), local prefill only, served by
+    its own ``start_grpc`` on real gRPC over TCP."""
+    if engine is None:
+        stops = tok.stop_token_ids if tok is not None else (cfg.engine.mock.eos_token_id,)
+        engine = LLMEngine(MockRunner(cfg.engine), cfg.engine, stops, worker_id=worker_id)
     async with AsyncEngine(engine) as ae:
-        worker = DecodeWorker(ae, cfg, worker_id)
+        worker = RecordingDecodeWorker(ae, cfg, worker_id)
         server, port = await start_worker_grpc(worker, "127.0.0.1", 0)
         try:
-            yield DecodeNode(ae, server, port, None, worker)
+            yield DecodeNode(ae, server, port, worker)
         finally:
             await server.stop(grace=0)
 

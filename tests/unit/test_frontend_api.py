@@ -1,5 +1,5 @@
 """The HTTP API over httpx's ASGI transport with the in-process processor (real engine,
-mock runner, behind the test decode servicer on gRPC): shapes, errors, auth, limits."""
+mock runner, behind the real decode worker on gRPC): shapes, errors, auth, limits."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from services.common.discovery import Registration
 from services.engine.tokenizer import Tokenizer
 from services.frontend.app import create_app
 from services.router.router import Router
-from tests.support.stack import MODEL, decode_node, make_processor, mock_cluster_cfg
+from tests.support.stack import MODEL, make_processor, mock_cluster_cfg, worker_decode_node
 
 CTX = 128
 
@@ -37,7 +37,7 @@ async def _cluster(tok: Tokenizer, workers: bool = True, **over) -> AsyncIterato
     cfg = mock_cluster_cfg(**over)
     router = Router(cfg)
     pool = ChannelPool()
-    async with decode_node(cfg, tok) as node:
+    async with worker_decode_node(cfg, tok) as node:
         if workers:
             router.worker_joined(Registration("decode", "w0", address=node.address))
         app = create_app(cfg, make_processor(cfg, tok, router, CTX, pool))

@@ -1,6 +1,6 @@
-"""Migration in the processor: two real engines (mock runner) behind real gRPC servers, an
-in-process Router; the serving worker's server is stopped mid-stream and the stream must
-continue on the other worker with exactly the text of an undisturbed run."""
+"""Migration in the processor: two real decode workers (mock-runner engines) on real gRPC
+servers, an in-process Router; the serving worker's server is stopped mid-stream and the
+stream must continue on the other worker with exactly the text of an undisturbed run."""
 
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ from services.router.types import NoWorkersAvailable, RouteRequest
 from tests.support.stack import (
     MODEL,
     RecordingRouter,
-    decode_node,
     make_processor,
     mock_cluster_cfg,
+    worker_decode_node,
 )
 
 CTX = 512
@@ -47,7 +47,7 @@ async def _run_killing_after(p, req, nodes, after: int):
     async for d in p.generate(req):
         deltas.append(d)
         if len(deltas) == after and killed is None:
-            killed = next(n for n in nodes if req.request_id in n.servicer.started)
+            killed = next(n for n in nodes if req.request_id in n.worker.generate_calls)
             await killed.server.stop(grace=0)
     return deltas, killed
 
@@ -57,7 +57,8 @@ async def test_stream_migrates_with_identical_text_and_usage(tok: Tokenizer) -> 
     router = RecordingRouter(cfg)
     pool = ChannelPool()
     async with AsyncExitStack() as stack:
-        nodes = [await stack.enter_async_context(decode_node(cfg, tok, f"w{i}")) for i in range(2)]
+        nodes = [await stack.enter_async_context(worker_decode_node(cfg, tok, f"w{i}"))
+                 for i in range(2)]
         for i, n in enumerate(nodes):
             router.worker_joined(Registration("decode", f"w{i}", address=n.address))
         p = make_processor(cfg, tok, router, CTX, pool)
@@ -66,7 +67,7 @@ async def test_stream_migrates_with_identical_text_and_usage(tok: Tokenizer) -> 
                                                   nodes, after=5)
         assert killed is not None
         survivor = next(n for n in nodes if n is not killed)
-        assert "mig" in survivor.servicer.started  # the stream really moved
+        assert "mig" in survivor.worker.generate_calls  # the stream really moved
         assert "".join(d.text for d in deltas) == "".join(d.text for d in ref)
         assert deltas[-1].finish_reason == ref[-1].finish_reason == "length"
         assert deltas[-1].usage.completion_tokens == 40
@@ -94,7 +95,8 @@ async def test_stop_string_state_carries_over_a_migration(tok: Tokenizer) -> Non
     router = Router(cfg)
     pool = ChannelPool()
     async with AsyncExitStack() as stack:
-        nodes = [await stack.enter_async_context(decode_node(cfg, tok, f"w{i}")) for i in range(2)]
+        nodes = [await stack.enter_async_context(worker_decode_node(cfg, tok, f"w{i}"))
+                 for i in range(2)]
         for i, n in enumerate(nodes):
             router.worker_joined(Registration("decode", f"w{i}", address=n.address))
         p = make_processor(cfg, tok, router, CTX, pool)
@@ -115,7 +117,7 @@ async def test_no_worker_left_is_a_clear_unavailable(tok: Tokenizer) -> None:
     cfg = mock_cluster_cfg(engine={"mock": {"step_base_s": 0.01}})
     router = Router(cfg)
     pool = ChannelPool()
-    async with decode_node(cfg, tok, "w0") as node:
+    async with worker_decode_node(cfg, tok, "w0") as node:
         router.worker_joined(Registration("decode", "w0", address=node.address))
         p = make_processor(cfg, tok, router, CTX, pool)
         with pytest.raises(Unavailable, match="no other decode worker can continue it") as e:

@@ -1,5 +1,5 @@
-"""The Processor over the real engine (mock runner) behind the test decode servicer on real
-gRPC, with an in-process Router: text, stop strings, usage, errors, cancellation."""
+"""The Processor over the real decode worker (mock-runner engine) on real gRPC, with an
+in-process Router: text, stop strings, usage, errors, cancellation."""
 
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from services.router.types import RequestPhase, RouteRequest
 from tests.support.stack import (
     MODEL,
     RecordingRouter,
-    decode_node,
     make_processor,
     mock_cluster_cfg,
+    worker_decode_node,
 )
 
 CTX = 512
@@ -49,7 +49,7 @@ async def test_stream_text_usage_and_router_bookkeeping(tok: Tokenizer) -> None:
     cfg = mock_cluster_cfg()
     router = Router(cfg)  # in-process, fed by hand (no NATS in a unit test)
     pool = ChannelPool()
-    async with decode_node(cfg, tok) as node:
+    async with worker_decode_node(cfg, tok) as node:
         router.worker_joined(Registration("decode", "w0", address=node.address))
         p = make_processor(cfg, tok, router, CTX, pool)
         deltas = await collect(p, chat("r1", max_tokens=12, temperature=0))
@@ -77,7 +77,7 @@ async def test_stop_string_truncates_and_aborts_the_worker(tok: Tokenizer) -> No
     cfg = mock_cluster_cfg()
     router = Router(cfg)
     pool = ChannelPool()
-    async with decode_node(cfg, tok) as node:
+    async with worker_decode_node(cfg, tok) as node:
         router.worker_joined(Registration("decode", "w0", address=node.address))
         p = make_processor(cfg, tok, router, CTX, pool)
         full = "".join(d.text for d in await collect(p, chat("a", max_tokens=40, temperature=0)))
@@ -98,7 +98,7 @@ async def test_cancelling_the_consumer_aborts_on_the_engine(tok: Tokenizer) -> N
     cfg = mock_cluster_cfg(engine={"mock": {"step_base_s": 0.01}})
     router = Router(cfg)
     pool = ChannelPool()
-    async with decode_node(cfg, tok) as node:
+    async with worker_decode_node(cfg, tok) as node:
         router.worker_joined(Registration("decode", "w0", address=node.address))
         p = make_processor(cfg, tok, router, CTX, pool)
         got_one = asyncio.Event()
@@ -150,7 +150,7 @@ async def test_routes_carry_the_prompts_block_hashes(tok: Tokenizer) -> None:
     text = "Summarise the following. " + "The quick brown fox jumps over the lazy dog. " * 8
     ids = tok.encode_chat([{"role": "user", "content": text}])
     assert len(ids) > 4 * bs
-    async with decode_node(cfg, tok) as node:
+    async with worker_decode_node(cfg, tok) as node:
         for w in ("w0", "w1", "w2"):
             router.worker_joined(Registration("decode", w, address=node.address))
         # w1 caches the first 3 blocks of this prompt: it is the worker to pick
