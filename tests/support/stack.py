@@ -13,10 +13,10 @@ import grpc
 from services.common.address_book import ChannelPool
 from services.common.config import ClusterConfig, parse_config
 from services.decode.grpc_server import start_grpc as start_worker_grpc
-from services.decode.worker import DecodeOutput, DecodeWorker
+from services.decode.worker import DecodeWorker
 from services.engine.async_engine import AsyncEngine
 from services.engine.engine import LLMEngine
-from services.engine.request import GenerateRequest
+from services.engine.request import GenerateRequest, TokenOutput
 from services.engine.runner.mock_runner import MockRunner
 from services.engine.tokenizer import Tokenizer
 from services.processor.processor import Processor
@@ -51,7 +51,7 @@ class RecordingDecodeWorker(DecodeWorker):
         super().__init__(*args, **kwargs)
         self.generate_calls: list[str] = []
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[DecodeOutput]:
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenOutput]:
         self.generate_calls.append(request.request_id)
         async with aclosing(super().generate(request)) as outs:
             async for o in outs:
