@@ -12,17 +12,19 @@ from collections.abc import Sequence
 _HANDLERS = {
     ("model", "pull"): "services.engine.model_store:pull_main",
     ("chat",): "services.engine.chat:main",
-    ("bench", "engine"): "services.engine.bench:main",
-    ("bench", "router"): "services.router.bench:main",
     ("router",): "services.router.cli:main",
     ("decode",): "services.decode.serve:main",
     ("prefill",): "services.prefill.serve:main",
     ("processor",): "services.processor.serve:main",
     ("frontend",): "services.frontend.serve:main",
     ("up",): "services.launcher.up:main",
-    ("bench", "kv-transfer"): "services.prefill.bench:main",
-    ("bench", "serve"): "services.bench.serve_bench:main",
+    ("bench", "engine"): "services.bench.engine:main",
+    ("bench", "router"): "services.bench.router:main",
+    ("bench", "kv-transfer"): "services.bench.kv_transfer:main",
+    ("bench", "serve"): "services.bench.serve:main",
     ("bench", "compare"): "services.bench.compare:main",
+    ("bench", "overhead"): "services.bench.overhead:main",
+    ("bench", "report"): "services.bench.report:main",
 }
 
 
@@ -32,29 +34,6 @@ def _add_config(p: argparse.ArgumentParser) -> None:
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
         help="override a config key, e.g. --set engine.threads=2 (repeatable)",
     )
-
-
-def _add_serving_bench(bench_sub: argparse._SubParsersAction) -> None:
-    from services.bench.args import add_workload_args
-
-    bs = bench_sub.add_parser("serve", help="stream a workload against an OpenAI-compatible server")
-    bs.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000")
-    bs.add_argument("--model", required=True, help="the served model name")
-    add_workload_args(bs)
-    bs.add_argument("--json", dest="json_path", default=None, help="write results to this file")
-    bs.add_argument("--plot", dest="plot_dir", default=None, help="write TTFT/ITL CDF PNGs here")
-    bs.set_defaults(_key=("bench", "serve"))
-    bc = bench_sub.add_parser("compare", help="the same workload against several cluster configs")
-    bc.add_argument("--run", dest="runs", action="append", default=[], required=True,
-                    metavar="NAME=FILE[@k=v,...]", help="a cluster to start with `tandem up`")
-    add_workload_args(bc)
-    bc.add_argument("--json", dest="json_path", default=None, help="write all results here")
-    bc.add_argument("--plot", dest="plot_dir", default=None, help="write TTFT/ITL CDF PNGs here")
-    bc.add_argument("--plot-prefix", default="", help="file name prefix of the plots")
-    bc.add_argument("--log-dir", default="/tmp/tandem-bench", help="cluster logs and run dirs")
-    bc.add_argument("--ready-timeout", type=float, default=300.0)
-    bc.add_argument("--settle", type=float, default=2.0, help="seconds to wait after /health")
-    bc.set_defaults(_key=("bench", "compare"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -105,40 +84,16 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seconds a child gets to exit after SIGTERM before SIGKILL")
     up.set_defaults(_key=("up",))
 
-    bench = sub.add_parser("bench", help="benchmarks")
-    bench_sub = bench.add_subparsers(dest="bench_command", required=True)
-    be = bench_sub.add_parser("engine", help="engine prefill/decode tokens/s and matmul GFLOP/s")
-    _add_config(be)
-    be.add_argument("--json", dest="json_path", default=None, help="write results to this file")
-    be.add_argument("--threads", type=int, default=2)
-    be.add_argument("--prompt-len", type=int, default=1000)
-    be.add_argument("--concurrency", default="1,8,32,64", help="decode batch sizes")
-    be.add_argument("--decode-steps", type=int, default=32)
-    be.set_defaults(_key=("bench", "engine"))
-    br = bench_sub.add_parser("router", help="router route latency and event ingest rate")
-    br.add_argument("--json", dest="json_path", default=None, help="write results to this file")
-    br.add_argument("--blocks", type=int, default=1_000_000)
-    br.add_argument("--workers", type=int, default=64)
-    br.add_argument("--prompt-tokens", type=int, default=8000)
-    br.add_argument("--routes", type=int, default=2000)
-    br.add_argument("--prehashed", action="store_true",
-                    help="also time each route with the prompt sent as local block hashes "
-                         "(hashed outside the timed call, as processors do)")
-    br.set_defaults(_key=("bench", "router"))
-    bk = bench_sub.add_parser("kv-transfer", help="KV transfer GB/s over loopback: gRPC bytes and /dev/shm")
-    bk.add_argument("--json", dest="json_path", default=None, help="write results to this file")
-    bk.add_argument("--tokens", default="1024,2048,4096,8192", help="prompt lengths")
-    bk.add_argument("--repeats", type=int, default=5)
-    bk.add_argument("--chunk-bytes", type=int, default=0, help="payload per gRPC message (default: config)")
-    bk.add_argument("--processes", type=int, default=2, choices=(1, 2),
-                    help="2: decode end in a child process (as deployed); 1: all in one process")
-    bk.set_defaults(_key=("bench", "kv-transfer"))
-    _add_serving_bench(bench_sub)
+    from services.bench.args import add_bench_parsers
+
+    add_bench_parsers(sub, _add_config)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # the exact command line, for the result files of `tandem bench` (services/bench/results.py)
+    args._argv = list(sys.argv[1:] if argv is None else argv)
     module, func = _HANDLERS[args._key].split(":")
     handler = getattr(importlib.import_module(module), func)
     try:

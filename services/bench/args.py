@@ -1,11 +1,22 @@
-"""The workload, arrival and SLO options of `tandem bench serve` and `bench compare`
-(kept free of heavy imports: `tandem --help` builds every parser)."""
+"""The parsers of every `tandem bench` subcommand (services/cli.py maps each to its
+module's ``main``). Kept free of heavy imports: `tandem --help` builds every parser."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+
+from services.bench.presets import PRESETS, PresetAction, preset_help
 
 WORKLOADS = ("shared-prefix", "multi-turn", "mooncake", "azure", "mixed")
+OVERHEAD_LAYERS = "engine,decode,router,processor,http,http_raw"
+
+AddConfig = Callable[[argparse.ArgumentParser], None]
+
+
+def add_json_arg(p: argparse.ArgumentParser, what: str = "results") -> None:
+    p.add_argument("--json", dest="json_path", default=None, metavar="FILE",
+                   help=f"write {what} to this file (with the command line and machine info)")
 
 
 def add_workload_args(p: argparse.ArgumentParser) -> None:
@@ -41,3 +52,116 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slo", action="append", default=[], metavar="KEY=MS",
                    help="goodput SLO, e.g. ttft_ms=500 (keys: ttft_ms tpot_ms itl_ms e2e_ms)")
     p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, s")
+
+
+def _engine(sub: argparse._SubParsersAction, add_config: AddConfig) -> None:
+    p = sub.add_parser("engine", help="engine prefill/decode tokens/s and matmul GFLOP/s")
+    add_config(p)
+    add_json_arg(p)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--prompt-len", type=int, default=1000, help="prefill: prompt tokens")
+    p.add_argument("--concurrency", default="1,8,32,64", help="decode batch sizes")
+    p.add_argument("--decode-steps", type=int, default=32)
+    p.add_argument("--decode-context", type=int, default=32,
+                   help="decode: prompt tokens of each sequence (its context when timing starts)")
+    p.set_defaults(_key=("bench", "engine"))
+
+
+def _router(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("router", help="router route latency and event ingest rate")
+    add_json_arg(p)
+    p.add_argument("--blocks", type=int, default=1_000_000)
+    p.add_argument("--workers", type=int, default=64)
+    p.add_argument("--prompt-tokens", type=int, default=8000)
+    p.add_argument("--routes", type=int, default=2000)
+    p.add_argument("--prehashed", action="store_true",
+                   help="also time each route with the prompt sent as local block hashes "
+                        "(hashed outside the timed call, as processors do)")
+    p.set_defaults(_key=("bench", "router"))
+
+
+def _kv_transfer(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("kv-transfer", help="KV transfer GB/s over loopback: gRPC bytes and /dev/shm")
+    add_json_arg(p)
+    p.add_argument("--tokens", default="1024,2048,4096,8192", help="prompt lengths")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--chunk-bytes", type=int, default=0, help="payload per gRPC message (default: config)")
+    p.add_argument("--processes", type=int, default=2, choices=(1, 2),
+                   help="2: decode end in a child process (as deployed); 1: all in one process")
+    p.set_defaults(_key=("bench", "kv-transfer"))
+
+
+def _serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="stream a workload against an OpenAI-compatible server")
+    p.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000")
+    p.add_argument("--model", required=True, help="the served model name")
+    add_workload_args(p)
+    add_json_arg(p, "results and every request's row")
+    p.add_argument("--plot", dest="plot_dir", default=None, help="write TTFT/ITL CDF PNGs here")
+    p.set_defaults(_key=("bench", "serve"))
+
+
+def _compare(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("compare", help="the same workload against several cluster configs")
+    p.add_argument("--preset", choices=sorted(PRESETS), action=PresetAction, default=None,
+                   help=f"runs and workload of a documented table (put it first): {preset_help()}")
+    p.add_argument("--run", dest="runs", action="append", default=[],
+                   metavar="NAME=FILE[@k=v,...]",
+                   help="a cluster to start with `tandem up` (replaces the preset's runs)")
+    p.add_argument("--set-all", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config override added to every run, e.g. decode.replicas=64")
+    add_workload_args(p)
+    add_json_arg(p, "all results and every request's row")
+    p.add_argument("--summary-json", default=None, metavar="FILE",
+                   help="write the results without per-request rows (what benchmarks/results/ keeps)")
+    p.add_argument("--plot", dest="plot_dir", default=None, help="write TTFT/ITL CDF PNGs here")
+    p.add_argument("--plot-prefix", default="", help="file name prefix of the plots")
+    p.add_argument("--log-dir", default="/tmp/tandem-bench", help="cluster logs and run dirs")
+    p.add_argument("--ready-timeout", type=float, default=300.0)
+    p.add_argument("--settle", type=float, default=2.0, help="seconds to wait after /health")
+    p.set_defaults(_key=("bench", "compare"), preset_runs=[])
+
+
+def _overhead(sub: argparse._SubParsersAction, add_config: AddConfig) -> None:
+    p = sub.add_parser("overhead", help="time to first token at each layer of a cluster "
+                                        "(engine, decode, router, processor, HTTP)")
+    add_config(p)
+    add_json_arg(p)
+    p.add_argument("--base-url", default=None,
+                   help="the frontend (default: http://127.0.0.1:<frontend.port of the config>)")
+    p.add_argument("--n", type=int, default=50, help="measured requests per layer")
+    p.add_argument("--warmup", type=int, default=5, help="requests per layer before measuring")
+    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--layers", default=OVERHEAD_LAYERS, help="comma-separated, measured in this order")
+    p.add_argument("--up", action="store_true",
+                   help="start the cluster from the config (`tandem up`) and stop it after")
+    p.add_argument("--run-dir", default="/tmp/tandem-bench/overhead",
+                   help="the cluster's run directory (--up), or a running one's (--cpu-per-request)")
+    p.add_argument("--cpu-per-request", action="store_true",
+                   help="also each cluster process's CPU ms per measured request (needs the run "
+                        "dir's processes.json; not for the engine layer)")
+    p.add_argument("--ready-timeout", type=float, default=300.0)
+    p.set_defaults(_key=("bench", "overhead"))
+
+
+def _report(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="markdown rows and CDF plots from `bench compare` JSON files")
+    p.add_argument("files", nargs="+", metavar="RESULT.json")
+    p.add_argument("--plot", dest="plot_dir", default=None,
+                   help="redraw TTFT/ITL CDFs here, named PREFIX + file stem (needs --json files)")
+    p.add_argument("--plot-prefix", default="", help="e.g. serving_ (docs/img's names)")
+    p.set_defaults(_key=("bench", "report"))
+
+
+def add_bench_parsers(sub: argparse._SubParsersAction, add_config: AddConfig) -> None:
+    """``tandem bench NAME`` for every benchmark; ``add_config`` adds -c/--set as every
+    other `tandem` command has them."""
+    bench = sub.add_parser("bench", help="benchmarks (docs/benchmarks.md)")
+    bs = bench.add_subparsers(dest="bench_command", required=True)
+    _engine(bs, add_config)
+    _router(bs)
+    _kv_transfer(bs)
+    _serve(bs)
+    _compare(bs)
+    _overhead(bs, add_config)
+    _report(bs)

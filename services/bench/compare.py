@@ -1,25 +1,25 @@
 """`tandem bench compare`: the same workload against several cluster configs in turn.
 
-For each ``--run NAME=FILE[@key=value,...]`` it starts ``tandem up -c FILE --set ...`` as a
-subprocess, waits for the frontend's /health, runs the workload, stops the cluster
-(SIGTERM to the launcher, which stops its children) and goes on; then prints every run's
-figures and their ratio to the first run (the baseline).
+For each ``--run NAME=FILE[@key=value,...]`` (or each run of ``--preset``) it starts
+``tandem up -c FILE --set ...`` as a subprocess, waits for the frontend's /health, runs the
+workload, stops the cluster (SIGTERM to the launcher, which stops its children) and goes
+on; then prints every run's figures and their ratio to the first run (the baseline).
+
+The JSON is ``{"command", "machine", "runs": {NAME: result}}``, each result as `bench
+serve` writes it; ``--summary-json`` leaves out the per-request rows and ITL samples.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import signal
-import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
-from services.bench.serve_bench import format_summary, run_and_measure
+from services.bench.cluster import running_cluster
+from services.bench.metrics import parse_slos
+from services.bench.results import header, write_json
+from services.bench.serve import build_workload, format_summary, run_and_measure
 from services.common.config import load_config
 from services.launcher.up import served_name
 
@@ -78,59 +78,43 @@ def ratio_table(results: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the cluster exited with code {proc.returncode} before /health")
-        try:
-            if httpx.get(url + "/health", timeout=2.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"{url}/health not 200 after {timeout_s:.0f}s")
-
-
-def stop_cluster(proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def run_one(spec: RunSpec, args: argparse.Namespace, log_dir: Path) -> dict:
     cfg = load_config(spec.config, list(spec.overrides))
     url = f"http://127.0.0.1:{cfg.frontend.port}"
-    argv = [sys.executable, "-m", "services.cli", "up", "-c", spec.config,
-            "--run-dir", str(log_dir / spec.name)]
-    for o in spec.overrides:
-        argv += ["--set", o]
-    log = open(log_dir / f"{spec.name}.log", "w")  # noqa: SIM115 (closed below)
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        wait_healthy(url, proc, args.ready_timeout)
-        time.sleep(args.settle)  # let discovery spread every worker to the router
+    with running_cluster(spec.config, spec.overrides, url, log_dir / spec.name,
+                         log_dir / f"{spec.name}.log", args.ready_timeout, args.settle):
         res = run_and_measure(args, url, served_name(cfg))
-        res["meta"]["run"] = {"name": spec.name, "config": spec.config,
-                              "overrides": list(spec.overrides)}
-        return res
-    finally:
-        stop_cluster(proc)
-        log.close()
+    res["meta"]["run"] = {"name": spec.name, "config": spec.config,
+                          "overrides": list(spec.overrides)}
+    return res
+
+
+def slim(results: dict[str, dict]) -> dict[str, dict]:
+    """The runs without per-request rows and ITL samples: what benchmarks/results/ keeps."""
+    return {n: {k: r[k] for k in ("meta", "summary", "oracle_prefix_hit_rate")}
+            for n, r in results.items()}
+
+
+def _specs(args: argparse.Namespace) -> list[RunSpec]:
+    """The runs (explicit ``--run``s, else the preset's) with ``--set-all`` added to each;
+    the workload and SLOs are checked too, before any cluster is started."""
+    specs = [RunSpec.parse(t) for t in (args.runs or args.preset_runs)]
+    if not specs or len({s.name for s in specs}) != len(specs):
+        raise ValueError("give one or more --run (or a --preset) with distinct names")
+    bad = [o for o in args.set_all if "=" not in o]
+    if bad:
+        raise ValueError(f"--set-all {bad[0]!r}: expected KEY=VALUE")
+    build_workload(args)
+    parse_slos(args.slo)
+    return [RunSpec(s.name, s.config, (*s.overrides, *args.set_all)) for s in specs]
 
 
 def main(args: argparse.Namespace) -> int:
+    head = header(args)
     try:
-        specs = [RunSpec.parse(t) for t in args.runs]
-    except ValueError as e:
+        specs = _specs(args)
+    except (ValueError, OSError) as e:
         print(f"tandem bench compare: {e}", file=sys.stderr)
-        return 2
-    if len({s.name for s in specs}) != len(specs) or not specs:
-        print("tandem bench compare: give one or more --run with distinct names", file=sys.stderr)
         return 2
     log_dir = Path(args.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -140,14 +124,11 @@ def main(args: argparse.Namespace) -> int:
         results[spec.name] = run_one(spec, args, log_dir)
         print(format_summary(results[spec.name]), flush=True)
     print(ratio_table(results))
-    if args.json_path:
-        Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_path).write_text(json.dumps(results, indent=1))
+    write_json(args.json_path, {**head, "runs": results})
+    write_json(args.summary_json, {**head, "runs": slim(results)})
     if args.plot_dir:
-        from services.bench.plots import latency_cdfs
+        from services.bench.plots import compare_cdfs
 
-        ttft = {n: [r["ttft_ms"] for r in res["requests"] if r["ok"]] for n, res in results.items()}
-        itl = {n: res["itl_ms"] for n, res in results.items()}
-        for p in latency_cdfs(ttft, itl, args.plot_dir, prefix=args.plot_prefix):
+        for p in compare_cdfs(results, args.plot_dir, args.plot_prefix):
             print(f"wrote {p}")
     return 0

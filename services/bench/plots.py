@@ -56,3 +56,10 @@ def latency_cdfs(ttft_ms: Mapping[str, Sequence[float]], itl_ms: Mapping[str, Se
     d = Path(out_dir)
     return [cdf_plot(ttft_ms, "TTFT (ms)", "time to first token", d / f"{prefix}ttft_cdf.png"),
             cdf_plot(itl_ms, "ITL (ms)", "inter-token latency", d / f"{prefix}itl_cdf.png")]
+
+
+def compare_cdfs(runs: Mapping[str, Mapping], out_dir: str | Path, prefix: str = "") -> list[Path]:
+    """``latency_cdfs`` of `bench compare` runs (full results: they hold the samples)."""
+    ttft = {n: [r["ttft_ms"] for r in res["requests"] if r["ok"]] for n, res in runs.items()}
+    itl = {n: res["itl_ms"] for n, res in runs.items()}
+    return latency_cdfs(ttft, itl, out_dir, prefix)

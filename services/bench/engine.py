@@ -3,26 +3,26 @@ KV cache and model together), against the machine's fp32 matmul throughput.
 
 Prefill: one prompt of ``--prompt-len`` random tokens, timed from admission to its first
 token (one engine step when the prompt fits the token budget). Decode: N sequences with
-distinct 32-token prompts are prefilled, then ``--decode-steps`` batched decode steps are
-timed; tokens/s = N * steps / time. Each figure is the median of a few repetitions.
+distinct ``--decode-context``-token prompts are prefilled, then ``--decode-steps`` batched
+decode steps are timed; tokens/s = N * steps / time. Each figure is the median of a few
+repetitions. ``--set engine.dtype=bfloat16`` or ``engine.device=cuda`` measure those
+(this replaced benchmarks/engine_forward.py, which timed the runner alone on random
+weights: the scheduler and sampler cost little next to a step's matmuls).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
+from services.bench.results import finish, header, write_json
 from services.common.config import load_config
 from services.engine.engine import LLMEngine
 from services.engine.factory import build_engine
 from services.engine.request import GenerateRequest, SamplingParams
-
-_DECODE_PROMPT_LEN = 32
 
 
 def matmul_gflops(n: int = 1024, repeats: int = 20) -> float:
@@ -61,14 +61,15 @@ def bench_prefill(engine: LLMEngine, prompt_len: int, repeats: int, gen: torch.G
     return statistics.median(rates)
 
 
-def bench_decode(engine: LLMEngine, n: int, steps: int, repeats: int, gen: torch.Generator) -> float:
+def bench_decode(engine: LLMEngine, n: int, steps: int, context: int, repeats: int,
+                 gen: torch.Generator) -> float:
     vocab = engine.runner.vocab_size
     rates = []
     sampling = SamplingParams(temperature=0, max_tokens=steps + 2, ignore_eos=True)
     for r in range(repeats):
         for i in range(n):
             engine.add_request(
-                GenerateRequest(f"decode-{n}-{r}-{i}", _random_prompt(gen, _DECODE_PROMPT_LEN, vocab), sampling)
+                GenerateRequest(f"decode-{n}-{r}-{i}", _random_prompt(gen, context, vocab), sampling)
             )
         # Prefill everything before timing: every sequence has produced its first token.
         started: set[str] = set()
@@ -83,27 +84,38 @@ def bench_decode(engine: LLMEngine, n: int, steps: int, repeats: int, gen: torch
 
 
 def main(args: argparse.Namespace) -> int:
+    head = header(args)
     overrides = [f"engine.threads={args.threads}", *args.overrides]
     cfg = load_config(args.config, overrides)
     torch.set_num_threads(args.threads)
     concurrency = [int(c) for c in args.concurrency.split(",") if c]
     need_seqs = max(concurrency, default=1)
+    # every decode sequence must stay resident, or preemption would be timed too
+    need_blocks = need_seqs * -(-(args.decode_context + args.decode_steps + 2) // cfg.engine.block_size)
+    raise_to = []
     if cfg.engine.max_num_seqs < need_seqs:
-        cfg = load_config(args.config, [*overrides, f"engine.max_num_seqs={need_seqs}"])
+        raise_to.append(f"engine.max_num_seqs={need_seqs}")
+    if cfg.engine.num_kv_blocks < need_blocks:
+        raise_to.append(f"engine.num_kv_blocks={need_blocks}")
+    if raise_to:
+        cfg = load_config(args.config, [*overrides, *raise_to])
     print(f"loading {cfg.model.path} on {cfg.engine.device} with {args.threads} threads ...", flush=True)
     engine = build_engine(cfg).engine
     gen = torch.Generator().manual_seed(0)
     results: dict = {"matmul_gflops": round(matmul_gflops(), 1)}
     results["prefill_tok_s"] = round(bench_prefill(engine, args.prompt_len, 3, gen), 1)
     results["decode_tok_s"] = {
-        str(n): round(bench_decode(engine, n, args.decode_steps, 2, gen), 1) for n in concurrency
+        str(n): round(bench_decode(engine, n, args.decode_steps, args.decode_context, 2, gen), 1)
+        for n in concurrency
     }
     engine.check_integrity()
     results["config"] = {
         "threads": args.threads,
         "prompt_len": args.prompt_len,
         "decode_steps": args.decode_steps,
+        "decode_context": args.decode_context,
         "device": str(engine.runner.device) if hasattr(engine.runner, "device") else "cpu",
+        "dtype": str(getattr(engine.runner, "dtype", cfg.engine.dtype)),
         "model": cfg.model.path,
     }
     print(f"{'metric':<28}{'value':>12}")
@@ -111,7 +123,5 @@ def main(args: argparse.Namespace) -> int:
     print(f"{'prefill tok/s (' + str(args.prompt_len) + ' tok)':<28}{results['prefill_tok_s']:>12}")
     for n, v in results["decode_tok_s"].items():
         print(f"{'decode tok/s @ ' + n + ' seqs':<28}{v:>12}")
-    if args.json_path:
-        Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_path).write_text(json.dumps(results, indent=2) + "\n")
+    write_json(args.json_path, finish(head, results))
     return 0

@@ -1,11 +1,12 @@
 """`tandem bench kv-transfer [--json FILE]`: KV transfer throughput over loopback, both paths.
 
-Runs the real path end to end in one process: ``KvSender`` (the prefill worker's client)
+Runs the real path end to end on this host: ``KvSender`` (the prefill worker's client)
 sends a SmolLM2-shaped KV tensor (30 layers, 3 kv heads, head_dim 64, block 16, float32)
 to a real gRPC server running ``DecodeWorkerServicer.KvTransfer`` into a ``KvReceiver``,
 which validates and reassembles it, once as gRPC bytes and once through /dev/shm (the
 same-host path: only the header goes over gRPC). GB/s = tensor bytes / (send start ->
 the waiting future resolved); the buffer is then handed back as the decode worker does.
+The decode end runs in a child process (``--processes 2``, as deployed) or in this one.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from services.bench.results import finish, header, write_json
 from services.common.config import PrefillConfig
 from services.decode.grpc_server import SERVER_OPTIONS, DecodeWorkerServicer, add_decode_servicer
 from services.decode.kv_receiver import ExpectedKv, KvReceiver
@@ -177,11 +179,10 @@ def main(args: argparse.Namespace) -> int:
     counts = [int(x) for x in args.tokens.split(",") if x]
     if args.repeats < 1 or not counts or args.processes not in (1, 2):
         raise SystemExit("--repeats must be >= 1, --tokens non-empty, --processes 1 or 2")
+    head = header(args)
     result = asyncio.run(_bench(counts, args.repeats, args.chunk_bytes or PrefillConfig().kv_chunk_bytes,
                                 args.processes))
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json_path:
-        with open(args.json_path, "w") as f:
-            f.write(text + "\n")
+    result = finish(head, result)
+    print(json.dumps(result, indent=2))
+    write_json(args.json_path, result)
     return 0

@@ -1,8 +1,9 @@
-"""Stack overhead of a short prompt: TTFT at each layer, measured from the outside in.
+"""`tandem bench overhead`: the stack's overhead on a short prompt, as time to first token
+at each layer, from the inside out.
 
-Against a running cluster (``tandem up -c CONFIG``), ``--n`` sequential requests (after
-``--warmup``) of one ``--prompt-len``-token prompt, max_tokens 1, unique prompts so no
-prefix hits, timed at each layer:
+Against a cluster (a running one at ``--base-url``, or one started from the config with
+``--up``), ``--n`` sequential requests (after ``--warmup``) of a ``--prompt-len``-token
+prompt, max_tokens 1, unique prompts so no prefix hits, timed at each layer:
 
 - engine:   an in-process ``AsyncEngine`` built from the same config (no network)
 - decode:   the decode worker's gRPC ``Generate`` to its first response
@@ -13,26 +14,33 @@ prefix hits, timed at each layer:
   an httpx client (as ``tandem bench serve`` sends)
 - http_raw: the same from a minimal hand-written HTTP/1.1 client (the stack's share)
 
-Prints medians and p90s (ms) as JSON. Run: ``PYTHONPATH=. python benchmarks/serving/overhead.py -c
-configs/scale-mock.yaml --set ... --base-url http://127.0.0.1:8100``.
+Medians, p90s and means in ms. ``--cpu-per-request`` also reads every cluster process's
+user+system CPU time (/proc/PID/stat) before and after each layer's measured requests
+(warm-up excluded) and divides by ``--n``: where the stack spends its CPU.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
+from pathlib import Path
 
 import grpc
 import numpy as np
+import torch
 
+from services.bench.args import OVERHEAD_LAYERS
 from services.bench.client import RequestRecord, send
+from services.bench.cluster import cluster_processes, running_cluster
+from services.bench.results import finish, header, write_json
 from services.bench.workloads import ID_HIGH, ID_LOW
-from services.common.config import load_config
+from services.common.config import ClusterConfig, load_config
 from services.common.service import event_loop_factory
 from services.engine.async_engine import AsyncEngine
 from services.engine.factory import build_engine
@@ -72,7 +80,7 @@ async def _first_item_ms(start: Callable[[], AsyncIterator[object]]) -> float:
     return (first - t0) * 1000
 
 
-async def engine_ttft(cfg, prompts: list[list[int]]) -> list[float]:
+async def engine_ttft(cfg: ClusterConfig, prompts: list[list[int]]) -> list[float]:
     parts = build_engine(cfg, worker_id="overhead")
     out = []
     async with AsyncEngine(parts.engine) as ae:
@@ -173,40 +181,79 @@ async def http_raw_ttft(base_url: str, model: str, prompts: list[list[int]]) -> 
     return out
 
 
-async def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("-c", "--config", required=True)
-    ap.add_argument("--set", dest="overrides", action="append", default=[])
-    ap.add_argument("--base-url", required=True)
-    ap.add_argument("--n", type=int, default=50)
-    ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--prompt-len", type=int, default=32)
-    ap.add_argument("--layers", default="engine,decode,router,processor,http,http_raw")
-    args = ap.parse_args()
-    cfg = load_config(args.config, args.overrides)
-    import torch
+def _cpu_ticks(pids: dict[str, int]) -> dict[str, int]:
+    """user + system CPU ticks of each process so far (fields 14 and 15 of /proc/PID/stat;
+    the name in field 2 may hold spaces, so count from its closing parenthesis)."""
+    out = {}
+    for name, pid in pids.items():
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        out[name] = int(fields[11]) + int(fields[12])
+    return out
 
-    torch.set_num_threads(cfg.engine.threads)  # as the decode worker process does
+
+def _cpu_ms_per_request(before: dict[str, int], after: dict[str, int], n: int) -> dict[str, float]:
+    hz = os.sysconf("SC_CLK_TCK")
+    ms = {k: round((after[k] - before[k]) * 1000 / hz / n, 3) for k in before}
+    return {**ms, "total": round(sum(ms.values()), 3)}
+
+
+Layer = Callable[[list[list[int]]], Awaitable[list[float]]]
+
+
+def _layers(cfg: ClusterConfig, base_url: str) -> dict[str, Layer]:
     model = served_name(cfg)
-    layers = args.layers.split(",")
-    funcs = {
+    return {
         "engine": lambda ps: engine_ttft(cfg, ps),
         "decode": lambda ps: decode_ttft(f"127.0.0.1:{cfg.decode.port}", ps),
         "router": lambda ps: router_rtt(f"127.0.0.1:{cfg.router.port}", ps),
         "processor": lambda ps: processor_ttft(f"127.0.0.1:{cfg.processor.port}", ps),
-        "http": lambda ps: http_ttft(args.base_url, model, ps),
-        "http_raw": lambda ps: http_raw_ttft(args.base_url, model, ps),
+        "http": lambda ps: http_ttft(base_url, model, ps),
+        "http_raw": lambda ps: http_raw_ttft(base_url, model, ps),
     }
-    res: dict = {"load_average_1m_before": os.getloadavg()[0]}
-    for k, layer in enumerate(layers):
+
+
+async def measure(args: argparse.Namespace, cfg: ClusterConfig, base_url: str, run_dir: Path) -> dict:
+    funcs = _layers(cfg, base_url)
+    pids = cluster_processes(run_dir) if args.cpu_per_request else {}
+    res: dict = {"layers": {}, "cpu_ms_per_request": {}} if pids else {"layers": {}}
+    for k, layer in enumerate(args.layers.split(",")):
         prompts = _prompts(args.warmup + args.n, args.prompt_len, seed=100 + k)
-        ms = await funcs[layer](prompts)
-        res[layer] = _stats(ms[args.warmup:])
-    res["load_average_1m_after"] = os.getloadavg()[0]
+        if not pids:
+            ms = (await funcs[layer](prompts))[args.warmup:]
+        else:
+            # NOTE: warm-up as a call of its own, so that the CPU counted is the measured
+            # requests' alone (the engine layer is excluded: it would build a second engine)
+            if args.warmup:
+                await funcs[layer](prompts[:args.warmup])
+            before = _cpu_ticks(pids)
+            ms = await funcs[layer](prompts[args.warmup:])
+            res["cpu_ms_per_request"][layer] = _cpu_ms_per_request(before, _cpu_ticks(pids), args.n)
+        res["layers"][layer] = _stats(ms)
+    return res
+
+
+def main(args: argparse.Namespace) -> int:
+    layers = args.layers.split(",")
+    unknown = [x for x in layers if x not in OVERHEAD_LAYERS.split(",")]
+    if unknown or args.n < 1 or args.warmup < 0:
+        raise SystemExit(f"tandem bench overhead: unknown layers {unknown} or --n < 1 or --warmup < 0")
+    if args.cpu_per_request and "engine" in layers:
+        raise SystemExit("tandem bench overhead: --cpu-per-request measures cluster processes: "
+                         "leave the engine layer out (--layers)")
+    head = header(args)
+    cfg = load_config(args.config, args.overrides)
+    torch.set_num_threads(cfg.engine.threads)  # as the decode worker process does
+    base_url = args.base_url or f"http://127.0.0.1:{cfg.frontend.port}"
+    run_dir = Path(args.run_dir)
+    with contextlib.ExitStack() as stack:
+        if args.up:
+            print(f"starting the cluster (run dir {run_dir}) ...", flush=True)
+            stack.enter_context(running_cluster(args.config, args.overrides, base_url, run_dir,
+                                                run_dir.with_suffix(".log"), args.ready_timeout, 2.0))
+        # the client on uvloop too, as the parts run: less client time in the figures
+        with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+            res = runner.run(measure(args, cfg, base_url, run_dir))
+    res = finish(head, {**res, "n": args.n, "warmup": args.warmup, "prompt_len": args.prompt_len})
     print(json.dumps(res, indent=1))
-
-
-if __name__ == "__main__":
-    # the client on uvloop too, as `tandem bench serve` runs: less client time in the figures
-    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-        runner.run(main())
+    write_json(args.json_path, res)
+    return 0

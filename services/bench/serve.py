@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
-from pathlib import Path
 
 from services.bench import workloads
 from services.bench.arrivals import ArrivalSpec
 from services.bench.client import RunResult, run_workload
 from services.bench.metrics import Summary, parse_slos, request_latencies, summarize
+from services.bench.results import header, load_average, write_json
 
 
 def build_workload(args: argparse.Namespace) -> list[workloads.BenchRequest]:
@@ -57,11 +56,9 @@ def result_json(run: RunResult, summary: Summary, oracle: float, meta: dict) -> 
             "requests": reqs, "itl_ms": itls}
 
 
-def load_average() -> float | None:
-    try:
-        return os.getloadavg()[0]
-    except OSError:
-        return None
+def _load_1m() -> float | None:
+    la = load_average()
+    return la[0] if la else None
 
 
 def run_and_measure(args: argparse.Namespace, base_url: str, model: str) -> dict:
@@ -69,7 +66,7 @@ def run_and_measure(args: argparse.Namespace, base_url: str, model: str) -> dict
     reqs = build_workload(args)
     slos = parse_slos(args.slo)
     oracle = workloads.oracle_hit_rate([r.prompt_ids for r in reqs], args.block_size)
-    load_before = load_average()
+    load_before = _load_1m()
     run = asyncio.run(run_workload(base_url, model, reqs, arrival_spec(args), args.num_requests,
                                    args.duration, args.endpoint, args.timeout,
                                    os.environ.get("OPENAI_API_KEY")))
@@ -77,7 +74,7 @@ def run_and_measure(args: argparse.Namespace, base_url: str, model: str) -> dict
     meta = {"base_url": base_url, "model": model, "workload": args.workload,
             "arrival": args.arrival, "num_requests": len(run.records),
             "args": {k: v for k, v in vars(args).items() if not k.startswith("_")},
-            "load_average_1m": {"before": load_before, "after": load_average()}}
+            "load_average_1m": {"before": load_before, "after": _load_1m()}}
     return result_json(run, summary, oracle, meta)
 
 
@@ -102,15 +99,14 @@ def format_summary(res: dict) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
+    head = header(args)
     try:
         res = run_and_measure(args, args.base_url, args.model)
     except ValueError as e:
         print(f"tandem bench serve: {e}", file=sys.stderr)
         return 2
     print(format_summary(res))
-    if args.json_path:
-        Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_path).write_text(json.dumps(res, indent=1))
+    write_json(args.json_path, {**head, **res})
     if args.plot_dir:
         from services.bench.plots import latency_cdfs
 

@@ -21,14 +21,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
+from services.bench.results import finish, header, write_json
 from services.common.config import ClusterConfig
 from services.common.discovery import Registration
 from services.common.hashing import block_hashes, local_block_hashes
@@ -126,6 +124,7 @@ async def _routes(
 
 
 def main(args: argparse.Namespace) -> int:
+    head = header(args)
     tune_gc_for_index()  # as `tandem router` does
     cfg = ClusterConfig()
     bs = cfg.engine.block_size
@@ -161,19 +160,14 @@ def main(args: argparse.Namespace) -> int:
         result.update(hashed_t.summary("route_prehashed"))
         result["hash_outside_p50_us"] = _us(np.percentile(hash_s, 50))
     result.update({
-        "load_average_1m": round(os.getloadavg()[0], 2),
-        "cpus": os.cpu_count(),
         "blocks": stored,  # in the events; a block stored twice by one worker is indexed once
         "indexed_blocks": distinct,
         "workers": args.workers,
         "prompt_tokens": args.prompt_tokens,
         "routes": args.routes,
         "mean_prefix_hit_rate": round(hit, 3),
-        "python": platform.python_version(),
-        "machine": platform.machine(),
     })
+    result = finish(head, result)
     print(json.dumps(result, indent=2))
-    if args.json_path:
-        Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_path).write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.json_path, result)
     return 0

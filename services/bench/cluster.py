@@ -1,0 +1,74 @@
+"""A cluster started for a benchmark: `tandem up` as a subprocess, ready once the frontend's
+/health is 200, stopped with SIGTERM (the launcher stops its children) when done.
+
+`bench compare` starts one per run, `bench overhead --up` one for its layers; the launcher's
+``processes.json`` in the run directory names every child, which is how `bench overhead
+--cpu-per-request` finds the processes whose CPU time it reads.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the cluster exited with code {proc.returncode} before /health")
+        try:
+            if httpx.get(url + "/health", timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{url}/health not 200 after {timeout_s:.0f}s")
+
+
+def stop_cluster(proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextmanager
+def running_cluster(config: str | None, overrides: Sequence[str], url: str, run_dir: Path,
+                    log_path: Path, ready_timeout_s: float,
+                    settle_s: float) -> Iterator[subprocess.Popen]:
+    """`tandem up` with ``run_dir`` as its run directory and its output in ``log_path``;
+    yields once ``url``/health answers and ``settle_s`` more have passed (discovery needs
+    a moment to spread every worker to the router)."""
+    argv = [sys.executable, "-m", "services.cli", "up", "--run-dir", str(run_dir)]
+    if config is not None:
+        argv += ["-c", config]
+    for o in overrides:
+        argv += ["--set", o]
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_healthy(url, proc, ready_timeout_s)
+            time.sleep(settle_s)
+            yield proc
+        finally:
+            stop_cluster(proc)
+
+
+def cluster_processes(run_dir: Path) -> dict[str, int]:
+    """Process name (``nats``, ``router``, ``decode-0``, ...) -> pid, from the launcher's
+    ``processes.json``."""
+    rows = json.loads((run_dir / "processes.json").read_text())
+    return {r["name"]: int(r["pid"]) for r in rows}
