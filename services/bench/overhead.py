@@ -40,20 +40,21 @@ from services.bench.client import RequestRecord, send
 from services.bench.cluster import cluster_processes, running_cluster
 from services.bench.results import finish, header, write_json
 from services.bench.workloads import ID_HIGH, ID_LOW
+from services.codec.processor import request_to_pb
+from services.codec.worker import generate_request_to_pb
 from services.common.config import ClusterConfig, load_config
 from services.common.service import event_loop_factory
 from services.engine.async_engine import AsyncEngine
 from services.engine.factory import build_engine
 from services.engine.request import GenerateRequest, SamplingParams
 from services.gen import (
-    processor_pb2,
     processor_pb2_grpc,
     router_pb2,
     router_pb2_grpc,
-    worker_pb2,
     worker_pb2_grpc,
 )
 from services.launcher.up import served_name
+from services.processor.types import ProcessRequest
 
 
 def _prompts(n: int, length: int, seed: int) -> list[list[int]]:
@@ -90,14 +91,15 @@ async def engine_ttft(cfg: ClusterConfig, prompts: list[list[int]]) -> list[floa
     return out
 
 
+_ONE_GREEDY_TOKEN = SamplingParams(temperature=0.0, max_tokens=1)
+
+
 async def decode_ttft(address: str, prompts: list[list[int]]) -> list[float]:
     out = []
     async with grpc.aio.insecure_channel(address) as ch:
         stub = worker_pb2_grpc.DecodeWorkerStub(ch)
         for i, p in enumerate(prompts):
-            req = worker_pb2.GenerateRequest(
-                request_id=f"d{i}-{time.time_ns()}", token_ids=p,
-                sampling=worker_pb2.SamplingParams(temperature=0.0, top_p=1.0, max_tokens=1))
+            req = generate_request_to_pb(f"d{i}-{time.time_ns()}", p, _ONE_GREEDY_TOKEN)
             out.append(await _first_item_ms(partial(stub.Generate, req)))
     return out
 
@@ -121,9 +123,8 @@ async def processor_ttft(address: str, prompts: list[list[int]]) -> list[float]:
     async with grpc.aio.insecure_channel(address) as ch:
         stub = processor_pb2_grpc.ProcessorStub(ch)
         for i, p in enumerate(prompts):
-            req = processor_pb2.ProcessRequest(
-                request_id=f"p{i}-{time.time_ns()}", prompt_ids=processor_pb2.TokenIds(ids=p),
-                sampling=processor_pb2.SamplingOptions(max_tokens=1, temperature=0.0, top_p=1.0))
+            req = request_to_pb(ProcessRequest(f"p{i}-{time.time_ns()}", prompt_ids=tuple(p),
+                                               sampling=_ONE_GREEDY_TOKEN))
             out.append(await _first_item_ms(partial(stub.Generate, req)))
     return out
 
