@@ -109,12 +109,39 @@ async def test_models(c: Cluster) -> None:
     (chat_body(temperature=3), "temperature", "less than or equal to 2"),
     (chat_body(max_tokens=0), "max_tokens", "greater than or equal to 1"),
     (chat_body(stop=["a", ""]), "stop", "1 to 256 characters"),
+    (chat_body(top_k=2**63), "top_k", "must be in [0, 1048576]"),
+    (chat_body(stop_token_ids=[1 << 20]), "stop_token_ids", "outside the vocabulary"),
     ({"model": MODEL, "messages": []}, "messages", "at least 1"),
     ({"model": MODEL}, "messages", "Field required"),
     (chat_body(messages=[{"role": "wizard", "content": "x"}]), "messages.0.role", ""),
 ])
 async def test_bad_fields_are_400_naming_the_field(c: Cluster, body: dict, param: str, text: str) -> None:
     assert_error(await c.http.post("/v1/chat/completions", json=body), 400, param, text)
+
+
+async def test_stop_token_ids_and_ignore_eos_reach_the_engine(c: Cluster) -> None:
+    """vLLM's stop_token_ids crosses every hop: a stop id the model samples ends it there."""
+    body = {"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 8, "temperature": 0}
+    free = (await c.http.post("/v1/completions", json=body)).json()
+    assert free["usage"]["completion_tokens"] == 8
+    runner = c.node.engine.engine.runner  # the mock runner: its next token is a pure function
+    first = runner.next_token([5, 6, 7])
+    stopped = (await c.http.post("/v1/completions", json={**body, "stop_token_ids": [first]})).json()
+    assert stopped["choices"][0]["finish_reason"] == "stop"
+    assert stopped["usage"]["completion_tokens"] == 1
+
+
+
+async def test_ignore_eos_runs_past_eos_to_max_tokens(tok: Tokenizer) -> None:
+    mock = {"step_base_s": 0.0, "per_prefill_token_s": 0.0, "per_decode_seq_s": 0.0,
+            "vocab_size": 49152, "eos_token_id": 2, "eos_probability": 1.0}  # eos every token
+    async for c in _cluster(tok, engine={**mock_cluster_cfg().engine.model_dump(), "mock": mock}):
+        body = {"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 6, "temperature": 0}
+        eos = (await c.http.post("/v1/completions", json=body)).json()
+        assert eos["choices"][0]["finish_reason"] == "stop" and eos["usage"]["completion_tokens"] == 1
+        kept = (await c.http.post("/v1/completions", json={**body, "ignore_eos": True})).json()
+        assert kept["choices"][0]["finish_reason"] == "length"
+        assert kept["usage"]["completion_tokens"] == 6
 
 
 async def test_bad_json_is_400(c: Cluster) -> None:
