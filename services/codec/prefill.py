@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from google.protobuf.message import DecodeError
 
-from services.codec.request import sampling_from_pb, sampling_to_pb
+from services.codec.request import request_sampling_from_pb, sampling_to_pb
 from services.disagg.prefill_job import PrefillJob
 from services.gen import prefill_pb2
 
@@ -24,14 +24,9 @@ def job_from_bytes(data: bytes) -> PrefillJob:
         m = prefill_pb2.RemotePrefillRequest.FromString(data)
     except DecodeError as e:
         raise ValueError(f"not a RemotePrefillRequest: {e}") from None
-    if not m.request_id:
-        raise ValueError("request_id: must not be empty")
-    try:
-        sampling = sampling_from_pb(m.sampling)
-    except ValueError as e:
-        raise ValueError(f"sampling.{e}") from None
     return PrefillJob(
-        request_id=m.request_id, token_ids=tuple(m.token_ids), sampling=sampling,
+        request_id=m.request_id, token_ids=tuple(m.token_ids),
+        sampling=request_sampling_from_pb(m.request_id, m.sampling),
         decode_worker_id=m.decode_worker_id, kv_transfer_address=m.kv_transfer_address,
         first_block=m.first_block, num_blocks=m.num_blocks,
         deadline_unix_ms=m.deadline_unix_ms, attempt=m.attempt,

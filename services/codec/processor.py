@@ -5,7 +5,7 @@ from __future__ import annotations
 from services.codec.request import (
     finish_from_pb,
     finish_to_pb,
-    sampling_from_pb,
+    request_sampling_from_pb,
     sampling_to_pb,
     usage_from_pb,
     usage_to_pb,
@@ -28,10 +28,11 @@ def request_to_pb(req: ProcessRequest) -> processor_pb2.ProcessRequest:
 
 
 def request_from_pb(m: processor_pb2.ProcessRequest) -> ProcessRequest:
-    """Raises ValueError naming a bad sampling field."""
+    """Raises ValueError naming a bad field."""
     which = m.WhichOneof("input")
     return ProcessRequest(
-        request_id=m.request_id, model=m.model, sampling=sampling_from_pb(m.sampling),
+        request_id=m.request_id, model=m.model,
+        sampling=request_sampling_from_pb(m.request_id, m.sampling),
         messages=tuple(ChatMessage(x.role, x.content) for x in m.chat.messages)
         if which == "chat" else None,
         prompt=m.prompt if which == "prompt" else None,

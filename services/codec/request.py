@@ -38,6 +38,16 @@ def sampling_from_pb(m: request_pb2.SamplingParams) -> SamplingParams:
         seed_step_offset=m.seed_step_offset)
 
 
+def request_sampling_from_pb(request_id: str, m: request_pb2.SamplingParams) -> SamplingParams:
+    """A request message's id and sampling, checked; ValueError names the bad field."""
+    if not request_id:
+        raise ValueError("request_id: must not be empty")
+    try:
+        return sampling_from_pb(m)
+    except ValueError as e:
+        raise ValueError(f"sampling.{e}") from None
+
+
 def finish_to_pb(reason: FinishReason | None) -> request_pb2.FinishReason.ValueType:
     return request_pb2.FINISH_REASON_UNSPECIFIED if reason is None else _FINISH_TO_PB[reason]
 

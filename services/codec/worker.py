@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from services.codec.request import (
     finish_from_pb,
     finish_to_pb,
-    sampling_from_pb,
+    request_sampling_from_pb,
     sampling_to_pb,
 )
 from services.engine.request import GenerateRequest, SamplingParams, TokenOutput
@@ -23,13 +23,8 @@ def generate_request_to_pb(request_id: str, token_ids: Sequence[int],
 
 def generate_request_from_pb(m: worker_pb2.GenerateRequest) -> GenerateRequest:
     """Raises ValueError naming a bad field."""
-    if not m.request_id:
-        raise ValueError("request_id: must not be empty")
-    try:
-        sampling = sampling_from_pb(m.sampling)
-    except ValueError as e:
-        raise ValueError(f"sampling.{e}") from None
-    return GenerateRequest(m.request_id, list(m.token_ids), sampling)
+    return GenerateRequest(m.request_id, list(m.token_ids),
+                           request_sampling_from_pb(m.request_id, m.sampling))
 
 
 def output_to_pb(out: TokenOutput, completion_tokens: int) -> worker_pb2.GenerateResponse:
