@@ -40,6 +40,7 @@ class EngineDecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
         self.started.append(req.request_id)
         n = 0
         try:
+            self.engine.validate(req)  # the entry: the engine trusts its callers
             async with aclosing(self.engine.generate(req)) as outs:
                 async for out in outs:
                     n += len(out.token_ids)
