@@ -9,7 +9,7 @@ from prometheus_client import start_http_server
 
 from services.common.config import ClusterConfig
 from services.common.discovery import Registration
-from services.common.grpc_guard import RejectMalformed
+from services.common.grpc_server import serve_grpc
 from services.common.net import advertised_host
 from services.common.service import stop_on_signals
 from services.gen import router_pb2, router_pb2_grpc
@@ -34,6 +34,10 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
 
     def __init__(self, router: Router) -> None:
         self._router = router
+
+    def add_to(self, server: grpc.aio.Server) -> None:
+        """Register on ``server``: the ``register`` callback of ``serve_grpc``."""
+        router_pb2_grpc.add_RouterServicer_to_server(self, server)
 
     async def Route(self, request: router_pb2.RouteRequest, context: grpc.aio.ServicerContext):  # noqa: N802
         req = RouteRequest(
@@ -64,17 +68,6 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         return router_pb2.UpdateAck()
 
 
-async def start_grpc(router: Router, host: str, port: int) -> tuple[grpc.aio.Server, int]:
-    """Serve ``router`` on host:port (0 = any free port); returns the server and bound port."""
-    server = grpc.aio.server(interceptors=[RejectMalformed()])
-    router_pb2_grpc.add_RouterServicer_to_server(RouterServicer(router), server)
-    bound = server.add_insecure_port(f"{host}:{port}")
-    if bound == 0:
-        raise OSError(f"router: cannot bind gRPC port {host}:{port}")
-    await server.start()
-    return server, bound
-
-
 async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0") -> None:
     """Run one router replica until SIGINT/SIGTERM: gRPC on ``router.port + replica``,
     metrics on ``router.metrics_port + replica``, registered in discovery as role ``router``."""
@@ -83,7 +76,8 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0") -> 
     await router.start()
     # before the port opens: a part that looks ready must stop cleanly (see stop_on_signals)
     stop = stop_on_signals()
-    server, port = await start_grpc(router, host, cfg.router.port + replica)
+    server, port = await serve_grpc("router", host, cfg.router.port + replica,
+                                    RouterServicer(router).add_to)
     metrics_port = cfg.router.metrics_port + replica
     start_http_server(metrics_port, registry=router.metrics.registry)
     assert router.discovery is not None

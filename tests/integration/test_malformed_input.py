@@ -13,13 +13,14 @@ import pytest
 
 from services.common.address_book import ChannelPool
 from services.common.discovery import Registration
+from services.common.grpc_server import serve_grpc
 from services.common.kv_publisher import KvEventPublisher
 from services.common.nats_client import Subjects, connect
 from services.common.wire import decode_dump
 from services.engine.tokenizer import Tokenizer
 from services.gen import processor_pb2, router_pb2, worker_pb2
 from services.processor.grpc_server import start_grpc as start_processor_grpc
-from services.router.grpc_server import start_grpc as start_router_grpc
+from services.router.grpc_server import RouterServicer
 from services.router.router import Router
 from tests.integration.disagg_harness import (
     cluster_cfg,
@@ -79,7 +80,7 @@ async def test_garbage_to_every_grpc_method_is_refused_and_the_service_stays_up(
         router = Router(cfg)
         await router.start()
         router.worker_joined(Registration("decode", "decode-0", address=d.address))
-        rserver, rport = await start_router_grpc(router, "127.0.0.1", 0)
+        rserver, rport = await serve_grpc("router", "127.0.0.1", 0, RouterServicer(router).add_to)
         tok = Tokenizer.from_path(smollm2_path)
         pool = ChannelPool()
         pserver, pport = await start_processor_grpc(
