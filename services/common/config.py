@@ -44,6 +44,9 @@ class MockRunnerConfig(_Strict):
     per_decode_seq_s: float = Field(0.0008, ge=0)
     vocab_size: int = Field(49152, gt=0)
     eos_token_id: int = Field(2, ge=0)
+    # The mock model's own context, as a real model's files state theirs; a set
+    # engine.max_model_len replaces it (the mock has no positions to run out of).
+    context_length: int = Field(8192, gt=0)
     # Chance that a sampled token is eos (a deterministic function of the context);
     # 0 (the default) never produces eos, so output lengths are exactly max_tokens.
     eos_probability: float = Field(0.0, ge=0, le=1)

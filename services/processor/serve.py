@@ -12,7 +12,6 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import socket
 
 from prometheus_client import start_http_server
 
@@ -20,6 +19,7 @@ from services.common.address_book import AddressBook, ChannelPool
 from services.common.config import ClusterConfig
 from services.common.discovery import Discovery, Registration
 from services.common.nats_client import connect
+from services.common.net import advertised_host
 from services.common.service import run_part, stop_on_signals
 
 log = logging.getLogger("tandem.processor")
@@ -73,11 +73,6 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0") -> 
         await routers.close()
         await pool.close()
         await nc.close()
-
-
-def advertised_host(host: str) -> str:
-    """The host others should dial: the bind address, or this machine's name for 0.0.0.0."""
-    return host if host not in ("0.0.0.0", "::", "") else socket.gethostname()
 
 
 def main(args: argparse.Namespace) -> int:
