@@ -6,6 +6,7 @@ Every model forbids unknown keys so a typo is an error that names the key, e.g.
 
 from __future__ import annotations
 
+import enum
 from pathlib import Path
 from typing import Any, Literal
 
@@ -93,8 +94,16 @@ class ProcessorConfig(_Strict):
     migration_limit: int = Field(3, ge=0)
 
 
+class RouterMode(enum.StrEnum):
+    """How a router picks among the live decode workers (docs/router.md)."""
+
+    KV = "kv"  # prefix overlap against load (router/selection.py)
+    ROUND_ROBIN = "round_robin"
+    RANDOM = "random"
+
+
 class RouterConfig(_Strict):
-    mode: Literal["kv", "round_robin", "random"] = "kv"
+    mode: RouterMode = RouterMode.KV
     port: int = Field(9200, ge=0, le=65535)
     metrics_port: int = Field(9201, ge=0, le=65535)
     # NOTE: 4, not 1: a block to prefill costs far more time than a block of decode memory
