@@ -53,7 +53,9 @@ def bench_prefill(engine: LLMEngine, prompt_len: int, repeats: int, gen: torch.G
     rates = []
     greedy_one = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     for i in range(repeats + 1):  # the first run warms up allocators and caches
-        engine.add_request(GenerateRequest(f"prefill-{i}", _random_prompt(gen, prompt_len, vocab), greedy_one))
+        request = GenerateRequest(f"prefill-{i}", _random_prompt(gen, prompt_len, vocab), greedy_one)
+        engine.validate(request)  # --prompt-len may not fit this engine
+        engine.add_request(request)
         t0 = time.perf_counter()
         _drain(engine)
         if i:

@@ -22,6 +22,7 @@ import torch
 
 from services.bench.results import finish, header, write_json
 from services.common.config import PrefillConfig
+from services.common.grpc_server import serve_grpc
 from services.decode.grpc_server import SERVER_OPTIONS, DecodeWorkerServicer, add_decode_servicer
 from services.decode.kv_receiver import ExpectedKv, KvReceiver
 from services.prefill.kv_sender import KvSender
@@ -90,13 +91,9 @@ async def _one(sender: KvSender, end, address: str, rid: str, kv: torch.Tensor,
 
 
 async def _serve(receiver: KvReceiver):
-    import grpc
-
-    server = grpc.aio.server(options=SERVER_OPTIONS)
-    add_decode_servicer(DecodeWorkerServicer(_ReceiverOnly(receiver)), server)  # type: ignore[arg-type]
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    return server, port
+    servicer = DecodeWorkerServicer(_ReceiverOnly(receiver))  # type: ignore[arg-type]
+    return await serve_grpc("kv-transfer bench", "127.0.0.1", 0,
+                            lambda s: add_decode_servicer(servicer, s), options=SERVER_OPTIONS)
 
 
 def _child_main(conn) -> None:

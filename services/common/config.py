@@ -6,6 +6,7 @@ Every model forbids unknown keys so a typo is an error that names the key, e.g.
 
 from __future__ import annotations
 
+import enum
 from pathlib import Path
 from typing import Any, Literal
 
@@ -44,6 +45,9 @@ class MockRunnerConfig(_Strict):
     per_decode_seq_s: float = Field(0.0008, ge=0)
     vocab_size: int = Field(49152, gt=0)
     eos_token_id: int = Field(2, ge=0)
+    # The mock model's own context, as a real model's files state theirs; a set
+    # engine.max_model_len replaces it (the mock has no positions to run out of).
+    context_length: int = Field(8192, gt=0)
     # Chance that a sampled token is eos (a deterministic function of the context);
     # 0 (the default) never produces eos, so output lengths are exactly max_tokens.
     eos_probability: float = Field(0.0, ge=0, le=1)
@@ -90,8 +94,16 @@ class ProcessorConfig(_Strict):
     migration_limit: int = Field(3, ge=0)
 
 
+class RouterMode(enum.StrEnum):
+    """How a router picks among the live decode workers (docs/router.md)."""
+
+    KV = "kv"  # prefix overlap against load (router/selection.py)
+    ROUND_ROBIN = "round_robin"
+    RANDOM = "random"
+
+
 class RouterConfig(_Strict):
-    mode: Literal["kv", "round_robin", "random"] = "kv"
+    mode: RouterMode = RouterMode.KV
     port: int = Field(9200, ge=0, le=65535)
     metrics_port: int = Field(9201, ge=0, le=65535)
     # NOTE: 4, not 1: a block to prefill costs far more time than a block of decode memory

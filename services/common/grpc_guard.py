@@ -2,7 +2,7 @@
 
 Without it grpc.aio's server fails a request whose bytes do not parse as the method's proto
 with UNKNOWN and logs a traceback at ERROR for each one; any client (or a port scanner) could
-fill the logs. Every tandem gRPC server installs it: ``grpc.aio.server(interceptors=[RejectMalformed()])``.
+fill the logs. Every tandem gRPC server installs it (``serve_grpc`` in grpc_server.py does).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import grpc
 
 from services.codec.worker import generate_request_from_pb, output_to_pb
 from services.common.errors import InvalidRequest, ServingError, abort
-from services.common.grpc_guard import RejectMalformed
+from services.common.grpc_server import serve_grpc
 from services.decode.worker import DecodeWorker
 from services.gen import worker_pb2, worker_pb2_grpc
 
@@ -62,12 +62,9 @@ def add_decode_servicer(servicer: DecodeWorkerServicer, server: grpc.aio.Server)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("tandem.worker.DecodeWorker", handlers),))
 
 
-async def start_grpc(worker: DecodeWorker, host: str, port: int) -> tuple[grpc.aio.Server, int]:
+async def serve_decode_worker(worker: DecodeWorker, host: str, port: int
+                              ) -> tuple[grpc.aio.Server, int]:
     """Serve ``worker`` on host:port (0 = any free port); returns the server and bound port."""
-    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[RejectMalformed()])
-    add_decode_servicer(DecodeWorkerServicer(worker), server)
-    bound = server.add_insecure_port(f"{host}:{port}")
-    if bound == 0:
-        raise OSError(f"decode worker: cannot bind gRPC port {host}:{port}")
-    await server.start()
-    return server, bound
+    return await serve_grpc("decode worker", host, port,
+                            lambda s: add_decode_servicer(DecodeWorkerServicer(worker), s),
+                            options=SERVER_OPTIONS)

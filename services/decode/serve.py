@@ -22,7 +22,7 @@ from services.common.load_publisher import LoadPublisher
 from services.common.nats_client import Subjects, connect
 from services.common.service import run_part, stop_on_signals
 from services.common.wire import WorkerLoad
-from services.decode.grpc_server import start_grpc
+from services.decode.grpc_server import serve_decode_worker
 from services.decode.metrics import DecodeMetrics
 from services.decode.worker import DecodeWorker
 from services.disagg.prefill_queue import PrefillQueue
@@ -53,7 +53,7 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0",
         worker = DecodeWorker(ae, cfg, worker_id, queue, metrics=metrics)
         # before the port opens: a part that looks ready must stop cleanly (see stop_on_signals)
         stop = stop or stop_on_signals()
-        server, port = await start_grpc(worker, host, cfg.decode.port + replica)
+        server, port = await serve_decode_worker(worker, host, cfg.decode.port + replica)
         # NOTE: peers dial what discovery says, so publish the configured reachable host
         # (a compose service name, a pod IP), not the bind address.
         address = f"{cfg.decode.advertise_host}:{port}"

@@ -73,31 +73,6 @@ def write_segment(name: str, data: memoryview) -> None:
         raise ShmUnavailableError(f"cannot write {path}: {e}") from e
 
 
-def read_segment(name: str, out: memoryview) -> None:
-    """Fill ``out`` with the segment's bytes; its size must equal ``len(out)``.
-    ShmUnavailableError if it cannot be opened or read; ValueError on a size mismatch."""
-    path = segment_path(name)
-    try:
-        f = open(path, "rb", buffering=0)
-    except OSError as e:
-        raise ShmUnavailableError(f"cannot open {path}: {e}") from e
-    with f:
-        size = os.fstat(f.fileno()).st_size
-        if size != len(out):
-            raise ValueError(f"shared-memory segment {name} holds {size} bytes; expected {len(out)}")
-        done = 0
-        try:
-            while done < len(out):
-                n = f.readinto(out[done:])
-                if not n:
-                    break
-                done += n
-        except OSError as e:
-            raise ShmUnavailableError(f"cannot read {path}: {e}") from e
-        if done != len(out):
-            raise ValueError(f"shared-memory segment {name} ended at {done} of {len(out)} bytes")
-
-
 def map_segment(name: str, nbytes: int) -> mmap.mmap:
     """Map the segment (which must hold exactly ``nbytes``) into memory, its pages faulted in
     up front; the mapping outlives the unlink of the file. ShmUnavailableError if it cannot

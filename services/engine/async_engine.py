@@ -7,6 +7,9 @@ step). The thread sleeps on a condition when it has nothing to do (no busy loop)
 
 If the step loop raises, every in-flight request and pending call fails with
 ``EngineDeadError`` (never hangs) and later calls raise it at once.
+
+A request is checked once, by its entry (a worker, `tandem chat`) calling ``validate``;
+``generate`` and ``begin_remote_prefill`` trust that and refuse only an id already live.
 """
 
 from __future__ import annotations
@@ -85,15 +88,25 @@ class AsyncEngine:
     def error(self) -> BaseException | None:
         return self._error
 
-    # ---- requests -------------------------------------------------------------------
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenOutput]:
-        """Stream the request's outputs until one is finished.
+    @property
+    def kv_spec(self) -> KvSpec:
+        """The shape and dtype of this engine's KV blocks (fixed at construction)."""
+        return self.engine.runner.kv_spec
 
-        Raises InvalidRequestError for a bad request, EngineDeadError if the engine dies.
+    # ---- requests -------------------------------------------------------------------
+    def validate(self, request: GenerateRequest) -> None:
+        """Raise InvalidRequestError if the request can never be served: the entry check,
+        run on the caller's thread (it reads config only), before ``generate`` or
+        ``begin_remote_prefill``."""
+        self.engine.validate(request)
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenOutput]:
+        """Stream the outputs of a validated request until one is finished.
+
+        Raises InvalidRequestError if its id is live, EngineDeadError if the engine dies.
         Closing the generator early (break + aclose, task cancelled) aborts the request.
         """
         self._check_alive()
-        self.engine.validate(request)
         self._register(request.request_id)
         self._submit(self.engine.add_request, (request,), None, request.request_id)
         # NOTE: close the inner stream explicitly: left to the event loop's async-generator
@@ -131,12 +144,12 @@ class AsyncEngine:
 
     # ---- disaggregation (decode side) -----------------------------------------------
     async def begin_remote_prefill(self, request: GenerateRequest) -> RemotePrefillHandle | None:
-        """Park the request (see LLMEngine.begin_remote_prefill); then read ``stream(id)``.
+        """Park a validated request (see Scheduler.begin_remote_prefill); then read
+        ``stream(id)``.
 
         None: its blocks do not fit now; the caller prefills locally with ``generate``.
         """
         self._check_alive()
-        self.engine.validate(request)
         self._register(request.request_id)
         try:
             handle = await self.call(lambda e: e.begin_remote_prefill(request))
@@ -164,14 +177,6 @@ class AsyncEngine:
 
     async def check_integrity(self) -> None:
         await self.call(lambda e: e.check_integrity())
-
-    def validate(self, request: GenerateRequest) -> None:
-        """Raise InvalidRequestError if the request can never be served (reads config only)."""
-        self.engine.validate(request)
-
-    @property
-    def kv_spec(self) -> KvSpec:
-        return self.engine.runner.kv_spec
 
     def stats(self) -> EngineStats:
         """A snapshot read without waiting for the step thread (counters may be one step apart)."""

@@ -23,7 +23,9 @@ def stream_reply(
     """Yield text pieces of the assistant's reply as the engine produces tokens."""
     prompt = tokenizer.encode_chat(messages)
     rid = uuid.uuid4().hex
-    engine.add_request(GenerateRequest(rid, prompt, sampling))
+    request = GenerateRequest(rid, prompt, sampling)
+    engine.validate(request)  # the entry: the engine itself trusts its callers
+    engine.add_request(request)
     ids: list[int] = []
     emitted = ""
     while engine.has_unfinished():

@@ -12,7 +12,6 @@ from typing import Any
 
 from services.common.config import EngineConfig
 from services.common.kv_events import KvEvent
-from services.engine import remote_prefill
 from services.engine.batch import RunnerOutput
 from services.engine.block_pool import BlockPool, BlockPoolIntegrityError
 from services.engine.kv_cache_manager import KvCacheManager
@@ -72,16 +71,19 @@ class LLMEngine:
             vocab_size=runner.vocab_size,
             eos_token_ids=eos_token_ids,
             kv_exporter=runner.export_kv,
+            kv_importer=runner,
         )
         self.last_batch_size = 0  # sequences in the last step's batch; 0 = nothing to do
         self._no_output = RunnerOutput([])
 
     # ---- requests -------------------------------------------------------------------
     def validate(self, request: GenerateRequest) -> None:
-        """Raise InvalidRequestError if the request can never be served (reads config only)."""
+        """Raise InvalidRequestError if the request can never be served (reads config only).
+        The one check of a request: callers run it at their entry, before ``add_request``."""
         self.scheduler.validate(request)
 
     def add_request(self, request: GenerateRequest) -> None:
+        """Queue a request that passed ``validate``; InvalidRequestError if its id is live."""
         self.scheduler.add(request)
 
     def abort(self, request_id: str) -> TokenOutput | None:
@@ -107,18 +109,18 @@ class LLMEngine:
         return self.kv.prefix_hit_tokens(token_ids)
 
     def begin_remote_prefill(self, request: GenerateRequest) -> RemotePrefillHandle | None:
-        """Park a request for remote prefill; None when its blocks do not fit now."""
-        return remote_prefill.begin(self.scheduler, request)
+        """Park a validated request for remote prefill; None when its blocks do not fit now."""
+        return self.scheduler.begin_remote_prefill(request)
 
     def complete_remote_prefill(
         self, request_id: str, kv: Any, first_token: int
     ) -> TokenOutput | None:
         """Import remote KV and decode; None if not parked. Raises RemoteKvError on bad kv."""
-        return remote_prefill.complete(self.scheduler, self.runner, request_id, kv, first_token)
+        return self.scheduler.complete_remote_prefill(request_id, kv, first_token)
 
     def fail_remote_prefill(self, request_id: str) -> bool:
         """Fall back to local prefill; False if the request is not parked."""
-        return remote_prefill.fail(self.scheduler, request_id)
+        return self.scheduler.fail_remote_prefill(request_id)
 
     # ---- observability --------------------------------------------------------------
     def dump_kv_events(self) -> list[KvEvent]:

@@ -15,6 +15,11 @@ change can overlap scheduling step N+1 with the forward of step N:
    first admission of the step or larger than the whole budget, then it is chunked.
    Nothing is admitted in a step that preempted.
 
+Remote prefill (decode side of disaggregation, see remote_prefill.py) parks a sequence
+(PARKED: holds blocks, never scheduled) until its KV is imported (READY) or the remote
+prefill failed (back to WAITING, first in line). Completing or failing a request that is
+no longer parked (a duplicate, or after an abort) does nothing.
+
 When blocks run out, the newest running sequence is preempted by recompute: its blocks
 are freed and it goes back to the head of the waiting queue, to resume from prompt +
 generated tokens (reusing whatever the prefix cache still holds).
@@ -30,6 +35,12 @@ from typing import Any
 from services.common.errors import InvalidRequest
 from services.engine.batch import RunnerOutput, ScheduledBatch, ScheduledSeq
 from services.engine.kv_cache_manager import NO_HIT, KvCacheManager, PrefixHit
+from services.engine.remote_prefill import (
+    KvImporter,
+    RemoteKvError,
+    RemotePrefillHandle,
+    remote_kv_problem,
+)
 from services.engine.request import FinishReason, GenerateRequest, TokenOutput
 from services.engine.sequence import SeqStatus, Sequence
 
@@ -42,7 +53,12 @@ class Scheduler:
     """Owns every live Sequence and decides each step's work; see the module docstring.
 
     ``kv_exporter(block_ids)`` (the runner's ``export_kv``) is called in ``update`` for a
-    finishing request that asked for its KV, before its blocks are freed.
+    finishing request that asked for its KV, before its blocks are freed. ``kv_importer``
+    (the runner) receives remote KV in ``complete_remote_prefill``; without one, remote
+    prefill is refused.
+
+    Requests are checked once, at the entry (``validate``); ``add`` and
+    ``begin_remote_prefill`` trust that and only refuse an id that is already live.
     """
 
     def __init__(
@@ -55,6 +71,7 @@ class Scheduler:
         vocab_size: int,
         eos_token_ids: Iterable[int],
         kv_exporter: Callable[[Seq[int]], Any] | None = None,
+        kv_importer: KvImporter | None = None,
     ) -> None:
         self.kv = kv
         self.block_size = kv.block_size
@@ -67,6 +84,7 @@ class Scheduler:
         self.vocab_size = vocab_size
         self.eos_token_ids = frozenset(eos_token_ids)
         self.kv_exporter = kv_exporter
+        self.kv_importer = kv_importer
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.ready: deque[Sequence] = deque()
@@ -78,7 +96,8 @@ class Scheduler:
 
     # ---- requests -------------------------------------------------------------------
     def validate(self, request: GenerateRequest) -> None:
-        """Raise InvalidRequestError for a request that can never be served. Pure."""
+        """Raise InvalidRequestError for a request that can never be served. Pure: reads
+        config only, so it may run on any thread (AsyncEngine.validate)."""
         rid = request.request_id
         prompt = request.prompt_token_ids
         n = len(prompt)
@@ -102,11 +121,15 @@ class Scheduler:
             raise InvalidRequestError(
                 f"request {rid!r}: export_kv_from_block {frm} is outside the prompt's "
                 f"{-(-n // self.block_size)} blocks")
+
+    def _check_not_live(self, rid: str) -> None:
+        # NOTE: a second sequence under a live id would orphan the first one's blocks.
         if rid in self.seqs:
             raise InvalidRequestError(f"request {rid!r}: a request with this id is already live")
 
     def add(self, request: GenerateRequest) -> Sequence:
-        self.validate(request)
+        """Queue a validated request (see ``validate``)."""
+        self._check_not_live(request.request_id)
         seq = Sequence.from_request(request)
         # NOTE: the hashes match_prefix computes stay on the sequence for its admission, so
         # this costs only the pool lookups, which a second lookup repeats at admission.
@@ -156,6 +179,72 @@ class Scheduler:
     def has_schedulable(self) -> bool:
         """Whether ``schedule`` may produce work (parked sequences wait for a command)."""
         return bool(self.waiting or self.running or self.ready)
+
+    # ---- remote prefill (decode side) -----------------------------------------------
+    def begin_remote_prefill(self, request: GenerateRequest) -> RemotePrefillHandle | None:
+        """Park a validated request with blocks for its whole prompt (its prefix hits, then
+        fresh blocks including a trailing partial one); None if they do not fit now."""
+        if self.kv_importer is None:
+            raise RuntimeError("remote prefill needs a scheduler with a kv_importer")
+        rid = request.request_id
+        self._check_not_live(rid)
+        seq = Sequence.from_request(request)
+        hit = self.kv.match_prefix(seq)
+        if self.kv.allocate(seq, seq.num_tokens - hit.num_tokens, hit) is None:
+            return None
+        self._count_admission(seq, hit)
+        n_hit = len(hit.block_ids)
+        seq.status = SeqStatus.PARKED
+        seq.remote_fill_from = n_hit
+        self.seqs[rid] = seq
+        self.parked[rid] = seq
+        return RemotePrefillHandle(rid, hit.num_tokens, n_hit, len(seq.block_table) - n_hit)
+
+    def complete_remote_prefill(self, request_id: str, kv: Any, first_token: int
+                                ) -> TokenOutput | None:
+        """Import a parked request's KV, mark its prompt computed, register its full blocks
+        in the prefix cache, append ``first_token`` (stop conditions apply) and queue it for
+        decode; None if it is not parked. Bad ``kv``: RemoteKvError, after falling back to
+        local prefill."""
+        seq = self.parked.get(request_id)
+        if seq is None:
+            return None
+        importer = self.kv_importer
+        assert importer is not None  # begin_remote_prefill refused to park without one
+        blocks = seq.block_table[seq.remote_fill_from :]
+        problem = remote_kv_problem(importer.kv_spec, self.vocab_size, len(blocks), kv,
+                                    first_token)
+        if problem is None:
+            try:
+                importer.import_kv(blocks, kv)
+            except ValueError as e:
+                problem = str(e)
+        if problem is not None:
+            self.fail_remote_prefill(request_id)
+            raise RemoteKvError(f"remote prefill of {request_id!r}: {problem}; "
+                                "falling back to local prefill")
+        del self.parked[request_id]
+        seq.remote_fill_from = -1
+        seq.num_computed_tokens = seq.num_prompt_tokens
+        self.kv.cache_computed_blocks(seq)
+        out = self._append_token(seq, first_token)
+        if not out.finished:
+            seq.status = SeqStatus.READY
+            self.ready.append(seq)
+        return out
+
+    def fail_remote_prefill(self, request_id: str) -> bool:
+        """Send a parked request to local prefill (first in line), keeping its prefix hits;
+        False if it is not parked."""
+        seq = self.parked.pop(request_id, None)
+        if seq is None:
+            return False
+        self.kv.truncate(seq, seq.remote_fill_from)
+        seq.remote_fill_from = -1
+        seq.status = SeqStatus.WAITING
+        # NOTE: it already waited for the remote prefill; it goes first, like a preemption.
+        self.waiting.appendleft(seq)
+        return True
 
     # ---- one step -------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch:
@@ -215,14 +304,14 @@ class Scheduler:
             if self.kv.allocate(seq, n, hit) is None:
                 break
             waiting.popleft()
-            self.count_admission(seq, hit)
+            self._count_admission(seq, hit)
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
             out.append(self._schedule_seq(seq, n))
             budget -= n
             first = False
 
-    def count_admission(self, seq: Sequence, hit: PrefixHit) -> None:
+    def _count_admission(self, seq: Sequence, hit: PrefixHit) -> None:
         """Count a request's prompt and prefix hit once, on its first admission."""
         if not seq.admitted:
             seq.admitted = True
@@ -266,7 +355,7 @@ class Scheduler:
                 continue
             if tok is None:
                 raise RuntimeError(f"runner sampled no token for {sched.request_id!r}")
-            out = self.append_token(seq, tok)
+            out = self._append_token(seq, tok)
             outputs.append(out)
             if out.finished:
                 any_finished = True
@@ -274,7 +363,7 @@ class Scheduler:
             self.running = [s for s in self.running if s.status is SeqStatus.RUNNING]
         return outputs
 
-    def append_token(self, seq: Sequence, tok: int) -> TokenOutput:
+    def _append_token(self, seq: Sequence, tok: int) -> TokenOutput:
         """Append a sampled token, check stop conditions, finish the sequence if one holds."""
         seq.token_ids.append(tok)
         sp = seq.sampling

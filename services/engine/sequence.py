@@ -63,10 +63,6 @@ class Sequence:
         return len(self.token_ids) - self.num_prompt_tokens
 
     @property
-    def generated_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens :]
-
-    @property
     def finished(self) -> bool:
         return self.status is SeqStatus.FINISHED
 

@@ -124,10 +124,6 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self._tk.token_to_id(token)
 
-    @property
-    def has_chat_template(self) -> bool:
-        return self._template is not None
-
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]],
                             add_generation_prompt: bool = True, **extra: Any) -> str:
         """Render `messages` with the model's template (sandboxed); ValueError on failure."""

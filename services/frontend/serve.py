@@ -19,6 +19,7 @@ from services.common.address_book import AddressBook, ChannelPool
 from services.common.config import ClusterConfig
 from services.common.discovery import Discovery, Registration
 from services.common.nats_client import connect
+from services.common.net import advertised_host
 from services.common.service import run_part
 
 log = logging.getLogger("tandem.frontend")
@@ -36,7 +37,6 @@ async def serve(cfg: ClusterConfig, replica: int = 0) -> None:
     from services.frontend.app import create_app
     from services.frontend.readiness import ClusterReadiness
     from services.processor.client import ProcessorClient
-    from services.processor.serve import advertised_host
 
     fc = cfg.frontend
     nc = await connect(cfg.nats, name=f"frontend-{replica}")

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import shutil
 import socket
-import subprocess
-import time
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -58,25 +56,3 @@ def tcp_accepts(host: str, port: int, timeout: float = 0.2) -> bool:
             return True
     except OSError:
         return False
-
-
-def start_nats(url: str, data_dir: Path, timeout: float = 10.0) -> subprocess.Popen[bytes]:
-    """Start a nats-server for ``url`` and return once it accepts TCP.
-
-    Raises RuntimeError (with the server's stderr) if it exits or is not up in ``timeout``.
-    """
-    data_dir.mkdir(parents=True, exist_ok=True)
-    host, port = nats_endpoint(url)
-    proc = subprocess.Popen(
-        nats_argv(find_nats_server(), url, data_dir),
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-    )
-    deadline = time.monotonic() + timeout
-    while not tcp_accepts(host, port):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-            proc.wait()
-            raise RuntimeError(f"nats-server did not start on {host}:{port}: {err[-2000:]}")
-        time.sleep(0.05)
-    return proc

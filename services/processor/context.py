@@ -29,9 +29,7 @@ def model_context_length(model_path: Path) -> int:
 def context_length(cfg: ClusterConfig, model_path: Path | None) -> int:
     e = cfg.engine
     if e.runner == "mock" or model_path is None:
-        from services.engine.runner.mock_runner import _DEFAULT_MAX_MODEL_LEN
-
-        model = e.max_model_len or _DEFAULT_MAX_MODEL_LEN
+        model = e.max_model_len or e.mock.context_length  # what MockRunner.max_model_len is
     else:
         model = model_context_length(model_path)
     return min(e.max_model_len or model, model, e.num_kv_blocks * e.block_size)

@@ -13,8 +13,9 @@ import grpc
 
 from services.codec.processor import delta_to_pb, models_to_pb, request_from_pb
 from services.common.errors import InvalidRequest, ServingError, abort
-from services.common.grpc_guard import RejectMalformed
+from services.common.grpc_server import serve_grpc
 from services.gen import processor_pb2, processor_pb2_grpc
+from services.gen.processor_pb2_grpc import add_ProcessorServicer_to_server
 from services.processor.processor import Processor
 
 
@@ -40,12 +41,8 @@ class ProcessorServicer(processor_pb2_grpc.ProcessorServicer):
         return models_to_pb(await self._p.list_models())
 
 
-async def start_grpc(processor: Processor, host: str, port: int) -> tuple[grpc.aio.Server, int]:
+async def serve_processor(processor: Processor, host: str, port: int
+                          ) -> tuple[grpc.aio.Server, int]:
     """Serve ``processor`` on host:port (0 = a free port); returns the server and bound port."""
-    server = grpc.aio.server(interceptors=[RejectMalformed()])
-    processor_pb2_grpc.add_ProcessorServicer_to_server(ProcessorServicer(processor), server)
-    bound = server.add_insecure_port(f"{host}:{port}")
-    if bound == 0:
-        raise OSError(f"processor: cannot bind gRPC port {host}:{port}")
-    await server.start()
-    return server, bound
+    return await serve_grpc("processor", host, port, lambda s: add_ProcessorServicer_to_server(
+        ProcessorServicer(processor), s))

@@ -40,8 +40,6 @@ from services.processor.stop import StopMatcher
 from services.processor.types import Delta, ModelInfo, ProcessRequest
 from services.processor.worker_client import DecodeWorkerClient
 from services.router.types import (
-    InvalidRouteRequest,
-    NoWorkersAvailable,
     RequestPhase,
     RouteRequest,
     RouteResponse,
@@ -172,12 +170,7 @@ class Processor:
         # one block has no hashes, so it goes as its (few) token ids.
         hashes = local_block_hashes(ids, self._block_size)
         req = RouteRequest(request_id, () if hashes else ids, hashes or None, exclude)
-        try:
-            route = await self._router.route(req)
-        except NoWorkersAvailable as e:
-            raise Unavailable(str(e)) from None
-        except InvalidRouteRequest as e:
-            raise InvalidRequest(str(e)) from None
+        route = await self._router.route(req)  # raises InvalidRequest or Unavailable
         if not route.address:
             await self.reports.send_now(request_id, RequestPhase.FINISHED)
             raise Unavailable(f"decode worker {route.worker_id} announced no gRPC address")

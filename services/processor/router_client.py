@@ -6,9 +6,9 @@ from __future__ import annotations
 import grpc
 
 from services.common.address_book import AddressBook, ChannelPool
+from services.common.errors import ServingError, Unavailable, from_rpc_error
 from services.gen import router_pb2, router_pb2_grpc
 from services.router.types import (
-    InvalidRouteRequest,
     NoWorkersAvailable,
     RequestPhase,
     RouteRequest,
@@ -29,34 +29,34 @@ class RouterClient:
         self._pool = pool
         self._timeout = timeout_s
 
-    def _stub(self) -> router_pb2_grpc.RouterStub:
+    def _stub(self) -> tuple[str, router_pb2_grpc.RouterStub]:
         addr = self._book.pick()
         if addr is None:
             raise NoWorkersAvailable("no router is registered in discovery")
-        return self._pool.stub(addr, router_pb2_grpc.RouterStub)
+        return addr, self._pool.stub(addr, router_pb2_grpc.RouterStub)
 
     async def route(self, req: RouteRequest) -> RouteResponse:
         msg = router_pb2.RouteRequest(request_id=req.request_id, token_ids=req.token_ids,
                                       local_hashes=req.local_hashes or (),
                                       exclude_workers=req.exclude_workers)
+        addr, stub = self._stub()
         try:
-            r = await self._stub().Route(msg, timeout=self._timeout)
+            r = await stub.Route(msg, timeout=self._timeout)
         except grpc.aio.AioRpcError as e:
-            raise _translate(e) from None
+            raise _translate(addr, e) from None
         return RouteResponse(r.worker_id, r.overlap_blocks, r.request_blocks,
                              r.prefix_hit_rate, r.address)
 
     async def update(self, request_id: str, phase: RequestPhase) -> None:
         msg = router_pb2.RequestUpdate(request_id=request_id, phase=_PHASES[phase])
+        addr, stub = self._stub()
         try:
-            await self._stub().Update(msg, timeout=self._timeout)
+            await stub.Update(msg, timeout=self._timeout)
         except grpc.aio.AioRpcError as e:
-            raise _translate(e) from None
+            raise _translate(addr, e) from None
 
 
-def _translate(e: grpc.aio.AioRpcError) -> Exception:
-    if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
-        return InvalidRouteRequest(e.details() or "invalid route request")
-    if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-        return NoWorkersAvailable(f"router: {e.details() or e.code().name}")
-    return RuntimeError(f"router call failed: {e.code().name}: {e.details()}")
+def _translate(addr: str, e: grpc.aio.AioRpcError) -> ServingError:
+    if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:  # a stuck router: retry later, like down
+        return Unavailable(f"router {addr}: {e.details() or e.code().name}")
+    return from_rpc_error(e, f"router {addr}", name_peer=True)

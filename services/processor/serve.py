@@ -12,7 +12,6 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import socket
 
 from prometheus_client import start_http_server
 
@@ -20,6 +19,7 @@ from services.common.address_book import AddressBook, ChannelPool
 from services.common.config import ClusterConfig
 from services.common.discovery import Discovery, Registration
 from services.common.nats_client import connect
+from services.common.net import advertised_host
 from services.common.service import run_part, stop_on_signals
 
 log = logging.getLogger("tandem.processor")
@@ -29,7 +29,7 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0") -> 
     from services.engine.model_store import resolve_model_path, served_model_name
     from services.engine.tokenizer import Tokenizer
     from services.processor.context import context_length
-    from services.processor.grpc_server import start_grpc
+    from services.processor.grpc_server import serve_processor
     from services.processor.metrics import ProcessorMetrics
     from services.processor.processor import Processor
     from services.processor.router_client import RouterClient
@@ -54,7 +54,7 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0") -> 
                               publish_reports=inflight_publisher(nc, cfg.namespace), instance=f"processor-{replica}")
         # before the port opens: a part that looks ready must stop cleanly (see stop_on_signals)
         stop = stop_on_signals()
-        server, port = await start_grpc(processor, host, pc.port + replica)
+        server, port = await serve_processor(processor, host, pc.port + replica)
         metrics_port = pc.metrics_port + replica
         start_http_server(metrics_port, registry=metrics.registry)
         adv = advertised_host(host)
@@ -73,11 +73,6 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0") -> 
         await routers.close()
         await pool.close()
         await nc.close()
-
-
-def advertised_host(host: str) -> str:
-    """The host others should dial: the bind address, or this machine's name for 0.0.0.0."""
-    return host if host not in ("0.0.0.0", "::", "") else socket.gethostname()
 
 
 def main(args: argparse.Namespace) -> int:

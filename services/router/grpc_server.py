@@ -9,17 +9,13 @@ from prometheus_client import start_http_server
 
 from services.common.config import ClusterConfig
 from services.common.discovery import Registration
-from services.common.grpc_guard import RejectMalformed
+from services.common.errors import InvalidRequest, ServingError, abort
+from services.common.grpc_server import serve_grpc
 from services.common.net import advertised_host
 from services.common.service import stop_on_signals
 from services.gen import router_pb2, router_pb2_grpc
 from services.router.router import Router, tune_gc_for_index
-from services.router.types import (
-    InvalidRouteRequest,
-    NoWorkersAvailable,
-    RequestPhase,
-    RouteRequest,
-)
+from services.router.types import RequestPhase, RouteRequest
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +31,10 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     def __init__(self, router: Router) -> None:
         self._router = router
 
+    def add_to(self, server: grpc.aio.Server) -> None:
+        """Register on ``server``: the ``register`` callback of ``serve_grpc``."""
+        router_pb2_grpc.add_RouterServicer_to_server(self, server)
+
     async def Route(self, request: router_pb2.RouteRequest, context: grpc.aio.ServicerContext):  # noqa: N802
         req = RouteRequest(
             request_id=request.request_id,
@@ -44,10 +44,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         )
         try:
             r = await self._router.route(req)
-        except InvalidRouteRequest as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        except NoWorkersAvailable as e:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+        except ServingError as e:
+            await abort(context, e)
         return router_pb2.RouteResponse(
             worker_id=r.worker_id, overlap_blocks=r.overlap_blocks, request_blocks=r.request_blocks,
             prefix_hit_rate=r.prefix_hit_rate, address=r.address,
@@ -56,23 +54,12 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     async def Update(self, request: router_pb2.RequestUpdate, context: grpc.aio.ServicerContext):  # noqa: N802
         phase = _PHASES.get(request.phase)
         if phase is None:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "RequestUpdate.phase is unspecified")
+            await abort(context, InvalidRequest("RequestUpdate.phase is unspecified"))
         try:
             await self._router.update(request.request_id, phase)
-        except InvalidRouteRequest as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except ServingError as e:
+            await abort(context, e)
         return router_pb2.UpdateAck()
-
-
-async def start_grpc(router: Router, host: str, port: int) -> tuple[grpc.aio.Server, int]:
-    """Serve ``router`` on host:port (0 = any free port); returns the server and bound port."""
-    server = grpc.aio.server(interceptors=[RejectMalformed()])
-    router_pb2_grpc.add_RouterServicer_to_server(RouterServicer(router), server)
-    bound = server.add_insecure_port(f"{host}:{port}")
-    if bound == 0:
-        raise OSError(f"router: cannot bind gRPC port {host}:{port}")
-    await server.start()
-    return server, bound
 
 
 async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0") -> None:
@@ -83,7 +70,8 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0") -> 
     await router.start()
     # before the port opens: a part that looks ready must stop cleanly (see stop_on_signals)
     stop = stop_on_signals()
-    server, port = await start_grpc(router, host, cfg.router.port + replica)
+    server, port = await serve_grpc("router", host, cfg.router.port + replica,
+                                    RouterServicer(router).add_to)
     metrics_port = cfg.router.metrics_port + replica
     start_http_server(metrics_port, registry=router.metrics.registry)
     assert router.discovery is not None

@@ -21,11 +21,12 @@ import time
 import uuid
 from array import array
 from collections.abc import Sequence
+from typing import assert_never
 
 import nats.errors
 from nats.aio.msg import Msg
 
-from services.common.config import ClusterConfig
+from services.common.config import ClusterConfig, RouterMode
 from services.common.discovery import Discovery, Registration
 from services.common.hashing import local_block_hashes
 from services.common.nats_client import NatsClient, Subjects, connect
@@ -60,6 +61,16 @@ DECODE_ROLE = "decode"
 MAX_ROUTE_BLOCKS = 1 << 20
 
 
+def _router_mode(value: object) -> RouterMode:
+    """``router.mode`` as a RouterMode. The config parser checks it already; this catches a
+    config built around it (``model_copy(update=...)``, ``model_construct``)."""
+    try:
+        return RouterMode(value)
+    except ValueError:
+        raise ValueError(f"router.mode {value!r} is not one of "
+                         f"{', '.join(repr(m.value) for m in RouterMode)}") from None
+
+
 def tune_gc_for_index() -> None:
     """Raise the cyclic GC thresholds for a router *process* (serve and the bench call it).
 
@@ -82,6 +93,7 @@ class Router:
     ) -> None:
         self.cfg = cfg
         self.replica = replica
+        self.mode = _router_mode(cfg.router.mode)
         # Unique per process so a replica can ignore its own in-flight broadcasts.
         self.instance = f"router-{replica}-{uuid.uuid4().hex[:8]}"
         self.subjects = Subjects(cfg.namespace)
@@ -171,8 +183,8 @@ class Router:
             workers = [w for w in workers if w not in self._saturated] or workers
         scores = self.index.find_matches(hashes).scores
         n = len(hashes)
-        mode = self.cfg.router.mode
-        if mode == "kv":
+        mode = self.mode
+        if mode is RouterMode.KV:
             cands = [
                 Candidate(w, scores.get(w, 0), prefill, active)
                 for w, (prefill, active) in zip(workers, self.load.views(workers), strict=True)
@@ -180,11 +192,13 @@ class Router:
             worker = select_worker(
                 cands, n, self.cfg.router.overlap_weight, self.cfg.router.temperature, self._rng
             ).worker_id
-        elif mode == "round_robin":
+        elif mode is RouterMode.ROUND_ROBIN:
             worker = workers[self._rr % len(workers)]
             self._rr += 1
-        else:
+        elif mode is RouterMode.RANDOM:
             worker = self._rng.choice(workers)
+        else:
+            assert_never(mode)
         overlap = min(scores.get(worker, 0), n)
         await self._track(InflightUpdate(self.instance, InflightOp.ADD, req.request_id, worker, n, n - overlap))
         self.metrics.decisions.labels(worker).inc()

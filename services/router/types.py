@@ -6,13 +6,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-
-class InvalidRouteRequest(ValueError):
-    """The request cannot be routed as given (gRPC INVALID_ARGUMENT)."""
+from services.common.errors import InvalidRequest, Unavailable
 
 
-class NoWorkersAvailable(RuntimeError):
-    """No decode worker is registered in discovery (gRPC UNAVAILABLE)."""
+class InvalidRouteRequest(InvalidRequest, ValueError):
+    """The request cannot be routed as given."""
+
+
+class NoWorkersAvailable(Unavailable, RuntimeError):
+    """No decode worker (or no router) is registered in discovery."""
 
 
 @dataclass(frozen=True, slots=True)

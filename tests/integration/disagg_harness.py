@@ -15,7 +15,7 @@ import grpc
 from services.codec.worker import generate_request_to_pb
 from services.common.config import ClusterConfig, parse_config
 from services.common.nats_client import Subjects, connect
-from services.decode.grpc_server import start_grpc
+from services.decode.grpc_server import serve_decode_worker
 from services.decode.worker import DecodeWorker
 from services.disagg.prefill_job import PrefillLocation
 from services.disagg.prefill_queue import PrefillQueue
@@ -61,7 +61,7 @@ async def decode_worker(cfg: ClusterConfig, worker_id: str = "decode-0") -> Asyn
         queue = await PrefillQueue.open(nc, Subjects(cfg.namespace), cfg.prefill,
                                         cfg.decode.disagg.queue_depth_cache_s)
         worker = DecodeWorker(ae, cfg, worker_id, queue)
-        server, port = await start_grpc(worker, "127.0.0.1", 0)
+        server, port = await serve_decode_worker(worker, "127.0.0.1", 0)
         worker.kv_address = f"127.0.0.1:{port}"
         channel = grpc.aio.insecure_channel(worker.kv_address)
         try:

@@ -13,14 +13,15 @@ import pytest
 
 from services.common.address_book import ChannelPool
 from services.common.discovery import Registration
+from services.common.grpc_server import serve_grpc
 from services.common.kv_publisher import KvEventPublisher
 from services.common.nats_client import Subjects, connect
 from services.common.wire import decode_dump
 from services.disagg.prefill_job import PrefillLocation
 from services.engine.tokenizer import Tokenizer
 from services.gen import processor_pb2, router_pb2, worker_pb2
-from services.processor.grpc_server import start_grpc as start_processor_grpc
-from services.router.grpc_server import start_grpc as start_router_grpc
+from services.processor.grpc_server import serve_processor
+from services.router.grpc_server import RouterServicer
 from services.router.router import Router
 from tests.integration.disagg_harness import (
     cluster_cfg,
@@ -80,10 +81,10 @@ async def test_garbage_to_every_grpc_method_is_refused_and_the_service_stays_up(
         router = Router(cfg)
         await router.start()
         router.worker_joined(Registration("decode", "decode-0", address=d.address))
-        rserver, rport = await start_router_grpc(router, "127.0.0.1", 0)
+        rserver, rport = await serve_grpc("router", "127.0.0.1", 0, RouterServicer(router).add_to)
         tok = Tokenizer.from_path(smollm2_path)
         pool = ChannelPool()
-        pserver, pport = await start_processor_grpc(
+        pserver, pport = await serve_processor(
             make_processor(mock_cluster_cfg(), tok, router, 128, pool), "127.0.0.1", 0)
         channels = {name: grpc.aio.insecure_channel(addr) for name, addr in (
             ("decode", d.address), ("router", f"127.0.0.1:{rport}"), ("processor", f"127.0.0.1:{pport}"))}

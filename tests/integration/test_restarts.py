@@ -16,14 +16,14 @@ import pytest
 
 from services.common.address_book import AddressBook, ChannelPool
 from services.common.config import ClusterConfig, parse_config
-from services.common.errors import ServingError
+from services.common.errors import ServingError, Unavailable
 from services.engine.request import SamplingParams
 from services.engine.tokenizer import Tokenizer
 from services.processor.processor import Processor
 from services.processor.router_client import RouterClient
 from services.processor.types import ProcessRequest
 from services.processor.worker_client import DecodeWorkerClient
-from services.router.types import NoWorkersAvailable, RequestPhase, RouteRequest
+from services.router.types import RequestPhase, RouteRequest
 from tests.support.ports import free_port_pair
 from tests.support.procs import NatsServer, Part, free_port, start_part, write_config
 from tests.support.stack import MODEL
@@ -73,7 +73,7 @@ async def holder(rc: RouterClient, prompt: list[int], min_overlap: int) -> str |
     rid = f"probe-{uuid.uuid4().hex[:6]}"
     try:
         r = await rc.route(RouteRequest(rid, prompt))
-    except NoWorkersAvailable:
+    except Unavailable:  # no worker yet, or the router is restarting
         return None
     await rc.update(rid, RequestPhase.FINISHED)
     return r.worker_id if r.overlap_blocks >= min_overlap else None

@@ -7,10 +7,11 @@ import pytest
 
 from services.common.config import parse_config
 from services.common.discovery import Discovery, Registration
+from services.common.grpc_server import serve_grpc
 from services.common.hashing import local_block_hashes
 from services.common.nats_client import connect
 from services.gen import router_pb2, router_pb2_grpc
-from services.router.grpc_server import start_grpc
+from services.router.grpc_server import RouterServicer
 from services.router.router import Router
 
 
@@ -20,7 +21,7 @@ async def test_route_over_grpc(nats_url: str, wait_for) -> None:
         "discovery": {"ttl_s": 2.0, "heartbeat_s": 0.5},
     })
     async with Router(cfg) as router:
-        server, port = await start_grpc(router, "127.0.0.1", 0)
+        server, port = await serve_grpc("router", "127.0.0.1", 0, RouterServicer(router).add_to)
         try:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
                 stub = router_pb2_grpc.RouterStub(ch)

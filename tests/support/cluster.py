@@ -15,6 +15,7 @@ import uvicorn
 from services.common.address_book import AddressBook, ChannelPool
 from services.common.config import ClusterConfig
 from services.common.discovery import Discovery, Lease, Registration
+from services.common.grpc_server import serve_grpc
 from services.common.nats_client import connect
 from services.engine.tokenizer import Tokenizer
 from services.frontend.app import create_app
@@ -22,11 +23,11 @@ from services.frontend.readiness import ClusterReadiness
 from services.frontend.serve import _Server
 from services.processor.client import ProcessorClient
 from services.processor.context import context_length
-from services.processor.grpc_server import start_grpc as start_processor_grpc
+from services.processor.grpc_server import serve_processor
 from services.processor.processor import Processor
 from services.processor.router_client import RouterClient
 from services.processor.router_reports import inflight_publisher
-from services.router.grpc_server import start_grpc as start_router_grpc
+from services.router.grpc_server import RouterServicer
 from services.router.router import Router
 from tests.support.ports import free_port
 from tests.support.stack import DecodeNode, make_processor, worker_decode_node
@@ -80,7 +81,7 @@ async def running_cluster(cfg: ClusterConfig, tok: Tokenizer, with_decode: bool 
         router = Router(cfg)
         await router.start()
         stack.push_async_callback(router.close)
-        rserver, rport = await start_router_grpc(router, "127.0.0.1", 0)
+        rserver, rport = await serve_grpc("router", "127.0.0.1", 0, RouterServicer(router).add_to)
         stack.push_async_callback(rserver.stop, 0)
         lease = await disc.register(Registration("router", "r0", address=f"127.0.0.1:{rport}"))
         stack.push_async_callback(lease.close)
@@ -93,7 +94,7 @@ async def running_cluster(cfg: ClusterConfig, tok: Tokenizer, with_decode: bool 
         stack.push_async_callback(routers.close)
         processor = make_processor(cfg, tok, RouterClient(routers, pool), context_length(cfg, None),
                                    pool, publish_reports=inflight_publisher(nc, cfg.namespace))
-        pserver, pport = await start_processor_grpc(processor, "127.0.0.1", 0)
+        pserver, pport = await serve_processor(processor, "127.0.0.1", 0)
         stack.push_async_callback(pserver.stop, 0)
         plane = await disc.register(Registration("processor", "p0", address=f"127.0.0.1:{pport}"))
         stack.push_async_callback(plane.close)

@@ -12,7 +12,7 @@ import grpc
 
 from services.common.address_book import ChannelPool
 from services.common.config import ClusterConfig, parse_config
-from services.decode.grpc_server import start_grpc as start_worker_grpc
+from services.decode.grpc_server import serve_decode_worker
 from services.decode.worker import DecodeWorker
 from services.engine.async_engine import AsyncEngine
 from services.engine.engine import LLMEngine
@@ -76,13 +76,13 @@ async def worker_decode_node(cfg: ClusterConfig, tok: Tokenizer | None = None,
                              ) -> AsyncIterator[DecodeNode]:
     """The real decode worker (services/decode: admission limits, drain, RESOURCE_EXHAUSTED)
     over ``engine`` (default: the mock runner's, from ``cfg``), local prefill only, served by
-    its own ``start_grpc`` on real gRPC over TCP."""
+    its own ``serve_decode_worker`` on real gRPC over TCP."""
     if engine is None:
         stops = tok.stop_token_ids if tok is not None else (cfg.engine.mock.eos_token_id,)
         engine = LLMEngine(MockRunner(cfg.engine), cfg.engine, stops, worker_id=worker_id)
     async with AsyncEngine(engine) as ae:
         worker = RecordingDecodeWorker(ae, cfg, worker_id)
-        server, port = await start_worker_grpc(worker, "127.0.0.1", 0)
+        server, port = await serve_decode_worker(worker, "127.0.0.1", 0)
         try:
             yield DecodeNode(ae, server, port, worker)
         finally:

@@ -125,9 +125,31 @@ async def test_bad_request_raises_at_once_and_engine_keeps_going() -> None:
     eng, runner, _ = make_engine()
     async with AsyncEngine(eng) as ae:
         with pytest.raises(InvalidRequestError, match="prompt is empty"):
-            await drain(ae, req("e", []))
+            ae.validate(req("e", []))
         r = req("ok", [3, 4], max_tokens=3)
         assert [t for o in await drain(ae, r) for t in o.token_ids] == oracle(eng, runner, r)[0]
+
+
+async def test_a_live_request_id_is_refused_and_the_first_request_is_untouched() -> None:
+    eng, runner = gated_engine()
+    async with AsyncEngine(eng) as ae:
+        r = req("a", [1, 2, 3], max_tokens=3)
+        async with contextlib.aclosing(ae.generate(r)) as gen:
+            toks = list((await anext(gen)).token_ids)  # registered and stepping
+            with pytest.raises(InvalidRequestError, match="already live"):
+                await drain(ae, req("a", [4, 5]))
+            with pytest.raises(InvalidRequestError, match="already live"):
+                await ae.begin_remote_prefill(req("a", [4, 5]))
+            runner.gate.release(1000)
+            toks += [t async for o in gen for t in o.token_ids]
+        assert toks == oracle(eng, runner, r)[0]
+        assert await idle(ae)
+
+
+async def test_kv_spec_is_the_runners() -> None:
+    eng, runner, _ = make_engine()
+    async with AsyncEngine(eng) as ae:
+        assert ae.kv_spec == runner.kv_spec
 
 
 class ExplodingRunner(MockRunner):

@@ -7,10 +7,13 @@ import torch
 
 from services.common.hashing import block_hashes
 from services.common.kv_events import KvStored
+from services.engine.block_pool import BlockPool
 from services.engine.engine import LLMEngine
+from services.engine.kv_cache_manager import KvCacheManager
 from services.engine.remote_prefill import RemoteKvError
 from services.engine.request import FinishReason, GenerateRequest, SamplingParams, TokenOutput
 from services.engine.runner.mock_runner import MockRunner
+from services.engine.scheduler import Scheduler
 from tests.unit.engine_factory import make_engine, mock_cfg, oracle, req, run_all
 
 BASE = list(range(100, 114))  # 14 tokens: blocks 0..2 full, block 3 holds 2
@@ -148,3 +151,11 @@ def test_begin_returns_none_when_the_blocks_do_not_fit() -> None:
     d.abort("a")
     assert d.stats().kv_blocks_used == 0
     d.check_integrity()
+
+
+def test_a_scheduler_without_a_kv_importer_refuses_to_park() -> None:
+    sched = Scheduler(KvCacheManager(BlockPool(8, 4)), max_num_seqs=2, max_num_batched_tokens=8,
+                      max_model_len=32, vocab_size=1000, eos_token_ids=[2])
+    with pytest.raises(RuntimeError, match="kv_importer"):
+        sched.begin_remote_prefill(req("x", BASE))
+    assert not sched.has_unfinished() and sched.kv.pool.num_used == 0

@@ -133,15 +133,19 @@ def test_invalid_requests_raise_typed_errors_naming_the_problem() -> None:
     ]
     for r, msg in cases:
         with pytest.raises(InvalidRequestError, match=msg):
-            eng.add_request(r)
+            eng.validate(r)
     bad_export = req("x", [1] * 9)
     bad_export.export_kv_from_block = 3
     with pytest.raises(InvalidRequestError, match="export_kv_from_block 3"):
-        eng.add_request(bad_export)
+        eng.validate(bad_export)
     eng.add_request(req("d", [1, 2]))
+    eng.validate(req("d", [3]))  # reads config only: a live id is the adder's concern
     with pytest.raises(InvalidRequestError, match="already live"):
         eng.add_request(req("d", [3]))
+    with pytest.raises(InvalidRequestError, match="already live"):
+        eng.begin_remote_prefill(req("d", [3]))
     assert eng.stats().num_waiting == 1
+    eng.check_integrity()
 
 
 def test_stop_conditions() -> None:

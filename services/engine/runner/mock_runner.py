@@ -27,7 +27,6 @@ from services.engine.batch import RunnerOutput, ScheduledBatch
 from services.engine.runner.base import KvSpec, ModelRunner
 
 _MOCK_SEED = 7
-_DEFAULT_MAX_MODEL_LEN = 8192
 
 
 def mock_next_token(
@@ -50,7 +49,7 @@ class MockRunner(ModelRunner):
         m = cfg.mock
         self.kv_spec = KvSpec(1, cfg.num_kv_blocks, cfg.block_size, 1, 1, torch.float32)
         self.vocab_size = m.vocab_size
-        self.max_model_len = cfg.max_model_len or _DEFAULT_MAX_MODEL_LEN
+        self.max_model_len = cfg.max_model_len or m.context_length
         self.eos_token_id = m.eos_token_id
         self.eos_probability = m.eos_probability
         self._cost = (m.step_base_s, m.per_prefill_token_s, m.per_decode_seq_s)
