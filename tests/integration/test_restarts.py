@@ -123,7 +123,7 @@ async def test_nats_and_router_restarts(smollm2_path: Path, tmp_path: Path) -> N
             try:
                 a = await rc.route(RouteRequest("w?", [1, 2], exclude_workers=("decode-0",)))
                 b = await rc.route(RouteRequest("w?", [1, 2], exclude_workers=("decode-1",)))
-            except NoWorkersAvailable:
+            except Unavailable:
                 return False
             await rc.update("w?", RequestPhase.FINISHED)
             return {a.worker_id, b.worker_id} == {"decode-0", "decode-1"}
