@@ -10,10 +10,14 @@ error ``code`` and ``param``) cross gRPC as trailing metadata. Both directions r
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 import grpc
+
+M = TypeVar("M")
+T = TypeVar("T")
 
 CODE_KEY = "tandem-error-code"
 PARAM_KEY = "tandem-error-param"
@@ -93,6 +97,15 @@ async def abort(context: grpc.aio.ServicerContext, e: ServingError) -> NoReturn:
     meta = tuple((k, v) for k, v in ((CODE_KEY, e.code), (PARAM_KEY, e.param)) if v)
     await context.abort(kind_of(e).status, e.message, trailing_metadata=meta)
     raise AssertionError("context.abort returned")  # it always raises
+
+
+async def decode_or_abort(context: grpc.aio.ServicerContext, decode: Callable[[M], T], msg: M) -> T:
+    """``decode(msg)``, the check of a message where it enters a process; its ValueError
+    ("field: what is wrong") ends the call as an InvalidRequest."""
+    try:
+        return decode(msg)
+    except ValueError as e:
+        await abort(context, InvalidRequest(str(e)))
 
 
 def from_rpc_error(e: grpc.aio.AioRpcError, peer: str, *, name_peer: bool = False) -> ServingError:

@@ -7,7 +7,7 @@ from contextlib import aclosing
 import grpc
 
 from services.codec.worker import generate_request_from_pb, output_to_pb
-from services.common.errors import InvalidRequest, ServingError, abort
+from services.common.errors import ServingError, abort, decode_or_abort
 from services.common.grpc_server import serve_grpc
 from services.decode.worker import DecodeWorker
 from services.gen import worker_pb2, worker_pb2_grpc
@@ -25,10 +25,7 @@ class DecodeWorkerServicer(worker_pb2_grpc.DecodeWorkerServicer):
 
     async def Generate(self, request: worker_pb2.GenerateRequest,  # noqa: N802
                        context: grpc.aio.ServicerContext):
-        try:
-            req = generate_request_from_pb(request)
-        except ValueError as e:
-            await abort(context, InvalidRequest(str(e)))
+        req = await decode_or_abort(context, generate_request_from_pb, request)
         produced = 0
         try:
             async with aclosing(self._worker.generate(req)) as outs:

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from services.common.errors import InvalidRequest
 from services.engine.request import SamplingParams
-from services.processor.types import ChatMessage, ProcessRequest
+from services.processor.types import ChatMessage, ChatRole, ProcessRequest
 
 
 class _Body(BaseModel):
@@ -25,7 +25,7 @@ class TextPart(_Body):
 
 
 class ChatMessageIn(_Body):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    role: ChatRole
     content: str | list[TextPart] | None = None
 
     def text(self) -> str:

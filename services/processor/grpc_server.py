@@ -12,7 +12,7 @@ from contextlib import aclosing
 import grpc
 
 from services.codec.processor import delta_to_pb, models_to_pb, request_from_pb
-from services.common.errors import InvalidRequest, ServingError, abort
+from services.common.errors import ServingError, abort, decode_or_abort
 from services.common.grpc_server import serve_grpc
 from services.gen import processor_pb2, processor_pb2_grpc
 from services.gen.processor_pb2_grpc import add_ProcessorServicer_to_server
@@ -25,10 +25,7 @@ class ProcessorServicer(processor_pb2_grpc.ProcessorServicer):
 
     async def Generate(self, request: processor_pb2.ProcessRequest,  # noqa: N802
                        context: grpc.aio.ServicerContext):
-        try:
-            req = request_from_pb(request)
-        except ValueError as e:
-            await abort(context, InvalidRequest(str(e)))
+        req = await decode_or_abort(context, request_from_pb, request)
         try:
             async with aclosing(self._p.generate(req)) as deltas:
                 async for d in deltas:

@@ -37,7 +37,7 @@ from services.processor.detokenizer import IncrementalDetokenizer
 from services.processor.metrics import ProcessorMetrics
 from services.processor.router_reports import Publish, RouterLike, RouterReports
 from services.processor.stop import StopMatcher
-from services.processor.types import Delta, ModelInfo, ProcessRequest
+from services.processor.types import CHAT_ROLES, Delta, ModelInfo, ProcessRequest
 from services.processor.worker_client import DecodeWorkerClient
 from services.router.types import (
     RequestPhase,
@@ -129,6 +129,10 @@ class Processor:
         if req.messages is not None:
             if not req.messages:
                 raise InvalidRequest("messages must not be empty", param="messages")
+            for i, m in enumerate(req.messages):
+                if m.role not in CHAT_ROLES:
+                    raise InvalidRequest(f"messages.{i}.role: {m.role!r} is not one of "
+                                         f"{sorted(CHAT_ROLES)}", param=f"messages.{i}.role")
             msgs = [{"role": x.role, "content": x.content} for x in req.messages]
             try:
                 ids = self._tok.encode_chat(msgs)

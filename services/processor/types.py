@@ -5,13 +5,17 @@ proto/processor.proto carries both (services/codec/processor.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 from services.engine.request import FinishReason, SamplingParams, Usage
+
+ChatRole = Literal["system", "developer", "user", "assistant", "tool"]
+CHAT_ROLES: frozenset[str] = frozenset(get_args(ChatRole))
 
 
 @dataclass(frozen=True, slots=True)
 class ChatMessage:
-    role: str
+    role: str  # one of CHAT_ROLES; the processor checks it where the request enters
     content: str
 
 
