@@ -43,6 +43,7 @@ from services.bench.workloads import ID_HIGH, ID_LOW
 from services.codec.processor import request_to_pb
 from services.codec.worker import generate_request_to_pb
 from services.common.config import ClusterConfig, load_config
+from services.common.grpc_auth import call_metadata
 from services.common.service import event_loop_factory
 from services.engine.async_engine import AsyncEngine
 from services.engine.factory import build_engine
@@ -100,7 +101,7 @@ async def decode_ttft(address: str, prompts: list[list[int]]) -> list[float]:
         stub = worker_pb2_grpc.DecodeWorkerStub(ch)
         for i, p in enumerate(prompts):
             req = generate_request_to_pb(f"d{i}-{time.time_ns()}", p, _ONE_GREEDY_TOKEN)
-            out.append(await _first_item_ms(partial(stub.Generate, req)))
+            out.append(await _first_item_ms(partial(stub.Generate, req, metadata=call_metadata())))
     return out
 
 
@@ -111,10 +112,11 @@ async def router_rtt(address: str, prompts: list[list[int]]) -> list[float]:
         for i, p in enumerate(prompts):
             rid = f"r{i}-{time.time_ns()}"
             t0 = time.perf_counter()
-            await stub.Route(router_pb2.RouteRequest(request_id=rid, token_ids=p))
+            await stub.Route(router_pb2.RouteRequest(request_id=rid, token_ids=p),
+                             metadata=call_metadata())
             out.append((time.perf_counter() - t0) * 1000)
             await stub.Update(router_pb2.RequestUpdate(
-                request_id=rid, phase=router_pb2.RequestUpdate.FINISHED))
+                request_id=rid, phase=router_pb2.RequestUpdate.FINISHED), metadata=call_metadata())
     return out
 
 
@@ -125,7 +127,7 @@ async def processor_ttft(address: str, prompts: list[list[int]]) -> list[float]:
         for i, p in enumerate(prompts):
             req = request_to_pb(ProcessRequest(f"p{i}-{time.time_ns()}", prompt_ids=tuple(p),
                                                sampling=_ONE_GREEDY_TOKEN))
-            out.append(await _first_item_ms(partial(stub.Generate, req)))
+            out.append(await _first_item_ms(partial(stub.Generate, req, metadata=call_metadata())))
     return out
 
 

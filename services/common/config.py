@@ -190,6 +190,9 @@ class DiscoveryConfig(_Strict):
 
 class ClusterConfig(_Strict):
     namespace: str = Field("tandem", pattern=r"^[A-Za-z0-9_-]+$")
+    # The interface every part's gRPC and metrics ports listen on (the frontend's HTTP port
+    # has frontend.host): loopback on one machine; 0.0.0.0 in containers and pods.
+    bind_host: str = "127.0.0.1"
     nats: NatsConfig = NatsConfig()
     discovery: DiscoveryConfig = DiscoveryConfig()
     model: ModelConfig = ModelConfig()

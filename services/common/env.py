@@ -16,6 +16,22 @@ def in_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
+CLUSTER_TOKEN = "TANDEM_CLUSTER_TOKEN"
+CLUSTER_TOKEN_FILE = "TANDEM_CLUSTER_TOKEN_FILE"
+
+
+def cluster_token() -> str | None:
+    """The shared secret every internal gRPC call carries (``TANDEM_CLUSTER_TOKEN``, or the
+    first line of the file ``TANDEM_CLUSTER_TOKEN_FILE`` names: a mounted Kubernetes or
+    compose secret). None: the internal gRPC ports are open (a part run by hand for
+    development); ``tandem up`` always sets one."""
+    token = os.environ.get(CLUSTER_TOKEN)
+    path = os.environ.get(CLUSTER_TOKEN_FILE)
+    if not token and path:
+        token = Path(path).read_text().strip()
+    return token or None
+
+
 # NOTE: secrets come from the environment so they need not sit in a config file that is
 # committed or shown by `tandem config`; a value set in the config file wins over these.
 NATS_USER = "TANDEM_NATS_USER"

@@ -32,10 +32,11 @@ from services.engine.factory import build_engine
 log = logging.getLogger(__name__)
 
 
-async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0",
+async def serve(cfg: ClusterConfig, replica: int = 0, host: str | None = None,
                 stop: asyncio.Event | None = None, started: asyncio.Event | None = None) -> None:
     """One decode worker until SIGTERM/SIGINT (or ``stop``, when several share a process);
     ``started`` is set once it is registered in discovery."""
+    host = cfg.bind_host if host is None else host
     import torch
 
     torch.set_num_threads(cfg.engine.threads)
@@ -59,7 +60,7 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0",
         address = f"{cfg.decode.advertise_host}:{port}"
         worker.kv_address = address
         metrics_port = cfg.decode.metrics_port + replica
-        start_http_server(metrics_port, registry=metrics.registry)
+        start_http_server(metrics_port, registry=metrics.registry, addr=host)
 
         def sample() -> WorkerLoad:
             s = ae.stats()

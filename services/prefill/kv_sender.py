@@ -13,6 +13,7 @@ from typing import Literal
 import grpc
 import torch
 
+from services.common.grpc_auth import call_metadata
 from services.disagg.kv_shm import (
     SHM_UNAVAILABLE,
     ShmUnavailableError,
@@ -109,7 +110,8 @@ class KvSender:
             if ack is not None:
                 return SentKv(ack, "shm")
         chunks = kv_chunks(request_id, kv, first_token, first_block, self.worker_id, self.chunk_bytes)
-        return SentKv(await self._call(address)(chunks, timeout=timeout_s), "grpc")
+        return SentKv(await self._call(address)(chunks, timeout=timeout_s,
+                                                   metadata=call_metadata()), "grpc")
 
     async def _send_shm(self, address: str, request_id: str, kv: torch.Tensor, first_token: int,
                         first_block: int, timeout_s: float | None) -> worker_pb2.KvTransferAck | None:
@@ -125,7 +127,8 @@ class KvSender:
             except ShmUnavailableError as e:
                 log.info("KV for %s over gRPC bytes: %s", request_id, e)
                 return None
-            ack = await self._call(address)(iter((head.SerializeToString(),)), timeout=timeout_s)
+            ack = await self._call(address)(iter((head.SerializeToString(),)), timeout=timeout_s,
+                                            metadata=call_metadata())
         finally:
             if not write.done():
                 await asyncio.wait({write})

@@ -26,7 +26,8 @@ from services.prefill.worker import PrefillWorker
 log = logging.getLogger(__name__)
 
 
-async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0") -> None:
+async def serve(cfg: ClusterConfig, replica: int = 0, host: str | None = None) -> None:
+    host = cfg.bind_host if host is None else host
     import torch
 
     torch.set_num_threads(cfg.engine.threads)
@@ -38,7 +39,7 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0") -> 
         metrics_port = cfg.prefill.metrics_port + replica
         # before the port opens: a part that looks ready must stop cleanly (see stop_on_signals)
         stop = stop_on_signals()
-        start_http_server(metrics_port, registry=metrics.registry)
+        start_http_server(metrics_port, registry=metrics.registry, addr=host)
         worker = PrefillWorker(ae, nc, cfg, worker_id, metrics)
         await worker.start()
         discovery = await Discovery.open(nc, cfg.namespace, cfg.discovery)

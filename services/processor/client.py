@@ -10,6 +10,7 @@ import grpc
 from services.codec.processor import delta_from_pb, models_from_pb, request_to_pb
 from services.common.address_book import AddressBook, ChannelPool
 from services.common.errors import Unavailable, from_rpc_error
+from services.common.grpc_auth import call_metadata
 from services.gen import processor_pb2, processor_pb2_grpc
 from services.processor.types import Delta, ModelInfo, ProcessRequest
 
@@ -31,7 +32,8 @@ class ProcessorClient:
     async def list_models(self) -> list[ModelInfo]:
         addr, stub = self._stub()
         try:
-            r = await stub.ListModels(processor_pb2.ListModelsRequest(), timeout=self._timeout)
+            r = await stub.ListModels(processor_pb2.ListModelsRequest(), timeout=self._timeout,
+                                      metadata=call_metadata())
         except grpc.aio.AioRpcError as e:
             raise from_rpc_error(e, f"processor {addr}") from None
         return models_from_pb(r)
@@ -39,7 +41,7 @@ class ProcessorClient:
     async def generate(self, req: ProcessRequest) -> AsyncIterator[Delta]:
         """Closing the iterator early cancels the call (and so the request on the worker)."""
         addr, stub = self._stub()
-        call = stub.Generate(request_to_pb(req))
+        call = stub.Generate(request_to_pb(req), metadata=call_metadata())
         try:
             async for msg in call:
                 yield delta_from_pb(msg)

@@ -7,6 +7,7 @@ import grpc
 
 from services.common.address_book import AddressBook, ChannelPool
 from services.common.errors import ServingError, Unavailable, from_rpc_error
+from services.common.grpc_auth import call_metadata
 from services.gen import router_pb2, router_pb2_grpc
 from services.router.types import (
     NoWorkersAvailable,
@@ -41,7 +42,7 @@ class RouterClient:
                                       exclude_workers=req.exclude_workers)
         addr, stub = self._stub()
         try:
-            r = await stub.Route(msg, timeout=self._timeout)
+            r = await stub.Route(msg, timeout=self._timeout, metadata=call_metadata())
         except grpc.aio.AioRpcError as e:
             raise _translate(addr, e) from None
         return RouteResponse(r.worker_id, r.overlap_blocks, r.request_blocks,
@@ -51,7 +52,7 @@ class RouterClient:
         msg = router_pb2.RequestUpdate(request_id=request_id, phase=_PHASES[phase])
         addr, stub = self._stub()
         try:
-            await stub.Update(msg, timeout=self._timeout)
+            await stub.Update(msg, timeout=self._timeout, metadata=call_metadata())
         except grpc.aio.AioRpcError as e:
             raise _translate(addr, e) from None
 

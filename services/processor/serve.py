@@ -25,7 +25,8 @@ from services.common.service import run_part, stop_on_signals
 log = logging.getLogger("tandem.processor")
 
 
-async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0") -> None:
+async def serve(cfg: ClusterConfig, replica: int = 0, host: str | None = None) -> None:
+    host = cfg.bind_host if host is None else host
     from services.engine.model_store import resolve_model_path, served_model_name
     from services.engine.tokenizer import Tokenizer
     from services.processor.context import context_length
@@ -56,7 +57,7 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0") -> 
         stop = stop_on_signals()
         server, port = await serve_processor(processor, host, pc.port + replica)
         metrics_port = pc.metrics_port + replica
-        start_http_server(metrics_port, registry=metrics.registry)
+        start_http_server(metrics_port, registry=metrics.registry, addr=host)
         adv = advertised_host(host)
         lease = await disc.register(Registration(
             "processor", f"processor-{replica}", address=f"{adv}:{port}",

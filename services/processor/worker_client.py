@@ -14,6 +14,7 @@ import grpc
 from services.codec.worker import generate_request_to_pb, output_from_pb
 from services.common.address_book import ChannelPool
 from services.common.errors import from_rpc_error
+from services.common.grpc_auth import call_metadata
 from services.engine.request import SamplingParams, TokenOutput
 from services.gen import worker_pb2_grpc
 
@@ -28,7 +29,8 @@ class DecodeWorkerClient:
         error (services/common/errors.py): InvalidRequest, Overloaded, Unavailable (also
         when it cannot be reached) or ServingError."""
         stub = self._pool.stub(address, worker_pb2_grpc.DecodeWorkerStub)
-        call = stub.Generate(generate_request_to_pb(request_id, token_ids, sampling))
+        call = stub.Generate(generate_request_to_pb(request_id, token_ids, sampling),
+                             metadata=call_metadata())
         try:
             async for msg in call:
                 out = output_from_pb(request_id, msg)

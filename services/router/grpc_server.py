@@ -62,9 +62,10 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         return router_pb2.UpdateAck()
 
 
-async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0") -> None:
+async def serve(cfg: ClusterConfig, replica: int = 0, host: str | None = None) -> None:
     """Run one router replica until SIGINT/SIGTERM: gRPC on ``router.port + replica``,
     metrics on ``router.metrics_port + replica``, registered in discovery as role ``router``."""
+    host = cfg.bind_host if host is None else host
     tune_gc_for_index()
     router = Router(cfg, replica=replica)
     await router.start()
@@ -73,7 +74,7 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str = "0.0.0.0") -> 
     server, port = await serve_grpc("router", host, cfg.router.port + replica,
                                     RouterServicer(router).add_to)
     metrics_port = cfg.router.metrics_port + replica
-    start_http_server(metrics_port, registry=router.metrics.registry)
+    start_http_server(metrics_port, registry=router.metrics.registry, addr=host)
     assert router.discovery is not None
     lease = await router.discovery.register(
         Registration("router", f"router-{replica}", address=f"{advertised_host(host)}:{port}",
