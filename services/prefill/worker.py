@@ -195,7 +195,8 @@ class PrefillWorker:
         return await self._sender.send(job.kv_transfer_address, job.request_id, final.kv,
                                        final.token_ids[0], job.first_block,
                                        timeout_s=max(remaining_s, 1.0),
-                                       shm=same_host and self.cfg.prefill.kv_transport == "auto")
+                                       shm=same_host and self.cfg.prefill.kv_transport == "auto",
+                                       token=job.transfer_token)
 
     async def _keep_alive(self, msg: Msg) -> None:
         while True:
