@@ -161,6 +161,10 @@ class PrefillConfig(_Strict):
     # kv_shm.host_id), else gRPC bytes; "grpc": always gRPC bytes.
     kv_transport: Literal["auto", "grpc"] = "auto"
     grace_period_s: float = Field(10.0, ge=0)
+    # A job's KV goes only to the address discovery lists for its decode worker; a job
+    # naming one not (yet) listed waits this long for discovery before it is refused
+    # (a decode worker's registration can reach this worker after its first job).
+    discovery_wait_s: float = Field(2.0, ge=0)
 
 
 class DiscoveryConfig(_Strict):
