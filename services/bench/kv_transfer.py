@@ -25,6 +25,7 @@ from services.common.config import PrefillConfig
 from services.common.grpc_server import serve_grpc
 from services.decode.grpc_server import SERVER_OPTIONS, DecodeWorkerServicer, add_decode_servicer
 from services.decode.kv_receiver import ExpectedKv, KvReceiver
+from services.disagg.transfer_token import new_token
 from services.prefill.kv_sender import KvSender
 
 LAYERS, KV_HEADS, HEAD_DIM, BLOCK = 30, 3, 64, 16
@@ -45,8 +46,8 @@ class _LocalEnd:
         self.receiver = receiver
         self._futs: dict[str, asyncio.Future] = {}
 
-    async def expect(self, rid: str, shape: tuple[int, ...]) -> None:
-        self._futs[rid] = self.receiver.expect(rid, ExpectedKv(0, shape[2], shape, torch.float32))
+    async def expect(self, rid: str, shape: tuple[int, ...], token: bytes) -> None:
+        self._futs[rid] = self.receiver.expect(rid, ExpectedKv(0, shape[2], shape, torch.float32, token))
 
     async def done(self, rid: str, kv: torch.Tensor | None) -> None:
         got = await self._futs.pop(rid)
@@ -62,8 +63,8 @@ class _ChildEnd:
     def __init__(self, conn) -> None:
         self._conn = conn
 
-    async def expect(self, rid: str, shape: tuple[int, ...]) -> None:
-        self._conn.send(("expect", rid, shape))
+    async def expect(self, rid: str, shape: tuple[int, ...], token: bytes) -> None:
+        self._conn.send(("expect", rid, shape, token))
         await asyncio.to_thread(self._conn.recv)
 
     async def done(self, rid: str, kv: torch.Tensor | None) -> None:
@@ -78,9 +79,10 @@ async def _one(sender: KvSender, end, address: str, rid: str, kv: torch.Tensor,
     """Seconds for one transfer (send start -> the decode side's ack, which is sent once the
     waiting future resolved)."""
     nbytes = kv.numel() * kv.element_size()
-    await end.expect(rid, tuple(kv.shape))
+    token = new_token()
+    await end.expect(rid, tuple(kv.shape), token)
     t0 = time.perf_counter()
-    sent = await sender.send(address, rid, kv, 7, 0, shm=transport == "shm")
+    sent = await sender.send(address, rid, kv, 7, 0, shm=transport == "shm", token=token)
     dt = time.perf_counter() - t0
     if not sent.ack.accepted or sent.ack.bytes_received != nbytes:
         raise RuntimeError(f"transfer of {rid} failed: {sent.ack.error}")
@@ -107,7 +109,8 @@ def _child_main(conn) -> None:
         while True:
             msg = await asyncio.to_thread(conn.recv)
             if msg[0] == "expect":
-                futs[msg[1]] = receiver.expect(msg[1], ExpectedKv(0, msg[2][2], msg[2], torch.float32))
+                futs[msg[1]] = receiver.expect(
+                    msg[1], ExpectedKv(0, msg[2][2], msg[2], torch.float32, msg[3]))
                 conn.send(True)
             elif msg[0] == "check":
                 got = await futs.pop(msg[1])

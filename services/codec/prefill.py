@@ -15,7 +15,7 @@ def job_to_pb(j: PrefillJob) -> prefill_pb2.RemotePrefillRequest:
         decode_worker_id=j.decode_worker_id, kv_transfer_address=j.kv_transfer_address,
         first_block=j.first_block, num_blocks=j.num_blocks,
         deadline_unix_ms=j.deadline_unix_ms, attempt=j.attempt,
-        decode_host_id=j.decode_host_id)
+        decode_host_id=j.decode_host_id, transfer_token=j.transfer_token)
 
 
 def job_from_bytes(data: bytes) -> PrefillJob:
@@ -30,4 +30,4 @@ def job_from_bytes(data: bytes) -> PrefillJob:
         decode_worker_id=m.decode_worker_id, kv_transfer_address=m.kv_transfer_address,
         first_block=m.first_block, num_blocks=m.num_blocks,
         deadline_unix_ms=m.deadline_unix_ms, attempt=m.attempt,
-        decode_host_id=m.decode_host_id)
+        decode_host_id=m.decode_host_id, transfer_token=m.transfer_token)

@@ -118,8 +118,17 @@ class RouterConfig(_Strict):
     # Load metrics older than this are ignored (the worker stopped reporting).
     load_stale_s: float = Field(5.0, gt=0)
     dump_timeout_s: float = Field(5.0, gt=0)
-    # Events buffered per worker while its dump is in flight; beyond it the dump is redone.
+    # Events buffered per worker while its dump is in flight; beyond it (or beyond
+    # max_blocks_per_worker blocks in them) the dump is redone.
     max_buffered_batches: int = Field(10_000, ge=1)
+    # A failed dump request is retried after 0.05 s, doubling per failure up to this.
+    dump_retry_max_s: float = Field(30.0, gt=0)
+    # Blocks the index keeps per worker; stored events past it are refused and counted
+    # (tandem_router_events_ignored_total{reason="over_limit"}). Generous: a worker caches at
+    # most its KV pool (engine.num_kv_blocks, 2048 by default). It bounds what a publisher
+    # under a registered worker's id can make a router hold: ~400 bytes per indexed block
+    # (measured), so ~0.4 GB per worker at the default.
+    max_blocks_per_worker: int = Field(1 << 20, ge=1)
 
 
 class DisaggConfig(_Strict):
@@ -173,6 +182,10 @@ class PrefillConfig(_Strict):
     # kv_shm.host_id), else gRPC bytes; "grpc": always gRPC bytes.
     kv_transport: Literal["auto", "grpc"] = "auto"
     grace_period_s: float = Field(10.0, ge=0)
+    # A job's KV goes only to the address discovery lists for its decode worker; a job
+    # naming one not (yet) listed waits this long for discovery before it is refused
+    # (a decode worker's registration can reach this worker after its first job).
+    discovery_wait_s: float = Field(2.0, ge=0)
 
 
 class DiscoveryConfig(_Strict):

@@ -7,15 +7,23 @@ the header (contiguous offsets, exact byte count), then resolves the future. A t
 a request that is not waiting (never asked for, already delivered, or given up on after a
 timeout) is answered ``accepted=False, error="not waiting"``: a duplicate delivery is harmless.
 
+The header must carry the request's transfer token (services/disagg/transfer_token.py),
+drawn by the decode worker and sent only in the job: a transfer without it, with another,
+or while a transfer holding it is still streaming in is refused before anything is read,
+and the request keeps waiting for the real one, so a forger can neither deliver KV nor make
+the request fail. The token is used up when its transfer ends with a verdict (accepted, or
+bad KV: the wait ends); a transfer cut off midway hands it back for JetStream's redelivery.
+
 A header with ``shm_name`` (same-host transport, services/disagg/kv_shm.py) is the stream's
 only message: the KV is the mapped /dev/shm segment, which is unlinked whatever the outcome.
 A segment that cannot be opened here is answered ``"shm unavailable: ..."`` and the request
-keeps waiting for the sender's resend over gRPC bytes.
+keeps waiting for the sender's resend over gRPC bytes (with the same token).
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import math
 from collections.abc import AsyncIterator, Callable
@@ -32,6 +40,7 @@ from services.disagg.kv_shm import (
     unlink_segment,
 )
 from services.disagg.kv_wire import dtype_from_name, split_kv_chunk
+from services.disagg.transfer_token import matches, well_formed
 from services.gen import worker_pb2
 
 log = logging.getLogger(__name__)
@@ -43,12 +52,32 @@ class KvTransferError(ValueError):
     """A transfer whose header or payload does not match what the decode worker asked for."""
 
 
+class KvRefusal(str, enum.Enum):
+    """Why a KvTransfer was answered ``accepted=false``
+    (``tandem_worker_kv_transfers_refused_total{reason}``)."""
+
+    NOT_WAITING = "not_waiting"  # no request of that id waits: never asked, delivered, given up
+    NO_TOKEN = "no_token"  # the header carries no transfer token
+    BAD_TOKEN = "bad_token"  # not the token drawn for that request
+    TOKEN_IN_USE = "token_in_use"  # a transfer holding the token is streaming in right now
+    BAD_KV = "bad_kv"  # the right token, but blocks/shape/dtype/bytes wrong: the wait ends
+    MALFORMED = "malformed"  # not a KvChunk stream
+    SHM_UNAVAILABLE = "shm_unavailable"  # the segment cannot be used here: resent as bytes
+
+
 @dataclass(frozen=True, slots=True)
 class ExpectedKv:
     first_block: int
     num_blocks: int
     shape: tuple[int, ...]  # (layers, 2, num_blocks, block_size, kv_heads, head_dim)
     dtype: torch.dtype
+    # The request's one-time transfer token (transfer_token.new_token()); out of repr so it
+    # never reaches a log line.
+    token: bytes = field(repr=False)
+
+    def __post_init__(self) -> None:
+        if not well_formed(self.token):
+            raise ValueError("ExpectedKv needs a token from transfer_token.new_token()")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,28 +91,38 @@ class ReceivedKv:
     release: Callable[[], None] = field(default=lambda: None, repr=False, compare=False)
 
 
+@dataclass(slots=True, eq=False)
+class _Waiting:
+    expected: ExpectedKv
+    fut: asyncio.Future[ReceivedKv]
+    busy: bool = False  # a transfer with the right token is streaming in
+
+
 class KvReceiver:
     """Pending remote prefills of one decode worker. Use from the event loop thread only."""
 
     def __init__(self, on_bytes: Callable[[int], None] | None = None,
-                 buffers: KvBufferPool | None = None) -> None:
-        self._pending: dict[str, tuple[ExpectedKv, asyncio.Future[ReceivedKv]]] = {}
+                 buffers: KvBufferPool | None = None,
+                 on_refused: Callable[[KvRefusal], None] | None = None) -> None:
+        self._pending: dict[str, _Waiting] = {}
         self._on_bytes = on_bytes
+        self._on_refused = on_refused
         self.buffers = buffers or KvBufferPool()
 
     def expect(self, request_id: str, expected: ExpectedKv) -> asyncio.Future[ReceivedKv]:
-        """Register a request as waiting; its future gets the KV or a KvTransferError."""
+        """Register a request as waiting for KV sent with ``expected.token``; its future gets
+        the KV or a KvTransferError."""
         if request_id in self._pending:
             raise ValueError(f"request {request_id!r} is already waiting for KV")
         fut: asyncio.Future[ReceivedKv] = asyncio.get_running_loop().create_future()
-        self._pending[request_id] = (expected, fut)
+        self._pending[request_id] = _Waiting(expected, fut)
         return fut
 
     def cancel(self, request_id: str) -> None:
         """Stop waiting (timeout, abort): later transfers for it are rejected."""
         entry = self._pending.pop(request_id, None)
-        if entry is not None and not entry[1].done():
-            entry[1].cancel()
+        if entry is not None and not entry.fut.done():
+            entry.fut.cancel()
 
     def is_waiting(self, request_id: str) -> bool:
         return request_id in self._pending
@@ -101,9 +140,9 @@ class KvReceiver:
         try:
             head, head_data = _parts(await anext(chunks))
         except StopAsyncIteration:
-            return worker_pb2.KvTransferAck(accepted=False, error="empty KV transfer stream")
+            return self._refuse(KvRefusal.MALFORMED, "empty KV transfer stream")
         except ValueError as e:
-            return worker_pb2.KvTransferAck(accepted=False, error=f"malformed KvChunk: {e}")
+            return self._refuse(KvRefusal.MALFORMED, f"malformed KvChunk: {e}")
         if not head.shm_name:
             return await self._receive(head, head_data, chunks)
         try:
@@ -112,13 +151,38 @@ class KvReceiver:
             # Every outcome (read, refused, not waiting, cancelled) removes the segment.
             _discard_segment(head.shm_name)
 
+    def _refuse(self, reason: KvRefusal, error: str, got: int = 0) -> worker_pb2.KvTransferAck:
+        if self._on_refused is not None:
+            self._on_refused(reason)
+        return worker_pb2.KvTransferAck(accepted=False, error=error, bytes_received=got)
+
     async def _receive(self, head: worker_pb2.KvChunk, head_data: bytes | memoryview,
                        chunks: AsyncIterator[worker_pb2.KvChunk | bytes]) -> worker_pb2.KvTransferAck:
         rid = head.request_id
-        entry = self._pending.get(rid)
-        if entry is None:
-            return worker_pb2.KvTransferAck(accepted=False, error=NOT_WAITING)
-        expected, fut = entry
+        w = self._pending.get(rid)
+        if w is None:
+            return self._refuse(KvRefusal.NOT_WAITING, NOT_WAITING)
+        # NOTE: before reading a byte of payload, and without touching the wait: whoever
+        # lacks the token can neither deliver this request's KV nor end its wait.
+        if not head.transfer_token:
+            return self._refuse(KvRefusal.NO_TOKEN, f"KV transfer for {rid!r} carries no transfer token")
+        if not matches(head.transfer_token, w.expected.token):
+            return self._refuse(KvRefusal.BAD_TOKEN, f"KV transfer for {rid!r} has a wrong transfer token")
+        if w.busy:
+            return self._refuse(KvRefusal.TOKEN_IN_USE, f"KV for {rid!r} is already being received")
+        w.busy = True
+        try:
+            return await self._take(head, head_data, chunks, w)
+        finally:
+            # NOTE: a stream cut off without a verdict (cancelled call) hands the token back:
+            # JetStream redelivers the job and its new transfer must get through.
+            w.busy = False
+
+    async def _take(self, head: worker_pb2.KvChunk, head_data: bytes | memoryview,
+                    chunks: AsyncIterator[worker_pb2.KvChunk | bytes], w: _Waiting
+                    ) -> worker_pb2.KvTransferAck:
+        """Read the payload of an authenticated transfer and settle the wait."""
+        rid, expected, fut = head.request_id, w.expected, w.fut
         buf: torch.Tensor | None = None
         try:
             nbytes = _check_header(head, expected)
@@ -137,22 +201,23 @@ class KvReceiver:
             # NOTE: the wait goes on: the sender resends the bytes over gRPC.
             if buf is not None:
                 self.buffers.give(buf)
-            return worker_pb2.KvTransferAck(accepted=False, error=f"{SHM_UNAVAILABLE}: {e}")
+            return self._refuse(KvRefusal.SHM_UNAVAILABLE, f"{SHM_UNAVAILABLE}: {e}")
         except (KvTransferError, ValueError) as e:
             if buf is not None:
                 self.buffers.give(buf)
             # NOTE: a bad transfer ends the wait (the worker prefills locally); a retry of
-            # the same job would most likely be just as bad.
-            if self._pending.get(rid, (None, None))[1] is fut:
+            # the same job would most likely be just as bad. It carried the token, so it
+            # came from the job's prefill worker, not a forger.
+            if self._pending.get(rid) is w:
                 del self._pending[rid]
                 if not fut.done():
                     fut.set_exception(KvTransferError(str(e)))
-            return worker_pb2.KvTransferAck(accepted=False, error=str(e))
+            return self._refuse(KvRefusal.BAD_KV, str(e))
         # The wait may have ended (timeout) while the payload streamed in.
-        if self._pending.get(rid, (None, None))[1] is not fut or fut.done():
+        if self._pending.get(rid) is not w or fut.done():
             release()
-            return worker_pb2.KvTransferAck(accepted=False, error=NOT_WAITING, bytes_received=got)
-        del self._pending[rid]
+            return self._refuse(KvRefusal.NOT_WAITING, NOT_WAITING, got)
+        del self._pending[rid]  # the token is used up with it
         fut.set_result(ReceivedKv(kv, head.first_token, head.prefill_worker_id, got,
                                   release=release))
         if self._on_bytes is not None:

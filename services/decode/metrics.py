@@ -8,6 +8,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from services.common.config import DisaggConfig
+from services.decode.kv_receiver import KvRefusal
 from services.disagg.prefill_job import PrefillLocation
 from services.engine.engine import EngineStats
 from services.engine.stats_metrics import EngineStatsCollector
@@ -30,6 +31,11 @@ class DecodeMetrics:
                                  "Prefill decisions by reason", ["reason"], registry=r)
         self.kv_bytes_received = Counter("tandem_worker_kv_transfer_bytes_received_total",
                                          "KV bytes accepted from prefill workers", registry=r)
+        self.kv_transfers_refused = Counter(
+            "tandem_worker_kv_transfers_refused_total",
+            "KvTransfer calls answered accepted=false, by reason", ["reason"], registry=r)
+        for reason in KvRefusal:
+            self.kv_transfers_refused.labels(reason.value)
         Gauge("tandem_worker_disagg_max_local_prefill_length",
               "Prefills longer than this (uncached tokens) may go remote",
               registry=r).set(disagg.max_local_prefill_length)
@@ -38,3 +44,6 @@ class DecodeMetrics:
               registry=r).set(disagg.max_prefill_queue_size)
         Gauge("tandem_worker_disagg_enabled", "1 if remote prefill is enabled",
               registry=r).set(int(disagg.enabled))
+
+    def kv_transfer_refused(self, reason: KvRefusal) -> None:
+        self.kv_transfers_refused.labels(reason.value).inc()

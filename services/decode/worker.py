@@ -27,6 +27,7 @@ from services.decode.metrics import DecodeMetrics
 from services.disagg.kv_shm import host_id
 from services.disagg.prefill_job import FallbackReason, PrefillJob, PrefillLocation
 from services.disagg.prefill_queue import PrefillQueue
+from services.disagg.transfer_token import new_token
 from services.engine.async_engine import AsyncEngine
 from services.engine.remote_prefill import RemoteKvError, RemotePrefillHandle
 from services.engine.request import GenerateRequest, TokenOutput
@@ -46,7 +47,8 @@ class DecodeWorker:
         self.queue = queue
         self.kv_address = kv_address
         self.metrics = metrics or DecodeMetrics(engine.stats, cfg.decode.disagg)
-        self.receiver = KvReceiver(on_bytes=self.metrics.kv_bytes_received.inc)
+        self.receiver = KvReceiver(on_bytes=self.metrics.kv_bytes_received.inc,
+                                   on_refused=self.metrics.kv_transfer_refused)
         self._inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -159,15 +161,18 @@ class DecodeWorker:
         assert self.queue is not None
         rid = request.request_id
         spec = self.engine.kv_spec
+        # NOTE: a fresh token per job: the receiver takes this request's KV only with it.
+        token = new_token()
         fut = self.receiver.expect(rid, ExpectedKv(
             handle.first_block_to_fill, handle.num_blocks_to_fill,
-            spec.block_range_shape(handle.num_blocks_to_fill), spec.dtype))
+            spec.block_range_shape(handle.num_blocks_to_fill), spec.dtype, token))
         timeout = self.cfg.decode.disagg.remote_prefill_timeout_s
         job = PrefillJob(
             request_id=rid, token_ids=tuple(request.prompt_token_ids), sampling=request.sampling,
             decode_worker_id=self.worker_id, kv_transfer_address=self.kv_address,
             first_block=handle.first_block_to_fill, num_blocks=handle.num_blocks_to_fill,
-            deadline_unix_ms=int((time.time() + timeout) * 1000), decode_host_id=host_id())
+            deadline_unix_ms=int((time.time() + timeout) * 1000), decode_host_id=host_id(),
+            transfer_token=token)
         delivered = False
         try:
             try:

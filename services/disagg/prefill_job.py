@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from services.engine.request import SamplingParams
 
@@ -11,7 +11,8 @@ from services.engine.request import SamplingParams
 @dataclass(frozen=True, slots=True)
 class PrefillJob:
     """Run ``token_ids`` and send the KV of prompt blocks ``[first_block, +num_blocks)`` and
-    the first sampled token to ``kv_transfer_address`` (the decode worker's KvTransfer)."""
+    the first sampled token to ``kv_transfer_address`` (the decode worker's KvTransfer), if
+    discovery lists that address for ``decode_worker_id``, with ``transfer_token``."""
 
     request_id: str
     token_ids: tuple[int, ...]  # the whole prompt
@@ -27,6 +28,9 @@ class PrefillJob:
     # The decode worker's kv_shm.host_id(): a prefill worker with the same id may pass the
     # KV through /dev/shm instead of gRPC bytes ("" = never).
     decode_host_id: str = ""
+    # The one-time token the decode worker accepts this request's KV with
+    # (services/disagg/transfer_token.py); out of repr so it never reaches a log line.
+    transfer_token: bytes = field(default=b"", repr=False)
 
 
 class PrefillLocation(str, enum.Enum):

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from services.gen import request_pb2 as services_dot_gen_dot_request__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aservices/gen/prefill.proto\x12\x0etandem.prefill\x1a\x1aservices/gen/request.proto\"\x92\x02\n\x14RemotePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x30\n\x08sampling\x18\x03 \x01(\x0b\x32\x1e.tandem.request.SamplingParams\x12\x18\n\x10\x64\x65\x63ode_worker_id\x18\x04 \x01(\t\x12\x1b\n\x13kv_transfer_address\x18\x05 \x01(\t\x12\x13\n\x0b\x66irst_block\x18\x06 \x01(\r\x12\x12\n\nnum_blocks\x18\x07 \x01(\r\x12\x18\n\x10\x64\x65\x61\x64line_unix_ms\x18\x08 \x01(\x04\x12\x0f\n\x07\x61ttempt\x18\t \x01(\r\x12\x16\n\x0e\x64\x65\x63ode_host_id\x18\n \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aservices/gen/prefill.proto\x12\x0etandem.prefill\x1a\x1aservices/gen/request.proto\"\xaa\x02\n\x14RemotePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x30\n\x08sampling\x18\x03 \x01(\x0b\x32\x1e.tandem.request.SamplingParams\x12\x18\n\x10\x64\x65\x63ode_worker_id\x18\x04 \x01(\t\x12\x1b\n\x13kv_transfer_address\x18\x05 \x01(\t\x12\x13\n\x0b\x66irst_block\x18\x06 \x01(\r\x12\x12\n\nnum_blocks\x18\x07 \x01(\r\x12\x18\n\x10\x64\x65\x61\x64line_unix_ms\x18\x08 \x01(\x04\x12\x0f\n\x07\x61ttempt\x18\t \x01(\r\x12\x16\n\x0e\x64\x65\x63ode_host_id\x18\n \x01(\t\x12\x16\n\x0etransfer_token\x18\x0b \x01(\x0c\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,5 +33,5 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'services.gen.prefill_pb2', 
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_REMOTEPREFILLREQUEST']._serialized_start=75
-  _globals['_REMOTEPREFILLREQUEST']._serialized_end=349
+  _globals['_REMOTEPREFILLREQUEST']._serialized_end=373
 # @@protoc_insertion_point(module_scope)

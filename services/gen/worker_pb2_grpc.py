@@ -60,7 +60,8 @@ class DecodeWorkerServicer:
 
     def KvTransfer(self, request_iterator, context):
         """A prefill worker delivers the KV blocks and the first token of a remote prefill.
-        The first chunk carries the header fields; later chunks carry data only.
+        The first chunk carries the header fields; later chunks carry data only. A header
+        without the request's transfer_token is refused (accepted=false) and changes nothing.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

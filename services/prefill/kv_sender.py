@@ -47,18 +47,18 @@ _DATA_TAG = b"\x4a"  # KvChunk.data: field 9, length-delimited
 
 
 def kv_header(request_id: str, kv: torch.Tensor, first_token: int, first_block: int,
-              prefill_worker_id: str) -> worker_pb2.KvChunk:
-    """The first chunk's header fields (no payload)."""
+              prefill_worker_id: str, token: bytes = b"") -> worker_pb2.KvChunk:
+    """The first chunk's header fields (no payload); ``token`` is the job's transfer token."""
     if kv.dim() != 6 or kv.shape[1] != 2:
         raise ValueError(f"kv must be (layers, 2, blocks, block_size, heads, dim), got {tuple(kv.shape)}")
     return worker_pb2.KvChunk(
         request_id=request_id, first_token=first_token, first_block=first_block,
         num_blocks=kv.shape[2], dtype=dtype_name(kv.dtype), shape=list(kv.shape),
-        prefill_worker_id=prefill_worker_id)
+        prefill_worker_id=prefill_worker_id, transfer_token=token)
 
 
 def kv_chunks(request_id: str, kv: torch.Tensor, first_token: int, first_block: int,
-              prefill_worker_id: str, chunk_bytes: int) -> Iterator[bytes]:
+              prefill_worker_id: str, chunk_bytes: int, token: bytes = b"") -> Iterator[bytes]:
     """The serialized ``KvChunk`` messages of one transfer: header fields on the first,
     ``offset`` + ``data`` on every one.
 
@@ -66,7 +66,8 @@ def kv_chunks(request_id: str, kv: torch.Tensor, first_token: int, first_block: 
     encoded here rather than by protobuf so each payload byte is copied once (the slice
     is joined straight into the message), not twice; the result parses as a KvChunk.
     """
-    head = kv_header(request_id, kv, first_token, first_block, prefill_worker_id).SerializeToString()
+    head = kv_header(request_id, kv, first_token, first_block, prefill_worker_id,
+                     token).SerializeToString()
     raw = tensor_bytes(kv)
     for off, end in chunk_ranges(len(raw), chunk_bytes):
         yield b"".join((head, _OFFSET_TAG, _varint(off), _DATA_TAG, _varint(end - off), raw[off:end]))
@@ -99,24 +100,30 @@ class KvSender:
         return entry[1]
 
     async def send(self, address: str, request_id: str, kv: torch.Tensor, first_token: int,
-                   first_block: int, timeout_s: float | None = None, shm: bool = False) -> SentKv:
-        """Deliver; the decode worker's answer. Raises grpc.aio.AioRpcError if unreachable.
+                   first_block: int, timeout_s: float | None = None, shm: bool = False, *,
+                   token: bytes) -> SentKv:
+        """Deliver with the job's transfer ``token``; the decode worker's answer. Raises
+        grpc.aio.AioRpcError if unreachable. ``address`` must be one discovery lists for the
+        job's decode worker: the caller checks (services/prefill/decode_directory.py).
 
         ``shm``: try the same-host path first (the caller knows both ends share /dev/shm);
         if the segment cannot be written here or used there, send the bytes over gRPC.
         """
         if shm and kv.numel() > 0:  # an empty segment cannot be mapped
-            ack = await self._send_shm(address, request_id, kv, first_token, first_block, timeout_s)
+            ack = await self._send_shm(address, request_id, kv, first_token, first_block, timeout_s,
+                                       token)
             if ack is not None:
                 return SentKv(ack, "shm")
-        chunks = kv_chunks(request_id, kv, first_token, first_block, self.worker_id, self.chunk_bytes)
+        chunks = kv_chunks(request_id, kv, first_token, first_block, self.worker_id, self.chunk_bytes,
+                           token)
         return SentKv(await self._call(address)(chunks, timeout=timeout_s,
                                                    metadata=call_metadata()), "grpc")
 
     async def _send_shm(self, address: str, request_id: str, kv: torch.Tensor, first_token: int,
-                        first_block: int, timeout_s: float | None) -> worker_pb2.KvTransferAck | None:
+                        first_block: int, timeout_s: float | None, token: bytes
+                        ) -> worker_pb2.KvTransferAck | None:
         """The shared-memory transfer's ack; None when it could not be used (send bytes)."""
-        head = kv_header(request_id, kv, first_token, first_block, self.worker_id)
+        head = kv_header(request_id, kv, first_token, first_block, self.worker_id, token)
         head.shm_name = new_segment_name()
         # NOTE: in a thread (a few hundred MB take ~0.1 s); the segment is unlinked only
         # after the write ended, or a cancelled send could leave a file created later.

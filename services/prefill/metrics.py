@@ -16,8 +16,12 @@ class PrefillMetrics:
         r = self.registry
         r.register(EngineStatsCollector(stats))
         self.jobs = Counter("tandem_prefill_jobs_total",
-                            "Prefill jobs by outcome (delivered, rejected, expired, failed)",
-                            ["outcome"], registry=r)
+                            "Prefill jobs by outcome (delivered, rejected, expired, failed, "
+                            "malformed, refused)", ["outcome"], registry=r)
+        self.jobs_refused = Counter(
+            "tandem_prefill_jobs_refused_total",
+            "Prefill jobs terminated without work: no transfer token, or a decode worker or "
+            "address discovery does not list", ["reason"], registry=r)
         self.kv_bytes_sent = Counter("tandem_prefill_kv_bytes_sent_total",
                                      "KV bytes streamed to decode workers", registry=r)
         self.kv_transfers = Counter("tandem_prefill_kv_transfers_total",

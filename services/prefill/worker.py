@@ -8,7 +8,11 @@ Delivery rules (docs/architecture.md, "Prefill queue"):
 - ack only after the decode worker answered the transfer; an answer of "not accepted" is
   acked too (the decode worker gave up or got it already: a retry cannot help);
 - a failure here (engine error, decode worker unreachable) naks with a short delay so
-  another worker retries; a job past its deadline is acked without work.
+  another worker retries; a job past its deadline is acked without work;
+- a job is terminated without work (never retried: any worker would refuse it) when it
+  carries no transfer token, or when discovery does not list its ``kv_transfer_address``
+  for its ``decode_worker_id`` within ``prefill.discovery_wait_s``: KV, and with it the
+  prompt, goes only to a registered decode worker, never to an address a job made up.
 """
 
 from __future__ import annotations
@@ -23,14 +27,17 @@ from nats.aio.msg import Msg
 
 from services.codec.prefill import job_from_bytes
 from services.common.config import ClusterConfig
+from services.common.discovery import Discovery
 from services.common.errors import InvalidRequest
 from services.common.nats_client import NatsClient, Subjects
 from services.common.service import cancel_and_wait
 from services.disagg.kv_shm import host_id
 from services.disagg.prefill_job import PrefillJob
 from services.disagg.prefill_queue import ensure_prefill_queue
+from services.disagg.transfer_token import well_formed
 from services.engine.async_engine import AsyncEngine
 from services.engine.request import GenerateRequest
+from services.prefill.decode_directory import DecodeDirectory
 from services.prefill.kv_sender import KvSender, SentKv
 from services.prefill.metrics import PrefillMetrics
 
@@ -39,6 +46,9 @@ log = logging.getLogger(__name__)
 # An idle pull loop re-ensures the stream and consumer this often (they may be gone after a
 # nats-server restart that lost the memory stream).
 _ENSURE_IDLE_S = 3.0
+# tandem_prefill_jobs_refused_total{reason} for a job without a well-formed transfer token
+# (the others are decode_directory.Unlisted values).
+NO_TOKEN = "no_token"
 
 
 class PrefillWorker:
@@ -46,6 +56,8 @@ class PrefillWorker:
 
     def __init__(self, engine: AsyncEngine, nc: NatsClient, cfg: ClusterConfig, worker_id: str,
                  metrics: PrefillMetrics | None = None) -> None:
+        """``start()`` opens discovery on ``nc`` and watches the decode workers: a job's KV
+        goes only to an address listed there (``self.decode_workers``)."""
         self.engine = engine
         self.cfg = cfg
         self.worker_id = worker_id
@@ -53,6 +65,7 @@ class PrefillWorker:
         self._nc = nc
         self._subjects = Subjects(cfg.namespace)
         self._sender = KvSender(worker_id, cfg.prefill.kv_chunk_bytes)
+        self.decode_workers = DecodeDirectory()
         self._free = cfg.prefill.max_concurrent_jobs  # job slots not in use
         self._room = asyncio.Event()
         self._jobs: set[asyncio.Task[None]] = set()
@@ -60,6 +73,8 @@ class PrefillWorker:
         self._psub = None
 
     async def start(self) -> None:
+        # NOTE: watch discovery before pulling: jobs wait for it (bounded) otherwise.
+        self.decode_workers.start(await Discovery.open(self._nc, self.cfg.namespace, self.cfg.discovery))
         js = self._nc.jetstream()
         await ensure_prefill_queue(js, self._subjects, self.cfg.prefill)
         self._psub = await js.pull_subscribe_bind(
@@ -94,6 +109,7 @@ class PrefillWorker:
                 log.debug("prefill unsubscribe: %s", e)
             self._psub = None
         await self._sender.close()
+        await self.decode_workers.close()
 
     async def _pull_loop(self) -> None:
         assert self._psub is not None
@@ -151,8 +167,17 @@ class PrefillWorker:
             self.metrics.jobs.labels("expired").inc()
             await msg.ack()
             return
+        if not well_formed(job.transfer_token):
+            await self._refuse(msg, job, NO_TOKEN)
+            return
         ticker = asyncio.create_task(self._keep_alive(msg), name=f"in-progress {job.request_id}")
         try:
+            why = await self.decode_workers.address_for(
+                job.decode_worker_id, job.kv_transfer_address,
+                min(self.cfg.prefill.discovery_wait_s, remaining_s))
+            if why is not None:
+                await self._refuse(msg, job, why.value)
+                return
             sent = await self._prefill_and_send(msg, job, remaining_s)
         except asyncio.CancelledError:
             raise
@@ -175,6 +200,14 @@ class PrefillWorker:
             self.metrics.kv_transfers.labels(sent.transport).inc()
         await _quietly(msg.ack())
 
+    async def _refuse(self, msg: Msg, job: PrefillJob, reason: str) -> None:
+        """Terminate a job this worker will not run: every worker would refuse it alike."""
+        log.warning("refusing prefill job %s for %r at %r: %s", job.request_id,
+                    job.decode_worker_id, job.kv_transfer_address, reason)
+        self.metrics.jobs.labels("refused").inc()
+        self.metrics.jobs_refused.labels(reason).inc()
+        await _quietly(msg.term())
+
     async def _prefill_and_send(self, msg: Msg, job: PrefillJob, remaining_s: float) -> SentKv:
         delivery = msg.metadata.num_delivered if msg.metadata else job.attempt
         # NOTE: one sampled token with the request's own sampling (and seed): the first
@@ -192,10 +225,12 @@ class PrefillWorker:
         if final.kv.shape[2] != job.num_blocks:
             raise RuntimeError(f"exported {final.kv.shape[2]} blocks, job asked {job.num_blocks}")
         same_host = bool(job.decode_host_id) and job.decode_host_id == host_id()
+        # NOTE: the address was checked against discovery before the work (_run_job).
         return await self._sender.send(job.kv_transfer_address, job.request_id, final.kv,
                                        final.token_ids[0], job.first_block,
                                        timeout_s=max(remaining_s, 1.0),
-                                       shm=same_host and self.cfg.prefill.kv_transport == "auto")
+                                       shm=same_host and self.cfg.prefill.kv_transport == "auto",
+                                       token=job.transfer_token)
 
     async def _keep_alive(self, msg: Msg) -> None:
         while True:

@@ -1,11 +1,27 @@
 """KV event ingest: NATS event batches into the radix index, with gap repair by full dumps.
 
+Only registered decode workers are indexed: a worker is admitted by ``worker_joined`` (the
+router's discovery watch) and forgotten, index and all, by ``worker_left``. Batches under
+any other worker id are dropped and counted (``tandem_router_events_ignored_total``): anyone
+who can publish on NATS could otherwise make the router hold blocks, and ask for dumps,
+under as many made-up ids as it likes. (``mark_synced`` admits a worker too, for the bench
+and tests that feed events without NATS.)
+
 Per worker the ingest keeps ``(session, last_event_id)``. An event with id ``last + 1`` is
 applied; ids ``<= last`` are replays and skipped; a larger id is a gap. A gap, a stored
-event after an unknown parent, a new session (the worker restarted) or a worker seen for the
-first time all trigger a *sync*: request ``{ns}.kv.dump.{worker}``, and while it is in flight
-buffer that worker's batches. The dump replaces the worker's part of the index and sets
-``last_event_id``; the buffered batches are then replayed through the same rules.
+event after an unknown parent, a new session (the worker restarted) or a worker joining all
+trigger a *sync*: request ``{ns}.kv.dump.{worker}``, and while it is in flight buffer that
+worker's batches. The dump replaces the worker's part of the index and sets
+``last_event_id``; the buffered batches are then replayed through the same rules, except
+that one of another session than the dump's starts one more sync instead of being buffered
+again (which would loop: a dump per round, forever, for one stale or forged batch).
+
+Bounds per worker: at most ``max_blocks_per_worker`` blocks in the index (a stored event
+past it is refused and counted; chains after refused blocks are refused too, not treated as
+gaps, until the worker's index is cleared), at most ``max_buffered_batches`` batches and
+``max_blocks_per_worker`` blocks buffered during a sync (beyond it the dump is redone). A
+failed dump is retried after 0.05 s, doubling per failure up to ``dump_retry_max_s``; two
+dumps of one worker are at least ``MIN_DUMP_INTERVAL_S`` apart.
 
 Every router replica subscribes to the same subjects (no queue group), so each applies the
 same event stream and, after its own dumps, holds the same index.
@@ -20,6 +36,7 @@ from dataclasses import dataclass, field
 import nats.errors
 from nats.aio.msg import Msg
 
+from services.common.config import RouterConfig
 from services.common.nats_client import NatsClient, Subjects
 from services.common.wire import (
     CLEARED,
@@ -35,6 +52,13 @@ from services.router.metrics import RouterMetrics
 
 log = logging.getLogger(__name__)
 
+_ROUTER_DEFAULTS = RouterConfig()
+FIRST_RETRY_S = 0.05  # the first retry of a failed dump; doubled per failure
+# Two dumps of one worker are at least this far apart, whatever asks for them: a publisher
+# of forged batches under a worker's id can then cost that worker at most a dump or two a
+# second per router, and a lost event is still repaired within it.
+MIN_DUMP_INTERVAL_S = 0.5
+
 
 @dataclass
 class _WorkerSync:
@@ -43,6 +67,12 @@ class _WorkerSync:
     syncing: bool = False
     overflowed: bool = False
     buffer: list[RawEventBatch] = field(default_factory=list)
+    buffered_blocks: int = 0  # stored blocks in ``buffer``
+    # Blocks were refused for the bound since the index was last cleared: a chain after an
+    # unknown parent is then most likely after a refused block, not a gap.
+    truncated: bool = False
+    retry_delay: float = FIRST_RETRY_S
+    next_dump_at: float = 0.0  # event loop time
     task: asyncio.Task[None] | None = None
 
 
@@ -55,6 +85,8 @@ class KvIngest:
         metrics: RouterMetrics,
         dump_timeout_s: float,
         max_buffered_batches: int,
+        max_blocks_per_worker: int = _ROUTER_DEFAULTS.max_blocks_per_worker,
+        dump_retry_max_s: float = _ROUTER_DEFAULTS.dump_retry_max_s,
     ) -> None:
         self._nc = nc
         self._subjects = subjects
@@ -62,9 +94,12 @@ class KvIngest:
         self._metrics = metrics
         self._dump_timeout = dump_timeout_s
         self._max_buffered = max_buffered_batches
+        self._max_blocks = max_blocks_per_worker
+        self._retry_max = dump_retry_max_s
         self._workers: dict[str, _WorkerSync] = {}
         self._sub = None
         self._closed = False
+        metrics.buffered_blocks.set_function(self.buffered_blocks)
 
     async def start(self, nc: NatsClient | None = None) -> None:
         """Subscribe to every worker's events (``nc`` replaces the one given at construction)."""
@@ -93,6 +128,14 @@ class KvIngest:
     def last_event_id(self, worker_id: str) -> int:
         s = self._workers.get(worker_id)
         return s.last_event_id if s is not None else 0
+
+    def admitted(self, worker_id: str) -> bool:
+        """True while the worker's events are indexed (it joined and has not left)."""
+        return worker_id in self._workers
+
+    def buffered_blocks(self) -> int:
+        """Stored blocks held in sync buffers, summed over workers (not yet in the index)."""
+        return sum(s.buffered_blocks for s in self._workers.values())
 
     def mark_synced(self, worker_id: str, session: int, last_event_id: int = 0) -> None:
         """Declare the index in step with ``worker_id`` (session, last id) without a dump:
@@ -131,7 +174,10 @@ class KvIngest:
     def handle_batch(self, batch: RawEventBatch) -> None:
         s = self._workers.get(batch.worker_id)
         if s is None:
-            s = self._workers[batch.worker_id] = _WorkerSync()
+            # NOTE: not a registered decode worker (yet): nothing is kept. One that registers
+            # later is synced by a dump when it joins, which covers these events.
+            self._metrics.events_ignored.labels("kv_events", "unregistered").inc()
+            return
         if s.syncing:
             self._buffer(s, batch)
             return
@@ -151,20 +197,38 @@ class KvIngest:
             if eid != s.last_event_id + 1:
                 self._gap(worker, s, batch)
                 break
-            try:
-                kind = ev[0]
-                if kind == STORED:
-                    index.apply_stored(worker, ev[2], ev[3], ev[4])
-                elif kind == REMOVED:
-                    index.apply_removed(worker, ev[2])
-                elif kind == CLEARED:
-                    index.clear_worker(worker)
-            except UnknownParentError:
-                self._gap(worker, s, batch)
-                break
+            kind = ev[0]
+            if kind == STORED:
+                if not self._store(worker, s, ev):
+                    self._gap(worker, s, batch)
+                    break
+            elif kind == REMOVED:
+                index.apply_removed(worker, ev[2])
+            elif kind == CLEARED:
+                index.clear_worker(worker)
+                s.truncated = False
             s.last_event_id = eid
             applied += 1
         self._metrics.events_applied.inc(applied)
+
+    def _store(self, worker: str, s: _WorkerSync, ev: list) -> bool:
+        """Apply a stored event within the worker's bound; False for a gap (unknown parent).
+        A refused event counts as applied: its id is consumed, its blocks are not indexed."""
+        if self._index.num_blocks(worker) + len(ev[3]) > self._max_blocks:
+            if not s.truncated:
+                log.warning("KV index of %s is at router.max_blocks_per_worker (%d): refusing "
+                            "further stored blocks until it shrinks", worker, self._max_blocks)
+            s.truncated = True
+            self._metrics.events_ignored.labels("kv_events", "over_limit").inc()
+            return True
+        try:
+            self._index.apply_stored(worker, ev[2], ev[3], ev[4])
+        except UnknownParentError:
+            if s.truncated:  # after a refused block: refused as well
+                self._metrics.events_ignored.labels("kv_events", "over_limit").inc()
+                return True
+            return False
+        return True
 
     def _gap(self, worker: str, s: _WorkerSync, batch: RawEventBatch) -> None:
         self._metrics.gaps.inc()
@@ -173,11 +237,14 @@ class KvIngest:
         self._start_sync(worker, s)
 
     def _buffer(self, s: _WorkerSync, batch: RawEventBatch) -> None:
-        if len(s.buffer) >= self._max_buffered:
+        blocks = sum(len(ev[3]) for ev in batch.events if ev[0] == STORED)
+        if len(s.buffer) >= self._max_buffered or s.buffered_blocks + blocks > self._max_blocks:
             s.buffer.clear()
+            s.buffered_blocks = 0
             s.overflowed = True  # the dump in flight is already stale: redo it after
         else:
             s.buffer.append(batch)
+            s.buffered_blocks += blocks
 
     # ---- dumps -----------------------------------------------------------------------
     def _start_sync(self, worker: str, s: _WorkerSync) -> None:
@@ -189,8 +256,11 @@ class KvIngest:
 
     async def _sync(self, worker: str, s: _WorkerSync) -> None:
         assert self._nc is not None  # _start_sync runs only after start()
-        delay = 0.05
+        loop = asyncio.get_running_loop()
         while True:
+            wait = s.next_dump_at - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
             s.overflowed = False
             try:
                 reply = await self._nc.request(
@@ -200,28 +270,46 @@ class KvIngest:
                 if dump.worker_id != worker:
                     raise WireError(f"dump for {worker!r} answered by {dump.worker_id!r}")
             except (nats.errors.Error, asyncio.TimeoutError, WireError) as e:
-                # No responders (not up yet), a timeout or garbage: retry until the worker
-                # leaves discovery (worker_left cancels this task).
+                # No responders (not up yet), a timeout or garbage: retry, backing off, until
+                # the worker leaves discovery (worker_left cancels this task).
                 self._metrics.dumps.labels("failed").inc()
-                log.info("KV dump of %s failed (%s); retrying in %.2fs", worker, e, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+                log.info("KV dump of %s failed (%s); retrying in %.2fs", worker, e, s.retry_delay)
+                s.next_dump_at = loop.time() + s.retry_delay
+                s.retry_delay = min(s.retry_delay * 2, self._retry_max)
                 continue
+            s.retry_delay = FIRST_RETRY_S
+            s.next_dump_at = loop.time() + MIN_DUMP_INTERVAL_S
             if s.overflowed:
                 continue
             break
         self._index.clear_worker(worker)
+        s.truncated = False
+        refused = orphans = 0
         for ev in dump.events:
             if ev[0] == STORED:
+                if self._index.num_blocks(worker) + len(ev[3]) > self._max_blocks:
+                    s.truncated = True
+                    refused += 1
+                    continue
                 try:
                     self._index.apply_stored(worker, ev[2], ev[3], ev[4])
                 except UnknownParentError:
-                    log.warning("dump of %s has a chain after an unknown parent; skipped", worker)
+                    orphans += 1  # after a refused block, or a dump out of order
+        if refused or orphans:
+            self._metrics.events_ignored.labels("kv_events", "over_limit").inc(refused)
+            log.warning("dump of %s: %d stored events over router.max_blocks_per_worker, %d after "
+                        "an unknown parent; not indexed", worker, refused, orphans)
         self._metrics.dumps.labels("ok").inc()
         s.session, s.last_event_id = dump.session, dump.last_event_id
         s.syncing, s.task = False, None
-        pending, s.buffer = s.buffer, []
+        pending, s.buffer, s.buffered_blocks = s.buffer, [], 0
         for batch in pending:
+            if not s.syncing and batch.session != s.session:
+                # NOTE: the worker restarted after the dump (or the batch is forged): one
+                # more dump settles it, and the batch is not buffered again.
+                self._metrics.events_ignored.labels("kv_events", "stale_session").inc()
+                self._start_sync(worker, s)
+                continue
             self.handle_batch(batch)
 
 

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+# The (kind, reason) pairs of tandem_router_events_ignored_total.
+IGNORED = (("kv_events", "unregistered"), ("kv_events", "over_limit"),
+           ("kv_events", "stale_session"), ("load", "unregistered"))
+
 
 class RouterMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -38,3 +42,17 @@ class RouterMetrics:
         self.bad_messages = Counter(
             "tandem_router_bad_messages_total", "NATS messages that did not decode", ["kind"], registry=r
         )
+        self.buffered_blocks = Gauge(
+            "tandem_router_buffered_blocks",
+            "Stored blocks in event batches held while a worker's dump is in flight", registry=r,
+        )
+        self.events_ignored = Counter(
+            "tandem_router_events_ignored_total",
+            "Decoded messages or events not applied, by kind (kv_events, load) and reason "
+            "(unregistered: no such decode worker in discovery; over_limit: past "
+            "router.max_blocks_per_worker; stale_session: buffered under another session "
+            "than the dump's)",
+            ["kind", "reason"], registry=r,
+        )
+        for kind, reason in IGNORED:
+            self.events_ignored.labels(kind, reason)

@@ -7,8 +7,8 @@ request's first token and its end with ``update(request_id, phase)`` so its load
 or (deployed processors) publish them on the shared in-flight subject, which every replica
 applies.
 
-A request routes only to workers that discovery lists as live decode workers; the index may
-know more (events arrive before the registration) but they are not candidates.
+A request routes only to workers that discovery lists as live decode workers; KV events and
+load from any other worker id are dropped (a worker that registers later is synced by a dump).
 """
 
 from __future__ import annotations
@@ -112,7 +112,8 @@ class Router:
         self._nc: NatsClient | None = None
         self._owns_nc = False
         self.ingest = KvIngest(
-            None, self.subjects, self.index, self.metrics, rc.dump_timeout_s, rc.max_buffered_batches
+            None, self.subjects, self.index, self.metrics, rc.dump_timeout_s, rc.max_buffered_batches,
+            max_blocks_per_worker=rc.max_blocks_per_worker, dump_retry_max_s=rc.dump_retry_max_s,
         )
         self._subs: list = []
         self._watch_task: asyncio.Task[None] | None = None
@@ -272,6 +273,11 @@ class Router:
         except WireError as e:
             self.metrics.bad_messages.labels("load").inc()
             log.warning("dropping bad load message on %s: %s", msg.subject, e)
+            return
+        if load.worker_id not in self._workers:
+            # NOTE: only registered decode workers' load is kept (the tracker would grow by
+            # one entry per made-up id); a worker's first samples may precede its join.
+            self.metrics.events_ignored.labels("load", "unregistered").inc()
             return
         self.load.update_metrics(load)
         if load.requests_waiting >= self.cfg.decode.max_waiting_requests and load.worker_id in self._workers:

@@ -1,5 +1,7 @@
 """In-process wiring of decode and prefill workers for the disaggregation tests: real
-nats-server, real gRPC over TCP on 127.0.0.1, engines built from the cluster config."""
+nats-server, real gRPC over TCP on 127.0.0.1, engines built from the cluster config. A
+decode worker registers in discovery with its KvTransfer address, as `tandem decode` does:
+prefill workers send KV only to addresses listed there."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import grpc
 
 from services.codec.worker import generate_request_to_pb
 from services.common.config import ClusterConfig, parse_config
+from services.common.discovery import Discovery, Registration
 from services.common.nats_client import Subjects, connect
 from services.decode.grpc_server import serve_decode_worker
 from services.decode.worker import DecodeWorker
@@ -63,10 +66,13 @@ async def decode_worker(cfg: ClusterConfig, worker_id: str = "decode-0") -> Asyn
         worker = DecodeWorker(ae, cfg, worker_id, queue)
         server, port = await serve_decode_worker(worker, "127.0.0.1", 0)
         worker.kv_address = f"127.0.0.1:{port}"
+        discovery = await Discovery.open(nc, cfg.namespace, cfg.discovery)
+        lease = await discovery.register(Registration("decode", worker_id, address=worker.kv_address))
         channel = grpc.aio.insecure_channel(worker.kv_address)
         try:
             yield DecodeHandle(worker, ae, worker.kv_address, worker_pb2_grpc.DecodeWorkerStub(channel))
         finally:
+            await lease.close()
             await channel.close()
             await server.stop(grace=0)
     await nc.close()

@@ -16,6 +16,7 @@ from services.decode import kv_receiver
 from services.decode.kv_receiver import NOT_WAITING, ExpectedKv, KvReceiver
 from services.decode.worker import DecodeWorker
 from services.disagg import kv_shm
+from services.disagg.transfer_token import new_token
 from services.prefill import kv_sender
 from services.prefill.kv_sender import KvSender
 from tests.support.stack import mock_cluster_cfg, worker_decode_node
@@ -23,6 +24,7 @@ from tests.support.stack import mock_cluster_cfg, worker_decode_node
 pytestmark = pytest.mark.asyncio
 
 SHAPE = (2, 2, 5, 4, 2, 8)  # (layers, K/V, blocks, block_size, heads, dim)
+TOKEN = new_token()
 
 
 @dataclass
@@ -64,13 +66,13 @@ def segments(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 async def test_shm_send_is_exact_and_leaves_no_segment(ends: Ends, segments: list[str]) -> None:
     kv = torch.randn(SHAPE)
-    fut = ends.receiver.expect("r", ExpectedKv(2, 5, SHAPE, torch.float32))
-    sent = await ends.sender.send(ends.address, "r", kv, 3, 2, timeout_s=10, shm=True)
+    fut = ends.receiver.expect("r", ExpectedKv(2, 5, SHAPE, torch.float32, TOKEN))
+    sent = await ends.sender.send(ends.address, "r", kv, 3, 2, timeout_s=10, shm=True, token=TOKEN)
     assert sent.transport == "shm" and sent.ack.accepted
     got = await fut
     assert torch.equal(got.kv, kv) and got.first_token == 3
     # not waiting any more: refused, and that segment is removed as well
-    late = await ends.sender.send(ends.address, "r", kv, 3, 2, timeout_s=10, shm=True)
+    late = await ends.sender.send(ends.address, "r", kv, 3, 2, timeout_s=10, shm=True, token=TOKEN)
     assert not late.ack.accepted and late.ack.error == NOT_WAITING
     assert len(segments) == 2 and not any(os.path.exists(p) for p in segments)
     assert ends.bytes_received() == kv.nbytes  # the accepted transfer only
@@ -84,8 +86,8 @@ async def test_unusable_segment_falls_back_to_grpc_bytes(ends: Ends, segments: l
 
     monkeypatch.setattr(kv_receiver, "map_segment", private_shm)
     kv = torch.randn(SHAPE)
-    fut = ends.receiver.expect("r", ExpectedKv(2, 5, SHAPE, torch.float32))
-    sent = await ends.sender.send(ends.address, "r", kv, 3, 2, timeout_s=10, shm=True)
+    fut = ends.receiver.expect("r", ExpectedKv(2, 5, SHAPE, torch.float32, TOKEN))
+    sent = await ends.sender.send(ends.address, "r", kv, 3, 2, timeout_s=10, shm=True, token=TOKEN)
     assert sent.transport == "grpc" and sent.ack.accepted
     assert torch.equal((await fut).kv, kv)
     assert ends.bytes_received() == kv.nbytes

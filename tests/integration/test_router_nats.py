@@ -1,4 +1,5 @@
-"""The router against a real nats-server: events, gaps and dumps, discovery, replicas, bursts."""
+"""The router against a real nats-server: events, gaps and dumps, discovery, replicas, bursts,
+and what it does with events, load and sessions nobody registered (dropped, bounded, backed off)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from services.common.hashing import block_hashes, local_block_hashes
 from services.common.kv_events import KvCleared, KvEvent, KvStored, StoredBlock
 from services.common.kv_publisher import KvEventPublisher
 from services.common.nats_client import NatsClient, Subjects, connect
+from services.common.wire import WorkerLoad, encode_dump, encode_event_batch, encode_load
 from services.processor.router_reports import RouterReports, inflight_publisher
 from services.router.router import Router
 from services.router.types import RequestPhase, RouteRequest
@@ -233,4 +235,121 @@ async def test_restarted_worker_new_session_is_resynced(nc, nats_url, wait_for) 
         assert r.index.find_matches(local_block_hashes([1] * 8, BS)).scores == {}
         assert r.index.find_matches(local_block_hashes([3] * 12, BS)).scores == {"wr": 3}
         await w2.pub.close()
+    await w.close()
+
+
+def _ignored(r: Router, reason: str, kind: str = "kv_events") -> float:
+    return r.metrics.registry.get_sample_value(
+        "tandem_router_events_ignored_total", {"kind": kind, "reason": reason}) or 0.0
+
+
+async def test_events_and_load_of_unregistered_worker_ids_are_dropped(nc, nats_url, wait_for) -> None:
+    ns = "t8"
+    s = Subjects(ns)
+    disc = await Discovery.open(nc, ns, _cfg(nats_url, ns).discovery)
+    w = FakeWorker(nc, ns, "wreal", disc)
+    await w.start()
+    dump_asks: list[str] = []
+
+    async def answer(msg) -> None:  # a forger that would even answer the dumps
+        dump_asks.append(msg.subject)
+        await msg.respond(encode_dump("fake0", 5, 1, [KvCleared("fake0", 1)]))
+
+    subs = [await nc.subscribe(s.kv_dump(f"fake{i}"), cb=answer) for i in range(20)]
+    async with Router(_cfg(nats_url, ns)) as r:
+        await wait_for(lambda: r.ingest.synced("wreal"), what="sync")
+        w.store(SYSTEM)
+        await wait_for(lambda: r.index.num_blocks() == 8, what="the real worker's events")
+        for i in range(20):  # 20 made-up ids, 20 blocks each
+            blocks = tuple(StoredBlock(b.seq_hash, b.local_hash)
+                           for b in block_hashes([i] * 80, BS))
+            await nc.publish(s.kv_events(f"fake{i}"), encode_event_batch(
+                f"fake{i}", 5, [KvStored(f"fake{i}", 1, None, blocks)]))
+            await nc.publish(s.load(f"fake{i}"), encode_load(WorkerLoad(f"fake{i}", 1, 2, 3, 4, 5, 0.0)))
+        await wait_for(lambda: _ignored(r, "unregistered") == 20
+                       and _ignored(r, "unregistered", "load") == 20, what="counted")
+        await asyncio.sleep(0.3)  # any dump a fake id could trigger would be asked by now
+        assert r.index.num_blocks() == 8 and r.index.workers == ["wreal"]
+        assert r.metrics.registry.get_sample_value("tandem_router_indexed_blocks") == 8
+        assert r.ingest.buffered_blocks() == 0
+        assert r.metrics.registry.get_sample_value("tandem_router_buffered_blocks") == 0
+        assert not dump_asks and r.load.metrics("fake0") is None
+        assert not any(r.ingest.admitted(f"fake{i}") for i in range(20))
+        # A worker that leaves takes its index with it; its later events are dropped too.
+        await w.close()
+        await wait_for(lambda: r.index.num_blocks() == 0 and not r.ingest.admitted("wreal"),
+                       what="leave")
+        await nc.publish(s.kv_events("wreal"), encode_event_batch("wreal", 5, [KvCleared("wreal", 1)]))
+        await wait_for(lambda: _ignored(r, "unregistered") == 21, what="dropped after leaving")
+    for sub in subs:
+        await sub.unsubscribe()
+
+
+async def test_dump_retries_back_off_exponentially_up_to_the_cap(nc, nats_url, wait_for) -> None:
+    ns = "t9"
+    s = Subjects(ns)
+    disc = await Discovery.open(nc, ns, _cfg(nats_url, ns).discovery)
+    asks: list[float] = []
+
+    async def garbage(msg) -> None:  # a registered worker whose dumps never decode
+        asks.append(asyncio.get_running_loop().time())
+        await msg.respond(b"not a dump")
+
+    sub = await nc.subscribe(s.kv_dump("wbad"), cb=garbage)
+    lease = await disc.register(Registration("decode", "wbad", address="wbad:1"))
+    async with Router(_cfg(nats_url, ns, dump_retry_max_s=0.4)) as r:
+        await asyncio.sleep(3.0)
+        n = len(asks)
+        # 0.05, 0.1, 0.2, 0.4, then every 0.4 s: ~10 asks in 3 s (the old fixed ramp to 2 s
+        # would have made as many; what matters is the spacing below).
+        assert 6 <= n <= 11, asks
+        gaps = [b - a for a, b in zip(asks, asks[1:], strict=False)]
+        for got, want in zip(gaps, [0.05, 0.1, 0.2, 0.4, 0.4, 0.4], strict=False):
+            assert want * 0.9 <= got <= want + 0.15, gaps
+        assert r.metrics.dumps.labels("failed")._value.get() == n
+        # Gone from discovery: no more asks at all.
+        await lease.close()
+        await wait_for(lambda: "wbad" not in r.workers, what="leave")
+        n = len(asks)
+        await asyncio.sleep(1.0)
+        assert len(asks) == n
+    await sub.unsubscribe()
+
+
+async def test_a_forged_session_costs_a_dump_or_two_not_a_loop(nc, nats_url, wait_for) -> None:
+    ns = "t10"
+    s = Subjects(ns)
+    disc = await Discovery.open(nc, ns, _cfg(nats_url, ns).discovery)
+    w = FakeWorker(nc, ns, "wf", disc)
+    await w.start()
+    async with Router(_cfg(nats_url, ns)) as r:
+        await wait_for(lambda: r.ingest.synced("wf"), what="sync")
+        w.store(SYSTEM)
+        await wait_for(lambda: r.index.num_blocks("wf") == 8, what="events")
+        ok = r.metrics.dumps.labels("ok")._value.get()
+        # One batch under the worker's id with a made-up session and a bogus block.
+        await nc.publish(s.kv_events("wf"), encode_event_batch(
+            "wf", 12345, [KvStored("wf", 1, None, (StoredBlock(1, 2),))]))
+        await wait_for(lambda: _ignored(r, "stale_session") == 1, what="the stale batch dropped")
+        await wait_for(lambda: r.ingest.synced("wf"), what="resync")
+        await asyncio.sleep(1.5)  # a loop would dump again every MIN_DUMP_INTERVAL_S
+        assert r.metrics.dumps.labels("ok")._value.get() - ok == 2
+        assert r.index.num_blocks("wf") == 8 and not r.index.holds("wf", 1)
+        assert r.index.find_matches(local_block_hashes(SYSTEM, BS)).scores == {"wf": 8}
+    await w.close()
+
+
+async def test_a_dump_past_the_bound_is_indexed_up_to_it(nc, nats_url, wait_for) -> None:
+    ns = "t11"
+    disc = await Discovery.open(nc, ns, _cfg(nats_url, ns).discovery)
+    w = FakeWorker(nc, ns, "wbig", disc)
+    for i in range(5):
+        w.store([i] * 16, publish=False)  # 4 blocks each, before any router listens
+    await w.start()
+    async with Router(_cfg(nats_url, ns, max_blocks_per_worker=10)) as r:
+        await wait_for(lambda: r.ingest.synced("wbig"), what="dump")
+        assert r.index.num_blocks("wbig") == 8  # two whole chains; the rest refused
+        assert _ignored(r, "over_limit") == 3
+        assert r.metrics.registry.get_sample_value("tandem_router_indexed_blocks") == 8
+        r.index.check_integrity()
     await w.close()

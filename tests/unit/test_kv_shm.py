@@ -11,22 +11,25 @@ import torch
 
 from services.decode.kv_receiver import NOT_WAITING, ExpectedKv, KvReceiver, KvTransferError
 from services.disagg import kv_shm
+from services.disagg.transfer_token import new_token
 from services.gen import worker_pb2
 from services.prefill.kv_sender import kv_header
 
 pytestmark = pytest.mark.asyncio
 
 SHAPE = (2, 2, 3, 4, 1, 2)  # (layers, K/V, blocks, block_size, heads, dim)
-EXPECT = ExpectedKv(first_block=1, num_blocks=3, shape=SHAPE, dtype=torch.float32)
+TOKEN = new_token()
+EXPECT = ExpectedKv(first_block=1, num_blocks=3, shape=SHAPE, dtype=torch.float32, token=TOKEN)
 
 
 async def _one(msg: bytes) -> AsyncIterator[bytes]:
     yield msg
 
 
-def _shm_transfer(kv: torch.Tensor, rid: str = "r", write: bool = True) -> tuple[bytes, str]:
+def _shm_transfer(kv: torch.Tensor, rid: str = "r", write: bool = True,
+                  token: bytes = TOKEN) -> tuple[bytes, str]:
     """A header-only KvChunk naming a fresh segment holding ``kv`` (written unless not)."""
-    head = kv_header(rid, kv, 9, 1, "p")
+    head = kv_header(rid, kv, 9, 1, "p", token)
     head.shm_name = kv_shm.new_segment_name()
     if write:
         kv_shm.write_segment(head.shm_name, memoryview(kv.numpy()).cast("B"))
@@ -87,3 +90,17 @@ async def test_host_id_names_this_boot_and_shm_mount() -> None:
     assert hid and hid == kv_shm.host_id()
     st = os.stat(kv_shm.SHM_DIR)
     assert hid.endswith(f"/{st.st_dev}:{st.st_ino}")
+
+
+async def test_shm_header_without_the_token_is_refused_and_the_real_one_still_lands() -> None:
+    rx = KvReceiver()
+    fut = rx.expect("r", EXPECT)
+    for token in (b"", new_token()):
+        msg, path = _shm_transfer(torch.full(SHAPE, 7.0), token=token)
+        ack = await rx.receive(_one(msg))
+        assert not ack.accepted and "transfer token" in ack.error and not os.path.exists(path)
+        assert rx.is_waiting("r") and not fut.done()
+    kv = torch.randn(SHAPE)
+    msg, _ = _shm_transfer(kv)
+    assert (await rx.receive(_one(msg))).accepted
+    assert torch.equal((await fut).kv, kv)

@@ -55,3 +55,51 @@ def test_stored_after_unknown_parent_is_a_gap() -> None:
     ing, index, metrics = _ingest()
     _feed(ing, 9, [_stored(1, [5] * 4, parent=12345)])
     assert metrics.gaps._value.get() == 1 and index.num_blocks() == 0
+
+
+def _ignored(metrics: RouterMetrics, reason: str, kind: str = "kv_events") -> float:
+    return metrics.registry.get_sample_value(
+        "tandem_router_events_ignored_total", {"kind": kind, "reason": reason}) or 0.0
+
+
+def test_batches_of_a_worker_not_admitted_are_dropped_and_counted() -> None:
+    ing, index, metrics = _ingest()
+    for sid in (1, 2):  # no state is kept for it, whatever the session
+        ing.handle_batch(decode_event_batch_raw(encode_event_batch(
+            "forged", sid, [KvStored("forged", 1, None, _stored(1, [3] * 40).blocks)])))
+    assert index.num_blocks() == 0 and not ing.admitted("forged") and ing.buffered_blocks() == 0
+    assert _ignored(metrics, "unregistered") == 2
+    assert metrics.registry.get_sample_value("tandem_router_indexed_blocks") is not None
+
+
+def test_stored_blocks_past_the_bound_are_refused_not_gaps_until_cleared() -> None:
+    index, metrics = RadixIndex(), RouterMetrics()
+    ing = KvIngest(None, Subjects("t"), index, metrics, dump_timeout_s=1, max_buffered_batches=4,
+                   max_blocks_per_worker=5)
+    ing.mark_synced("w", session=9)
+    e1 = _stored(1, [1] * 16)  # 4 blocks
+    e2 = _stored(2, [2] * 8)  # 2 more: past 5, refused whole
+    e3 = _stored(3, [4] * 4, parent=e2.blocks[-1].seq_hash)  # after a refused block
+    e4 = _stored(4, [5] * 4)  # 1 more: fits
+    _feed(ing, 9, [e1, e2, e3, e4])
+    assert index.num_blocks("w") == 5 and ing.last_event_id("w") == 4 and ing.synced("w")
+    assert _ignored(metrics, "over_limit") == 2 and metrics.gaps._value.get() == 0
+    _feed(ing, 9, [KvCleared("w", 5), _stored(6, [2] * 8)])  # room again
+    assert index.num_blocks("w") == 2
+    # Once cleared, an unknown parent is a gap again (not a refusal).
+    _feed(ing, 9, [_stored(7, [6] * 4, parent=12345)])
+    assert metrics.gaps._value.get() == 1 and _ignored(metrics, "over_limit") == 2
+    index.check_integrity()
+
+
+def test_the_sync_buffer_is_bounded_in_blocks_too() -> None:
+    index, metrics = RadixIndex(), RouterMetrics()
+    ing = KvIngest(None, Subjects("t"), index, metrics, dump_timeout_s=1, max_buffered_batches=100,
+                   max_blocks_per_worker=10)
+    ing.worker_joined("w")  # no NATS: the sync waits, batches are buffered
+    _feed(ing, 9, [_stored(1, [1] * 32)])  # 8 blocks
+    assert ing.buffered_blocks() == 8
+    _feed(ing, 9, [_stored(2, [2] * 12)])  # 3 more: past 10, the buffer is dropped
+    assert ing.buffered_blocks() == 0 and index.num_blocks() == 0
+    ing.worker_left("w")
+    assert not ing.admitted("w")
