@@ -66,7 +66,7 @@ class EngineConfig(_Strict):
     seed: int = 0
     # Schedule step N+1 while step N computes (docs/engine.md "The overlapped loop");
     # false runs the strictly serial loop, for debugging and for the comparison.
-    overlap: bool = False
+    overlap: bool = True
     mock: MockRunnerConfig = MockRunnerConfig()
 
 
