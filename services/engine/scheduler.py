@@ -3,8 +3,9 @@
 There are no prefill and decode phases (vLLM v1): every step each running sequence
 computes some of ``token_ids[num_computed_tokens:]``, and samples once all are computed.
 
-One step (``schedule``), a pure function of scheduler state (no runner calls), so a later
-change can overlap scheduling step N+1 with the forward of step N:
+One step (``schedule``), a function of scheduler state alone (it calls no runner; it
+may wait for the batch in flight to free blocks before it preempts, ``fence.drain``), so
+the engine can schedule step N+1 while step N computes:
 
 1. Remote-prefilled sequences (READY) take free seats (``max_num_seqs``).
 2. Every running sequence with one token left (a decode) gets it. Decodes are never
