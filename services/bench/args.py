@@ -64,6 +64,11 @@ def _engine(sub: argparse._SubParsersAction, add_config: AddConfig) -> None:
     p.add_argument("--decode-steps", type=int, default=32)
     p.add_argument("--decode-context", type=int, default=32,
                    help="decode: prompt tokens of each sequence (its context when timing starts)")
+    p.add_argument("--overlap", default="",
+                   help="on, off or on,off: the overlapped and/or serial step loop, side by "
+                        "side (default: engine.overlap of the config)")
+    p.add_argument("--runners", default="",
+                   help="torch, mock or torch,mock (default: engine.runner of the config)")
     p.set_defaults(_key=("bench", "engine"))
 
 

@@ -8,6 +8,14 @@ decode steps are timed; tokens/s = N * steps / time. Each figure is the median o
 repetitions. ``--set engine.dtype=bfloat16`` or ``engine.device=cuda`` measure those
 (this replaced benchmarks/engine_forward.py, which timed the runner alone on random
 weights: the scheduler and sampler cost little next to a step's matmuls).
+
+``--overlap on,off`` and ``--runners torch,mock`` measure each combination side by side.
+Each decode figure comes with the **bubble**: the fraction of the timed wall time the
+runner was not computing (``runner.busy_seconds``: inside ``execute``, on the forward
+thread, the mock's simulated device time, or CUDA event time), and the scheduler's time
+per step (``schedule`` + ``update`` on the step thread). The timed window starts and
+ends with no batch in flight (``fence.drain``), so busy time and wall time cover the
+same batches.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ import time
 import torch
 
 from services.bench.results import finish, header, write_json
-from services.common.config import load_config
+from services.common.config import ClusterConfig, load_config
 from services.engine.engine import LLMEngine
 from services.engine.factory import build_engine
 from services.engine.request import GenerateRequest, SamplingParams
@@ -64,10 +72,12 @@ def bench_prefill(engine: LLMEngine, prompt_len: int, repeats: int, gen: torch.G
 
 
 def bench_decode(engine: LLMEngine, n: int, steps: int, context: int, repeats: int,
-                 gen: torch.Generator) -> float:
+                 gen: torch.Generator) -> dict[str, float]:
+    """Median decode tokens/s of ``n`` sequences, with the bubble and scheduler ms/step."""
     vocab = engine.runner.vocab_size
-    rates = []
-    sampling = SamplingParams(temperature=0, max_tokens=steps + 2, ignore_eos=True)
+    runner, fence = engine.runner, engine.kv.fence
+    rates, bubbles, sched_ms = [], [], []
+    sampling = SamplingParams(temperature=0, max_tokens=steps + 4, ignore_eos=True)
     for r in range(repeats):
         for i in range(n):
             engine.add_request(
@@ -77,12 +87,44 @@ def bench_decode(engine: LLMEngine, n: int, steps: int, context: int, repeats: i
         started: set[str] = set()
         while len(started) < n:
             started.update(o.request_id for o in engine.step() if o.token_ids)
+        fence.drain()  # nothing computing when the clock starts
+        busy0, sched0, steps0 = runner.busy_seconds, engine.scheduler_seconds, engine.num_steps
+        tokens = 0
         t0 = time.perf_counter()
         for _ in range(steps):
-            engine.step()
-        rates.append(n * steps / (time.perf_counter() - t0))
+            tokens += sum(len(o.token_ids) for o in engine.step())
+        fence.drain()  # ... nor when it stops: the busy time is all inside the window
+        wall = time.perf_counter() - t0
+        rates.append(tokens / wall)
+        bubbles.append(max(0.0, 1 - (runner.busy_seconds - busy0) / wall))
+        sched_ms.append((engine.scheduler_seconds - sched0) / (engine.num_steps - steps0) * 1e3)
         _drain(engine)
-    return statistics.median(rates)
+    return {"tok_s": round(statistics.median(rates), 1),
+            "bubble": round(statistics.median(bubbles), 4),
+            "sched_ms_per_step": round(statistics.median(sched_ms), 3)}
+
+
+def _modes(arg: str, default: str, allowed: tuple[str, ...], flag: str) -> list[str]:
+    modes = [m.strip() for m in (arg or default).split(",") if m.strip()]
+    bad = [m for m in modes if m not in allowed]
+    if bad or not modes:
+        raise SystemExit(f"{flag}: expected a comma-separated subset of {','.join(allowed)}, "
+                         f"got {arg!r}")
+    return modes
+
+
+def _bench_one(cfg: ClusterConfig, args: argparse.Namespace, concurrency: list[int]) -> dict:
+    engine = build_engine(cfg).engine
+    gen = torch.Generator().manual_seed(0)
+    out: dict = {"prefill_tok_s": round(bench_prefill(engine, args.prompt_len, 3, gen), 1)}
+    out["decode"] = {
+        str(n): bench_decode(engine, n, args.decode_steps, args.decode_context, 2, gen)
+        for n in concurrency
+    }
+    engine.check_integrity()
+    out["device"] = str(getattr(engine.runner, "device", "cpu"))
+    out["dtype"] = str(getattr(engine.runner, "dtype", cfg.engine.dtype))
+    return out
 
 
 def main(args: argparse.Namespace) -> int:
@@ -91,39 +133,52 @@ def main(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, overrides)
     torch.set_num_threads(args.threads)
     concurrency = [int(c) for c in args.concurrency.split(",") if c]
+    overlaps = _modes(args.overlap, "on" if cfg.engine.overlap else "off", ("on", "off"),
+                      "--overlap")
+    runners = _modes(args.runners, cfg.engine.runner, ("torch", "mock"), "--runners")
     need_seqs = max(concurrency, default=1)
     # every decode sequence must stay resident, or preemption would be timed too
-    need_blocks = need_seqs * -(-(args.decode_context + args.decode_steps + 2) // cfg.engine.block_size)
+    need_blocks = need_seqs * -(-(args.decode_context + args.decode_steps + 4) // cfg.engine.block_size)
     raise_to = []
     if cfg.engine.max_num_seqs < need_seqs:
         raise_to.append(f"engine.max_num_seqs={need_seqs}")
     if cfg.engine.num_kv_blocks < need_blocks:
         raise_to.append(f"engine.num_kv_blocks={need_blocks}")
-    if raise_to:
-        cfg = load_config(args.config, [*overrides, *raise_to])
-    print(f"loading {cfg.model.path} on {cfg.engine.device} with {args.threads} threads ...", flush=True)
-    engine = build_engine(cfg).engine
-    gen = torch.Generator().manual_seed(0)
-    results: dict = {"matmul_gflops": round(matmul_gflops(), 1)}
-    results["prefill_tok_s"] = round(bench_prefill(engine, args.prompt_len, 3, gen), 1)
-    results["decode_tok_s"] = {
-        str(n): round(bench_decode(engine, n, args.decode_steps, args.decode_context, 2, gen), 1)
-        for n in concurrency
-    }
-    engine.check_integrity()
+    results: dict = {"matmul_gflops": round(matmul_gflops(), 1), "runs": {}}
+    for runner in runners:
+        for mode in overlaps:
+            run_cfg = load_config(args.config, [*overrides, *raise_to, f"engine.runner={runner}",
+                                                f"engine.overlap={mode == 'on'}"])
+            print(f"{runner} runner, overlap {mode}: {run_cfg.model.path} on "
+                  f"{run_cfg.engine.device} with {args.threads} threads ...", flush=True)
+            results["runs"][f"{runner}/overlap-{mode}"] = _bench_one(run_cfg, args, concurrency)
     results["config"] = {
         "threads": args.threads,
         "prompt_len": args.prompt_len,
         "decode_steps": args.decode_steps,
         "decode_context": args.decode_context,
-        "device": str(engine.runner.device) if hasattr(engine.runner, "device") else "cpu",
-        "dtype": str(getattr(engine.runner, "dtype", cfg.engine.dtype)),
         "model": cfg.model.path,
     }
-    print(f"{'metric':<28}{'value':>12}")
-    print(f"{'fp32 matmul GFLOP/s':<28}{results['matmul_gflops']:>12}")
-    print(f"{'prefill tok/s (' + str(args.prompt_len) + ' tok)':<28}{results['prefill_tok_s']:>12}")
-    for n, v in results["decode_tok_s"].items():
-        print(f"{'decode tok/s @ ' + n + ' seqs':<28}{v:>12}")
+    _print_table(results, concurrency, runners, overlaps)
     write_json(args.json_path, finish(head, results))
     return 0
+
+
+def _print_table(results: dict, concurrency: list[int], runners: list[str],
+                 overlaps: list[str]) -> None:
+    print(f"fp32 matmul GFLOP/s: {results['matmul_gflops']}")
+    print(f"{'runner':<8}{'overlap':<9}{'seqs':>6}{'decode tok/s':>14}{'bubble':>9}"
+          f"{'sched ms/step':>15}{'on/off':>8}")
+    runs = results["runs"]
+    for runner in runners:
+        for mode in overlaps:
+            run = runs[f"{runner}/overlap-{mode}"]
+            print(f"{runner:<8}{mode:<9}{'prefill':>6}{run['prefill_tok_s']:>14}")
+            for n in concurrency:
+                d = run["decode"][str(n)]
+                ratio = ""
+                if mode == "on" and f"{runner}/overlap-off" in runs:
+                    off = runs[f"{runner}/overlap-off"]["decode"][str(n)]["tok_s"]
+                    ratio = f"{d['tok_s'] / off:.3f}" if off else ""
+                print(f"{runner:<8}{mode:<9}{n:>6}{d['tok_s']:>14}{d['bubble'] * 100:>8.1f}%"
+                      f"{d['sched_ms_per_step']:>15}{ratio:>8}")

@@ -64,6 +64,9 @@ class EngineConfig(_Strict):
     max_num_batched_tokens: int = Field(1024, ge=1)
     max_model_len: int | None = Field(None, ge=1)  # default: the model's context length
     seed: int = 0
+    # Schedule step N+1 while step N computes (docs/engine.md "The overlapped loop");
+    # false runs the strictly serial loop, for debugging and for the comparison.
+    overlap: bool = True
     mock: MockRunnerConfig = MockRunnerConfig()
 
 

@@ -8,8 +8,27 @@ scheduling of step N+1 with the forward of step N.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
 from services.engine.request import SamplingParams
+
+if TYPE_CHECKING:
+    from services.engine.sequence import Sequence
+
+# Future-token slots per batch region; the scheduler rotates through FUTURE_REGIONS regions
+# of max_num_seqs slots. Two would do (a placeholder of batch N is resolved by the runner
+# for batch N+1 and replaced on the host before batch N+2 is built); three leave a margin.
+FUTURE_REGIONS = 3
+
+
+def placeholder(slot: int) -> int:
+    """The token id standing for the token a runner will write to future slot ``slot``."""
+    return -1 - slot
+
+
+def future_slot(token: int) -> int:
+    """The future slot a placeholder token (< 0) refers to."""
+    return -1 - token
 
 
 @dataclass(slots=True)
@@ -18,9 +37,12 @@ class ScheduledSeq:
 
     ``token_ids`` are the tokens whose KV is computed this step, at positions
     ``start_pos .. start_pos + len(token_ids) - 1``; positions before ``start_pos`` are
-    already in the KV cache. ``block_ids`` is the sequence's whole block table and covers
-    every position up to the last one computed now. When ``sample`` is true the last
-    position's logits produce the sequence's next token.
+    already in the KV cache (or will be, by the batch launched before this one). A
+    negative token id is a placeholder (``placeholder(slot)``) for a token the previous
+    batch is still sampling: the runner resolves it from its future-token map right
+    before the forward. ``block_ids`` is the sequence's block table (the live list: it
+    only ever grows in place, and the runner reads only the blocks up to ``end_pos``).
+    When ``sample`` is true the last position's logits produce the sequence's next token.
     """
 
     request_id: str
@@ -38,7 +60,14 @@ class ScheduledSeq:
 
 @dataclass(slots=True)
 class ScheduledBatch:
+    """``seqs[i]`` is the work of ``owners[i]`` (the scheduler's own record, matched by
+    identity when the result comes back: an id may be reused once a request is gone).
+    The ``k``-th sampling sequence (in batch order) writes its token to future slot
+    ``future_base + k``."""
+
     seqs: list[ScheduledSeq] = field(default_factory=list)
+    owners: list[Sequence] = field(default_factory=list)
+    future_base: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -53,3 +82,28 @@ class RunnerOutput:
     """``sampled[i]`` is the new token of ``batch.seqs[i]``, or None where it did not sample."""
 
     sampled: list[int | None]
+
+
+class PendingOutput(Protocol):
+    """A launched batch's result, read back later (the overlapped loop's one sync point)."""
+
+    def wait(self) -> None:
+        """Block until the batch has finished computing (every KV write done)."""
+
+    def result(self) -> RunnerOutput:
+        """Wait, then read the sampled tokens back to the host (idempotent)."""
+
+
+class DoneOutput:
+    """A result that is already on the host (a runner that computes synchronously)."""
+
+    __slots__ = ("_out",)
+
+    def __init__(self, out: RunnerOutput) -> None:
+        self._out = out
+
+    def wait(self) -> None:
+        return None
+
+    def result(self) -> RunnerOutput:
+        return self._out

@@ -5,6 +5,7 @@ Not thread-safe: every call must come from the same thread (AsyncEngine's step t
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -12,7 +13,7 @@ from typing import Any
 
 from services.common.config import EngineConfig
 from services.common.kv_events import KvEvent
-from services.engine.batch import RunnerOutput
+from services.engine.batch import PendingOutput, RunnerOutput, ScheduledBatch
 from services.engine.block_pool import BlockPool, BlockPoolIntegrityError
 from services.engine.kv_cache_manager import KvCacheManager
 from services.engine.remote_prefill import RemotePrefillHandle
@@ -41,6 +42,10 @@ class EngineStats:
 
 class LLMEngine:
     """``step()`` = schedule, execute, update. Requests enter with ``add_request``.
+
+    With ``cfg.overlap`` (and a runner that can ``launch``) a step schedules and launches
+    batch N+1, then reads back and applies batch N while N+1 computes: at most one batch
+    is in flight ahead of the one being processed (docs/engine.md "The overlapped loop").
 
     The pool size is the runner's ``kv_spec.num_blocks`` (the runner owns the KV tensor);
     the max length is ``min(cfg.max_model_len or runner.max_model_len, runner.max_model_len)``.
@@ -73,8 +78,16 @@ class LLMEngine:
             kv_exporter=runner.export_kv,
             kv_importer=runner,
         )
-        self.last_batch_size = 0  # sequences in the last step's batch; 0 = nothing to do
+        # Sequences the last step launched (or, launching none, read back); 0 = it did
+        # nothing, so a caller may wait for new work.
+        self.last_batch_size = 0
         self._no_output = RunnerOutput([])
+        self.overlap = cfg.overlap and runner.supports_overlap
+        runner.reserve_future_slots(self.scheduler.num_future_slots)
+        # (batch, its pending result, its fence ticket): launched, not yet read back
+        self._in_flight: tuple[ScheduledBatch, PendingOutput, int] | None = None
+        self.num_steps = 0
+        self.scheduler_seconds = 0.0  # wall time in schedule() + update(), for the bubble
 
     # ---- requests -------------------------------------------------------------------
     def validate(self, request: GenerateRequest) -> None:
@@ -91,17 +104,59 @@ class LLMEngine:
         return self.scheduler.abort(request_id)
 
     def step(self) -> list[TokenOutput]:
+        if self.overlap:
+            return self._step_overlapped()
+        t0 = time.perf_counter()
         batch = self.scheduler.schedule()
+        t1 = time.perf_counter()
         self.last_batch_size = len(batch.seqs)
         result = self.runner.execute(batch) if batch.seqs else self._no_output
-        return self.scheduler.update(batch, result)
+        t2 = time.perf_counter()
+        outputs = self.scheduler.update(batch, result)
+        self.scheduler_seconds += (t1 - t0) + (time.perf_counter() - t2)
+        self.num_steps += 1
+        return outputs
+
+    def _step_overlapped(self) -> list[TokenOutput]:
+        """Schedule and launch batch N+1, then read back and apply batch N (the one sync)."""
+        sched, fence = self.scheduler, self.kv.fence
+        t0 = time.perf_counter()
+        batch = sched.schedule()  # batch N's samples are placeholders in it
+        t1 = time.perf_counter()
+        prev = self._in_flight
+        if batch.seqs:
+            pending = self.runner.launch(batch)
+            self._in_flight = (batch, pending, fence.launched(pending))
+        else:
+            self._in_flight = None
+        self.last_batch_size = len(batch.seqs)
+        outputs: list[TokenOutput] = []
+        t2 = t3 = 0.0
+        if prev is not None:
+            prev_batch, prev_pending, ticket = prev
+            result = prev_pending.result()  # blocks until batch N is done; N+1 computes on
+            fence.completed(ticket)
+            t2 = time.perf_counter()
+            outputs = sched.update(prev_batch, result)
+            t3 = time.perf_counter()
+            if not batch.seqs:
+                self.last_batch_size = len(prev_batch.seqs)
+        self.scheduler_seconds += (t1 - t0) + (t3 - t2)
+        self.num_steps += 1
+        return outputs
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self._in_flight is not None
 
     def has_schedulable(self) -> bool:
-        """Whether a step may do work now (parked requests need a remote-prefill command)."""
-        return self.scheduler.has_schedulable()
+        """Whether a step may do work now (parked requests need a remote-prefill command;
+        a batch in flight needs a step to be read back)."""
+        return self.scheduler.has_schedulable() or self._in_flight is not None
+
+    @property
+    def in_flight_batch(self) -> ScheduledBatch | None:
+        """The batch launched and not yet read back (overlap only)."""
+        return self._in_flight[0] if self._in_flight is not None else None
 
     # ---- disaggregation -------------------------------------------------------------
     def prefix_hit_tokens(self, token_ids: Sequence[int]) -> int:
@@ -149,6 +204,15 @@ class LLMEngine:
         refs: Counter[int] = Counter()
         for seq in self.scheduler.seqs.values():
             refs.update(seq.block_table)
+        refs.update(self.kv.fence.held_blocks())  # freed, waiting for the batch in flight
+        # Placeholders: only at a sequence's tail, one for the batch in flight at most.
+        allowed = 1 if self._in_flight is not None else 0
+        for seq in self.scheduler.seqs.values():
+            toks = seq.token_ids
+            n = sum(1 for t in toks if t < 0)
+            if n > allowed or any(t < 0 for t in toks[: len(toks) - n]):
+                raise BlockPoolIntegrityError(
+                    f"{seq.request_id}: {n} unresolved placeholder tokens, or not at its tail")
         wrong = [b for b in range(self.pool.num_blocks) if self.pool.ref_count(b) != refs[b]]
         if wrong:
             b = wrong[0]

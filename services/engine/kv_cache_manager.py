@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from services.common.hashing import BlockHash, block_hashes
 from services.engine.block_pool import BlockPool
 from services.engine.sequence import Sequence
+from services.engine.write_fence import WriteFence
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +44,8 @@ class KvCacheManager:
     def __init__(self, pool: BlockPool) -> None:
         self.pool = pool
         self.block_size = pool.block_size
+        # Every release goes through the fence: a forward in flight may still write them.
+        self.fence = WriteFence(pool)
 
     @property
     def num_blocks(self) -> int:
@@ -122,9 +125,14 @@ class KvCacheManager:
         table.extend(new)
         return KvAllocation(tuple(new), len(hit.block_ids))
 
-    def cache_computed_blocks(self, seq: Sequence) -> None:
-        """Register the blocks that became full and computed since the last call."""
-        n_full = seq.num_computed_tokens // self.block_size
+    def cache_computed_blocks(self, seq: Sequence, num_computed: int | None = None) -> None:
+        """Register the blocks that became full and computed since the last call.
+
+        ``num_computed``: tokens whose KV is known written (a completed batch's end); the
+        sequence's own count may run ahead of it while a batch is in flight."""
+        if num_computed is None:
+            num_computed = seq.num_computed_tokens
+        n_full = num_computed // self.block_size
         start = seq.num_cached_blocks
         if n_full <= start:
             return
@@ -137,7 +145,7 @@ class KvCacheManager:
         """Release every block after the first ``n_blocks`` (tail first)."""
         table = seq.block_table
         if n_blocks < len(table):
-            self.pool.release(reversed(table[n_blocks:]))
+            self.fence.release(reversed(table[n_blocks:]))
             # A new list: a batch already handed to the runner keeps its own view.
             seq.block_table = table[:n_blocks]
             seq.num_cached_blocks = min(seq.num_cached_blocks, n_blocks)

@@ -42,12 +42,17 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, seqs: Sequence[ScheduledSeq]) -> list[int]:
         """logits (B, V), one row per seq in ``seqs`` -> one token id per row."""
+        return self.sample_tensor(logits, seqs).tolist()
+
+    def sample_tensor(self, logits: torch.Tensor, seqs: Sequence[ScheduledSeq]) -> torch.Tensor:
+        """Like ``sample`` but the tokens stay on the logits' device, (B,) int64: the
+        overlapped runner feeds them to the next batch without a host round trip."""
         if logits.shape[0] != len(seqs):
             raise ValueError(f"logits has {logits.shape[0]} rows for {len(seqs)} sequences")
         params = [s.sampling for s in seqs]
         greedy_rows = [p.greedy for p in params]
         if all(greedy_rows):
-            return logits.argmax(dim=-1).tolist()
+            return logits.argmax(dim=-1)
         dev = logits.device
         logits = logits.float()
         # Greedy rows go through the same math with temperature 1, then take the argmax.
@@ -64,7 +69,7 @@ class Sampler:
         sampled = torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_max_(cdf.shape[1] - 1)
         if any(greedy_rows):
             sampled = torch.where(torch.tensor(greedy_rows, device=dev), logits.argmax(dim=-1), sampled)
-        return sampled.tolist()
+        return sampled
 
     def _uniforms(self, seqs: Sequence[ScheduledSeq]) -> list[float]:
         unseeded = [i for i, s in enumerate(seqs) if s.sampling.seed is None]

@@ -3,8 +3,9 @@
 There are no prefill and decode phases (vLLM v1): every step each running sequence
 computes some of ``token_ids[num_computed_tokens:]``, and samples once all are computed.
 
-One step (``schedule``), a pure function of scheduler state (no runner calls), so a later
-change can overlap scheduling step N+1 with the forward of step N:
+One step (``schedule``), a function of scheduler state alone (it calls no runner; it
+may wait for the batch in flight to free blocks before it preempts, ``fence.drain``), so
+the engine can schedule step N+1 while step N computes:
 
 1. Remote-prefilled sequences (READY) take free seats (``max_num_seqs``).
 2. Every running sequence with one token left (a decode) gets it. Decodes are never
@@ -23,6 +24,13 @@ no longer parked (a duplicate, or after an abort) does nothing.
 When blocks run out, the newest running sequence is preempted by recompute: its blocks
 are freed and it goes back to the head of the waiting queue, to resume from prompt +
 generated tokens (reusing whatever the prefix cache still holds).
+
+``schedule`` advances each scheduled sequence as if its batch had run already
+(``num_computed_tokens``, and a placeholder for the token it samples), so the next batch
+can be scheduled before this one's result is read: that is what lets the engine overlap
+them (docs/engine.md "The overlapped loop"). ``update`` then writes the real tokens in
+place of the placeholders, applies stop conditions and registers the computed blocks.
+A sequence that finished (or was aborted) meanwhile ignores the rest of its batches.
 """
 
 from __future__ import annotations
@@ -33,7 +41,13 @@ from collections.abc import Sequence as Seq
 from typing import Any
 
 from services.common.errors import InvalidRequest
-from services.engine.batch import RunnerOutput, ScheduledBatch, ScheduledSeq
+from services.engine.batch import (
+    FUTURE_REGIONS,
+    RunnerOutput,
+    ScheduledBatch,
+    ScheduledSeq,
+    placeholder,
+)
 from services.engine.kv_cache_manager import NO_HIT, KvCacheManager, PrefixHit
 from services.engine.remote_prefill import (
     KvImporter,
@@ -93,6 +107,11 @@ class Scheduler:
         self.num_preemptions = 0
         self.prompt_tokens_total = 0
         self.prefix_hit_tokens_total = 0
+        # Future-token slots (batch.placeholder): FUTURE_REGIONS regions of max_num_seqs,
+        # one region per batch in turn.
+        self.num_future_slots = FUTURE_REGIONS * max_num_seqs
+        self._future_base = 0
+        self._future_next = 0
 
     # ---- requests -------------------------------------------------------------------
     def validate(self, request: GenerateRequest) -> None:
@@ -190,7 +209,11 @@ class Scheduler:
         self._check_not_live(rid)
         seq = Sequence.from_request(request)
         hit = self.kv.match_prefix(seq)
-        if self.kv.allocate(seq, seq.num_tokens - hit.num_tokens, hit) is None:
+        n = seq.num_tokens - hit.num_tokens
+        # NOTE: blocks freed while a batch is in flight are held until it completes; wait
+        # for it rather than send the request to local prefill for a lack of them.
+        if self.kv.allocate(seq, n, hit) is None and (
+                not self.kv.fence.drain() or self.kv.allocate(seq, n, hit) is None):
             return None
         self._count_admission(seq, hit)
         n_hit = len(hit.block_ids)
@@ -249,17 +272,23 @@ class Scheduler:
     # ---- one step -------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch:
         out: list[ScheduledSeq] = []
+        owners: list[Sequence] = []
+        self._future_next = self._future_base
         running = self.running
         while self.ready and len(running) < self.max_num_seqs:
             s = self.ready.popleft()
             s.status = SeqStatus.RUNNING
             running.append(s)
-        num_decodes = sum(1 for s in running if s.num_tokens - s.num_computed_tokens == 1)
+        num_decodes = sum(1 for s in running
+                          if s.num_tokens - s.num_computed_tokens == 1 and not s.length_capped)
         budget = self.max_num_batched_tokens - num_decodes
         preempted = 0
         i = 0
         while i < len(running):
             seq = running[i]
+            if seq.length_capped:
+                i += 1  # finishes when the batch in flight is read; never a victim either
+                continue
             remaining = seq.num_tokens - seq.num_computed_tokens
             if remaining == 1:
                 n = 1
@@ -269,7 +298,14 @@ class Scheduler:
                     i += 1
                     continue
             while self.kv.allocate(seq, n) is None:
-                victim = running.pop()  # the newest, never one scheduled already
+                # NOTE: blocks held for the batch in flight come back once it completes:
+                # a short wait beats preempting a sequence for them.
+                if self.kv.fence.drain():
+                    continue
+                j = len(running) - 1
+                while running[j].length_capped:  # stops at i: seq is not capped
+                    j -= 1
+                victim = running.pop(j)  # the newest, never one scheduled already
                 preempted += 1
                 if victim is not seq and victim.num_tokens - victim.num_computed_tokens == 1:
                     budget += 1  # its decode token is no longer reserved
@@ -278,16 +314,20 @@ class Scheduler:
                     break
             else:
                 out.append(self._schedule_seq(seq, n))
+                owners.append(seq)
                 if remaining > 1:
                     budget -= n
                 i += 1
         if not preempted:
-            self._admit(out, budget)
+            self._admit(out, owners, budget)
         else:
             self._expect_hits(preempted)
-        return ScheduledBatch(out)
+        batch = ScheduledBatch(out, owners, self._future_base)
+        if self._future_next != self._future_base:
+            self._future_base = (self._future_base + self.max_num_seqs) % self.num_future_slots
+        return batch
 
-    def _admit(self, out: list[ScheduledSeq], budget: int) -> None:
+    def _admit(self, out: list[ScheduledSeq], owners: list[Sequence], budget: int) -> None:
         waiting = self.waiting
         first = True
         while waiting and budget > 0 and len(self.running) < self.max_num_seqs:
@@ -308,6 +348,7 @@ class Scheduler:
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
             out.append(self._schedule_seq(seq, n))
+            owners.append(seq)
             budget -= n
             first = False
 
@@ -320,10 +361,22 @@ class Scheduler:
             self.prefix_hit_tokens_total += hit.num_tokens
 
     def _schedule_seq(self, seq: Sequence, n: int) -> ScheduledSeq:
+        """The sequence's work for this batch; advances it as if the batch had run."""
         start = seq.num_computed_tokens
         end = start + n
-        return ScheduledSeq(seq.request_id, seq.token_ids[start:end], start, seq.block_table,
-                            end == seq.num_tokens, seq.sampling, seq.num_generated)
+        toks = seq.token_ids
+        sample = end == len(toks)
+        out = ScheduledSeq(seq.request_id, toks[start:end], start, seq.block_table,
+                           sample, seq.sampling, len(toks) - seq.num_prompt_tokens)
+        seq.num_computed_tokens = end
+        if sample:
+            toks.append(placeholder(self._future_next))
+            self._future_next += 1
+            max_tokens = seq.sampling.max_tokens
+            if end + 1 >= self.max_model_len or (
+                    max_tokens is not None and end + 1 - seq.num_prompt_tokens >= max_tokens):
+                seq.length_capped = True
+        return out
 
     def _preempt(self, seq: Sequence) -> None:
         self.kv.free(seq)
@@ -341,42 +394,50 @@ class Scheduler:
 
     # ---- after the forward ----------------------------------------------------------
     def update(self, batch: ScheduledBatch, result: RunnerOutput) -> list[TokenOutput]:
-        """Apply a step's result: advance computed tokens, append samples, stop, free."""
+        """Apply a completed batch's result: register the blocks it computed, put its
+        samples in place of their placeholders, stop, free."""
         outputs: list[TokenOutput] = []
         any_finished = False
-        seqs = self.seqs
-        for sched, tok in zip(batch.seqs, result.sampled, strict=True):
-            seq = seqs.get(sched.request_id)
-            if seq is None or seq.status is not SeqStatus.RUNNING:
-                continue  # aborted or preempted since it was scheduled
-            seq.num_computed_tokens = sched.end_pos
-            self.kv.cache_computed_blocks(seq)
+        for sched, seq, tok in zip(batch.seqs, batch.owners, result.sampled, strict=True):
+            st = seq.status
+            if st is SeqStatus.FINISHED:
+                continue  # aborted, or finished by the batch before: its token is dropped
+            if st is SeqStatus.RUNNING:  # else preempted since: its blocks are gone
+                self.kv.cache_computed_blocks(seq, sched.end_pos)
             if not sched.sample:
                 continue
             if tok is None:
                 raise RuntimeError(f"runner sampled no token for {sched.request_id!r}")
-            out = self._append_token(seq, tok)
+            out = self._resolve_token(seq, sched.end_pos, tok)
             outputs.append(out)
-            if out.finished:
+            if out.finished and st is SeqStatus.RUNNING:
                 any_finished = True
         if any_finished:
             self.running = [s for s in self.running if s.status is SeqStatus.RUNNING]
         return outputs
 
     def _append_token(self, seq: Sequence, tok: int) -> TokenOutput:
-        """Append a sampled token, check stop conditions, finish the sequence if one holds."""
+        """Append a token known now (a remote prefill's first one) and apply stops."""
         seq.token_ids.append(tok)
+        return self._resolve_token(seq, len(seq.token_ids) - 1, tok)
+
+    def _resolve_token(self, seq: Sequence, pos: int, tok: int) -> TokenOutput:
+        """Put a sampled token at ``pos`` (where its placeholder is), check stop conditions
+        as of that token, finish the sequence if one holds."""
+        seq.token_ids[pos] = tok
         sp = seq.sampling
         reason: FinishReason | None = None
         if (not sp.ignore_eos and tok in self.eos_token_ids) or tok in sp.stop_token_ids:
             reason = FinishReason.STOP
-        elif seq.num_tokens >= self.max_model_len or (
-                sp.max_tokens is not None and seq.num_generated >= sp.max_tokens):
+        elif pos + 1 >= self.max_model_len or (
+                sp.max_tokens is not None and pos + 1 - seq.num_prompt_tokens >= sp.max_tokens):
             reason = FinishReason.LENGTH
         out = self._output(seq, [tok], reason)
         if reason is not None:
             if seq.request.export_kv_from_block is not None and self.kv_exporter is not None:
                 out.kv = self._export(seq)
+            if seq.status is SeqStatus.WAITING:  # preempted while its last batch ran
+                self.waiting.remove(seq)
             self._finish(seq, reason)
         return out
 

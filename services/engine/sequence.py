@@ -22,7 +22,10 @@ class Sequence:
     """A request as the scheduler tracks it.
 
     ``token_ids`` is prompt + generated tokens. The KV of ``token_ids[:num_computed_tokens]``
-    is in the blocks of ``block_table`` (in order). The scheduler's target is
+    is in the blocks of ``block_table`` (in order), or is being written by a batch that was
+    launched already: the count advances when a batch is scheduled, not when it completes.
+    A token a launched batch is still sampling is a negative placeholder
+    (``batch.placeholder``) until its result is read. The scheduler's target is
     ``num_tokens``: every step computes some of ``token_ids[num_computed_tokens:]`` and
     samples once all of them are computed.
     """
@@ -45,6 +48,9 @@ class Sequence:
     finish_reason: FinishReason | None = None
     # Remote prefill (decode side): blocks [fill_from, len(block_table)) await an import.
     remote_fill_from: int = -1
+    # The token a batch in flight samples for it reaches max_tokens or max_model_len: it
+    # finishes when that result is read, so it is not scheduled again (no wasted step).
+    length_capped: bool = False
 
     @property
     def request_id(self) -> str:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from services.engine.batch import RunnerOutput, ScheduledBatch
+from services.engine.batch import DoneOutput, PendingOutput, RunnerOutput, ScheduledBatch
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,14 +34,32 @@ class ModelRunner(ABC):
     Contract: ``execute`` writes the KV of every scheduled token into the blocks named by
     the sequence's block table and returns one sampled token per sequence with
     ``sample=True``. Block ids are the scheduler's; the runner never allocates or frees.
+
+    Overlap (``supports_overlap``): ``launch`` starts a batch and returns at once; batches
+    run in launch order. A launched batch may hold placeholder tokens (``batch.placeholder``)
+    for tokens the previous batch samples; the runner resolves them from its future-token
+    map right before the forward (no host round trip) and writes its own samples to slots
+    ``future_base + k`` of that map.
     """
 
     kv_spec: KvSpec
     vocab_size: int
     max_model_len: int
+    supports_overlap: bool = False
+    # Seconds the runner (the device) spent computing batches: the bench's bubble is the
+    # rest of the wall time.
+    busy_seconds: float = 0.0
 
     @abstractmethod
     def execute(self, batch: ScheduledBatch) -> RunnerOutput: ...
+
+    def launch(self, batch: ScheduledBatch) -> PendingOutput:
+        """Start ``batch``; its result is read with ``result()``. Default: synchronous."""
+        return DoneOutput(self.execute(batch))
+
+    def reserve_future_slots(self, n: int) -> None:
+        """Size the future-token map (the engine calls it once, before any launch)."""
+        return None
 
     @abstractmethod
     def export_kv(self, block_ids: Sequence[int]) -> torch.Tensor:

@@ -8,8 +8,11 @@ token ids it READS BACK from the cache along the block table for positions
 changes the output (or trips the position check), and tests compare against
 ``next_token`` of the true token list: a brute-force oracle of the whole control plane.
 
-A step sleeps ``step_base_s + per_prefill_token_s * prefill_tokens +
-per_decode_seq_s * decode_seqs`` (a one-token slice counts as a decode).
+It models a device: a batch is computed at once, but its result is due
+``step_base_s + per_prefill_token_s * prefill_tokens + per_decode_seq_s * decode_seqs``
+seconds after the device is free (a one-token slice counts as a decode; batches run one
+after the other). ``execute`` waits that out before returning; ``launch`` returns at once
+and the wait happens when the result is read, so the overlapped loop shows without a GPU.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import torch
 import xxhash
 
 from services.common.config import EngineConfig
-from services.engine.batch import RunnerOutput, ScheduledBatch
+from services.engine.batch import PendingOutput, RunnerOutput, ScheduledBatch
 from services.engine.runner.base import KvSpec, ModelRunner
 
 _MOCK_SEED = 7
@@ -42,8 +45,28 @@ def mock_next_token(
     return tok
 
 
+class _MockPending:
+    """A mock batch's result: computed already, due at ``due`` (perf_counter time)."""
+
+    __slots__ = ("_out", "_due", "_sleep")
+
+    def __init__(self, out: RunnerOutput, due: float, sleep: Callable[[float], None]) -> None:
+        self._out, self._due, self._sleep = out, due, sleep
+
+    def wait(self) -> None:
+        left = self._due - time.perf_counter()
+        if left > 0:
+            self._sleep(left)
+
+    def result(self) -> RunnerOutput:
+        self.wait()
+        return self._out
+
+
 class MockRunner(ModelRunner):
     """Configured by ``cfg.mock``; ``num_kv_blocks`` and ``block_size`` size its cache."""
+
+    supports_overlap = True
 
     def __init__(self, cfg: EngineConfig, sleep: Callable[[float], None] = time.sleep) -> None:
         m = cfg.mock
@@ -63,6 +86,12 @@ class MockRunner(ModelRunner):
         self._offset_of = positions % cfg.block_size
         self._pos1 = (positions + 1).astype(np.float32)
         self.num_steps = 0
+        self._future = np.zeros(0, dtype=np.int64)  # future-token map (reserve_future_slots)
+        self._device_free_at = 0.0  # perf_counter time the simulated device goes idle
+        self._launching = False
+
+    def reserve_future_slots(self, n: int) -> None:
+        self._future = np.zeros(n, dtype=np.int64)
 
     def next_token(self, token_ids: Seq[int]) -> int:
         """The oracle: what this runner samples after ``token_ids``."""
@@ -75,9 +104,21 @@ class MockRunner(ModelRunner):
             raise RuntimeError(f"block table of {len(table)} blocks cannot hold position {end - 1}")
         return table[self._block_of[start:end]] * self.kv_spec.block_size + self._offset_of[start:end]
 
+    def launch(self, batch: ScheduledBatch) -> PendingOutput:
+        # NOTE: through ``execute`` so that subclasses wrapping it (tests gate or fail
+        # steps there) behave the same in both loops; ``_launching`` defers the wait.
+        self._launching = True
+        try:
+            out = self.execute(batch)
+        finally:
+            self._launching = False
+        return _MockPending(out, self._device_free_at, self._sleep)
+
     def execute(self, batch: ScheduledBatch) -> RunnerOutput:
         sampled: list[int | None] = []
         k, v = self._flat[0], self._flat[1]  # numpy views of the cache tensor
+        future = self._future
+        slot = batch.future_base
         prefill_tokens = decode_seqs = 0
         for s in batch.seqs:
             n = len(s.token_ids)
@@ -85,9 +126,12 @@ class MockRunner(ModelRunner):
                 decode_seqs += 1
             else:
                 prefill_tokens += n
+            toks = np.asarray(s.token_ids, dtype=np.int64)
+            if toks[-1] < 0:  # a placeholder is always the newest token: the slice's last
+                toks[-1] = future[-1 - toks[-1]]
             table = np.asarray(s.block_ids, dtype=np.int64)
             slots = self._slots(table, s.start_pos, s.end_pos)
-            k[slots] = s.token_ids
+            k[slots] = toks
             v[slots] = self._pos1[s.start_pos : s.end_pos]
             if not s.sample:
                 sampled.append(None)
@@ -99,12 +143,19 @@ class MockRunner(ModelRunner):
                 bad = int(np.flatnonzero(seen != want)[0])
                 raise RuntimeError(f"mock runner: {s.request_id!r} position {bad} reads the KV of "
                                    f"position {int(seen[bad]) - 1}: wrong block table or KV")
-            sampled.append(self.next_token(k[every].astype("<u4")))
+            tok = self.next_token(k[every].astype("<u4"))
+            if slot < len(future):
+                future[slot] = tok
+            slot += 1
+            sampled.append(tok)
         self.num_steps += 1
         base, per_tok, per_seq = self._cost
         delay = base + per_tok * prefill_tokens + per_seq * decode_seqs
-        if delay > 0:
-            self._sleep(delay)
+        # The simulated device runs one batch at a time: this one starts when it is free.
+        self._device_free_at = max(time.perf_counter(), self._device_free_at) + delay
+        self.busy_seconds += delay
+        if not self._launching:
+            _MockPending(RunnerOutput([]), self._device_free_at, self._sleep).wait()
         return RunnerOutput(sampled)
 
     def export_kv(self, block_ids: Seq[int]) -> torch.Tensor:

@@ -23,6 +23,7 @@ class StepInputs:
     sample_rows: torch.Tensor  # (N,) int64: flat row of each sampled sequence's last token
     sample_index: list[int]  # batch index of each sampled sequence, in sample_rows order
     sample_seqs: list[ScheduledSeq]
+    has_futures: bool = False  # input_ids hold placeholders (< 0) for the runner to resolve
 
 
 def validate_batch(batch: ScheduledBatch, block_size: int, num_blocks: int, max_model_len: int) -> None:
@@ -79,4 +80,5 @@ def build_step_inputs(
         sample_rows=torch.tensor([last_row[i] for i in sample_index], dtype=torch.int64, device=device),
         sample_index=sample_index,
         sample_seqs=[batch.seqs[i] for i in sample_index],
+        has_futures=bool(ids) and min(ids) < 0,
     )

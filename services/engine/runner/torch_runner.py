@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
 from services.common.config import EngineConfig
-from services.engine.batch import RunnerOutput, ScheduledBatch
+from services.engine.batch import PendingOutput, RunnerOutput, ScheduledBatch
 from services.engine.model import LlamaModel
 from services.engine.model_config import ModelArchConfig
 from services.engine.runner.base import KvSpec, ModelRunner
@@ -37,12 +40,48 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return _DTYPES[name]
 
 
+# What the forward thread hands back for one batch: the batch index of each sampled row,
+# the sampled tokens (on the host, or being copied there), the event that copy completes
+# on (CUDA), and timing events bracketing the batch's device work (CUDA).
+_Launched = tuple[list[int], torch.Tensor | None, "torch.cuda.Event | None",
+                  "tuple[torch.cuda.Event, torch.cuda.Event] | None"]
+
+
+class _TorchPending:
+    """A launched batch; ``result()`` is the overlapped loop's one host sync."""
+
+    __slots__ = ("_runner", "_future", "_n", "_out")
+
+    def __init__(self, runner: TorchRunner, future: Future[_Launched], n: int) -> None:
+        self._runner, self._future, self._n = runner, future, n
+        self._out: RunnerOutput | None = None
+
+    def wait(self) -> None:
+        self.result()
+
+    def result(self) -> RunnerOutput:
+        if self._out is None:
+            index, host, done, timing = self._future.result()  # re-raises a forward error
+            if done is not None:
+                done.synchronize()
+            if timing is not None:
+                self._runner.busy_seconds += timing[0].elapsed_time(timing[1]) / 1e3
+            sampled: list[int | None] = [None] * self._n
+            if host is not None:
+                for i, tok in zip(index, host.tolist(), strict=True):
+                    sampled[i] = tok
+            self._out = RunnerOutput(sampled)
+        return self._out
+
+
 class TorchRunner(ModelRunner):
     """Runs a LlamaModel over a KV cache ``(layers, 2, num_kv_blocks, block_size, kv_heads, head_dim)``.
 
     ``tensors`` are Hugging Face-named weights (see ``LlamaModel.load_hf_weights``); they
     are copied, so the caller may drop them afterwards.
     """
+
+    supports_overlap = True
 
     def __init__(
         self,
@@ -75,6 +114,11 @@ class TorchRunner(ModelRunner):
             )
         self._kv_layers = list(self.kv_cache)  # (2, blocks, block_size, kv_heads, hd) per layer
         self.sampler = Sampler(cfg.seed, self.device)
+        # Overlap: the future-token map (device), the forward thread and, on CUDA, its
+        # stream; made by reserve_future_slots / the first launch.
+        self._future = torch.zeros(0, dtype=torch.int64, device=self.device)
+        self._thread: ThreadPoolExecutor | None = None
+        self._stream: torch.cuda.Stream | None = None
 
     # -- execution -------------------------------------------------------------------------
 
@@ -82,13 +126,65 @@ class TorchRunner(ModelRunner):
         sampled: list[int | None] = [None] * len(batch.seqs)
         if not batch.seqs:
             return RunnerOutput(sampled)
+        t0 = time.perf_counter()
         with torch.inference_mode():
             step, logits = self._forward(batch)
             if logits is not None:
                 tokens = self.sampler.sample(logits, step.sample_seqs)
                 for i, tok in zip(step.sample_index, tokens, strict=True):
                     sampled[i] = tok
+        self.busy_seconds += time.perf_counter() - t0
         return RunnerOutput(sampled)
+
+    def reserve_future_slots(self, n: int) -> None:
+        self._future = torch.zeros(n, dtype=torch.int64, device=self.device)
+
+    def launch(self, batch: ScheduledBatch) -> PendingOutput:
+        """Queue ``batch`` on the forward thread (batches run in launch order) and return.
+
+        On CPU the thread is what overlaps (torch releases the GIL inside its ops); on
+        CUDA it also launches on its own stream, after an event that orders it behind
+        the scheduler thread's earlier work (a remote-prefill import)."""
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix="engine-forward")
+            if self.device.type == "cuda":
+                self._stream = torch.cuda.Stream(self.device)
+        ready = None
+        if self._stream is not None:
+            ready = torch.cuda.Event()
+            ready.record()
+        return _TorchPending(self, self._thread.submit(self._run_launched, batch, ready),
+                             len(batch.seqs))
+
+    def _run_launched(self, batch: ScheduledBatch, ready: torch.cuda.Event | None) -> _Launched:
+        """The forward thread: resolve placeholders, forward, sample, fill the future map,
+        start the copy of the samples to the host. No host sync on CUDA."""
+        stream = self._stream
+        t0 = time.perf_counter()
+        timing = None
+        with torch.inference_mode(), (torch.cuda.stream(stream) if stream is not None
+                                      else contextlib.nullcontext()):
+            if stream is not None:
+                assert ready is not None
+                stream.wait_event(ready)
+                timing = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                timing[0].record()
+            step, logits = self._forward(batch)
+            host = None
+            if logits is not None:
+                tokens = self.sampler.sample_tensor(logits, step.sample_seqs)  # (N,) on device
+                base = batch.future_base
+                self._future[base : base + tokens.shape[0]] = tokens
+                host = tokens.to("cpu", non_blocking=True) if stream is not None else tokens
+            done = None
+            if stream is not None:
+                assert timing is not None
+                timing[1].record()
+                done = torch.cuda.Event()
+                done.record()
+        if stream is None:
+            self.busy_seconds += time.perf_counter() - t0
+        return step.sample_index, host, done, timing
 
     def logits_for(self, batch: ScheduledBatch) -> torch.Tensor:
         """Run the step like ``execute`` (KV is written) but return the logits (N, V) of
@@ -102,7 +198,10 @@ class TorchRunner(ModelRunner):
     def _forward(self, batch: ScheduledBatch) -> tuple[StepInputs, torch.Tensor | None]:
         validate_batch(batch, self.block_size, self.kv_spec.num_blocks, self.max_model_len)
         step = build_step_inputs(batch, self.block_size, self.device, self.dtype)
-        hidden = self.model(step.input_ids, step.positions, step.meta, self._kv_layers)  # (T, H)
+        ids = step.input_ids
+        if step.has_futures:  # tokens the previous batch sampled: read on the device
+            ids = torch.where(ids < 0, self._future[(-1 - ids).clamp_(min=0)], ids)
+        hidden = self.model(ids, step.positions, step.meta, self._kv_layers)  # (T, H)
         if not step.sample_index:
             return step, None
         return step, self.model.compute_logits(hidden[step.sample_rows])  # (N, V)
