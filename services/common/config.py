@@ -62,6 +62,10 @@ class EngineConfig(_Strict):
     num_kv_blocks: int = Field(2048, ge=1)
     max_num_seqs: int = Field(64, ge=1)
     max_num_batched_tokens: int = Field(1024, ge=1)
+    # While other requests wait, one prompt's prefill takes at most this many tokens of a
+    # step's budget, so a short request behind a long one starts within a step (its TTFT is
+    # bounded by a chunk, not by the long prompt). Clamped to max_num_batched_tokens.
+    long_prefill_token_threshold: int = Field(512, ge=1)
     max_model_len: int | None = Field(None, ge=1)  # default: the model's context length
     seed: int = 0
     # Schedule step N+1 while step N computes (docs/engine.md "The overlapped loop");

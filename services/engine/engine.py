@@ -73,6 +73,7 @@ class LLMEngine:
             max_num_seqs=cfg.max_num_seqs,
             max_num_batched_tokens=cfg.max_num_batched_tokens,
             max_model_len=max_len,
+            long_prefill_token_threshold=cfg.long_prefill_token_threshold,
             vocab_size=runner.vocab_size,
             eos_token_ids=eos_token_ids,
             kv_exporter=runner.export_kv,

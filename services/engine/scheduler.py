@@ -10,10 +10,13 @@ the engine can schedule step N+1 while step N computes:
 1. Remote-prefilled sequences (READY) take free seats (``max_num_seqs``).
 2. Every running sequence with one token left (a decode) gets it. Decodes are never
    starved by prefills: the prefill budget is ``max_num_batched_tokens - num_decodes``.
-3. Running sequences in the middle of a chunked prefill continue, chunked to the budget.
+3. Running sequences in the middle of a chunked prefill continue, chunked to the budget --
+   and, while requests wait, to ``long_prefill_token_threshold``, so that one long prompt
+   never holds the whole budget: a short request behind it starts within a step.
 4. Waiting requests are admitted in strict FIFO: the head is admitted whole if it fits
    the remaining budget, else it waits (nothing behind it jumps ahead) -- unless it is the
-   first admission of the step or larger than the whole budget, then it is chunked.
+   first admission of the step or a long prompt (more than the threshold, or than the
+   whole budget), then it is chunked (to the threshold when others wait behind it).
    Nothing is admitted in a step that preempted.
 
 Remote prefill (decode side of disaggregation, see remote_prefill.py) parks a sequence
@@ -82,6 +85,7 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         max_model_len: int,
+        long_prefill_token_threshold: int | None = None,
         vocab_size: int,
         eos_token_ids: Iterable[int],
         kv_exporter: Callable[[Seq[int]], Any] | None = None,
@@ -91,6 +95,8 @@ class Scheduler:
         self.block_size = kv.block_size
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.long_prefill = min(long_prefill_token_threshold or max_num_batched_tokens,
+                                max_num_batched_tokens)
         self.model_max_len = max_model_len
         # NOTE: a sequence can never hold more tokens than the whole pool, or it would
         # preempt itself forever; past that it finishes with LENGTH.
@@ -282,6 +288,8 @@ class Scheduler:
         num_decodes = sum(1 for s in running
                           if s.num_tokens - s.num_computed_tokens == 1 and not s.length_capped)
         budget = self.max_num_batched_tokens - num_decodes
+        # NOTE: the cap matters only when someone waits for the budget it leaves.
+        chunk_cap = self.long_prefill if self.waiting else budget
         preempted = 0
         i = 0
         while i < len(running):
@@ -293,7 +301,7 @@ class Scheduler:
             if remaining == 1:
                 n = 1
             else:
-                n = min(remaining, budget)
+                n = min(remaining, budget, chunk_cap)
                 if n <= 0:
                     i += 1
                     continue
@@ -335,10 +343,11 @@ class Scheduler:
             hit = self.kv.match_prefix(seq) if not seq.block_table else NO_HIT
             computed = hit.num_tokens if hit.block_ids else seq.num_computed_tokens
             remaining = seq.num_tokens - computed
-            if remaining <= budget:
+            cap = min(budget, self.long_prefill) if len(waiting) > 1 else budget
+            if remaining <= cap:
                 n = remaining
-            elif first or remaining > self.max_num_batched_tokens:
-                n = budget  # chunk rather than starve the head
+            elif first or remaining > self.long_prefill:
+                n = cap  # chunk rather than starve the head, or the ones behind a long head
             else:
                 break  # strict FIFO: wait for a step with room
             if self.kv.allocate(seq, n, hit) is None:

@@ -20,11 +20,12 @@ def mock_cfg(
     max_model_len: int | None = 256,
     vocab_size: int = 1000,
     eos_probability: float = 0.0,
+    long_prefill_token_threshold: int = 512,
 ) -> EngineConfig:
     return EngineConfig(
         runner="mock", block_size=block_size, num_kv_blocks=num_kv_blocks,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-        max_model_len=max_model_len,
+        max_model_len=max_model_len, long_prefill_token_threshold=long_prefill_token_threshold,
         mock=MockRunnerConfig(step_base_s=0, per_prefill_token_s=0, per_decode_seq_s=0,
                               vocab_size=vocab_size, eos_token_id=EOS,
                               eos_probability=eos_probability),

@@ -168,3 +168,19 @@ def test_stop_conditions() -> None:
     assert got["stop"] == [first] and outs["stop"].finish_reason is FinishReason.STOP
     assert len(got["len"]) == 4 and outs["len"].finish_reason is FinishReason.LENGTH
     assert got["len"] == oracle(eng, runner, req("len", [4] * 8, 100))[0]
+
+
+def test_a_long_prefill_leaves_room_for_short_requests_that_wait() -> None:
+    """long_prefill_token_threshold: while others wait, one long prompt takes at most the
+    threshold of a step's budget, so a short request behind it starts at once; alone, it
+    takes the whole budget."""
+    eng, runner, _ = make_engine(mock_cfg(max_num_batched_tokens=16, long_prefill_token_threshold=8))
+    eng.add_request(req("long", prompt(40, 100), max_tokens=2))
+    b, _ = step(eng, runner)
+    assert shape(b) == [("long", 0, 16, False)]  # alone: the whole budget
+    eng.add_request(req("short", prompt(3, 300), max_tokens=2))
+    b, outs = step(eng, runner)
+    assert shape(b) == [("long", 16, 8, False), ("short", 0, 3, True)]
+    assert [o.request_id for o in outs] == ["short"]  # its first token after one step
+    b, _ = step(eng, runner)  # nobody waits: the long prompt takes what decodes leave
+    assert shape(b) == [("long", 24, 15, False), ("short", 3, 1, True)]
