@@ -77,6 +77,9 @@ class FrontendConfig(_Strict):
     # The processor's gRPC host:port; None: found in discovery (role "processor").
     processor_address: str | None = None
     drain_timeout_s: float = Field(30.0, ge=0)  # on SIGTERM, in-flight requests get this long
+    # A request body must arrive whole within this long of the handler reading it, else
+    # 408: uvicorn waits forever for a slow body or one shorter than its Content-Length.
+    body_timeout_s: float = Field(30.0, gt=0)
 
 
 class ProcessorConfig(_Strict):

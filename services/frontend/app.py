@@ -13,7 +13,6 @@ the decode worker, which aborts the request in the engine.
 from __future__ import annotations
 
 import hmac
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -26,6 +25,7 @@ from pydantic import ValidationError
 
 from services.common.config import ClusterConfig
 from services.common.errors import ServingError
+from services.frontend.body import BodyLimits, read_json
 from services.frontend.errors import APIError, from_serving_error
 from services.frontend.metrics import FrontendMetrics
 from services.frontend.render import Renderer
@@ -55,6 +55,7 @@ def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readines
     _describe_bodies(app)
     app.state.metrics = m
     keys = [k.encode() for k in fc.api_keys]
+    limits = BodyLimits(fc.max_body_bytes, fc.body_timeout_s)
 
     def check_auth(request: Request) -> None:
         if not keys:
@@ -65,26 +66,12 @@ def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readines
             raise APIError(401, "Incorrect or missing API key: send `Authorization: Bearer <key>`",
                            "authentication_error", code="invalid_api_key")
 
-    async def read_json(request: Request) -> Any:
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > fc.max_body_bytes:
-            raise _too_large(fc.max_body_bytes)
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > fc.max_body_bytes:
-                raise _too_large(fc.max_body_bytes)
-        try:
-            return json.loads(body)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise APIError(400, f"the request body is not valid JSON: {e}") from None
-
     async def run(request: Request, model_cls: type[ChatCompletionRequest] | type[CompletionRequest],
                   chat: bool) -> Response:
         t0 = time.perf_counter()
         try:
             check_auth(request)
-            data = await read_json(request)
+            data = await read_json(request, limits)
             try:
                 body = model_cls.model_validate(data)
             except ValidationError as e:
@@ -178,11 +165,6 @@ def _describe_bodies(app: FastAPI) -> None:
 
     app.openapi = openapi  # type: ignore[method-assign]
 
-
-
-def _too_large(limit: int) -> APIError:
-    return APIError(413, f"the request body is larger than frontend.max_body_bytes ({limit} bytes)",
-                    code="request_too_large")
 
 
 def _validation_error(e: ValidationError) -> APIError:
