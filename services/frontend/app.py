@@ -21,7 +21,6 @@ from typing import Any, Protocol
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import ValidationError
 
 from services.common.config import ClusterConfig
 from services.common.errors import ServingError
@@ -31,6 +30,7 @@ from services.frontend.metrics import FrontendMetrics
 from services.frontend.render import Renderer
 from services.frontend.schemas import ChatCompletionRequest, CompletionRequest
 from services.frontend.streaming import ClientGone, collect, first_delta, sse, unless_disconnected
+from services.frontend.validation import validate
 from services.processor.types import Delta, ModelInfo, ProcessRequest
 
 
@@ -71,11 +71,7 @@ def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readines
         t0 = time.perf_counter()
         try:
             check_auth(request)
-            data = await read_json(request, limits)
-            try:
-                body = model_cls.model_validate(data)
-            except ValidationError as e:
-                raise _validation_error(e) from None
+            body = validate(model_cls, await read_json(request, limits))
             asked = body.requested_max_tokens()
             if asked is not None and asked > fc.max_tokens_limit:
                 param = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) else "max_tokens"
@@ -165,17 +161,6 @@ def _describe_bodies(app: FastAPI) -> None:
 
     app.openapi = openapi  # type: ignore[method-assign]
 
-
-
-def _validation_error(e: ValidationError) -> APIError:
-    """400 naming the first bad field (we answer 400, as OpenAI does, not FastAPI's 422)."""
-    err = e.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"])
-    msg = str(err["msg"]).removeprefix("Value error, ")
-    if not loc and ":" in msg:  # our model validators write "field: what is wrong"
-        loc = msg.split(":", 1)[0]
-    return APIError(400, f"{loc}: {msg}" if loc and not msg.startswith(loc) else msg,
-                    param=loc or None, code="invalid_value")
 
 
 def _api_error(e: ServingError | APIError | ClientGone, retry_after_s: int) -> APIError:
