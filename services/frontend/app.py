@@ -5,6 +5,11 @@
 awaited before the response starts so that errors found before generation (bad input,
 prompt too long, no workers) get their HTTP status even for ``stream: true``.
 
+The HTTP edge (docs/api.md, "Errors"): the body is read under a size limit and a deadline
+and parsed with bounded depth (``body.py``), validated strictly (``schemas.py``,
+``validation.py``); every error, an unexpected exception included (``guard.py``), is
+answered in OpenAI's shape.
+
 Cancellation: a client that disconnects mid-stream cancels the SSE generator; it closes the
 processor stream, which cancels the gRPC call to the processor, which cancels its call to
 the decode worker, which aborts the request in the engine.
@@ -21,11 +26,13 @@ from typing import Any, Protocol
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException
 
 from services.common.config import ClusterConfig
 from services.common.errors import ServingError
 from services.frontend.body import BodyLimits, read_json
-from services.frontend.errors import APIError, from_serving_error
+from services.frontend.errors import APIError, from_serving_error, route_error
+from services.frontend.guard import REQUEST_ID, CatchAll
 from services.frontend.metrics import FrontendMetrics
 from services.frontend.render import Renderer
 from services.frontend.schemas import ChatCompletionRequest, CompletionRequest
@@ -54,6 +61,8 @@ def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readines
                   lifespan=lifespan)
     _describe_bodies(app)
     app.state.metrics = m
+    app.add_middleware(CatchAll, metrics=m)
+    app.add_exception_handler(HTTPException, route_error)
     keys = [k.encode() for k in fc.api_keys]
     limits = BodyLimits(fc.max_body_bytes, fc.body_timeout_s)
 
@@ -69,6 +78,8 @@ def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readines
     async def run(request: Request, model_cls: type[ChatCompletionRequest] | type[CompletionRequest],
                   chat: bool) -> Response:
         t0 = time.perf_counter()
+        rid = uuid.uuid4().hex
+        setattr(request.state, REQUEST_ID, rid)  # for guard.CatchAll's log line
         try:
             check_auth(request)
             body = validate(model_cls, await read_json(request, limits))
@@ -81,14 +92,14 @@ def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readines
             # NOTE: the processor checks the model (404 naming the served one) as it
             # starts the request: asking it for the model list first would cost every
             # request another round trip.
-            rid = uuid.uuid4().hex
             r = Renderer(chat, ("chatcmpl-" if chat else "cmpl-") + rid, body.model)
             deltas = processor.generate(body.to_process(rid))
             first = await unless_disconnected(request, first_delta(deltas, fc.request_timeout_s))
         except (ServingError, APIError, ClientGone) as e:
             return _fail(m, t0, _api_error(e, fc.retry_after_s))
         if body.stream:
-            gen = sse(m, r, deltas, first, t0, body.include_usage, fc.request_timeout_s, fc.retry_after_s)
+            gen = sse(m, r, deltas, first, t0, body.include_usage, fc.request_timeout_s,
+                      fc.retry_after_s, rid)
             return StreamingResponse(gen, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
@@ -96,9 +107,10 @@ def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readines
                 request, collect(m, deltas, first, t0, fc.request_timeout_s))
         except (ServingError, APIError, ClientGone) as e:
             return _fail(m, t0, _api_error(e, fc.retry_after_s))
-        m.requests.labels("200").inc()
+        response = JSONResponse(r.full(text, reason, usage))
+        m.requests.labels("200").inc()  # after the body is built: if that fails, guard counts a 500
         m.duration.observe(time.perf_counter() - t0)
-        return JSONResponse(r.full(text, reason, usage))
+        return response
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from fastapi.responses import JSONResponse
+import json
+
+from fastapi import Request
+from fastapi.responses import Response
+from starlette.exceptions import HTTPException
 
 from services.common.errors import ServingError, kind_of
 
@@ -25,8 +29,11 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param,
                           "code": self.code}}
 
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+    def response(self) -> Response:
+        # NOTE: ensure_ascii: a message quoting a client's string must not be able to fail
+        # its own encoding (a lone surrogate cannot be written as UTF-8).
+        return Response(json.dumps(self.body(), separators=(",", ":")), status_code=self.status,
+                        headers=self.headers, media_type="application/json")
 
 
 def from_serving_error(e: ServingError, retry_after_s: int) -> APIError:
@@ -36,3 +43,23 @@ def from_serving_error(e: ServingError, retry_after_s: int) -> APIError:
     headers = {"Retry-After": str(retry_after_s)} if k.retry_after else None
     return APIError(k.http_status, e.message, k.openai_type, param=e.param or k.default_param,
                     code=e.code or k.default_code, headers=headers)
+
+
+def internal_error(request_id: str) -> APIError:
+    """The answer to an exception nobody expected (logged by whoever caught it)."""
+    return APIError(500, f"the server had an error while processing the request (request id "
+                    f"{request_id})", "internal_error")
+
+
+async def route_error(request: Request, exc: Exception) -> Response:
+    """Starlette's 404 (no such path) and 405 (path without that method) in OpenAI's shape
+    and wording, instead of FastAPI's ``{"detail": ...}``."""
+    assert isinstance(exc, HTTPException)
+    where = f"{request.method} {request.url.path}"
+    if exc.status_code == 404:
+        message = f"Invalid URL ({where})"
+    elif exc.status_code == 405:
+        message = f"Invalid method for URL ({where})"
+    else:
+        message = str(exc.detail)
+    return APIError(exc.status_code, message, headers=dict(exc.headers or {})).response()
