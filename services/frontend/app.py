@@ -8,7 +8,7 @@ prompt too long, no workers) get their HTTP status even for ``stream: true``.
 The HTTP edge (docs/api.md, "Errors"): the body is read under a size limit and a deadline
 and parsed with bounded depth (``body.py``), validated strictly (``schemas.py``,
 ``validation.py``); every error, an unexpected exception included (``guard.py``), is
-answered in OpenAI's shape.
+answered in OpenAI's shape, and 429/503/500 never name the cluster's insides (``errors.py``).
 
 Cancellation: a client that disconnects mid-stream cancels the SSE generator; it closes the
 processor stream, which cancels the gRPC call to the processor, which cancels its call to
@@ -31,7 +31,7 @@ from starlette.exceptions import HTTPException
 from services.common.config import ClusterConfig
 from services.common.errors import ServingError
 from services.frontend.body import BodyLimits, read_json
-from services.frontend.errors import APIError, from_serving_error, route_error
+from services.frontend.errors import APIError, ServingErrors, route_error
 from services.frontend.guard import REQUEST_ID, CatchAll
 from services.frontend.metrics import FrontendMetrics
 from services.frontend.render import Renderer
@@ -65,6 +65,7 @@ def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readines
     app.add_exception_handler(HTTPException, route_error)
     keys = [k.encode() for k in fc.api_keys]
     limits = BodyLimits(fc.max_body_bytes, fc.body_timeout_s)
+    errors = ServingErrors(fc.retry_after_s)
 
     def check_auth(request: Request) -> None:
         if not keys:
@@ -96,17 +97,17 @@ def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readines
             deltas = processor.generate(body.to_process(rid))
             first = await unless_disconnected(request, first_delta(deltas, fc.request_timeout_s))
         except (ServingError, APIError, ClientGone) as e:
-            return _fail(m, t0, _api_error(e, fc.retry_after_s))
+            return _fail(m, t0, _api_error(e, errors, rid))
         if body.stream:
             gen = sse(m, r, deltas, first, t0, body.include_usage, fc.request_timeout_s,
-                      fc.retry_after_s, rid)
+                      errors, rid)
             return StreamingResponse(gen, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
             text, reason, usage = await unless_disconnected(
                 request, collect(m, deltas, first, t0, fc.request_timeout_s))
         except (ServingError, APIError, ClientGone) as e:
-            return _fail(m, t0, _api_error(e, fc.retry_after_s))
+            return _fail(m, t0, _api_error(e, errors, rid))
         response = JSONResponse(r.full(text, reason, usage))
         m.requests.labels("200").inc()  # after the body is built: if that fails, guard counts a 500
         m.duration.observe(time.perf_counter() - t0)
@@ -128,7 +129,7 @@ def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readines
         except APIError as e:
             return e.response()
         except ServingError as e:
-            return from_serving_error(e, fc.retry_after_s).response()
+            return errors.from_serving_error(e, uuid.uuid4().hex).response()
         return JSONResponse({"object": "list", "data": [
             {"id": x.id, "object": "model", "created": 0, "owned_by": "tandem",
              "context_length": x.context_length} for x in models]})
@@ -174,11 +175,11 @@ def _describe_bodies(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-
-def _api_error(e: ServingError | APIError | ClientGone, retry_after_s: int) -> APIError:
+def _api_error(e: ServingError | APIError | ClientGone, errors: ServingErrors,
+               request_id: str) -> APIError:
     """What the client is told for an error raised while a request is served."""
     if isinstance(e, ServingError):
-        return from_serving_error(e, retry_after_s)
+        return errors.from_serving_error(e, request_id)
     if isinstance(e, ClientGone):
         return APIError(499, "the client disconnected")
     return e

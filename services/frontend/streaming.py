@@ -16,7 +16,7 @@ from fastapi import Request
 
 from services.common.errors import ServingError
 from services.engine.request import FinishReason, Usage
-from services.frontend.errors import APIError, from_serving_error, internal_error
+from services.frontend.errors import APIError, ServingErrors, internal_error
 from services.frontend.metrics import FrontendMetrics
 from services.frontend.render import Renderer
 from services.processor.types import Delta
@@ -108,7 +108,7 @@ def timeout_error(timeout_s: float) -> APIError:
 
 
 async def sse(m: FrontendMetrics, r: Renderer, deltas: AsyncIterator[Delta], first: Delta,
-               t0: float, include_usage: bool, timeout_s: float, retry_after_s: int,
+               t0: float, include_usage: bool, timeout_s: float, errors: ServingErrors,
                request_id: str) -> AsyncIterator[str]:
     """The stream's events. An error once it started is one ``data: {"error": ...}`` event
     before ``[DONE]``: the status line is gone by then."""
@@ -144,7 +144,7 @@ async def sse(m: FrontendMetrics, r: Renderer, deltas: AsyncIterator[Delta], fir
                 raise ServingError("the processor ended the stream without a finish reason")
             status = "200"
     except ServingError as e:
-        err = from_serving_error(e, retry_after_s)
+        err = errors.from_serving_error(e, request_id)
         status = str(err.status)
         yield event(err.body())
     except TimeoutError:

@@ -1,6 +1,6 @@
 """Errors the client did not cause, and routes that do not exist, in OpenAI's shape: an
 unexpected exception is one log line (request id, type, message, no traceback) and a 500
-counted in the metrics; 404 and 405."""
+counted in the metrics; a failed part's message (addresses) stays in the log; 404/405."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
+from services.common.errors import ServingError
 from tests.support.http_edge import Echo, Failing, chat, error, frontend_lines, metric, stub_api
 
 
@@ -61,3 +62,17 @@ async def test_exception_mid_stream_is_an_error_event_counted_500(
         assert await metric(c, "500") == 1.0 and await metric(c, "499") == 0.0
     (line,) = frontend_lines(caplog)
     assert "RuntimeError: kaput" in line.getMessage() and line.exc_info is None
+
+
+async def test_internal_serving_error_names_no_address(caplog: pytest.LogCaptureFixture) -> None:
+    """A part that crashed reaches us as ServingError("processor 10.0.0.7:9100 failed: ..."):
+    the client gets the fixed sentence and the request id, the log the detail."""
+    detail = "processor 10.0.0.7:9100 failed: UNKNOWN: Unexpected <class 'TypeError'>"
+    async with stub_api(Failing(ServingError(detail))) as c:
+        for stream in (False, True):
+            err = error(await c.post("/v1/chat/completions", json=chat(stream=stream)), 500)
+            assert "10.0.0.7" not in err["message"] and "request id" in err["message"]
+    lines = frontend_lines(caplog)
+    assert len(lines) == 2 and all(detail in x.getMessage() for x in lines)
+
+
