@@ -88,6 +88,14 @@ class FrontendConfig(_Strict):
     # The processor's gRPC host:port; None: found in discovery (role "processor").
     processor_address: str | None = None
     drain_timeout_s: float = Field(30.0, ge=0)  # on SIGTERM, in-flight requests get this long
+    # HTTP read deadlines (docs/operations.md, "HTTP timeouts and limits"): a request's
+    # headers must arrive within header_timeout_s of its first byte (or of the connection
+    # opening), its body within body_timeout_s of the headers (else 408); an idle
+    # keep-alive connection, or the unread rest of an answered request's body, is closed
+    # after keep_alive_timeout_s.
+    header_timeout_s: float = Field(10.0, gt=0)
+    body_timeout_s: float = Field(30.0, gt=0)
+    keep_alive_timeout_s: float = Field(5.0, gt=0)
 
 
 class ProcessorConfig(_Strict):

@@ -19,6 +19,7 @@ MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 64
 MAX_TOP_K = 1 << 20
 _INT64 = 1 << 63
+_UINT32 = 1 << 32  # what proto/request.proto carries counts and token ids in
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,21 +53,27 @@ class SamplingParams:
             raise ValueError(f"top_p: must be in (0, 1], got {self.top_p}")
         if self.seed is not None and not -_INT64 <= self.seed < _INT64:
             raise ValueError(f"seed: must fit in a signed 64-bit integer, got {self.seed}")
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise ValueError(f"max_tokens: must be >= 1, got {self.max_tokens}")
+        if self.max_tokens is not None and not 1 <= self.max_tokens < _UINT32:
+            raise ValueError(f"max_tokens: must be in [1, 2^32), got {self.max_tokens}")
         if len(self.stop) > MAX_STOP_STRINGS:
             raise ValueError(f"stop: at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
         for s in self.stop:
             if not s or len(s) > MAX_STOP_STRING_CHARS:
                 raise ValueError(f"stop: stop strings must have 1 to {MAX_STOP_STRING_CHARS} "
                                  f"characters, got {len(s)}")
+            if not s.isascii():
+                try:
+                    s.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise ValueError("stop: a stop string holds a lone UTF-16 surrogate, "
+                                     "which is not valid Unicode") from None
         if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
             raise ValueError(f"stop_token_ids: at most {MAX_STOP_TOKEN_IDS}, "
                              f"got {len(self.stop_token_ids)}")
-        if any(t < 0 for t in self.stop_token_ids):
-            raise ValueError("stop_token_ids: token ids must be >= 0")
-        if self.seed_step_offset < 0:
-            raise ValueError(f"seed_step_offset: must be >= 0, got {self.seed_step_offset}")
+        if any(not 0 <= t < _UINT32 for t in self.stop_token_ids):
+            raise ValueError("stop_token_ids: token ids must be in [0, 2^32)")
+        if not 0 <= self.seed_step_offset < _UINT32:
+            raise ValueError(f"seed_step_offset: must be in [0, 2^32), got {self.seed_step_offset}")
 
     @property
     def greedy(self) -> bool:

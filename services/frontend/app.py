@@ -5,6 +5,11 @@
 awaited before the response starts so that errors found before generation (bad input,
 prompt too long, no workers) get their HTTP status even for ``stream: true``.
 
+The HTTP edge (docs/api.md, "Errors"): the body is read under a size limit and a deadline
+and parsed with bounded depth (``body.py``), validated strictly (``schemas.py``,
+``validation.py``); every error, an unexpected exception included (``guard.py``), is
+answered in OpenAI's shape, and 429/503/500 never name the cluster's insides (``errors.py``).
+
 Cancellation: a client that disconnects mid-stream cancels the SSE generator; it closes the
 processor stream, which cancels the gRPC call to the processor, which cancels its call to
 the decode worker, which aborts the request in the engine.
@@ -13,7 +18,6 @@ the decode worker, which aborts the request in the engine.
 from __future__ import annotations
 
 import hmac
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -22,15 +26,18 @@ from typing import Any, Protocol
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import ValidationError
+from starlette.exceptions import HTTPException
 
 from services.common.config import ClusterConfig
 from services.common.errors import ServingError
-from services.frontend.errors import APIError, from_serving_error
+from services.frontend.body import BodyLimits, read_json
+from services.frontend.errors import APIError, ServingErrors, route_error
+from services.frontend.guard import REQUEST_ID, CatchAll
 from services.frontend.metrics import FrontendMetrics
 from services.frontend.render import Renderer
 from services.frontend.schemas import ChatCompletionRequest, CompletionRequest
 from services.frontend.streaming import ClientGone, collect, first_delta, sse, unless_disconnected
+from services.frontend.validation import validate
 from services.processor.types import Delta, ModelInfo, ProcessRequest
 
 
@@ -54,7 +61,11 @@ def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readines
                   lifespan=lifespan)
     _describe_bodies(app)
     app.state.metrics = m
+    app.add_middleware(CatchAll, metrics=m)
+    app.add_exception_handler(HTTPException, route_error)
     keys = [k.encode() for k in fc.api_keys]
+    limits = BodyLimits(fc.max_body_bytes, fc.body_timeout_s)
+    errors = ServingErrors(fc.retry_after_s)
 
     def check_auth(request: Request) -> None:
         if not keys:
@@ -65,30 +76,14 @@ def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readines
             raise APIError(401, "Incorrect or missing API key: send `Authorization: Bearer <key>`",
                            "authentication_error", code="invalid_api_key")
 
-    async def read_json(request: Request) -> Any:
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > fc.max_body_bytes:
-            raise _too_large(fc.max_body_bytes)
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > fc.max_body_bytes:
-                raise _too_large(fc.max_body_bytes)
-        try:
-            return json.loads(body)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise APIError(400, f"the request body is not valid JSON: {e}") from None
-
     async def run(request: Request, model_cls: type[ChatCompletionRequest] | type[CompletionRequest],
                   chat: bool) -> Response:
         t0 = time.perf_counter()
+        rid = uuid.uuid4().hex
+        setattr(request.state, REQUEST_ID, rid)  # for guard.CatchAll's log line
         try:
             check_auth(request)
-            data = await read_json(request)
-            try:
-                body = model_cls.model_validate(data)
-            except ValidationError as e:
-                raise _validation_error(e) from None
+            body = validate(model_cls, await read_json(request, limits))
             asked = body.requested_max_tokens()
             if asked is not None and asked > fc.max_tokens_limit:
                 param = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) else "max_tokens"
@@ -98,24 +93,25 @@ def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readines
             # NOTE: the processor checks the model (404 naming the served one) as it
             # starts the request: asking it for the model list first would cost every
             # request another round trip.
-            rid = uuid.uuid4().hex
             r = Renderer(chat, ("chatcmpl-" if chat else "cmpl-") + rid, body.model)
             deltas = processor.generate(body.to_process(rid))
             first = await unless_disconnected(request, first_delta(deltas, fc.request_timeout_s))
         except (ServingError, APIError, ClientGone) as e:
-            return _fail(m, t0, _api_error(e, fc.retry_after_s))
+            return _fail(m, t0, _api_error(e, errors, rid))
         if body.stream:
-            gen = sse(m, r, deltas, first, t0, body.include_usage, fc.request_timeout_s, fc.retry_after_s)
+            gen = sse(m, r, deltas, first, t0, body.include_usage, fc.request_timeout_s,
+                      errors, rid)
             return StreamingResponse(gen, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
             text, reason, usage = await unless_disconnected(
                 request, collect(m, deltas, first, t0, fc.request_timeout_s))
         except (ServingError, APIError, ClientGone) as e:
-            return _fail(m, t0, _api_error(e, fc.retry_after_s))
-        m.requests.labels("200").inc()
+            return _fail(m, t0, _api_error(e, errors, rid))
+        response = JSONResponse(r.full(text, reason, usage))
+        m.requests.labels("200").inc()  # after the body is built: if that fails, guard counts a 500
         m.duration.observe(time.perf_counter() - t0)
-        return JSONResponse(r.full(text, reason, usage))
+        return response
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -133,7 +129,7 @@ def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readines
         except APIError as e:
             return e.response()
         except ServingError as e:
-            return from_serving_error(e, fc.retry_after_s).response()
+            return errors.from_serving_error(e, uuid.uuid4().hex).response()
         return JSONResponse({"object": "list", "data": [
             {"id": x.id, "object": "model", "created": 0, "owned_by": "tandem",
              "context_length": x.context_length} for x in models]})
@@ -179,27 +175,11 @@ def _describe_bodies(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-
-def _too_large(limit: int) -> APIError:
-    return APIError(413, f"the request body is larger than frontend.max_body_bytes ({limit} bytes)",
-                    code="request_too_large")
-
-
-def _validation_error(e: ValidationError) -> APIError:
-    """400 naming the first bad field (we answer 400, as OpenAI does, not FastAPI's 422)."""
-    err = e.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"])
-    msg = str(err["msg"]).removeprefix("Value error, ")
-    if not loc and ":" in msg:  # our model validators write "field: what is wrong"
-        loc = msg.split(":", 1)[0]
-    return APIError(400, f"{loc}: {msg}" if loc and not msg.startswith(loc) else msg,
-                    param=loc or None, code="invalid_value")
-
-
-def _api_error(e: ServingError | APIError | ClientGone, retry_after_s: int) -> APIError:
+def _api_error(e: ServingError | APIError | ClientGone, errors: ServingErrors,
+               request_id: str) -> APIError:
     """What the client is told for an error raised while a request is served."""
     if isinstance(e, ServingError):
-        return from_serving_error(e, retry_after_s)
+        return errors.from_serving_error(e, request_id)
     if isinstance(e, ClientGone):
         return APIError(499, "the client disconnected")
     return e

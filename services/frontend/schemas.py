@@ -2,17 +2,45 @@
 
 Unknown fields are ignored (clients send many optional ones); known fields we do not
 implement are accepted only at their no-op values (e.g. ``n=1``), else a 400 names them.
+
+Numbers and booleans are strict: ``"8"`` or ``true`` is no max_tokens, ``"true"`` no
+stream (a client sending them has a bug worth a 400, not a guess); an integer is still a
+float (``temperature: 1``), as every OpenAI client sends it. Strings must be valid Unicode,
+and token ids fit the uint32 they travel as, so nothing past this point meets either.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import functools
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, model_validator
 
 from services.common.errors import InvalidRequest
 from services.engine.request import SamplingParams
 from services.processor.types import ChatMessage, ChatRole, ProcessRequest
+
+
+def _unicode(s: str) -> str:
+    # NOTE: JSON's "\ud800" escape decodes to a lone surrogate, which no tokenizer, codec
+    # or UTF-8 writer accepts. Refused rather than replaced by U+FFFD: a replaced stop
+    # string or prompt would silently be another one, and the client has a bug to fix (an
+    # encoder that split a UTF-16 pair, e.g. a truncated emoji).
+    if not s.isascii():
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"contains a lone UTF-16 surrogate (U+{ord(s[e.start]):04X} at "
+                             f"character {e.start}), which is not valid Unicode") from None
+    return s
+
+
+Text = Annotated[str, AfterValidator(_unicode)]
+Int = Annotated[int, Strict()]
+Float = Annotated[float, Strict()]  # strict float still takes an int, never a bool or a string
+Bool = Annotated[bool, Strict()]
+# Token ids cross gRPC as uint32; the processor checks them against the vocabulary.
+TokenId = Annotated[int, Strict(), Field(ge=0, lt=2**32)]
 
 
 class _Body(BaseModel):
@@ -21,12 +49,12 @@ class _Body(BaseModel):
 
 class TextPart(_Body):
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessageIn(_Body):
     role: ChatRole
-    content: str | list[TextPart] | None = None
+    content: Text | list[TextPart] | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -37,27 +65,27 @@ class ChatMessageIn(_Body):
 
 
 class StreamOptions(_Body):
-    include_usage: bool = False
+    include_usage: Bool = False
 
 
 class _Sampling(_Body):
-    model: str = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=-1)  # -1 and 0: off (vLLM's and our convention)
-    seed: int | None = Field(None, ge=-(2**63), lt=2**63)
-    stop: str | list[str] | None = None
-    n: int = 1
-    stream: bool = False
+    model: Text = Field(min_length=1)
+    max_tokens: Int | None = Field(None, ge=1)
+    temperature: Float | None = Field(None, ge=0, le=2)
+    top_p: Float | None = Field(None, gt=0, le=1)
+    top_k: Int | None = Field(None, ge=-1)  # -1 and 0: off (vLLM's and our convention)
+    seed: Int | None = Field(None, ge=-(2**63), lt=2**63)
+    stop: Text | list[Text] | None = None
+    n: Int = 1
+    stream: Bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logprobs: bool | None = None
-    user: str | None = None
+    presence_penalty: Float = 0.0
+    frequency_penalty: Float = 0.0
+    logprobs: Bool | None = None
+    user: Text | None = None
     # vLLM's extras
-    stop_token_ids: list[int] = Field(default_factory=list)
-    ignore_eos: bool = False
+    stop_token_ids: list[TokenId] = Field(default_factory=list)
+    ignore_eos: Bool = False
 
     @model_validator(mode="after")
     def _check_unsupported(self) -> _Sampling:
@@ -99,7 +127,7 @@ class _Sampling(_Body):
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessageIn] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: Int | None = Field(None, ge=1)
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -112,10 +140,10 @@ class ChatCompletionRequest(_Sampling):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[str] | list[int]
-    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for /v1/completions
-    echo: bool = False
-    suffix: str | None = None
+    prompt: Text | list[Text] | list[TokenId]
+    max_tokens: Int | None = Field(16, ge=1)  # OpenAI's default for /v1/completions
+    echo: Bool = False
+    suffix: Text | None = None
 
     @model_validator(mode="after")
     def _check_prompt(self) -> CompletionRequest:
@@ -140,3 +168,16 @@ class CompletionRequest(_Sampling):
                                   sampling=self.sampling(self.max_tokens), model=self.model)
         return ProcessRequest(request_id, prompt_ids=tuple(int(t) for t in p),
                               sampling=self.sampling(self.max_tokens), model=self.model)
+
+
+@functools.cache
+def body_field_names() -> frozenset[str]:
+    """Every field name of every body model: what a validation error's location may name
+    (its other parts are pydantic's names for union members)."""
+    names: set[str] = set()
+    todo: list[type[_Body]] = [_Body]
+    while todo:
+        cls = todo.pop()
+        names.update(cls.model_fields)
+        todo.extend(cls.__subclasses__())
+    return frozenset(names)

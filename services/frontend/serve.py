@@ -12,11 +12,12 @@ import asyncio
 import contextlib
 import logging
 import signal
+from typing import Any
 
 import uvicorn
 
 from services.common.address_book import AddressBook, ChannelPool
-from services.common.config import ClusterConfig
+from services.common.config import ClusterConfig, FrontendConfig
 from services.common.discovery import Discovery, Registration
 from services.common.nats_client import connect
 from services.common.net import advertised_host
@@ -31,6 +32,19 @@ class _Server(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self):  # type: ignore[override]
         yield
+
+
+def http_config(app: Any, fc: FrontendConfig, port: int) -> uvicorn.Config:
+    """uvicorn with the frontend's read limits (docs/operations.md, "HTTP timeouts and
+    limits"): headers and their size in http_protocol.py, keep-alive idle time here, the
+    body in the app (body.py)."""
+    from services.frontend.http_protocol import with_header_limits
+
+    # NOTE: uvicorn types timeout_keep_alive as int but only hands it to call_later.
+    return uvicorn.Config(app, host=fc.host, port=port, log_level="warning",
+                          http=with_header_limits(fc.header_timeout_s, fc.keep_alive_timeout_s),
+                          timeout_keep_alive=fc.keep_alive_timeout_s,  # type: ignore[arg-type]
+                          timeout_graceful_shutdown=int(fc.drain_timeout_s))
 
 
 async def serve(cfg: ClusterConfig, replica: int = 0) -> None:
@@ -51,8 +65,7 @@ async def serve(cfg: ClusterConfig, replica: int = 0) -> None:
         app = create_app(cfg, ProcessorClient(processors, pool),
                          ClusterReadiness(routers, decoders, processors))
         port = fc.port + replica
-        server = _Server(uvicorn.Config(app, host=fc.host, port=port, log_level="warning",
-                                        timeout_graceful_shutdown=int(fc.drain_timeout_s)))
+        server = _Server(http_config(app, fc, port))
         adv = advertised_host(fc.host)
         lease = await disc.register(Registration(
             "frontend", f"frontend-{replica}", address=f"{adv}:{port}",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import aclosing
@@ -15,12 +16,13 @@ from fastapi import Request
 
 from services.common.errors import ServingError
 from services.engine.request import FinishReason, Usage
-from services.frontend.errors import APIError, from_serving_error
+from services.frontend.errors import APIError, ServingErrors, internal_error
 from services.frontend.metrics import FrontendMetrics
 from services.frontend.render import Renderer
 from services.processor.types import Delta
 
 T = TypeVar("T")
+log = logging.getLogger("tandem.frontend")
 
 
 class ClientGone(Exception):
@@ -106,7 +108,10 @@ def timeout_error(timeout_s: float) -> APIError:
 
 
 async def sse(m: FrontendMetrics, r: Renderer, deltas: AsyncIterator[Delta], first: Delta,
-               t0: float, include_usage: bool, timeout_s: float, retry_after_s: int) -> AsyncIterator[str]:
+               t0: float, include_usage: bool, timeout_s: float, errors: ServingErrors,
+               request_id: str) -> AsyncIterator[str]:
+    """The stream's events. An error once it started is one ``data: {"error": ...}`` event
+    before ``[DONE]``: the status line is gone by then."""
     status = "499"  # unless we reach the end: the client went away
     observe_first(m, t0)
     loop = asyncio.get_running_loop()
@@ -139,12 +144,16 @@ async def sse(m: FrontendMetrics, r: Renderer, deltas: AsyncIterator[Delta], fir
                 raise ServingError("the processor ended the stream without a finish reason")
             status = "200"
     except ServingError as e:
-        err = from_serving_error(e, retry_after_s)
+        err = errors.from_serving_error(e, request_id)
         status = str(err.status)
         yield event(err.body())
     except TimeoutError:
         status = "504"
         yield event(timeout_error(timeout_s).body())
+    except Exception as e:  # noqa: BLE001 - a bug below us ends this stream, not the server
+        log.error("request %s: stream failed: %s: %s", request_id, type(e).__name__, e)
+        status = "500"
+        yield event(internal_error(request_id).body())
     finally:
         m.requests.labels(status).inc()
         m.duration.observe(time.perf_counter() - t0)

@@ -136,11 +136,16 @@ class Processor:
             msgs = [{"role": x.role, "content": x.content} for x in req.messages]
             try:
                 ids = self._tok.encode_chat(msgs)
-            except (ChatTemplateError, ValueError) as e:
+            except (ChatTemplateError, ValueError, TypeError) as e:
+                # NOTE: TypeError: the tokenizer's answer to text that is not valid Unicode
+                # (a lone surrogate), which only an in-process caller can pass.
                 raise InvalidRequest(f"cannot apply the chat template: {e}", param="messages") from None
             param = "messages"
         elif req.prompt is not None:
-            ids, param = self._tok.encode(req.prompt), "prompt"
+            try:
+                ids, param = self._tok.encode(req.prompt), "prompt"
+            except (ValueError, TypeError) as e:
+                raise InvalidRequest(f"cannot tokenize the prompt: {e}", param="prompt") from None
         else:
             ids, param = list(req.prompt_ids or ()), "prompt"
             bad = [t for t in ids if not 0 <= t < self._tok.vocab_size]

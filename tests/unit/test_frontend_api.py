@@ -172,7 +172,8 @@ async def test_body_size_limit_is_413(tok: Tokenizer) -> None:
 async def test_no_workers_is_503_with_retry_after(tok: Tokenizer) -> None:
     async for c in _cluster(tok, workers=False, frontend={"retry_after_s": 3}):
         r = await c.http.post("/v1/chat/completions", json=chat_body(stream=True))
-        assert_error(r, 503, text="no decode workers")
+        # the detail ("no decode workers registered in discovery") goes to the log
+        assert assert_error(r, 503)["message"] == "no worker is available, retry later"
         assert r.headers["retry-after"] == "3"
 
 

@@ -1,9 +1,11 @@
 """Limits at the API over the REAL decode worker (services/decode, mock runner): a
 max_tokens above ``frontend.max_tokens_limit`` is a 400 naming it; a worker whose waiting
-queue is full refuses (RESOURCE_EXHAUSTED) and the client gets 429 with Retry-After."""
+queue is full refuses (RESOURCE_EXHAUSTED) and the client gets 429 with Retry-After and a
+message that names no worker (the detail is logged)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -57,11 +59,18 @@ async def test_max_tokens_above_the_limit_is_400(tok: Tokenizer) -> None:
         assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
 
 
-async def test_full_worker_queue_is_429_with_retry_after(tok: Tokenizer) -> None:
+async def test_full_worker_queue_is_429_with_retry_after(
+        tok: Tokenizer, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="tandem.frontend")
     async with api(tok, decode={"max_waiting_requests": 0}, frontend={"retry_after_s": 3}) as http:
         for stream in (False, True):
             r = await http.post("/v1/chat/completions", json=chat(max_tokens=4, stream=stream))
             assert r.status_code == 429, r.text
             assert r.headers["retry-after"] == "3"
             err = r.json()["error"]
-            assert err["code"] == "overloaded" and "decode.max_waiting_requests=0" in err["message"]
+            # the client is told to retry; which worker refused, and why, is the log's
+            assert err["code"] == "overloaded"
+            assert err["message"] == "the server is overloaded, retry later"
+    details = [x.getMessage() for x in caplog.records if x.name == "tandem.frontend"]
+    assert len(details) == 1, details  # the second refusal within the interval is not logged
+    assert "429 overloaded" in details[0] and "decode.max_waiting_requests=0" in details[0]
