@@ -19,7 +19,7 @@ from services.engine.request import FinishReason
 from services.engine.tokenizer import Tokenizer
 from services.frontend.app import create_app
 from services.processor.client import ProcessorClient
-from services.processor.grpc_server import start_grpc as start_processor_grpc
+from services.processor.grpc_server import serve_processor
 from services.processor.types import Delta, ModelInfo, ProcessRequest
 from services.router.router import Router
 from tests.support.stack import MODEL, make_processor, mock_cluster_cfg, worker_decode_node
@@ -37,7 +37,7 @@ async def grpc_api(tok: Tokenizer, **over: Any) -> AsyncIterator[httpx.AsyncClie
     pool = ChannelPool()
     async with worker_decode_node(cfg, tok) as node:
         router.worker_joined(Registration("decode", "w0", address=node.address))
-        server, port = await start_processor_grpc(make_processor(cfg, tok, router, 128, pool),
+        server, port = await serve_processor(make_processor(cfg, tok, router, 128, pool),
                                                   "127.0.0.1", 0)
         app = create_app(cfg, ProcessorClient(AddressBook("processor", f"127.0.0.1:{port}"), pool))
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),

@@ -32,7 +32,7 @@ from services.engine.model_store import resolve_model_path
 from services.engine.tokenizer import Tokenizer
 from services.frontend.app import create_app
 from services.processor.client import ProcessorClient
-from services.processor.grpc_server import start_grpc as start_processor_grpc
+from services.processor.grpc_server import serve_processor
 from services.router.router import Router
 from tests.support.stack import MODEL, make_processor, mock_cluster_cfg, worker_decode_node
 
@@ -65,7 +65,7 @@ async def _lifespan(app):
     async with worker_decode_node(CFG, tok) as node:
         router = Router(CFG)
         router.worker_joined(Registration("decode", "w0", address=node.address))
-        server, port = await start_processor_grpc(make_processor(CFG, tok, router, 128, pool),
+        server, port = await serve_processor(make_processor(CFG, tok, router, 128, pool),
                                                   "127.0.0.1", 0)
         _proc.target = ProcessorClient(AddressBook("processor", f"127.0.0.1:{port}"), pool)
         _state["node"] = node
