@@ -151,8 +151,11 @@ class DisaggConfig(_Strict):
     max_local_prefill_length: int = Field(256, ge=0)
     max_prefill_queue_size: int = Field(8, ge=0)
     max_prefill_queue_tokens: int = Field(32768, ge=0)
-    # Past this a remote prefill is abandoned and the request prefills locally.
-    remote_prefill_timeout_s: float = Field(30.0, gt=0)
+    # A remote prefill is abandoned (and its job cancelled) when no prefill worker has
+    # reported progress on it for this long: not taken from the queue by then, or its worker
+    # gone silent. Not a bound on the whole prefill: a long prompt that keeps reporting is
+    # waited for. Must exceed prefill.in_progress_interval_s.
+    remote_prefill_timeout_s: float = Field(15.0, gt=0)
     # The prefill queue depth (a JetStream consumer info round trip) is reused this long.
     queue_depth_cache_s: float = Field(0.2, ge=0)
 
@@ -193,6 +196,9 @@ class PrefillConfig(_Strict):
     # KvTransfer payload bytes per gRPC message (the decode worker accepts messages up to
     # 16 MiB + 64 KiB: services/decode/grpc_server.py MAX_KV_MESSAGE_BYTES).
     kv_chunk_bytes: int = Field(1 << 20, ge=1024, le=16 << 20)
+    # A KV transfer to a decode worker that takes longer than this is abandoned (the job is
+    # retried); the decode worker keeps waiting meanwhile, as progress goes on.
+    kv_send_timeout_s: float = Field(60.0, gt=0)
     # "auto": KV goes through /dev/shm when the job's decode worker is on this host (same
     # kv_shm.host_id), else gRPC bytes; "grpc": always gRPC bytes.
     kv_transport: Literal["auto", "grpc"] = "auto"
@@ -237,6 +243,10 @@ class ClusterConfig(_Strict):
             raise ValueError(
                 "engine.max_num_batched_tokens must be at least engine.block_size"
             )
+        if self.decode.disagg.remote_prefill_timeout_s <= self.prefill.in_progress_interval_s:
+            raise ValueError(
+                "decode.disagg.remote_prefill_timeout_s must exceed prefill.in_progress_interval_s "
+                "(the prefill worker reports progress that often)")
         return self
 
 

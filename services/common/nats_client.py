@@ -64,6 +64,18 @@ class Subjects:
         """Decode workers publish prefill_pb2.RemotePrefillRequest here (JetStream)."""
         return f"{self.namespace}.prefill.queue"
 
+    def prefill_progress(self, decode_worker_id: str) -> str:
+        """A prefill worker running a job publishes its request id here (the payload, UTF-8)
+        when it takes the job and then every ``prefill.in_progress_interval_s``: the decode
+        worker that queued it waits as long as these keep coming."""
+        return f"{self.namespace}.prefill.progress.{decode_worker_id}"
+
+    @property
+    def prefill_cancel(self) -> str:
+        """A decode worker that stopped waiting for a job publishes its request id here; the
+        prefill worker running it stops and drops it (so no prompt is prefilled twice)."""
+        return f"{self.namespace}.prefill.cancel"
+
     @property
     def prefill_stream(self) -> str:
         """The work-queue JetStream stream holding ``prefill_queue``."""

@@ -50,7 +50,8 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str | None = None,
         publisher = KvEventPublisher(nc, subjects, worker_id, dump=ae.dump_kv_events)
         await publisher.start()
         metrics = DecodeMetrics(ae.stats, cfg.decode.disagg)
-        queue = await PrefillQueue.open(nc, subjects, cfg.prefill, cfg.decode.disagg.queue_depth_cache_s)
+        queue = await PrefillQueue.open(nc, subjects, cfg.prefill,
+                                        cfg.decode.disagg.queue_depth_cache_s, worker_id)
         worker = DecodeWorker(ae, cfg, worker_id, queue, metrics=metrics)
         # before the port opens: a part that looks ready must stop cleanly (see stop_on_signals)
         stop = stop or stop_on_signals()

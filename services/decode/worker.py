@@ -5,7 +5,8 @@
 Remote path (``services.decode.disagg`` decides): park the request with blocks for its
 uncached part (``AsyncEngine.begin_remote_prefill``), wait for its KV in the ``KvReceiver``,
 publish a ``PrefillJob``, then either import the KV (``complete_remote_prefill``)
-or, past the deadline / on bad KV / on a publish failure, prefill locally
+or, when no prefill worker reports progress for ``remote_prefill_timeout_s`` / on bad KV /
+on a publish failure, prefill locally and withdraw the job
 (``fail_remote_prefill``). Either way the tokens come from ``AsyncEngine.stream``. A
 request's blocks never leak: every exit (finish, abort, cancelled call) ends in the engine
 freeing them.
@@ -174,14 +175,14 @@ class DecodeWorker:
             deadline_unix_ms=int((time.time() + timeout) * 1000), decode_host_id=host_id(),
             transfer_token=token)
         delivered = False
+        progress = self.queue.progress(rid)  # before the publish: the first report may be quick
         try:
             try:
                 await self.queue.publish(job, decision.effective_tokens)
             except Exception as e:  # NATS down or the stream missing: prefill here
                 log.warning("publishing remote prefill %s failed: %s", rid, e)
                 return await self._give_up(rid, FallbackReason.PUBLISH_FAILED)
-            done, _ = await asyncio.wait({fut}, timeout=timeout)
-            if not done:
+            if not await _wait_while_progressing(fut, progress, timeout):
                 return await self._give_up(rid, FallbackReason.TIMEOUT)
             try:
                 got: ReceivedKv = fut.result()
@@ -202,9 +203,9 @@ class DecodeWorker:
             self.receiver.cancel(rid)
             seq = self.queue.done(rid)
             if seq is not None and not delivered:
-                # Cancelled or given up: take the job off the queue so no prefill worker
-                # spends time on it (one already running it gets "not waiting" for its KV).
-                self._spawn(self.queue.retract(seq), f"retract {rid}")
+                # Cancelled or given up: take the job off the queue, or stop the prefill
+                # worker running it, so the prompt is not prefilled twice.
+                self._spawn(self.queue.retract(rid, seq), f"retract {rid}")
 
     async def _give_up(self, rid: str, reason: FallbackReason) -> PrefillLocation:
         self.receiver.cancel(rid)
@@ -230,3 +231,22 @@ class DecodeWorker:
                 pass
         except Exception as e:  # engine already dead or the request gone: nothing to free
             log.debug("abort of parked %s: %s", rid, e)
+
+
+async def _wait_while_progressing(fut: asyncio.Future, progress: asyncio.Event,
+                                  silence_s: float) -> bool:
+    """Wait for ``fut`` for as long as ``progress`` is set at least every ``silence_s``
+    (a long prompt that keeps reporting is waited for; a lost job or a silent prefill worker
+    is not). True when ``fut`` completed."""
+    while True:
+        progress.clear()
+        beat = asyncio.ensure_future(progress.wait())
+        try:
+            done, _ = await asyncio.wait({fut, beat}, timeout=silence_s,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            beat.cancel()
+        if fut in done:
+            return True
+        if not done:
+            return False

@@ -60,8 +60,9 @@ class PrefillQueue:
     """Decode side: publish jobs and read the queue depth. Create with ``await open(...)``."""
 
     def __init__(self, js: JetStreamContext, subjects: Subjects, depth_cache_s: float,
-                 prefill: PrefillConfig | None = None) -> None:
+                 prefill: PrefillConfig | None = None, nc: NatsClient | None = None) -> None:
         self._js = js
+        self._nc = nc
         self._prefill = prefill if prefill is not None else PrefillConfig()
         self._subjects = subjects
         self._cache_s = depth_cache_s
@@ -69,13 +70,38 @@ class PrefillQueue:
         self._depth_at = float("-inf")
         self._tokens: dict[str, int] = {}  # request id -> effective prefill tokens in flight
         self._seqs: dict[str, int] = {}  # request id -> its job's stream sequence number
+        # request id -> set at each progress report of the prefill worker running its job
+        self._progress: dict[str, asyncio.Event] = {}
+        self._progress_sub = None
 
     @classmethod
     async def open(cls, nc: NatsClient, subjects: Subjects, prefill: PrefillConfig,
-                   depth_cache_s: float) -> PrefillQueue:
+                   depth_cache_s: float, decode_worker_id: str) -> PrefillQueue:
+        """The queue as ``decode_worker_id`` uses it: it hears progress on its own jobs."""
         js = nc.jetstream()
         await ensure_prefill_queue(js, subjects, prefill)
-        return cls(js, subjects, depth_cache_s, prefill)
+        q = cls(js, subjects, depth_cache_s, prefill, nc)
+        q._progress_sub = await nc.subscribe(subjects.prefill_progress(decode_worker_id),
+                                             cb=q._on_progress)
+        return q
+
+    async def close(self) -> None:
+        if self._progress_sub is not None:
+            await self._progress_sub.unsubscribe()
+            self._progress_sub = None
+
+    async def _on_progress(self, msg) -> None:
+        ev = self._progress.get(msg.data.decode("utf-8", "replace"))
+        if ev is not None:
+            ev.set()
+
+    def progress(self, request_id: str) -> asyncio.Event:
+        """Set whenever the prefill worker running this request's job reports progress
+        (clear it to wait for the next report); forgotten by ``done``."""
+        ev = self._progress.get(request_id)
+        if ev is None:
+            ev = self._progress[request_id] = asyncio.Event()
+        return ev
 
     async def _recreate(self, e: Exception) -> None:
         """The stream or consumer is gone (a nats-server restarted without its store, or
@@ -121,14 +147,24 @@ class PrefillQueue:
     def done(self, request_id: str) -> int | None:
         """The job resolved (or was given up); returns its stream sequence, if published."""
         self._tokens.pop(request_id, None)
+        self._progress.pop(request_id, None)
         return self._seqs.pop(request_id, None)
 
-    async def retract(self, seq: int) -> bool:
-        """Delete a job nobody waits for any more (its request was cancelled) so no prefill
-        worker spends time on it. A job already acked or being worked on may be gone or go
-        on: its KV is then answered "not waiting" and dropped. True if it was deleted."""
+    async def retract(self, request_id: str, seq: int) -> bool:
+        """Withdraw a job nobody waits for any more (its request was cancelled, or fell back
+        to a local prefill): delete it from the stream, so no prefill worker takes it, and
+        tell the one that may have taken it already to stop (``prefill_cancel``; a
+        work-queue message stays in the stream until acked, so a deletion alone does not
+        say whether a worker has it), so no prompt is prefilled twice. True if it was
+        still in the stream."""
+        deleted = False
         try:
-            return bool(await self._js.delete_msg(self._subjects.prefill_stream, seq))
+            deleted = bool(await self._js.delete_msg(self._subjects.prefill_stream, seq))
         except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as e:
             log.debug("retracting prefill job %d: %s", seq, e)
-            return False
+        if self._nc is not None:
+            try:
+                await self._nc.publish(self._subjects.prefill_cancel, request_id.encode())
+            except (nats.errors.Error, asyncio.TimeoutError) as e:
+                log.debug("cancelling prefill job %s: %s", request_id, e)
+        return deleted

@@ -71,12 +71,19 @@ class PrefillWorker:
         self._jobs: set[asyncio.Task[None]] = set()
         self._loop_task: asyncio.Task[None] | None = None
         self._psub = None
+        self._cancel_sub = None
+        # request id -> the task running its job, and the ids whose decode worker withdrew
+        # them (prefill_cancel) while they ran
+        self._running: dict[str, asyncio.Task[None]] = {}
+        self._withdrawn: set[str] = set()
 
     async def start(self) -> None:
         # NOTE: watch discovery before pulling: jobs wait for it (bounded) otherwise.
         self.decode_workers.start(await Discovery.open(self._nc, self.cfg.namespace, self.cfg.discovery))
         js = self._nc.jetstream()
         await ensure_prefill_queue(js, self._subjects, self.cfg.prefill)
+        self._cancel_sub = await self._nc.subscribe(self._subjects.prefill_cancel,
+                                                    cb=self._on_cancel)
         self._psub = await js.pull_subscribe_bind(
             durable=self._subjects.prefill_consumer, stream=self._subjects.prefill_stream)
         self._loop_task = asyncio.create_task(self._pull_loop(), name=f"prefill pull {self.worker_id}")
@@ -102,14 +109,22 @@ class PrefillWorker:
             t.cancel()
         if self._jobs:
             await asyncio.wait(set(self._jobs))
-        if self._psub is not None:
-            try:
-                await self._psub.unsubscribe()
-            except Exception as e:  # the connection may already be gone at shutdown
-                log.debug("prefill unsubscribe: %s", e)
-            self._psub = None
+        for sub in (self._psub, self._cancel_sub):
+            if sub is not None:
+                try:
+                    await sub.unsubscribe()
+                except Exception as e:  # the connection may already be gone at shutdown
+                    log.debug("prefill unsubscribe: %s", e)
+        self._psub = self._cancel_sub = None
         await self._sender.close()
         await self.decode_workers.close()
+
+    async def _on_cancel(self, msg) -> None:
+        rid = msg.data.decode("utf-8", "replace")
+        task = self._running.get(rid)
+        if task is not None:
+            self._withdrawn.add(rid)
+            task.cancel()
 
     async def _pull_loop(self) -> None:
         assert self._psub is not None
@@ -170,7 +185,11 @@ class PrefillWorker:
         if not well_formed(job.transfer_token):
             await self._refuse(msg, job, NO_TOKEN)
             return
-        ticker = asyncio.create_task(self._keep_alive(msg), name=f"in-progress {job.request_id}")
+        rid = job.request_id
+        current = asyncio.current_task()
+        assert current is not None
+        self._running[rid] = current
+        ticker = asyncio.create_task(self._keep_alive(msg, job), name=f"in-progress {rid}")
         try:
             why = await self.decode_workers.address_for(
                 job.decode_worker_id, job.kv_transfer_address,
@@ -178,9 +197,14 @@ class PrefillWorker:
             if why is not None:
                 await self._refuse(msg, job, why.value)
                 return
-            sent = await self._prefill_and_send(msg, job, remaining_s)
+            sent = await self._prefill_and_send(msg, job)
         except asyncio.CancelledError:
-            raise
+            if rid not in self._withdrawn:
+                raise  # shutting down: JetStream redelivers the job to another worker
+            # NOTE: the decode worker prefills it itself now: drop the job for good.
+            self.metrics.jobs.labels("withdrawn").inc()
+            await _quietly(msg.term())
+            return
         except InvalidRequest as e:  # e.g. a prompt longer than this engine's context
             log.warning("dropping prefill job %s: %s", job.request_id, e)
             self.metrics.jobs.labels("malformed").inc()
@@ -193,6 +217,8 @@ class PrefillWorker:
             return
         finally:
             ticker.cancel()
+            self._running.pop(rid, None)
+            self._withdrawn.discard(rid)
         ack = sent.ack
         self.metrics.jobs.labels("delivered" if ack.accepted else "rejected").inc()
         if ack.accepted:
@@ -208,7 +234,7 @@ class PrefillWorker:
         self.metrics.jobs_refused.labels(reason).inc()
         await _quietly(msg.term())
 
-    async def _prefill_and_send(self, msg: Msg, job: PrefillJob, remaining_s: float) -> SentKv:
+    async def _prefill_and_send(self, msg: Msg, job: PrefillJob) -> SentKv:
         delivery = msg.metadata.num_delivered if msg.metadata else job.attempt
         # NOTE: one sampled token with the request's own sampling (and seed): the first
         # token equals what a local prefill on the decode worker would sample.
@@ -228,12 +254,20 @@ class PrefillWorker:
         # NOTE: the address was checked against discovery before the work (_run_job).
         return await self._sender.send(job.kv_transfer_address, job.request_id, final.kv,
                                        final.token_ids[0], job.first_block,
-                                       timeout_s=max(remaining_s, 1.0),
+                                       timeout_s=self.cfg.prefill.kv_send_timeout_s,
                                        shm=same_host and self.cfg.prefill.kv_transport == "auto",
                                        token=job.transfer_token)
 
-    async def _keep_alive(self, msg: Msg) -> None:
+    async def _keep_alive(self, msg: Msg, job: PrefillJob) -> None:
+        """Tell JetStream (no redelivery) and the job's decode worker (keep waiting) that the
+        job is being worked on: at once, then every ``in_progress_interval_s``."""
+        subject = self._subjects.prefill_progress(job.decode_worker_id)
+        rid = job.request_id.encode()
         while True:
+            try:
+                await self._nc.publish(subject, rid)
+            except (nats.errors.Error, asyncio.TimeoutError) as e:
+                log.debug("progress of %s not sent: %s", job.request_id, e)
             await asyncio.sleep(self.cfg.prefill.in_progress_interval_s)
             await _quietly(msg.in_progress())
 

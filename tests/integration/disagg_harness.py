@@ -62,7 +62,7 @@ async def decode_worker(cfg: ClusterConfig, worker_id: str = "decode-0") -> Asyn
     nc = await connect(cfg.nats, f"test-{worker_id}")
     async with AsyncEngine(parts.engine) as ae:
         queue = await PrefillQueue.open(nc, Subjects(cfg.namespace), cfg.prefill,
-                                        cfg.decode.disagg.queue_depth_cache_s)
+                                        cfg.decode.disagg.queue_depth_cache_s, worker_id)
         worker = DecodeWorker(ae, cfg, worker_id, queue)
         server, port = await serve_decode_worker(worker, "127.0.0.1", 0)
         worker.kv_address = f"127.0.0.1:{port}"

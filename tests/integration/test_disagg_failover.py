@@ -81,30 +81,65 @@ async def test_killed_prefill_worker_job_is_redelivered_and_completes(
         await nc.close()
 
 
-async def test_slow_prefill_worker_falls_back_to_local_by_the_deadline(nats_url: str) -> None:
-    # The prefill worker's engine takes ~3.8 s for this prompt (simulated 0.08 s per prompt
-    # token); the decode worker waits at most 1 s for the remote KV, then prefills itself.
-    cfg = cluster_cfg(nats_url, engine=mock_engine_section(),
-                      decode={"disagg": {"max_local_prefill_length": 16,
-                                         "remote_prefill_timeout_s": 1.0}},
-                      prefill={"metrics_port": 0})
-    slow = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={
-        "mock": cfg.engine.mock.model_copy(update={"per_prefill_token_s": 0.08})})})
-    async with prefill_worker(slow, "prefill-slow") as p, decode_worker(cfg) as d:
-        baseline = d.engine.stats().kv_blocks_used
-        p_baseline = p.engine.stats().kv_blocks_used
-        # Bounded: the deadline (1 s) plus a local prefill, far below the slow remote one.
-        r = await asyncio.wait_for(generate(d, "slow", PROMPT, max_tokens=6), 10)
-        assert r.where == PrefillLocation.LOCAL and len(r.tokens) == 6
-        assert metric(d.worker, "tandem_worker_remote_prefill_fallbacks_total", reason="timeout") == 1
-        await settle(d.engine, baseline)
-        await d.engine.check_integrity()
-        # The late remote job ends and frees its blocks on the prefill worker too; its KV
-        # arrives for a request that no longer expects it and is refused, not imported.
-        await settle(p.engine, p_baseline, timeout=15)
-        await settle(d.engine, baseline)
+def _slow(cfg, **prefill):
+    """``cfg`` with a prefill engine that takes ~3.8 s for PROMPT (0.08 s per prompt token)."""
+    return cfg.model_copy(update={
+        "engine": cfg.engine.model_copy(update={
+            "mock": cfg.engine.mock.model_copy(update={"per_prefill_token_s": 0.08})}),
+        "prefill": cfg.prefill.model_copy(update=prefill)})
+
+
+async def _local_tokens(cfg) -> list[int]:
     cfg_local = cfg.model_copy(update={"decode": cfg.decode.model_copy(
         update={"disagg": cfg.decode.disagg.model_copy(update={"enabled": False})})})
     async with decode_worker(cfg_local, "decode-local") as d2:
-        local = await generate(d2, "slow", PROMPT, max_tokens=6)
-    assert r.tokens == local.tokens
+        return (await generate(d2, "slow", PROMPT, max_tokens=6)).tokens
+
+
+async def test_a_long_remote_prefill_that_reports_progress_is_waited_for(nats_url: str) -> None:
+    """No wall-clock cliff: the decode worker gives up only on silence (1 s here), so a
+    prefill that takes ~3.8 s but reports every 0.2 s runs once, remotely."""
+    cfg = cluster_cfg(nats_url, engine=mock_engine_section(),
+                      decode={"disagg": {"max_local_prefill_length": 16,
+                                         "remote_prefill_timeout_s": 1.0}},
+                      prefill={"metrics_port": 0, "in_progress_interval_s": 0.2})
+    async with prefill_worker(_slow(cfg), "prefill-slow") as p, decode_worker(cfg) as d:
+        r = await asyncio.wait_for(generate(d, "slow", PROMPT, max_tokens=6), 20)
+        assert r.where == PrefillLocation.REMOTE and len(r.tokens) == 6
+        assert metric(d.worker, "tandem_worker_remote_prefill_fallbacks_total", reason="timeout") == 0
+        assert p.metrics.registry.get_sample_value(
+            "tandem_prefill_jobs_total", {"outcome": "delivered"}) == 1
+        assert d.engine.stats().prompt_tokens_total == len(PROMPT)  # prefilled once, not twice
+    assert r.tokens == await _local_tokens(cfg)
+
+
+async def test_a_silent_prefill_falls_back_and_its_job_is_withdrawn(nats_url: str) -> None:
+    """A prefill worker that took the job and then goes silent: the decode worker prefills
+    locally after 1 s of silence and withdraws the job, which the prefill worker drops
+    (no KV is sent, and no other worker retries it)."""
+    cfg = cluster_cfg(nats_url, engine=mock_engine_section(),
+                      decode={"disagg": {"max_local_prefill_length": 16,
+                                         "remote_prefill_timeout_s": 1.0}},
+                      prefill={"metrics_port": 0, "in_progress_interval_s": 0.2})
+    # NOTE: it reports once, when it takes the job, then not for 30 s.
+    silent = _slow(cfg.model_copy(update={"decode": cfg.decode.model_copy(update={
+        "disagg": cfg.decode.disagg.model_copy(update={"remote_prefill_timeout_s": 60.0})})}),
+        in_progress_interval_s=30.0)
+    async with prefill_worker(silent, "prefill-silent") as p, decode_worker(cfg) as d:
+        baseline = d.engine.stats().kv_blocks_used
+        p_baseline = p.engine.stats().kv_blocks_used
+        r = await asyncio.wait_for(generate(d, "slow", PROMPT, max_tokens=6), 20)
+        assert r.where == PrefillLocation.LOCAL and len(r.tokens) == 6
+        assert metric(d.worker, "tandem_worker_remote_prefill_fallbacks_total", reason="timeout") == 1
+        await settle(d.engine, baseline)
+        # The prefill worker drops the withdrawn job: no KV is sent, nothing is retried.
+        jobs = p.metrics.registry.get_sample_value
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 20  # a bound against hanging, not a measurement
+        while jobs("tandem_prefill_jobs_total", {"outcome": "withdrawn"}) != 1:
+            assert loop.time() < deadline, "the prefill worker never dropped the withdrawn job"
+            await asyncio.sleep(0.02)
+        await settle(p.engine, p_baseline, timeout=20)
+        assert jobs("tandem_prefill_jobs_total", {"outcome": "delivered"}) in (None, 0.0)
+        assert metric(d.worker, "tandem_worker_kv_transfer_bytes_received_total") == 0
+    assert r.tokens == await _local_tokens(cfg)

@@ -74,7 +74,7 @@ async def test_queue_full_goes_local(nats_url: str) -> None:
 
 
 async def test_no_prefill_worker_times_out_to_local_and_frees_blocks(nats_url: str) -> None:
-    cfg = _cfg(nats_url, remote_prefill_timeout_s=0.5)
+    cfg = _cfg(nats_url, remote_prefill_timeout_s=0.6)
     async with decode_worker(cfg) as d:
         r = await generate(d, "t", LONG)
         assert r.where == PrefillLocation.LOCAL and len(r.tokens) == 8
