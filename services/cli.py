@@ -24,6 +24,7 @@ _HANDLERS = {
     ("bench", "serve"): "services.bench.serve:main",
     ("bench", "compare"): "services.bench.compare:main",
     ("bench", "overhead"): "services.bench.overhead:main",
+    ("bench", "long-prompt"): "services.bench.long_prompt:main",
     ("bench", "report"): "services.bench.report:main",
 }
 

@@ -149,6 +149,29 @@ def _overhead(sub: argparse._SubParsersAction, add_config: AddConfig) -> None:
     p.set_defaults(_key=("bench", "overhead"))
 
 
+def _long_prompt(sub: argparse._SubParsersAction, add_config: AddConfig) -> None:
+    p = sub.add_parser("long-prompt", help="one very long prompt beside short requests: their "
+                                           "TTFT and how often the long one is prefilled")
+    add_config(p)
+    add_json_arg(p)
+    p.add_argument("--base-url", default=None,
+                   help="the frontend (default: http://127.0.0.1:<frontend.port of the config>)")
+    p.add_argument("--model", default="SmolLM2-135M-Instruct")
+    p.add_argument("--long-tokens", type=int, default=8000)
+    p.add_argument("--shorts", type=int, default=20)
+    p.add_argument("--short-tokens", type=int, default=64)
+    p.add_argument("--short-delay", type=float, default=1.0,
+                   help="seconds after the long request before the first short one")
+    p.add_argument("--short-interval", type=float, default=0.25, help="seconds between shorts")
+    p.add_argument("--timeout", type=float, default=600.0, help="per request")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--up", action="store_true",
+                   help="start the cluster from the config (`tandem up`) and stop it after")
+    p.add_argument("--run-dir", default="/tmp/tandem-bench/long-prompt")
+    p.add_argument("--ready-timeout", type=float, default=300.0)
+    p.set_defaults(_key=("bench", "long-prompt"))
+
+
 def _report(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="markdown rows and CDF plots from `bench compare` JSON files")
     p.add_argument("files", nargs="+", metavar="RESULT.json")
@@ -168,5 +191,6 @@ def add_bench_parsers(sub: argparse._SubParsersAction, add_config: AddConfig) ->
     _kv_transfer(bs)
     _serve(bs)
     _compare(bs)
+    _long_prompt(bs, add_config)
     _overhead(bs, add_config)
     _report(bs)
