@@ -5,6 +5,7 @@ every role can still do what its part does (docs/operations.md, "The internal pl
 from __future__ import annotations
 
 import asyncio
+import secrets
 import signal
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -21,10 +22,17 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from services.common import env
 from services.common.config import DiscoveryConfig, NatsConfig, PrefillConfig, parse_config
 from services.common.discovery import Discovery, Registration
-from services.common.nats_client import NatsAuthError, NatsClient, Subjects, connect, inbox_prefix
+from services.common.nats_client import (
+    ROLES,
+    NatsAuthError,
+    NatsClient,
+    Subjects,
+    connect,
+    inbox_prefix,
+)
 from services.disagg.prefill_queue import ensure_prefill_queue
 from services.launcher.nats import find_nats_server, tcp_accepts
-from services.launcher.nats_auth import lock_nats
+from services.launcher.nats_auth import lock_nats, password_var
 from services.launcher.plan import plan
 from tests.support.ports import free_port
 from tests.support.procs import needs_nats_server
@@ -34,6 +42,7 @@ pytestmark = pytest.mark.asyncio
 NS = "lockns"
 S = Subjects(NS)
 DISC = DiscoveryConfig(ttl_s=10, heartbeat_s=3)
+DEPLOY_CONF = Path(__file__).resolve().parents[2] / "deploy" / "nats" / "nats-server.conf"
 
 
 @dataclass
@@ -263,3 +272,57 @@ async def test_decode_0_cannot_speak_for_decode_1(locked: Locked) -> None:
         await _drain()
         assert got == [b"own events"]
         assert len(dec.violations()) == 3, dec.errors
+
+
+@pytest.fixture(scope="module")
+def deploy_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
+    """nats-server with the deploys' config (deploy/nats/nats-server.conf, a user per role)
+    and its passwords in its environment, as compose and k8s run it."""
+    needs_nats_server()
+    store = tmp_path_factory.mktemp("deploy-nats")
+    port = free_port()
+    passwords = {r: secrets.token_urlsafe(16) for r in ROLES}
+    with (store / "nats-server.log").open("w") as out:
+        proc = subprocess.Popen(
+            [find_nats_server(), "-c", str(DEPLOY_CONF), "-js", "-sd", str(store), "-p", str(port),
+             "-a", "127.0.0.1"], env={password_var(r): pw for r, pw in passwords.items()},
+            stdout=out, stderr=subprocess.STDOUT)
+    try:
+        for _ in range(200):
+            if tcp_accepts("127.0.0.1", port):
+                break
+            assert proc.poll() is None, (store / "nats-server.log").read_text()
+            subprocess.run(["sleep", "0.05"], check=True)
+        yield f"nats://127.0.0.1:{port}", passwords
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=10)
+
+
+async def test_deploy_parts_log_in_with_a_password_file(deploy_url: tuple[str, dict[str, str]],
+                                                        tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A part run standalone (compose, k8s) gets its role's user and password file from the
+    environment; role-wide users may act as any instance of their role, and only that."""
+    url, passwords = deploy_url
+    monkeypatch.delenv(env.NATS_PASSWORD, raising=False)
+    monkeypatch.delenv(env.NATS_TOKEN, raising=False)
+    for role, password in passwords.items():
+        (tmp_path / role).write_text(password + "\n")
+        monkeypatch.setenv(env.NATS_USER, role)
+        monkeypatch.setenv(env.NATS_PASSWORD + env.FILE_SUFFIX, str(tmp_path / role))
+        nc = await connect(NatsConfig(url=url), role)
+        try:
+            disc = await Discovery.open(nc, "tandem", DISC)
+            lease = await disc.register(Registration(role, f"{role}-7"))
+            await lease.close()
+            other = "router" if role != "router" else "decode"
+            kv = await nc.jetstream(timeout=1.0).key_value("tandem_discovery")
+            with pytest.raises(nats.errors.TimeoutError):
+                await kv.put(f"{other}.{other}-0", b"{}")
+        finally:
+            await nc.close()
+    monkeypatch.delenv(env.NATS_USER)
+    monkeypatch.delenv(env.NATS_PASSWORD + env.FILE_SUFFIX)
+    with pytest.raises(NatsAuthError):
+        await connect(NatsConfig(url=url), "anonymous")
