@@ -21,14 +21,16 @@ from services.common.env import nats_credentials
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ROLES", "NatsAuthError", "NatsClient", "RolePermissions", "Subjects", "connect", "inbox_prefix",
-           "role_permissions", "with_env_credentials"]
+__all__ = ["ROLES", "NatsAuthError", "NatsClient", "NatsTlsError", "RolePermissions", "Subjects",
+           "connect", "inbox_prefix", "role_permissions", "tls_context", "with_env_credentials"]
 
 
 class NatsAuthError(ConnectionError):
     """The nats-server refused our credentials (or we sent none and it wants some)."""
 
-log = logging.getLogger(__name__)
+
+class NatsTlsError(ConnectionError):
+    """The nats-server's certificate is not signed by a CA we trust (``nats.tls_ca``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,10 +199,6 @@ async def connect(cfg: NatsConfig, name: str, no_echo: bool = False) -> NatsClie
     The first connect is retried a few times so a part started next to a nats-server that is
     still booting does not fail; a later loss of the server is survived by reconnecting.
     """
-    async def on_error(e: Exception) -> None:
-        # NOTE: one line per error; nats-py's default logs a traceback every retry.
-        log.warning("%s: NATS error: %s: %s", name, type(e).__name__, e)
-
     async def on_disconnected() -> None:
         log.warning("%s: disconnected from NATS; reconnecting", name)
 
@@ -209,7 +207,6 @@ async def connect(cfg: NatsConfig, name: str, no_echo: bool = False) -> NatsClie
 
     opts: dict = {
         "servers": [cfg.url],
-        "error_cb": on_error,
         "disconnected_cb": on_disconnected,
         "reconnected_cb": on_reconnected,
         "name": name,
@@ -223,9 +220,11 @@ async def connect(cfg: NatsConfig, name: str, no_echo: bool = False) -> NatsClie
     first = True
 
     async def on_error(e: Exception) -> None:
-        # NOTE: nats-py retries a refused first connect forever; wrong credentials never
-        # get better, so end the first connect with the reason instead of hanging.
-        if first and _is_auth_error(e):
+        # NOTE: nats-py retries a refused first connect forever; wrong credentials or a
+        # server certificate we do not trust never get better, so end the first connect
+        # with the reason instead of hanging. One line per error: nats-py's default logs a
+        # traceback every retry.
+        if first and (_is_auth_error(e) or isinstance(e, ssl.SSLCertVerificationError)):
             raise e
         log.warning("nats %s: %s", name, e)
 
@@ -250,6 +249,10 @@ async def connect(cfg: NatsConfig, name: str, no_echo: bool = False) -> NatsClie
                 "nats.password or nats.token in the config, or TANDEM_NATS_USER/"
                 "TANDEM_NATS_PASSWORD/TANDEM_NATS_TOKEN in the environment") from None
         raise
+    except ssl.SSLCertVerificationError as e:
+        raise NatsTlsError(
+            f"{name!r} does not trust the certificate of nats-server at {cfg.url}: "
+            f"{e.verify_message}; set nats.tls_ca to the CA that signed it") from None
     first = False
     return nc
 
