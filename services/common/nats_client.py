@@ -1,7 +1,10 @@
-"""NATS connection and the one place that names every subject.
+"""NATS connection, the one place that names every subject, and what each role may do
+with them.
 
 Every subject starts with the cluster namespace (docs/architecture.md, "NATS subjects") so
-two clusters can share one nats-server without hearing each other.
+two clusters can share one nats-server without hearing each other. ``role_permissions``
+turns the same names into each role's nats-server allow lists (docs/operations.md, "The
+internal plane: NATS users and permissions").
 """
 
 from __future__ import annotations
