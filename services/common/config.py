@@ -13,6 +13,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from services.common import env
+
 
 class ConfigError(ValueError):
     """A config file or override that does not validate; the message names the bad key."""
@@ -27,9 +29,16 @@ class NatsConfig(_Strict):
     embedded: bool = True
     user: str | None = None
     # Secrets stay out of reprs (a logged config must not leak them). Unset here, they are
-    # read from TANDEM_NATS_USER / TANDEM_NATS_PASSWORD / TANDEM_NATS_TOKEN (common/env.py).
+    # read from TANDEM_NATS_USER / TANDEM_NATS_PASSWORD / TANDEM_NATS_TOKEN or their _FILE
+    # twins (common/env.py).
     password: str | None = Field(None, repr=False)
     token: str | None = Field(None, repr=False)
+    # TLS to the server (docs/operations.md): a CA file to trust instead of the system's,
+    # and a client certificate and key when the server verifies clients. A tls:// url
+    # alone uses TLS with the system's CAs.
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
 
 
 class ModelConfig(_Strict):
@@ -77,7 +86,9 @@ class EngineConfig(_Strict):
 class FrontendConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
-    # Empty: no auth; else `Authorization: Bearer <key>` required. Kept out of reprs.
+    # Empty: no auth; else `Authorization: Bearer <key>` required. Kept out of reprs. Empty
+    # in the file and overrides: read from TANDEM_API_KEYS / TANDEM_API_KEYS_FILE by
+    # load_config (common/env.py), so the keys need not be in the file or on a command line.
     api_keys: list[str] = Field([], repr=False)
     max_body_bytes: int = Field(1_048_576, ge=1)  # larger request bodies get 413
     request_timeout_s: float = Field(600.0, gt=0)  # a request running longer is ended (504)
@@ -285,7 +296,8 @@ def parse_config(data: dict[str, Any] | None, overrides: list[str] = (), source:
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> ClusterConfig:
-    """Read a cluster YAML (None: all defaults) and apply ``key.sub=value`` overrides."""
+    """Read a cluster YAML (None: all defaults) and apply ``key.sub=value`` overrides;
+    ``frontend.api_keys`` left empty by both come from the environment (common/env.py)."""
     data: Any = {}
     if path is not None:
         p = Path(path)
@@ -297,4 +309,12 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> ClusterCo
             raise ConfigError(f"config {p} is not valid YAML: {e}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"config {p} must be a mapping at the top level")
-    return parse_config(data, list(overrides), str(path or "defaults"))
+    cfg = parse_config(data, list(overrides), str(path or "defaults"))
+    if not cfg.frontend.api_keys:
+        try:
+            keys = env.api_keys()
+        except ValueError as e:
+            raise ConfigError(f"frontend.api_keys: {e}") from None
+        if keys:
+            cfg = cfg.model_copy(update={"frontend": cfg.frontend.model_copy(update={"api_keys": keys})})
+    return cfg

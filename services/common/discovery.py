@@ -22,8 +22,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 import nats.errors
+import nats.js.errors
+from nats.aio.msg import Msg
 from nats.js.errors import BucketNotFoundError
-from nats.js.kv import KeyValue
+from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 
 from services.common.config import DiscoveryConfig
 from services.common.nats_client import NatsClient, Subjects
@@ -109,9 +111,11 @@ class Lease:
 class Discovery:
     """The discovery bucket of one namespace. Create with ``await Discovery.open(...)``."""
 
-    def __init__(self, kv: KeyValue, cfg: DiscoveryConfig) -> None:
+    def __init__(self, kv: KeyValue, cfg: DiscoveryConfig, nc: NatsClient, namespace: str) -> None:
         self._kv = kv
         self._cfg = cfg
+        self._nc = nc
+        self._subjects = Subjects(namespace)
 
     @classmethod
     async def open(cls, nc: NatsClient, namespace: str, cfg: DiscoveryConfig) -> Discovery:
@@ -121,48 +125,89 @@ class Discovery:
             kv = await js.key_value(bucket)
         except BucketNotFoundError:
             kv = await js.create_key_value(bucket=bucket, ttl=cfg.ttl_s, history=1)
-        return cls(kv, cfg)
+        return cls(kv, cfg, nc, namespace)
 
     async def register(self, reg: Registration) -> Lease:
         lease = Lease(self._kv, reg, self._cfg.heartbeat_s)
         await lease._start()
         return lease
 
+    async def _current(self, role: str) -> dict[str, bytes]:
+        """key -> value of every live key of ``role`` (deleted ones left out)."""
+        s = self._subjects
+        prefix = s.discovery_key(role, "")
+        info = await self._nc.jetstream().stream_info(s.discovery_stream, subjects_filter=prefix + "*")
+        out: dict[str, bytes] = {}
+        for subject in (info.state.subjects or {}):
+            key = f"{role}.{subject[len(prefix):]}"
+            try:
+                entry = await self._kv.get(key)
+            except nats.js.errors.NotFoundError:  # deleted, or expired since the listing
+                continue
+            out[key] = entry.value or b""
+        return out
+
     async def watch(self, role: str) -> AsyncIterator[DiscoveryEvent]:
         """Yield a join for every live instance of ``role`` (current ones first), then joins
-        and leaves as they happen, until the caller stops iterating."""
-        watcher = await self._kv.watch(f"{role}.>")
+        and leaves as they happen, until the caller stops iterating.
+
+        NOTE: the updates come from a plain subscription to the bucket's subjects (every put
+        and delete is a message there) and the current keys from request/reply gets, not
+        from a JetStream consumer: creating consumers is a permission no part is given
+        (nats_client.role_permissions says why).
+        """
+        live: asyncio.Queue[tuple[str, bytes | None]] = asyncio.Queue()
+        prefix = self._subjects.discovery_key(role, "")
+
+        async def on_msg(msg: Msg) -> None:
+            op = (msg.headers or {}).get(KV_OP)
+            live.put_nowait((f"{role}.{msg.subject[len(prefix):]}",
+                             None if op in (KV_DEL, KV_PURGE) else msg.data))
+
+        # Subscribe before reading the current keys so nothing between the two is missed.
+        sub = await self._nc.subscribe(prefix + "*", cb=on_msg)
         ttl = self._cfg.ttl_s
         sweep = min(self._cfg.heartbeat_s, ttl / 4)
         known: dict[str, tuple[Registration, float]] = {}
         try:
+            now = time.monotonic()
+            for key, value in (await self._current(role)).items():
+                event = _update(known, key, value, now)
+                if event is not None:
+                    yield event
             while True:
                 try:
-                    entry = await watcher.updates(timeout=sweep)
-                except nats.errors.TimeoutError:
-                    entry = None
+                    item: tuple[str, bytes | None] | None = await asyncio.wait_for(live.get(), sweep)
+                except asyncio.TimeoutError:
+                    item = None
                 now = time.monotonic()
-                if entry is not None:
-                    if entry.operation in ("DEL", "PURGE"):
-                        gone = known.pop(entry.key, None)
-                        if gone is not None:
-                            yield DiscoveryEvent("leave", gone[0])
-                    else:
-                        try:
-                            reg = Registration.from_bytes(entry.value or b"")
-                        except ValueError as e:
-                            log.warning("ignoring bad discovery entry %s: %s", entry.key, e)
-                        else:
-                            old = known.get(entry.key)
-                            known[entry.key] = (reg, now)
-                            if old is None or old[0] != reg:
-                                yield DiscoveryEvent("join", reg)
+                if item is not None:
+                    event = _update(known, item[0], item[1], now)
+                    if event is not None:
+                        yield event
                 for key, (reg, seen) in list(known.items()):
                     if now - seen > ttl:
                         del known[key]
                         yield DiscoveryEvent("leave", reg)
         finally:
             try:
-                await watcher.stop()
+                await sub.unsubscribe()
             except Exception as e:  # the connection may already be closed at shutdown
-                log.debug("discovery watcher stop: %s", e)
+                log.debug("discovery watch unsubscribe: %s", e)
+
+
+def _update(known: dict[str, tuple[Registration, float]], key: str, value: bytes | None,
+            now: float) -> DiscoveryEvent | None:
+    """Apply one put (``value``) or delete (None) of ``key`` to ``known``; the event it
+    makes, if any (a re-put of the same registration is only a heartbeat)."""
+    if value is None:
+        gone = known.pop(key, None)
+        return DiscoveryEvent("leave", gone[0]) if gone is not None else None
+    try:
+        reg = Registration.from_bytes(value)
+    except ValueError as e:
+        log.warning("ignoring bad discovery entry %s: %s", key, e)
+        return None
+    old = known.get(key)
+    known[key] = (reg, now)
+    return DiscoveryEvent("join", reg) if old is None or old[0] != reg else None

@@ -33,17 +33,50 @@ def cluster_token() -> str | None:
 
 
 # NOTE: secrets come from the environment so they need not sit in a config file that is
-# committed or shown by `tandem config`; a value set in the config file wins over these.
+# committed or shown by `tandem config`, nor on a command line (which any local user can
+# read in ps); a value set in the config file wins over these. Each has a ``_FILE`` twin
+# naming a file that holds the value (a compose secret, a mounted k8s Secret), read when
+# the variable itself is unset or empty.
 NATS_USER = "TANDEM_NATS_USER"
 NATS_PASSWORD = "TANDEM_NATS_PASSWORD"
 NATS_TOKEN = "TANDEM_NATS_TOKEN"
+API_KEYS = "TANDEM_API_KEYS"  # comma-separated; the _FILE twin holds one key per line
+FILE_SUFFIX = "_FILE"
+
+
+def secret(var: str) -> str | None:
+    """``$var``, else the content of the file ``$var_FILE`` names (trailing newline
+    dropped), else None. An unreadable file is a ValueError naming the variable."""
+    value = os.environ.get(var)
+    if value:
+        return value
+    path = os.environ.get(var + FILE_SUFFIX)
+    if not path:
+        return None
+    try:
+        return Path(path).read_text().rstrip("\r\n") or None
+    except OSError as e:
+        raise ValueError(f"{var}{FILE_SUFFIX}={path}: cannot read it: {e.strerror}") from None
 
 
 def nats_credentials() -> dict[str, str]:
     """NATS credentials set in the environment, as NatsConfig field -> value.
 
     ``TANDEM_NATS_USER`` / ``TANDEM_NATS_PASSWORD`` (user and password) and
-    ``TANDEM_NATS_TOKEN`` (token auth); unset or empty variables are left out.
+    ``TANDEM_NATS_TOKEN`` (token auth), or their ``_FILE`` twins; unset or empty ones are
+    left out.
     """
     pairs = (("user", NATS_USER), ("password", NATS_PASSWORD), ("token", NATS_TOKEN))
-    return {field: os.environ[var] for field, var in pairs if os.environ.get(var)}
+    found = {field: secret(var) for field, var in pairs}
+    return {field: v for field, v in found.items() if v}
+
+
+def api_keys() -> list[str]:
+    """The frontend's API keys from ``TANDEM_API_KEYS`` (comma-separated) or the file
+    ``TANDEM_API_KEYS_FILE`` names (one per line); [] when neither is set."""
+    value = os.environ.get(API_KEYS)
+    if value:
+        keys = value.split(",")
+    else:
+        keys = (secret(API_KEYS) or "").splitlines()
+    return [k.strip() for k in keys if k.strip()]

@@ -1,12 +1,18 @@
-"""NATS connection and the one place that names every subject.
+"""NATS connection, the one place that names every subject, and what each role may do
+with them.
 
 Every subject starts with the cluster namespace (docs/architecture.md, "NATS subjects") so
-two clusters can share one nats-server without hearing each other.
+two clusters can share one nats-server without hearing each other. ``role_permissions``
+turns the same names into each role's nats-server allow lists (docs/operations.md, "The
+internal plane: NATS users and permissions").
 """
 
 from __future__ import annotations
 
 import logging
+import re
+import ssl
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import nats
@@ -18,13 +24,16 @@ from services.common.env import nats_credentials
 
 log = logging.getLogger(__name__)
 
-__all__ = ["NatsAuthError", "NatsClient", "Subjects", "connect", "with_env_credentials"]
+__all__ = ["ROLES", "NatsAuthError", "NatsClient", "NatsTlsError", "RolePermissions", "Subjects",
+           "connect", "inbox_prefix", "role_permissions", "tls_context", "with_env_credentials"]
 
 
 class NatsAuthError(ConnectionError):
     """The nats-server refused our credentials (or we sent none and it wants some)."""
 
-log = logging.getLogger(__name__)
+
+class NatsTlsError(ConnectionError):
+    """The nats-server's certificate is not signed by a CA we trust (``nats.tls_ca``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +100,111 @@ class Subjects:
         """The JetStream KV bucket holding one key per live instance."""
         return f"{self.namespace}_discovery"
 
+    @property
+    def discovery_stream(self) -> str:
+        """The stream behind the bucket (JetStream names a KV bucket's stream ``KV_<bucket>``)."""
+        return f"KV_{self.discovery_bucket}"
+
+    def discovery_key(self, role: str, instance_id: str) -> str:
+        """The subject a put or delete of one discovery key is published on."""
+        return f"$KV.{self.discovery_bucket}.{role}.{instance_id}"
+
+    @property
+    def discovery_all(self) -> str:
+        return f"$KV.{self.discovery_bucket}.>"
+
+
+# -- who may do what --------------------------------------------------------------------------
+# The nats-server users `tandem up` and the deploys create get exactly these permissions
+# (docs/operations.md, "The internal plane: NATS users and permissions"). They are derived
+# from Subjects so a renamed subject cannot leave a stale permission behind; a part that
+# starts using a new subject or JetStream call needs its role's list extended here.
+
+ROLES = ("frontend", "processor", "router", "decode", "prefill")
+
+_JS_API = "$JS.API"
+_DEFAULT_INBOX = "_INBOX"
+_TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def inbox_prefix(user: str | None) -> str:
+    """The reply-subject prefix a client connecting as ``user`` uses (``connect`` sets it).
+
+    Replies, JetStream acks and pulled prefill jobs arrive on the client's inbox; with one
+    shared ``_INBOX.>`` any user could subscribe to everyone's replies, so each user gets
+    its own ``_INBOX.<user>`` and may subscribe to that alone.
+    """
+    if user and _TOKEN.match(user):
+        return f"{_DEFAULT_INBOX}.{user}"
+    return _DEFAULT_INBOX
+
+
+@dataclass(frozen=True, slots=True)
+class RolePermissions:
+    """A nats-server ``permissions`` block: allow lists (everything else is denied)."""
+
+    publish: tuple[str, ...]
+    subscribe: tuple[str, ...]
+    # May publish to the reply subject of a request it received (the kv.dump answers).
+    allow_responses: bool = False
+
+
+def role_permissions(namespace: str, role: str, user: str | None = None,
+                     instances: Sequence[str] = ("*",)) -> RolePermissions:
+    """What a client of ``role`` may publish and subscribe to in ``namespace``.
+
+    ``instances``: the instance ids (``decode-0``...) this user serves; subjects and
+    discovery keys that carry an instance id are allowed for these alone. The default
+    ``*`` is role-wide (one user shared by every replica, as in compose and k8s).
+    ``user`` names the inbox (see ``inbox_prefix``); default: the role.
+
+    Discovery is read by subscribing to the bucket's subjects and reading keys with
+    request/reply gets, never by creating a JetStream consumer: a client that may create a
+    push consumer can have the server deliver stored messages to *any* subject (its
+    deliver subject is not checked against the creator's permissions), e.g. a forged
+    KV event batch onto ``{ns}.kv.events.decode-1``. So no role may create a consumer on
+    the bucket, and only the prefill queue's one durable consumer may be created at all.
+    """
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}; roles are {', '.join(ROLES)}")
+    s = Subjects(namespace)
+    kv, queue, consumer = s.discovery_stream, s.prefill_stream, s.prefill_consumer
+    pub = [
+        f"{_JS_API}.STREAM.INFO.{kv}",       # open the bucket; list its keys
+        f"{_JS_API}.STREAM.CREATE.{kv}",     # whichever part starts first creates it
+        f"{_JS_API}.STREAM.MSG.GET.{kv}",    # read one key
+        f"{_JS_API}.DIRECT.GET.{kv}.>",      # read one key (direct get)
+        *(s.discovery_key(role, i) for i in instances),  # put/delete its own keys only
+    ]
+    sub = [s.discovery_all, f"{inbox_prefix(user or role)}.>"]
+    responses = False
+    # Creating the shared queue: both sides create the stream and durable consumer if
+    # missing. nats-py names the create subject by durable (legacy) or by name (newer).
+    ensure_queue = [
+        f"{_JS_API}.STREAM.INFO.{queue}",
+        f"{_JS_API}.STREAM.CREATE.{queue}",
+        f"{_JS_API}.CONSUMER.DURABLE.CREATE.{queue}.{consumer}",
+        f"{_JS_API}.CONSUMER.CREATE.{queue}.{consumer}",
+        f"{_JS_API}.CONSUMER.CREATE.{queue}.{consumer}.>",
+        f"{_JS_API}.CONSUMER.INFO.{queue}.{consumer}",
+    ]
+    if role == "processor":
+        pub.append(s.router_inflight)
+    elif role == "router":
+        pub += [s.router_inflight, s.kv_dump("*")]
+        sub += [s.kv_events_all, s.load_all, s.router_inflight]
+    elif role == "decode":
+        pub += [*(s.kv_events(i) for i in instances), *(s.load(i) for i in instances),
+                s.prefill_queue, *ensure_queue,
+                f"{_JS_API}.STREAM.MSG.DELETE.{queue}"]  # retract a cancelled job
+        sub += [s.kv_dump(i) for i in instances]
+        responses = True
+    elif role == "prefill":
+        pub += [*ensure_queue,
+                f"{_JS_API}.CONSUMER.MSG.NEXT.{queue}.{consumer}",  # fetch jobs
+                f"$JS.ACK.{queue}.{consumer}.>"]  # ack, nak, in-progress, term
+    return RolePermissions(tuple(pub), tuple(sub), responses)
+
 
 async def connect(cfg: NatsConfig, name: str, no_echo: bool = False) -> NatsClient:
     """Connect with credentials from ``cfg`` and reconnect forever after a disconnect.
@@ -100,10 +214,6 @@ async def connect(cfg: NatsConfig, name: str, no_echo: bool = False) -> NatsClie
     The first connect is retried a few times so a part started next to a nats-server that is
     still booting does not fail; a later loss of the server is survived by reconnecting.
     """
-    async def on_error(e: Exception) -> None:
-        # NOTE: one line per error; nats-py's default logs a traceback every retry.
-        log.warning("%s: NATS error: %s: %s", name, type(e).__name__, e)
-
     async def on_disconnected() -> None:
         log.warning("%s: disconnected from NATS; reconnecting", name)
 
@@ -112,7 +222,6 @@ async def connect(cfg: NatsConfig, name: str, no_echo: bool = False) -> NatsClie
 
     opts: dict = {
         "servers": [cfg.url],
-        "error_cb": on_error,
         "disconnected_cb": on_disconnected,
         "reconnected_cb": on_reconnected,
         "name": name,
@@ -126,9 +235,11 @@ async def connect(cfg: NatsConfig, name: str, no_echo: bool = False) -> NatsClie
     first = True
 
     async def on_error(e: Exception) -> None:
-        # NOTE: nats-py retries a refused first connect forever; wrong credentials never
-        # get better, so end the first connect with the reason instead of hanging.
-        if first and _is_auth_error(e):
+        # NOTE: nats-py retries a refused first connect forever; wrong credentials or a
+        # server certificate we do not trust never get better, so end the first connect
+        # with the reason instead of hanging. One line per error: nats-py's default logs a
+        # traceback every retry.
+        if first and (_is_auth_error(e) or isinstance(e, ssl.SSLCertVerificationError)):
             raise e
         log.warning("nats %s: %s", name, e)
 
@@ -136,8 +247,13 @@ async def connect(cfg: NatsConfig, name: str, no_echo: bool = False) -> NatsClie
     if cfg.user is not None:
         opts["user"] = cfg.user
         opts["password"] = cfg.password or ""
+        # NOTE: the user's permissions allow replies on its own inbox prefix only.
+        opts["inbox_prefix"] = inbox_prefix(cfg.user)
     if cfg.token is not None:
         opts["token"] = cfg.token
+    tls = tls_context(cfg)
+    if tls is not None:
+        opts["tls"] = tls
     try:
         nc = await nats.connect(**opts)
     except nats.errors.Error as e:
@@ -148,8 +264,24 @@ async def connect(cfg: NatsConfig, name: str, no_echo: bool = False) -> NatsClie
                 "nats.password or nats.token in the config, or TANDEM_NATS_USER/"
                 "TANDEM_NATS_PASSWORD/TANDEM_NATS_TOKEN in the environment") from None
         raise
+    except ssl.SSLCertVerificationError as e:
+        raise NatsTlsError(
+            f"{name!r} does not trust the certificate of nats-server at {cfg.url}: "
+            f"{e.verify_message}; set nats.tls_ca to the CA that signed it") from None
     first = False
     return nc
+
+
+def tls_context(cfg: NatsConfig) -> ssl.SSLContext | None:
+    """The client TLS context for ``cfg``: None for a plain ``nats://`` server without
+    TLS settings. ``nats.tls_ca`` trusts a private CA (else the system's);
+    ``nats.tls_cert``/``nats.tls_key`` present a client certificate (mutual TLS)."""
+    if not (cfg.url.startswith("tls://") or cfg.tls_ca or cfg.tls_cert):
+        return None
+    ctx = ssl.create_default_context(cafile=cfg.tls_ca)
+    if cfg.tls_cert:
+        ctx.load_cert_chain(cfg.tls_cert, cfg.tls_key)
+    return ctx
 
 
 def _is_auth_error(e: Exception) -> bool:

@@ -46,6 +46,10 @@ def find_nats_server() -> str:
 def nats_argv(binary: str, url: str, data_dir: Path) -> list[str]:
     """nats-server with JetStream, its store in ``data_dir``, listening where ``url`` says."""
     host, port = nats_endpoint(url)
+    if url.startswith("tls://"):
+        raise ValueError("nats.url is tls:// but the embedded nats-server has no certificate: "
+                         "run your own server with a tls {} block (nats.embedded=false), "
+                         "see docs/operations.md")
     return [binary, "-js", "-sd", str(data_dir), "-p", str(port), "-a", host]
 
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import signal
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
 from services.common.config import ClusterConfig
 from services.launcher.nats import nats_argv, nats_endpoint
+from services.launcher.secret_overrides import env_for, split_overrides
 
 PARTS = ("nats", "router", "decode", "prefill", "processor", "frontend")
 
@@ -96,7 +97,8 @@ def plan(
     common: list[str] = []
     if config_path is not None:
         common += ["-c", str(Path(config_path).resolve())]
-    for o in overrides:
+    public, secret_env = split_overrides(list(overrides))  # secrets go by env, not argv
+    for o in public:
         common += ["--set", o]
 
     def part_argv(part: str, replica: int) -> tuple[str, ...]:
@@ -165,7 +167,7 @@ def plan(
         # cluster's ready condition.
         ready=Readiness("http", _probe_host(f.host), f.port, "/health"), env=other_env,
     ))
-    return specs
+    return [replace(s, env={**s.env, **env_for(s.part, secret_env)}) for s in specs]
 
 
 def select_parts(specs: list[ProcessSpec], parts: list[str]) -> list[ProcessSpec]:

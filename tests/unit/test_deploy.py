@@ -3,6 +3,7 @@ parsed and checked against the CLI parser, the cluster configs and the metric co
 
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,9 @@ import yaml
 
 from services.cli import _HANDLERS, build_parser
 from services.common.config import load_config
+from services.common.nats_client import ROLES
+from services.launcher.nats import NatsServerNotFoundError, find_nats_server
+from services.launcher.nats_auth import deploy_users, password_var, render_conf
 from services.launcher.plan import plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -187,3 +191,85 @@ def test_k8s_nats_has_jetstream_on_the_config_port(k8s: dict) -> None:
     host, port = cfg.nats.url.split("//")[1].split(":")
     assert docs["Service"]["metadata"]["name"] == host
     assert [p["port"] for p in docs["Service"]["spec"]["ports"]] == [int(port)]
+
+
+# -- NATS users and credentials (docs/operations.md, "The internal plane") ------------------
+
+NATS_CONF = DEPLOY / "nats" / "nats-server.conf"
+
+
+def _password_ref(role: str) -> str:
+    return f"${{{password_var(role)}:?"
+
+
+@pytest.mark.parametrize("cfg_name", ["compose.yaml", "k8s.yaml"])
+def test_the_deploy_nats_config_is_generated_from_the_role_permissions(cfg_name: str) -> None:
+    # regenerate: python -m services.launcher.nats_auth conf > deploy/nats/nats-server.conf
+    namespace = load_config(ROOT / "configs" / cfg_name).namespace
+    assert NATS_CONF.read_text() == render_conf(namespace, deploy_users())
+    assert sorted(u.role for u in deploy_users()) == sorted(ROLES)
+
+
+def test_the_deploy_nats_config_is_valid_and_names_every_password(tmp_path: Path) -> None:
+    try:
+        binary = find_nats_server()
+    except NatsServerNotFoundError:
+        pytest.skip("nats-server is not installed")
+    env = {password_var(r): f"pw-{r}" for r in ROLES}
+    out = subprocess.run([binary, "-c", str(NATS_CONF), "-t"], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    for role in ROLES:
+        assert f"password: ${password_var(role)}," in NATS_CONF.read_text()
+
+
+def test_compose_gives_every_part_its_role_user_and_nats_the_passwords(compose: dict) -> None:
+    services = compose["services"]
+    for part in TANDEM_PARTS:
+        environ = services[part]["environment"]
+        assert environ["TANDEM_NATS_USER"] == part
+        assert environ["TANDEM_NATS_PASSWORD"].startswith(_password_ref(part))
+    assert services["frontend"]["environment"]["TANDEM_API_KEYS"] == "${TANDEM_API_KEYS:-}"
+    nats = services["nats"]
+    assert {k: v.split(":?")[0] + ":?" for k, v in nats["environment"].items()} == {
+        password_var(r): _password_ref(r) for r in ROLES}
+    conf = nats["command"][nats["command"].index("-c") + 1]
+    mount = next(v for v in nats["volumes"] if v.split(":")[1] == conf)
+    assert (DEPLOY / mount.split(":")[0]).resolve() == NATS_CONF
+
+
+def _env(container: dict) -> dict[str, dict]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def test_k8s_gives_every_part_its_role_user_from_the_secret(k8s: dict) -> None:
+    kust = yaml.safe_load((DEPLOY / "k8s" / "kustomization.yaml").read_text())
+    (gen,) = kust["secretGenerator"]
+    secret = gen["name"]
+    assert gen["envs"] == ["secrets.env"]
+    ignored = (ROOT / ".gitignore").read_text().splitlines()
+    assert "deploy/k8s/secrets.env" in ignored and "deploy/.env" in ignored
+    for part in TANDEM_PARTS:
+        (container,) = {d["kind"]: d for d in k8s[f"{part}.yaml"]}["Deployment"]["spec"]["template"][
+            "spec"]["containers"]
+        environ = _env(container)
+        assert environ["TANDEM_NATS_USER"]["value"] == part
+        assert environ["TANDEM_NATS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+            "name": secret, "key": password_var(part)}
+    front = _env({d["kind"]: d for d in k8s["frontend.yaml"]}["Deployment"]["spec"]["template"]["spec"][
+        "containers"][0])
+    assert front["TANDEM_API_KEYS"]["valueFrom"]["secretKeyRef"] == {
+        "name": secret, "key": "TANDEM_API_KEYS", "optional": True}
+
+
+def test_k8s_nats_requires_the_generated_users(k8s: dict) -> None:
+    (cm,) = k8s["nats-config.yaml"]
+    assert cm["data"]["nats-server.conf"] == NATS_CONF.read_text()
+    pod = {d["kind"]: d for d in k8s["nats.yaml"]}["Deployment"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    conf = Path(container["args"][container["args"].index("-c") + 1])
+    mount = next(m for m in container["volumeMounts"] if m["mountPath"] == str(conf.parent))
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    assert volume["configMap"]["name"] == cm["metadata"]["name"] and conf.name in cm["data"]
+    secret = yaml.safe_load((DEPLOY / "k8s" / "kustomization.yaml").read_text())["secretGenerator"][0]["name"]
+    assert {k: v["valueFrom"]["secretKeyRef"] for k, v in _env(container).items()} == {
+        password_var(r): {"name": secret, "key": password_var(r)} for r in ROLES}
