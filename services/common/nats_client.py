@@ -196,13 +196,17 @@ def role_permissions(namespace: str, role: str, user: str | None = None,
     elif role == "decode":
         pub += [*(s.kv_events(i) for i in instances), *(s.load(i) for i in instances),
                 s.prefill_queue, *ensure_queue,
-                f"{_JS_API}.STREAM.MSG.DELETE.{queue}"]  # retract a cancelled job
-        sub += [s.kv_dump(i) for i in instances]
+                f"{_JS_API}.STREAM.MSG.DELETE.{queue}",  # retract a cancelled job
+                s.prefill_cancel]  # ... and stop the prefill worker running it
+        sub += [*(s.kv_dump(i) for i in instances),
+                *(s.prefill_progress(i) for i in instances)]
         responses = True
     elif role == "prefill":
         pub += [*ensure_queue,
                 f"{_JS_API}.CONSUMER.MSG.NEXT.{queue}.{consumer}",  # fetch jobs
-                f"$JS.ACK.{queue}.{consumer}.>"]  # ack, nak, in-progress, term
+                f"$JS.ACK.{queue}.{consumer}.>",  # ack, nak, in-progress, term
+                s.prefill_progress("*")]  # to the decode worker a job names
+        sub.append(s.prefill_cancel)
     return RolePermissions(tuple(pub), tuple(sub), responses)
 
 

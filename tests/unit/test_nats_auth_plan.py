@@ -55,6 +55,10 @@ USES = [
     ("decode", False, S.kv_dump("decode-0")),
     ("decode", True, S.prefill_queue),
     ("decode", True, f"{JS}.STREAM.MSG.DELETE.{S.prefill_stream}"),
+    ("decode", True, S.prefill_cancel),
+    ("decode", False, S.prefill_progress("decode-0")),
+    ("prefill", True, S.prefill_progress("decode-0")),
+    ("prefill", False, S.prefill_cancel),
     ("router", True, S.kv_dump("decode-0")),
     ("router", False, S.kv_events_all),
     ("router", False, S.load_all),
@@ -84,6 +88,8 @@ def test_a_worker_acts_under_its_own_ids_only() -> None:
         assert not can_pub("decode", subject.replace("decode-1", "decode-2"), mine)
     assert can_sub("decode", S.kv_dump("decode-1"), mine)
     assert not can_sub("decode", S.kv_dump("decode-2"), mine)
+    assert can_sub("decode", S.prefill_progress("decode-1"), mine)
+    assert not can_sub("decode", S.prefill_progress("decode-2"), mine)  # others' progress
     assert role_permissions(NS, "decode", instances=mine).allow_responses  # dump replies
     assert not any(role_permissions(NS, r).allow_responses for r in set(ROLES) - {"decode"})
 
