@@ -152,13 +152,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="what", required=True)
     conf = sub.add_parser("conf", help="print the deploy nats-server config (users by role)")
     conf.add_argument("--namespace", default="tandem")
-    sub.add_parser("env", help="print a fresh random password per role")
+    sub.add_parser("env", help="print a fresh random password per role and a cluster token")
     args = parser.parse_args(argv)
     if args.what == "conf":
         sys.stdout.write(render_conf(args.namespace, deploy_users()))
     else:
         for role in ROLES:
             print(f"{password_var(role)}={secrets.token_urlsafe(24)}")
+        print(f"{env.CLUSTER_TOKEN}={secrets.token_urlsafe(32)}")  # the internal gRPC token
     return 0
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from services.common.config import ClusterConfig, ConfigError, load_config
 from services.common.env import cache_dir
+from services.launcher.cluster_token import with_cluster_token
 from services.launcher.nats import NatsServerNotFoundError, find_nats_server
 from services.launcher.nats_auth import lock_nats
 from services.launcher.plan import PARTS, ProcessSpec, check_port_conflicts, plan, select_parts
@@ -107,6 +108,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     run_dir.mkdir(parents=True, exist_ok=True)
     specs = lock_nats(cfg, specs, run_dir)  # users for the embedded nats-server
+    specs = with_cluster_token(specs)  # the internal gRPC calls' credential
     print(f"tandem up: {len(specs)} processes, run directory {run_dir}", flush=True)
     sup = Supervisor(
         specs, run_dir, out=sys.stdout, echo=sys.stdout.isatty(),

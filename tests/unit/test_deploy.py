@@ -228,6 +228,7 @@ def test_compose_gives_every_part_its_role_user_and_nats_the_passwords(compose: 
         environ = services[part]["environment"]
         assert environ["TANDEM_NATS_USER"] == part
         assert environ["TANDEM_NATS_PASSWORD"].startswith(_password_ref(part))
+        assert environ["TANDEM_CLUSTER_TOKEN"].startswith("${TANDEM_CLUSTER_TOKEN:?")
     assert services["frontend"]["environment"]["TANDEM_API_KEYS"] == "${TANDEM_API_KEYS:-}"
     nats = services["nats"]
     assert {k: v.split(":?")[0] + ":?" for k, v in nats["environment"].items()} == {
@@ -255,6 +256,8 @@ def test_k8s_gives_every_part_its_role_user_from_the_secret(k8s: dict) -> None:
         assert environ["TANDEM_NATS_USER"]["value"] == part
         assert environ["TANDEM_NATS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
             "name": secret, "key": password_var(part)}
+        assert environ["TANDEM_CLUSTER_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+            "name": secret, "key": "TANDEM_CLUSTER_TOKEN"}
     front = _env({d["kind"]: d for d in k8s["frontend.yaml"]}["Deployment"]["spec"]["template"]["spec"][
         "containers"][0])
     assert front["TANDEM_API_KEYS"]["valueFrom"]["secretKeyRef"] == {

@@ -138,3 +138,20 @@ def test_decode_replicas_per_process_groups_workers() -> None:
     assert [p.port for p in dec[1].ports] == [9302, 9402, 9303, 9403]
     assert dec[1].ready.port == 9303
     check_port_conflicts(plan(cfg, None))
+
+
+def test_every_tandem_process_gets_one_cluster_token_by_env_never_argv(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from services.launcher.cluster_token import with_cluster_token
+
+    monkeypatch.delenv("TANDEM_CLUSTER_TOKEN", raising=False)
+    specs = with_cluster_token(_plan("local.yaml"))
+    tokens = {s.env.get("TANDEM_CLUSTER_TOKEN") for s in specs if s.part != "nats"}
+    assert len(tokens) == 1 and None not in tokens and len(tokens.pop()) >= 32
+    assert all("TANDEM_CLUSTER_TOKEN" not in s.env for s in specs if s.part == "nats")
+    assert not any("TANDEM_CLUSTER_TOKEN" in a for s in specs for a in s.argv)
+    again = with_cluster_token(_plan("local.yaml"))
+    assert again[1].env["TANDEM_CLUSTER_TOKEN"] != specs[1].env["TANDEM_CLUSTER_TOKEN"]  # per run
+    monkeypatch.setenv("TANDEM_CLUSTER_TOKEN", "given")  # a cluster parts can join by hand
+    assert {s.env["TANDEM_CLUSTER_TOKEN"] for s in with_cluster_token(_plan("local.yaml"))
+            if s.part != "nats"} == {"given"}
