@@ -25,6 +25,7 @@ _HANDLERS = {
     ("bench", "compare"): "services.bench.compare:main",
     ("bench", "overhead"): "services.bench.overhead:main",
     ("bench", "long-prompt"): "services.bench.long_prompt:main",
+    ("bench", "part-deaths"): "services.bench.part_deaths:main",
     ("bench", "report"): "services.bench.report:main",
 }
 
@@ -83,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seconds to wait for every part to be ready")
     up.add_argument("--stop-timeout", type=float, default=10.0,
                     help="seconds a child gets to exit after SIGTERM before SIGKILL")
+    up.add_argument("--fail-fast", action="store_true",
+                    help="stop the whole cluster when any part dies, instead of restarting it "
+                         "(for tests and CI)")
     up.set_defaults(_key=("up",))
 
     from services.bench.args import add_bench_parsers

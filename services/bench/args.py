@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from pathlib import Path
 
 from services.bench.presets import PRESETS, PresetAction, preset_help
 
@@ -172,6 +173,27 @@ def _long_prompt(sub: argparse._SubParsersAction, add_config: AddConfig) -> None
     p.set_defaults(_key=("bench", "long-prompt"))
 
 
+def _part_deaths(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("part-deaths", help="kill -9 each part of a running `tandem up` cluster "
+                                           "under load: failed requests, seconds to recover")
+    p.add_argument("--run-dir", type=Path, required=True, help="tandem up's --run-dir")
+    p.add_argument("--up-log", type=Path, required=True, help="where tandem up's output goes")
+    p.add_argument("--base-url", default="http://127.0.0.1:8000")
+    p.add_argument("--model", default="SmolLM2-135M-Instruct")
+    p.add_argument("--parts", default="router,decode-0,prefill-0,processor,frontend,nats")
+    p.add_argument("--rate", type=float, default=0.5, help="bench serve requests/s")
+    p.add_argument("--long-len", type=int, default=384,
+                   help="half the prompts: past decode.disagg.max_local_prefill_length (256), "
+                        "so they are prefilled remotely")
+    p.add_argument("--num-requests", type=int, default=40)
+    p.add_argument("--kill-after", type=float, default=10.0, help="seconds into the load")
+    p.add_argument("--settle", type=float, default=5.0, help="seconds between parts, once serving")
+    p.add_argument("--watch", type=float, default=40.0,
+                   help="seconds after the kill to probe and to wait for the part")
+    p.add_argument("--out", type=Path, default=Path("part-deaths"), help="bench serve JSONs")
+    p.set_defaults(_key=("bench", "part-deaths"))
+
+
 def _report(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="markdown rows and CDF plots from `bench compare` JSON files")
     p.add_argument("files", nargs="+", metavar="RESULT.json")
@@ -192,5 +214,6 @@ def add_bench_parsers(sub: argparse._SubParsersAction, add_config: AddConfig) ->
     _serve(bs)
     _compare(bs)
     _long_prompt(bs, add_config)
+    _part_deaths(bs)
     _overhead(bs, add_config)
     _report(bs)

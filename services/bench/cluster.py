@@ -51,7 +51,9 @@ def running_cluster(config: str | None, overrides: Sequence[str], url: str, run_
     """`tandem up` with ``run_dir`` as its run directory and its output in ``log_path``;
     yields once ``url``/health answers and ``settle_s`` more have passed (discovery needs
     a moment to spread every worker to the router)."""
-    argv = [sys.executable, "-m", "services.cli", "up", "--run-dir", str(run_dir)]
+    # --fail-fast: a part restarted mid-run would skew the figures without a word; a run
+    # where one dies must fail instead.
+    argv = [sys.executable, "-m", "services.cli", "up", "--run-dir", str(run_dir), "--fail-fast"]
     if config is not None:
         argv += ["-c", config]
     for o in overrides:

@@ -233,6 +233,30 @@ class DiscoveryConfig(_Strict):
         return self
 
 
+class LauncherConfig(_Strict):
+    """`tandem up` itself: its /metrics endpoint and how it restarts a part that dies
+    (docs/operations.md, "Supervision")."""
+
+    # The launcher's own /metrics (tandem_launcher_*); null: no endpoint.
+    metrics_port: int | None = Field(9000, ge=1, le=65535)
+    # A part that dies waits this long before its first restart, twice as long before each
+    # next one, up to restart_backoff_max_s.
+    restart_backoff_s: float = Field(0.5, gt=0)
+    restart_backoff_max_s: float = Field(30.0, gt=0)
+    # A part ready and up this long is healthy again: its backoff and its count of quick
+    # failures start over. A death before that is a quick failure.
+    stable_after_s: float = Field(60.0, gt=0)
+    # Quick failures in a row that are still restarted; the next one stops the cluster with
+    # an error naming the part (a part that cannot start, e.g. a bad path in the config).
+    max_quick_restarts: int = Field(5, ge=0)
+
+    @model_validator(mode="after")
+    def _check_backoff(self) -> LauncherConfig:
+        if self.restart_backoff_max_s < self.restart_backoff_s:
+            raise ValueError("launcher.restart_backoff_max_s must be at least launcher.restart_backoff_s")
+        return self
+
+
 class ClusterConfig(_Strict):
     namespace: str = Field("tandem", pattern=r"^[A-Za-z0-9_-]+$")
     # The interface every part's gRPC and metrics ports listen on (the frontend's HTTP port
@@ -247,6 +271,7 @@ class ClusterConfig(_Strict):
     router: RouterConfig = RouterConfig()
     decode: DecodeConfig = DecodeConfig()
     prefill: PrefillConfig = PrefillConfig()
+    launcher: LauncherConfig = LauncherConfig()
 
     @model_validator(mode="after")
     def _check_budget(self) -> ClusterConfig:

@@ -178,17 +178,27 @@ def select_parts(specs: list[ProcessSpec], parts: list[str]) -> list[ProcessSpec
     return [s for s in specs if s.part in parts]
 
 
-def check_port_conflicts(specs: list[ProcessSpec]) -> None:
-    """ValueError naming both users when two planned processes would bind one port, or
-    naming the key of a port left at 0."""
+def launcher_ports(cfg: ClusterConfig) -> tuple[PortUse, ...]:
+    """What the launcher itself binds: its /metrics, unless ``launcher.metrics_port`` is null."""
+    port = cfg.launcher.metrics_port
+    return () if port is None else (PortUse("metrics", port, "launcher.metrics_port"),)
+
+
+def port_owners(specs: list[ProcessSpec], launcher: tuple[PortUse, ...] = ()) -> list[tuple[str, PortUse]]:
+    """Every planned port with the name of what binds it (the launcher's own ones first)."""
+    return [("launcher", p) for p in launcher] + [(s.name, p) for s in specs for p in s.ports]
+
+
+def check_port_conflicts(specs: list[ProcessSpec], launcher: tuple[PortUse, ...] = ()) -> None:
+    """ValueError naming both users when two planned processes (or a process and the
+    launcher's ``launcher`` ports) would bind one port, or naming the key of a port left at 0."""
     seen: dict[int, str] = {}
-    for s in specs:
-        for p in s.ports:
-            if p.port == 0:
-                raise ValueError(f"{p.key} is 0 (any free port): `tandem up` needs fixed ports")
-            if p.port in seen:
-                raise ValueError(
-                    f"port {p.port} is planned twice: {seen[p.port]} and {s.name} {p.label} "
-                    "(check the port keys in the config and the replica counts)"
-                )
-            seen[p.port] = f"{s.name} {p.label}"
+    for name, p in port_owners(specs, launcher):
+        if p.port == 0:
+            raise ValueError(f"{p.key} is 0 (any free port): `tandem up` needs fixed ports")
+        if p.port in seen:
+            raise ValueError(
+                f"port {p.port} is planned twice: {seen[p.port]} and {name} {p.label} "
+                "(check the port keys in the config and the replica counts)"
+            )
+        seen[p.port] = f"{name} {p.label}"

@@ -7,7 +7,7 @@ import socket
 
 from services.common.config import ClusterConfig
 from services.launcher.nats import nats_endpoint, tcp_accepts
-from services.launcher.plan import ProcessSpec
+from services.launcher.plan import PortUse, ProcessSpec, port_owners
 
 
 class PreflightError(RuntimeError):
@@ -26,10 +26,12 @@ def port_is_free(port: int) -> bool:
     return True
 
 
-def check_ports_free(specs: list[ProcessSpec]) -> None:
-    busy = [(s, p) for s in specs for p in s.ports if not port_is_free(p.port)]
+def check_ports_free(specs: list[ProcessSpec], launcher: tuple[PortUse, ...] = ()) -> None:
+    """PreflightError listing every planned port (``launcher``: the launcher's own) that
+    something already holds."""
+    busy = [(name, p) for name, p in port_owners(specs, launcher) if not port_is_free(p.port)]
     if busy:
-        lines = [f"  port {p.port} ({s.name} {p.label}, set by {p.key})" for s, p in busy]
+        lines = [f"  port {p.port} ({name} {p.label}, set by {p.key})" for name, p in busy]
         raise PreflightError(
             "ports already in use, nothing was started:\n" + "\n".join(lines)
             + "\nstop what holds them (an earlier `tandem up`?) or move them with --set KEY=PORT"

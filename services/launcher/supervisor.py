@@ -1,4 +1,4 @@
-"""Run a planned set of child processes: start, wait for readiness, watch, stop.
+"""Run a planned set of child processes: start, wait for readiness, watch, restart, stop.
 
 Contract:
 - Every child runs in its own process group (its own session), so a Ctrl-C at the terminal
@@ -6,8 +6,12 @@ Contract:
   to the group, ``stop_timeout`` seconds to exit, then SIGKILL.
 - A child's output goes to ``run_dir/logs/<name>.log`` and, when ``echo`` is on (a TTY),
   also to the terminal prefixed with its name. The last lines are kept for error reports.
-- ``run()`` returns 0 after a requested stop (SIGINT/SIGTERM or ``stop_event``), 1 when a
-  child dies or readiness times out (after stopping the rest and saying which and why).
+- A child that dies (any exit the launcher did not ask for) is started again after a
+  backoff (services/launcher/restart.py) while the others keep running; one line says so,
+  another when it is ready again. With ``fail_fast`` a death stops everything instead.
+- ``run()`` returns 0 after a requested stop (SIGINT/SIGTERM or ``stop_event``), 1 when it
+  gives up: a child died with ``fail_fast``, a child kept dying at start, or readiness
+  timed out at start (after stopping the rest and saying which and why).
 """
 
 from __future__ import annotations
@@ -26,8 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from services.launcher.metrics import LauncherMetrics
 from services.launcher.nats import tcp_accepts
 from services.launcher.plan import ProcessSpec, Readiness
+from services.launcher.restart import RestartPolicy, RestartTracker
 
 _TAIL_LINES = 30
 _PROGRESS_EVERY_S = 10.0
@@ -46,13 +52,30 @@ def is_ready(r: Readiness) -> bool:
 
 @dataclass
 class _Child:
+    """One run of a process: the first start or a restart."""
+
     spec: ProcessSpec
     proc: subprocess.Popen[bytes]
     started: float
     log_path: Path
+    attempt: int = 0  # 0: the first start; n: the n-th restart
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=_TAIL_LINES))
     ready_at: float | None = None
     reader: threading.Thread | None = None
+
+
+@dataclass
+class _Slot:
+    """One process of the plan across its restarts."""
+
+    spec: ProcessSpec
+    tracker: RestartTracker
+    child: _Child
+    restart_at: float | None = None  # set while it waits out a backoff
+
+    @property
+    def ready(self) -> bool:
+        return self.restart_at is None and self.child.ready_at is not None
 
 
 def describe_exit(code: int) -> str:
@@ -76,6 +99,9 @@ class Supervisor:
         stop_timeout: float = 10.0,
         poll_s: float = 0.2,
         banner: Callable[[float], str] | None = None,
+        policy: RestartPolicy | None = None,
+        fail_fast: bool = False,
+        metrics: LauncherMetrics | None = None,
     ) -> None:
         if not specs:
             raise ValueError("nothing to start: the plan is empty")
@@ -88,10 +114,14 @@ class Supervisor:
         self.stop_timeout = stop_timeout
         self.poll_s = poll_s
         self.banner = banner
+        self.policy = policy if policy is not None else RestartPolicy()
+        self.fail_fast = fail_fast
+        self.metrics = metrics
         self.stop_event = threading.Event()
-        self._children: list[_Child] = []
+        self._slots: list[_Slot] = []
         self._out_lock = threading.Lock()
         self._t0 = 0.0
+        self._last_progress = 0.0
 
     # -- output ---------------------------------------------------------------------------
 
@@ -115,87 +145,168 @@ class Supervisor:
 
     # -- lifecycle -----------------------------------------------------------------------
 
-    def _start(self, spec: ProcessSpec) -> _Child:
+    def _spawn(self, spec: ProcessSpec, attempt: int) -> _Child:
         log_path = self.log_dir / f"{spec.name}.log"
+        if attempt:
+            # one log per process across restarts: mark where each run begins
+            with log_path.open("a", encoding="utf-8") as log:
+                log.write(f"----- tandem up: restart {attempt} of {spec.name} -----\n")
         proc = subprocess.Popen(
             list(spec.argv),
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             env={**os.environ, **spec.env},
             start_new_session=True,  # its own process group: we alone decide when it stops
         )
-        child = _Child(spec, proc, time.monotonic(), log_path)
+        child = _Child(spec, proc, time.monotonic(), log_path, attempt)
         child.reader = threading.Thread(target=self._pump, args=(child,), name=f"out-{spec.name}", daemon=True)
         child.reader.start()
-        self._children.append(child)
-        self._write_pids()
-        self.say(f"starting {spec.name} (pid {proc.pid})")
         return child
 
+    def _start(self, spec: ProcessSpec) -> _Slot:
+        slot = _Slot(spec, RestartTracker(self.policy), self._spawn(spec, 0))
+        self._slots.append(slot)
+        self._write_pids()
+        self.say(f"starting {spec.name} (pid {slot.child.proc.pid})")
+        return slot
+
+    def _restart(self, slot: _Slot) -> None:
+        slot.restart_at = None
+        self._last_progress = time.monotonic()  # its first "waiting" line comes a while later
+        slot.child = self._spawn(slot.spec, slot.tracker.restarts)
+        self._write_pids()
+        if self.metrics is not None:
+            self.metrics.restarts.labels(slot.spec.name).inc()
+        self.say(f"starting {slot.spec.name} (pid {slot.child.proc.pid}, restart {slot.child.attempt})")
+
     def _write_pids(self) -> None:
-        data = [{"name": c.spec.name, "pid": c.proc.pid, "argv": list(c.spec.argv)} for c in self._children]
+        data = [{"name": s.spec.name, "pid": s.child.proc.pid, "argv": list(s.spec.argv)}
+                for s in self._slots]
         (self.run_dir / "processes.json").write_text(json.dumps(data, indent=1))
 
-    def _dead_child(self) -> _Child | None:
-        for c in self._children:
-            if c.proc.poll() is not None:
-                return c
-        return None
-
-    def _report_death(self, child: _Child) -> None:
-        code = child.proc.returncode
-        if child.reader is not None:
-            child.reader.join(timeout=2.0)  # let the last lines arrive
-        self.say(f"error: {child.spec.name} {describe_exit(code)}; stopping the cluster")
+    def _say_tail(self, child: _Child) -> None:
         if child.tail:
             self.say(f"last lines of {child.spec.name} (full log: {child.log_path}):")
             for line in child.tail:
                 self.say(f"  {line}")
 
-    def _wait_ready(self, children: list[_Child], deadline: float) -> int | None:
-        """Poll until every child in ``children`` is ready. None when they are; else the
-        exit status ``run`` should return (after the caller stops everything)."""
-        last_progress = time.monotonic()
-        while True:
+    def _report_death(self, child: _Child) -> None:
+        self.say(f"error: {child.spec.name} {describe_exit(child.proc.returncode)}; stopping the cluster")
+        self._say_tail(child)
+
+    def _set_up(self, name: str, up: bool) -> None:
+        if self.metrics is not None:
+            self.metrics.up.labels(name).set(1 if up else 0)
+
+    def _on_death(self, slot: _Slot, now: float) -> int | None:
+        """A child exited unasked: schedule its restart (None), or say why not (1)."""
+        child = slot.child
+        # Whatever it spawned would hold its ports against the restart (and its output pipe).
+        _signal_group(child.proc.pid, signal.SIGKILL)
+        if child.reader is not None:
+            child.reader.join(timeout=2.0)  # let the last lines arrive
+        self._set_up(slot.spec.name, False)
+        if self.fail_fast:
+            self._report_death(child)
+            return 1
+        healthy_s = now - child.ready_at if child.ready_at is not None else 0.0
+        d = slot.tracker.on_death(healthy_s)
+        how = describe_exit(child.proc.returncode)
+        if d.give_up:
+            self.say(f"error: {slot.spec.name} {how}: {d.quick_failures} quick failures in a row "
+                     f"(none stayed up {self.policy.stable_after_s:g} s), more than "
+                     f"launcher.max_quick_restarts={self.policy.max_quick_restarts}; "
+                     "giving up, stopping the cluster")
+            self._say_tail(child)
+            return 1
+        self.say(f"restart  {slot.spec.name} {how} after {now - child.started:.1f} s; "
+                 f"restart {d.attempt} in {d.delay_s:g} s")
+        slot.restart_at = now + d.delay_s
+        return None
+
+    def _probe(self, slot: _Slot, now: float) -> None:
+        child = slot.child
+        if is_ready(child.spec.ready):
+            child.ready_at = time.monotonic()
+            took = child.ready_at - child.started
+            again = f"after restart {child.attempt} " if child.attempt else ""
+            self.say(f"ready    {child.spec.name:<12} {took:6.1f} s  {again}({child.spec.ready.describe()})")
+            self._set_up(child.spec.name, True)
+        elif child.attempt and now - child.started > self.ready_timeout:
+            # a restart that hangs is a failure like a crash: kill it, the next tick restarts it
+            self.say(f"error: {child.spec.name} not ready {self.ready_timeout:g} s after restart "
+                     f"{child.attempt}: killing it")
+            _signal_group(child.proc.pid, signal.SIGKILL)
+
+    def _tick(self) -> int | None:
+        """One round over every process: deaths, restarts due, readiness. None, or the exit
+        status ``run`` should return (after the caller stops everything)."""
+        for slot in self._slots:
             if self.stop_event.is_set():
                 return 0
-            dead = self._dead_child()
-            if dead is not None:
-                self._report_death(dead)
-                return 1
-            pending = [c for c in children if c.ready_at is None]
-            for c in pending:
-                if is_ready(c.spec.ready):
-                    c.ready_at = time.monotonic()
-                    self.say(f"ready    {c.spec.name:<12} {c.ready_at - c.started:6.1f} s  "
-                             f"({c.spec.ready.describe()})")
-            pending = [c for c in pending if c.ready_at is None]
+            now = time.monotonic()
+            if slot.restart_at is not None:
+                if now >= slot.restart_at:
+                    self._restart(slot)
+                continue
+            if slot.child.proc.poll() is not None:
+                status = self._on_death(slot, now)
+                if status is not None:
+                    return status
+            elif slot.child.ready_at is None:
+                self._probe(slot, now)
+        return None
+
+    def _progress(self) -> None:
+        """Every so often, who is still not ready (and for how long)."""
+        now = time.monotonic()
+        if now - self._last_progress < _PROGRESS_EVERY_S:
+            return
+        self._last_progress = now
+        pending = [s for s in self._slots if not s.ready]
+        if pending:
+            waiting = ", ".join(
+                f"{s.spec.name} (restart {s.tracker.restarts} in "
+                f"{max(0.0, s.restart_at - now):.0f} s)" if s.restart_at is not None else
+                f"{s.spec.name} ({now - s.child.started:.0f} s"
+                + (f", restart {s.child.attempt})" if s.child.attempt else ")")
+                for s in pending)
+            self.say(f"waiting  for {waiting}")
+
+    def _wait_ready(self, slots: list[_Slot], deadline: float) -> int | None:
+        """Run ticks until every slot in ``slots`` is ready. None when they are; else the
+        exit status ``run`` should return."""
+        self._last_progress = time.monotonic()
+        while True:
+            status = self._tick()
+            if status is not None:
+                return status
+            if self.stop_event.is_set():
+                return 0
+            pending = [s for s in slots if not s.ready]
             if not pending:
                 return None
-            now = time.monotonic()
-            if now > deadline:
-                names = ", ".join(c.spec.name for c in pending)
+            if time.monotonic() > deadline:
+                names = ", ".join(s.spec.name for s in pending)
                 self.say(f"error: not ready after {self.ready_timeout:g} s: {names} "
                          f"(logs in {self.log_dir}; raise --ready-timeout if models load slowly)")
                 return 1
-            if now - last_progress >= _PROGRESS_EVERY_S:
-                last_progress = now
-                waiting = ", ".join(f"{c.spec.name} ({now - c.started:.0f} s)" for c in pending)
-                self.say(f"waiting  for {waiting}")
+            self._progress()
             self.stop_event.wait(self.poll_s)
 
     def _supervise(self) -> int:
         while not self.stop_event.is_set():
-            dead = self._dead_child()
-            if dead is not None:
-                self._report_death(dead)
-                return 1
+            status = self._tick()
+            if status is not None:
+                return status
+            self._progress()
             self.stop_event.wait(self.poll_s)
         return 0
 
     def stop_all(self) -> None:
         """Stop children in reverse start order, one part at a time (replicas together)."""
         groups: list[list[_Child]] = []
-        for c in reversed(self._children):
+        for slot in reversed(self._slots):
+            c = slot.child
             if groups and groups[-1][0].spec.part == c.spec.part:
                 groups[-1].append(c)
             else:
@@ -214,10 +325,11 @@ class Supervisor:
                     c.proc.wait()
                 # Anything the child left behind in its group goes too.
                 _signal_group(c.proc.pid, signal.SIGKILL)
+                self._set_up(c.spec.name, False)
                 self.say(f"stopped  {c.spec.name} ({describe_exit(c.proc.returncode)})")
-        for c in self._children:
-            if c.reader is not None:
-                c.reader.join(timeout=2.0)
+        for slot in self._slots:
+            if slot.child.reader is not None:
+                slot.child.reader.join(timeout=2.0)
 
     def run(self, install_signals: bool = True) -> int:
         """Start everything, wait for readiness, print the banner, supervise, stop."""
@@ -243,7 +355,7 @@ class Supervisor:
                 signal.signal(sig, handler)
 
     def _start_all(self, deadline: float) -> int | None:
-        batch: list[_Child] = []
+        batch: list[_Slot] = []
         for spec in self.specs:
             if self.stop_event.is_set():
                 return 0
@@ -253,7 +365,7 @@ class Supervisor:
                 if status is not None:
                     return status
                 batch = []
-        return self._wait_ready(self._children, deadline)
+        return self._wait_ready(self._slots, deadline)
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

@@ -1,5 +1,6 @@
-"""`tandem up -c FILE [--set k=v] [--only parts] [--run-dir DIR] [--ready-timeout S]`:
-start the whole cluster a config describes and supervise it until Ctrl-C."""
+"""`tandem up -c FILE [--set k=v] [--only parts] [--run-dir DIR] [--ready-timeout S]
+[--fail-fast]`: start the whole cluster a config describes and supervise it until Ctrl-C,
+restarting a part that dies (or, with --fail-fast, stopping everything when one does)."""
 
 from __future__ import annotations
 
@@ -14,15 +15,24 @@ from pathlib import Path
 from services.common.config import ClusterConfig, ConfigError, load_config
 from services.common.env import cache_dir
 from services.launcher.cluster_token import with_cluster_token
+from services.launcher.metrics import LauncherMetrics
 from services.launcher.nats import NatsServerNotFoundError, find_nats_server
 from services.launcher.nats_auth import lock_nats
-from services.launcher.plan import PARTS, ProcessSpec, check_port_conflicts, plan, select_parts
+from services.launcher.plan import (
+    PARTS,
+    ProcessSpec,
+    check_port_conflicts,
+    launcher_ports,
+    plan,
+    select_parts,
+)
 from services.launcher.preflight import (
     PreflightError,
     check_external_nats,
     check_model,
     check_ports_free,
 )
+from services.launcher.restart import RestartPolicy
 from services.launcher.supervisor import Supervisor
 
 
@@ -54,23 +64,27 @@ def curl_example(cfg: ClusterConfig) -> str:
             f"    -d {shlex.quote(body)}")
 
 
-def banner(cfg: ClusterConfig, specs: list[ProcessSpec], run_dir: Path, elapsed: float) -> str:
+def banner(cfg: ClusterConfig, specs: list[ProcessSpec], run_dir: Path, elapsed: float,
+           fail_fast: bool = False) -> str:
     lines = [""]
     if any(s.part == "frontend" for s in specs):
         base = f"http://{_display_host(cfg.frontend.host)}:{cfg.frontend.port}"
         lines.append(f"tandem is ready in {elapsed:.1f} s: {base}/v1  (model {served_name(cfg)})")
     else:
         lines.append(f"started in {elapsed:.1f} s (no frontend in this run)")
-    width = max(len(s.name) for s in specs)
+    width = max(len("launcher"), *(len(s.name) for s in specs))
     for s in specs:
         host = "127.0.0.1" if s.part != "nats" else s.ready.host
         lines.append(f"  {s.name:<{width}}  {s.address(host)}")
     if not cfg.nats.embedded:
         lines.append(f"  {'nats':<{width}}  external {cfg.nats.url}")
+    for p in launcher_ports(cfg):
+        lines.append(f"  {'launcher':<{width}}  {p.label} 127.0.0.1:{p.port}")
     lines.append(f"  logs: {run_dir / 'logs'}")
     if any(s.part == "frontend" for s in specs):
         lines += ["", "try:", "  " + curl_example(cfg)]
-    lines += ["", "Ctrl-C stops the cluster.", ""]
+    on_death = "Any part that dies stops the cluster" if fail_fast else "A part that dies is restarted"
+    lines += ["", f"{on_death}; Ctrl-C stops the cluster.", ""]
     return "\n".join(lines)
 
 
@@ -91,8 +105,8 @@ def prepare(args: argparse.Namespace) -> tuple[ClusterConfig, list[ProcessSpec],
     )
     if not specs:
         raise PreflightError("nothing to start: the selected parts have no processes")
-    check_port_conflicts(specs)
-    check_ports_free(specs)
+    check_port_conflicts(specs, launcher_ports(cfg))
+    check_ports_free(specs, launcher_ports(cfg))
     if not cfg.nats.embedded and "nats" in parts:
         check_external_nats(cfg)
     if {"decode", "prefill"} & {s.part for s in specs}:
@@ -109,10 +123,25 @@ def main(args: argparse.Namespace) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     specs = lock_nats(cfg, specs, run_dir)  # users for the embedded nats-server
     specs = with_cluster_token(specs)  # the internal gRPC calls' credential
-    print(f"tandem up: {len(specs)} processes, run directory {run_dir}", flush=True)
+    mode = "any death stops the cluster (--fail-fast)" if args.fail_fast else "a part that dies is restarted"
+    print(f"tandem up: {len(specs)} processes, run directory {run_dir}; {mode}", flush=True)
+    metrics = LauncherMetrics([s.name for s in specs])
+    server = None
+    if cfg.launcher.metrics_port is not None:
+        try:
+            server = metrics.serve(cfg.launcher.metrics_port)
+        except OSError as e:  # taken between the preflight check and now
+            print(f"tandem up: launcher.metrics_port {cfg.launcher.metrics_port}: {e}", file=sys.stderr)
+            return 2
     sup = Supervisor(
         specs, run_dir, out=sys.stdout, echo=sys.stdout.isatty(),
         ready_timeout=args.ready_timeout, stop_timeout=args.stop_timeout,
-        banner=lambda elapsed: banner(cfg, specs, run_dir, elapsed),
+        banner=lambda elapsed: banner(cfg, specs, run_dir, elapsed, args.fail_fast),
+        policy=RestartPolicy.from_config(cfg.launcher), fail_fast=args.fail_fast, metrics=metrics,
     )
-    return sup.run()
+    try:
+        return sup.run()
+    finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()

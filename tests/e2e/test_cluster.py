@@ -48,16 +48,18 @@ def _metric(url: str, name: str) -> float:
 
 def _start(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Popen, Path, dict[str, int]]:
     ports = {k: free_port() for k in ("nats", "router", "router_m", "decode", "decode_m",
-                                       "prefill_m", "proc", "proc_m", "front")}
+                                       "prefill_m", "proc", "proc_m", "front", "launcher_m")}
     overrides = [
         f"nats.url=nats://127.0.0.1:{ports['nats']}", f"router.port={ports['router']}",
         f"router.metrics_port={ports['router_m']}", f"decode.port={ports['decode']}",
         f"decode.metrics_port={ports['decode_m']}", f"prefill.metrics_port={ports['prefill_m']}",
         f"processor.port={ports['proc']}", f"processor.metrics_port={ports['proc_m']}",
-        f"frontend.port={ports['front']}",
+        f"frontend.port={ports['front']}", f"launcher.metrics_port={ports['launcher_m']}",
     ]
     argv = [sys.executable, "-m", "services.cli", "up", "-c", "configs/local.yaml",
-            "--run-dir", str(tmp_path_factory.mktemp("run")), "--ready-timeout", "300"]
+            "--run-dir", str(tmp_path_factory.mktemp("run")), "--ready-timeout", "300",
+            # a part that dies fails the tests instead of being restarted behind their back
+            "--fail-fast"]
     for o in overrides:
         argv += ["--set", o]
     log = tmp_path_factory.mktemp("log") / "up.log"

@@ -1,5 +1,7 @@
 """The launcher's supervisor for real: nats-server and `tandem router` as child processes,
-readiness, clean stop on SIGTERM (no orphans), a dying child, a busy port, a stuck child."""
+readiness, clean stop on SIGTERM (no orphans), a busy port, a stuck child; a killed child
+restarted while the rest keeps running, a child failing at start given up on, a restart that
+never gets ready, and a dying child stopping everything with fail_fast."""
 
 from __future__ import annotations
 
@@ -10,14 +12,17 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from services.common.config import parse_config
+from services.launcher.metrics import LauncherMetrics
 from services.launcher.nats import find_nats_server
 from services.launcher.plan import PortUse, ProcessSpec, Readiness, plan
+from services.launcher.restart import RestartPolicy
 from services.launcher.supervisor import Supervisor, is_ready
 from tests.support.ports import free_port
 from tests.support.procs import needs_nats_server
@@ -33,7 +38,7 @@ def _needs_nats_server() -> None:
 
 def _ports_overrides() -> list[str]:
     return [f"nats.url=nats://127.0.0.1:{free_port()}", f"router.port={free_port()}",
-            f"router.metrics_port={free_port()}"]
+            f"router.metrics_port={free_port()}", f"launcher.metrics_port={free_port()}"]
 
 
 def _gone(pid: int) -> bool:
@@ -97,7 +102,8 @@ def test_a_busy_port_is_refused_before_anything_starts(tmp_path: Path) -> None:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        overrides = [*_ports_overrides()[:2], f"router.metrics_port={port}"]
+        overrides = [*_ports_overrides()[:2], f"router.metrics_port={port}",
+                     f"launcher.metrics_port={free_port()}"]
         proc = _up(tmp_path, overrides)
         out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 2, out
@@ -120,10 +126,11 @@ def _python_spec(name: str, code: str) -> ProcessSpec:
                        ready=Readiness("tcp", "127.0.0.1", port))
 
 
-def test_a_child_that_dies_is_named_and_the_rest_are_stopped(tmp_path: Path) -> None:
+def test_fail_fast_a_child_that_dies_is_named_and_the_rest_are_stopped(tmp_path: Path) -> None:
     doomed = _python_spec("doomed", "import sys; print('cannot load the model'); sys.exit(3)")
     out = io.StringIO()
-    sup = Supervisor([*_real_specs(tmp_path), doomed], tmp_path, out=out, ready_timeout=60, echo=True)
+    sup = Supervisor([*_real_specs(tmp_path), doomed], tmp_path, out=out, ready_timeout=60, echo=True,
+                     fail_fast=True)
     assert sup.run(install_signals=False) == 1
     text = out.getvalue()
     assert "error: doomed exited with code 3; stopping the cluster" in text
@@ -133,6 +140,104 @@ def test_a_child_that_dies_is_named_and_the_rest_are_stopped(tmp_path: Path) -> 
     pids = [p["pid"] for p in json.loads((tmp_path / "processes.json").read_text())]
     assert len(pids) == 3 and all(_gone(pid) for pid in pids)
     assert "stopped  nats" in text and "stopped  router" in text
+
+
+def _run_in_thread(sup: Supervisor) -> tuple[threading.Thread, list[int]]:
+    status: list[int] = []
+    thread = threading.Thread(target=lambda: status.append(sup.run(install_signals=False)), daemon=True)
+    thread.start()
+    return thread, status
+
+
+def _wait_text(out: io.StringIO, marker: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while marker not in out.getvalue():
+        assert time.monotonic() < deadline, f"{marker!r} never printed:\n{out.getvalue()}"
+        time.sleep(0.05)
+
+
+def _pids(run_dir: Path) -> dict[str, int]:
+    return {p["name"]: p["pid"] for p in json.loads((run_dir / "processes.json").read_text())}
+
+
+def _sample(metrics: LauncherMetrics, name: str, part: str) -> float | None:
+    return metrics.registry.get_sample_value(name, {"part": part})
+
+
+def test_a_child_killed_is_restarted_and_the_rest_keep_running(tmp_path: Path) -> None:
+    specs = _real_specs(tmp_path)
+    metrics = LauncherMetrics([s.name for s in specs])
+    out = io.StringIO()
+    sup = Supervisor(specs, tmp_path, out=out, ready_timeout=60, metrics=metrics,
+                     policy=RestartPolicy(backoff_s=0.2))
+    sup.banner = lambda _elapsed: "BANNER"
+    thread, status = _run_in_thread(sup)
+    try:
+        _wait_text(out, "BANNER")
+        before = _pids(tmp_path)
+        assert _sample(metrics, "tandem_launcher_part_up", "router") == 1
+        os.kill(before["router"], signal.SIGKILL)
+        _wait_text(out, "after restart 1 (127.0.0.1:")
+        after = _pids(tmp_path)
+        assert after["nats"] == before["nats"] and not _gone(after["nats"])  # the rest stayed
+        assert after["router"] != before["router"] and not _gone(after["router"])
+        router_port = specs[1].ready.port
+        socket.create_connection(("127.0.0.1", router_port), timeout=1).close()
+        assert _sample(metrics, "tandem_launcher_restarts_total", "router") == 1
+        assert _sample(metrics, "tandem_launcher_restarts_total", "nats") == 0
+        assert _sample(metrics, "tandem_launcher_part_up", "router") == 1
+    finally:
+        sup.stop_event.set()
+        thread.join(timeout=60)
+    assert status == [0], out.getvalue()
+    text = out.getvalue()
+    assert "restart  router was killed by SIGKILL after " in text
+    assert "; restart 1 in 0.2 s" in text
+    assert "stopping the cluster" not in text
+    log = (tmp_path / "logs" / "router.log").read_text()
+    assert "----- tandem up: restart 1 of router -----" in log
+    assert log.count("serving gRPC") == 2  # one log across both runs
+    assert all(_gone(pid) for pid in _pids(tmp_path).values())
+
+
+def test_a_child_that_keeps_failing_at_start_gives_up_naming_it(tmp_path: Path) -> None:
+    doomed = _python_spec("doomed", "import sys; print('model.path: /typo.gguf not found'); sys.exit(1)")
+    out = io.StringIO()
+    sup = Supervisor([*_real_specs(tmp_path), doomed], tmp_path, out=out, ready_timeout=60,
+                     policy=RestartPolicy(backoff_s=0.05, max_quick_restarts=2))
+    assert sup.run(install_signals=False) == 1
+    text = out.getvalue()
+    assert "restart  doomed exited with code 1 after" in text
+    assert "restart 1 in 0.05 s" in text and "restart 2 in 0.1 s" in text
+    assert "error: doomed exited with code 1: 3 quick failures in a row (none stayed up 60 s)" in text
+    assert "more than launcher.max_quick_restarts=2; giving up" in text
+    assert "  model.path: /typo.gguf not found" in text  # its last lines, for the fix
+    assert "stopped  nats" in text and "stopped  router" in text
+    assert all(_gone(pid) for pid in _pids(tmp_path).values())
+
+
+def test_a_restart_that_never_gets_ready_is_killed_and_counts_as_a_failure(tmp_path: Path) -> None:
+    port = free_port()
+    marker = tmp_path / "started-once"
+    code = ("import pathlib, socket, time\n"
+            f"m = pathlib.Path({str(marker)!r})\n"
+            "if m.exists():\n    time.sleep(600)\n"  # every restart hangs before listening
+            f"m.touch(); s = socket.socket(); s.bind(('127.0.0.1', {port})); s.listen(); time.sleep(600)\n")
+    spec = ProcessSpec(name="hangs", part="processor", argv=(sys.executable, "-c", code),
+                       ports=(PortUse("grpc", port, "processor.port"),),
+                       ready=Readiness("tcp", "127.0.0.1", port))
+    out = io.StringIO()
+    sup = Supervisor([spec], tmp_path, out=out, ready_timeout=2, poll_s=0.05,
+                     policy=RestartPolicy(backoff_s=0.05, max_quick_restarts=1))
+    sup.banner = lambda _elapsed: "BANNER"
+    thread, status = _run_in_thread(sup)
+    _wait_text(out, "BANNER")
+    os.kill(_pids(tmp_path)["hangs"], signal.SIGKILL)
+    thread.join(timeout=60)
+    text = out.getvalue()
+    assert status == [1], text
+    assert "error: hangs not ready 2 s after restart 1: killing it" in text
+    assert "error: hangs was killed by SIGKILL: 2 quick failures in a row" in text
 
 
 def test_a_child_that_ignores_sigterm_is_killed(tmp_path: Path) -> None:

@@ -1,0 +1,128 @@
+"""`tandem up` as a real subprocess for the tests: its output in a file the test polls for
+lines, its children's pids from the run directory, a /live poller that records every
+failure while a test breaks something."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Up:
+    proc: subprocess.Popen
+    run_dir: Path
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_for(self, pattern: str, timeout: float = 120) -> re.Match[str]:
+        """The first match of the regex ``pattern`` in the output; AssertionError (with the
+        output) if `tandem up` exits first or after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            m = re.search(pattern, self.output(), re.MULTILINE)
+            if m:
+                return m
+            if self.proc.poll() is not None:
+                raise AssertionError(f"tandem up exited {self.proc.returncode} before "
+                                     f"{pattern!r}:\n{self.output()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{pattern!r} not printed in {timeout:g} s:\n{self.output()}")
+            time.sleep(0.1)
+
+    def pids(self) -> dict[str, int]:
+        return {p["name"]: p["pid"] for p in json.loads((self.run_dir / "processes.json").read_text())}
+
+    def wait(self, timeout: float) -> int:
+        """The exit status; SIGKILL to its whole group after ``timeout`` seconds."""
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            raise AssertionError(f"tandem up still running after {timeout:g} s:\n{self.output()}") from None
+
+    def stop(self, timeout: float = 90) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.wait(timeout)
+
+
+def start_up(config: Path, run_dir: Path, args: Sequence[str] = ()) -> Up:
+    """`tandem up -c config --run-dir run_dir [args...]`, output in ``run_dir.parent/up.log``.
+    Its own session, so a test can end it and everything under it with one killpg."""
+    log = run_dir.parent / f"{run_dir.name}-up.log"
+    argv = [sys.executable, "-m", "services.cli", "up", "-c", str(config), "--run-dir", str(run_dir),
+            *args]
+    with log.open("w") as out:
+        proc = subprocess.Popen(argv, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    return Up(proc, run_dir, log)
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+@dataclass
+class LivePoller:
+    """GETs ``url`` every ``every_s`` in a thread while in the ``with`` block; ``failures``
+    lists what did not answer 200."""
+
+    url: str
+    every_s: float = 0.1
+    ok: int = 0
+    failures: list[str] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=2) as client:
+            while not self._stop.is_set():
+                try:
+                    r = client.get(self.url)
+                    if r.status_code == 200:
+                        self.ok += 1
+                    else:
+                        self.failures.append(f"{r.status_code} {r.text[:200]}")
+                except httpx.HTTPError as e:
+                    self.failures.append(f"{type(e).__name__}: {e}")
+                self._stop.wait(self.every_s)
+
+    def __enter__(self) -> LivePoller:
+        self._thread = threading.Thread(target=self._run, name="live-poller", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+
+def launcher_metric(port: int, name: str, part: str) -> float:
+    """One labelled sample of the launcher's /metrics."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    m = re.search(rf'^{re.escape(name)}{{part="{re.escape(part)}"}} ([0-9.e+-]+)$', text, re.MULTILINE)
+    if m is None:
+        raise AssertionError(f'{name}{{part="{part}"}} not in the launcher\'s /metrics:\n{text}')
+    return float(m.group(1))
