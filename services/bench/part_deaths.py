@@ -28,7 +28,6 @@ from pathlib import Path
 import httpx
 
 
-
 def restarts_ready(up_log: Path, name: str) -> int:
     """How many times `tandem up` has said ``name`` is ready after a restart."""
     text = up_log.read_text(errors="replace")
