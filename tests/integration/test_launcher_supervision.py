@@ -25,7 +25,7 @@ from services.common.nats_client import Subjects, connect
 from tests.support.ports import free_port
 from tests.support.procs import needs_nats_server, write_config
 from tests.support.stack import MODEL, mock_cluster_cfg
-from tests.support.up import LivePoller, Up, gone, launcher_metric, start_up
+from tests.support.up import LivePoller, Up, gone, launcher_metric, nats_login, start_up
 
 # Longer than decode.disagg.max_local_prefill_length (16 tokens): prefilled remotely.
 LONG = "Summarise: " + "the roads, aqueducts and cities of Rome shaped later states. " * 6
@@ -86,10 +86,14 @@ def cluster(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     assert all(gone(pid) for pid in up.pids().values())
 
 
-def registered(cfg: ClusterConfig, key: str) -> bool:
-    """Whether ``key`` (``role.instance``) is in the discovery bucket right now."""
+def registered(c: Cluster, key: str) -> bool:
+    """Whether ``key`` (``role.instance``) is in the discovery bucket right now (read as the
+    frontend's NATS user: the cluster's NATS takes no anonymous client)."""
+    cfg = c.cfg
+    login = cfg.nats.model_copy(update=nats_login(c.up.run_dir))
+
     async def check() -> bool:
-        nc = await connect(cfg.nats, "test-supervision")
+        nc = await connect(login, "test-supervision")
         try:
             kv = await nc.jetstream().key_value(Subjects(cfg.namespace).discovery_bucket)
             try:
@@ -136,7 +140,7 @@ def test_kill_9_decode_worker_comes_back_while_the_rest_stays_up(cluster: Cluste
     assert cluster.chat("hello").status_code == 200
     kill_and_watch(cluster, "decode-0")
     wait_healthy(cluster)
-    assert registered(cluster.cfg, "decode.decode-0")
+    assert registered(cluster, "decode.decode-0")
     r = cluster.chat("hello again")
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] == 8
@@ -155,7 +159,7 @@ def test_kill_9_prefill_worker_comes_back_and_prefills_again(cluster: Cluster) -
     kill_and_watch(cluster, "prefill-0")
     # The dead worker's key expires (discovery.ttl_s); from then on only the new one keeps it.
     time.sleep(cluster.cfg.discovery.ttl_s + 1)
-    assert registered(cluster.cfg, "prefill.prefill-0")
+    assert registered(cluster, "prefill.prefill-0")
     # Its counters start at 0: jobs delivered now were run by the new process.
     deadline = time.monotonic() + 60
     while _remote_prefills(cluster) == 0:

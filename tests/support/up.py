@@ -126,3 +126,12 @@ def launcher_metric(port: int, name: str, part: str) -> float:
     if m is None:
         raise AssertionError(f'{name}{{part="{part}"}} not in the launcher\'s /metrics:\n{text}')
     return float(m.group(1))
+
+
+def nats_login(run_dir: Path, user: str = "frontend") -> dict[str, str]:
+    """``user``'s NATS credentials in a `tandem up` run (the embedded nats-server requires a
+    user per process: RUN_DIR/nats-server.conf), as NatsConfig fields."""
+    text = (run_dir / "nats-server.conf").read_text()
+    m = re.search(r'\{user: "' + re.escape(user) + r'", password: ("(?:[^"\\]|\\.)*")', text)
+    assert m, f"no user {user!r} in {run_dir / 'nats-server.conf'}"
+    return {"user": user, "password": json.loads(m.group(1))}

@@ -84,8 +84,16 @@ def assert_clean(status: int, text: str, caplog: pytest.LogCaptureFixture, what:
     if status >= 400:
         err = json.loads(text)["error"]
         assert set(err) == {"message", "type", "param", "code"}, (what, text)
-    bad = [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+    bad = [r for r in caplog.records
+           if (r.exc_info or r.levelno >= logging.ERROR) and not _test_client_noise(r)]
     assert not bad, (what, [r.getMessage() for r in bad])
+
+
+def _test_client_noise(r: logging.LogRecord) -> bool:
+    """asyncio's report of a test HTTP client's task left on an event loop that an earlier
+    example closed: the harness's, not the server's (a tandem task names a services/ file)."""
+    return r.name == "asyncio" and "Event loop is closed" in r.getMessage() and \
+        "/services/" not in r.getMessage()
 
 
 @schema.parametrize()
