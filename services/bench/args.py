@@ -163,7 +163,9 @@ def _long_prompt(sub: argparse._SubParsersAction, add_config: AddConfig) -> None
     p.add_argument("--short-tokens", type=int, default=64)
     p.add_argument("--short-delay", type=float, default=1.0,
                    help="seconds after the long request before the first short one")
-    p.add_argument("--short-interval", type=float, default=0.25, help="seconds between shorts")
+    p.add_argument("--short-interval", type=float, default=3.0,
+                   help="seconds between shorts (the default spreads them over a minute: the "
+                        "long prompt's whole prefill on 2 CPU cores)")
     p.add_argument("--timeout", type=float, default=600.0, help="per request")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--up", action="store_true",

@@ -8,7 +8,10 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -18,6 +21,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+
+from services.common import env
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
@@ -50,7 +55,12 @@ def running_cluster(config: str | None, overrides: Sequence[str], url: str, run_
                     settle_s: float) -> Iterator[subprocess.Popen]:
     """`tandem up` with ``run_dir`` as its run directory and its output in ``log_path``;
     yields once ``url``/health answers and ``settle_s`` more have passed (discovery needs
-    a moment to spread every worker to the router)."""
+    a moment to spread every worker to the router).
+
+    The cluster's gRPC token is this process's ``TANDEM_CLUSTER_TOKEN`` (made here when
+    unset): `tandem up` hands it to its parts, and benches that call a part's gRPC directly
+    (`bench overhead`'s decode, router and processor layers) carry it."""
+    os.environ.setdefault(env.CLUSTER_TOKEN, secrets.token_urlsafe(32))
     # --fail-fast: a part restarted mid-run would skew the figures without a word; a run
     # where one dies must fail instead.
     argv = [sys.executable, "-m", "services.cli", "up", "--run-dir", str(run_dir), "--fail-fast"]
@@ -67,6 +77,20 @@ def running_cluster(config: str | None, overrides: Sequence[str], url: str, run_
             yield proc
         finally:
             stop_cluster(proc)
+
+
+@contextmanager
+def cluster_if_asked(args: argparse.Namespace, base_url: str) -> Iterator[None]:
+    """With ``args.up``: `tandem up` of ``args.config`` (``args.overrides``) in ``args.run_dir``
+    for the run; without it, the cluster at ``base_url`` is used as it is."""
+    if not args.up:
+        yield
+        return
+    run_dir = Path(args.run_dir)
+    print(f"starting the cluster (run dir {run_dir}) ...", flush=True)
+    with running_cluster(args.config, args.overrides, base_url, run_dir,
+                         run_dir.with_suffix(".log"), args.ready_timeout, 2.0):
+        yield
 
 
 def cluster_processes(run_dir: Path) -> dict[str, int]:

@@ -133,7 +133,7 @@ def main(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, overrides)
     torch.set_num_threads(args.threads)
     concurrency = [int(c) for c in args.concurrency.split(",") if c]
-    overlaps = _modes(args.overlap, "on" if cfg.engine.overlap else "off", ("on", "off"),
+    overlaps = _modes(args.overlap, "off" if cfg.engine.overlap is False else "on", ("on", "off"),
                       "--overlap")
     runners = _modes(args.runners, cfg.engine.runner, ("torch", "mock"), "--runners")
     need_seqs = max(concurrency, default=1)

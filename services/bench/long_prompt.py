@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import re
-from pathlib import Path
 
 import httpx
 import numpy as np
 
 from services.bench.client import RequestRecord, send
-from services.bench.cluster import running_cluster
+from services.bench.cluster import cluster_if_asked
 from services.bench.results import finish, header, write_json
 from services.bench.workloads import ID_HIGH, ID_LOW
 from services.common.config import ClusterConfig, load_config
@@ -84,6 +82,8 @@ async def measure(args: argparse.Namespace, cfg: ClusterConfig, base_url: str) -
     ttft = [r.first_token_time - r.send_time for r in shorts if r.ok and r.first_token_time]
     remote = _delta(after, before, 'tandem_prefill_jobs_total{outcome="delivered"}')
     withdrawn = _delta(after, before, 'tandem_prefill_jobs_total{outcome="withdrawn"}')
+    # computed remotely in full, then refused: the decode worker had given up on it
+    rejected = _delta(after, before, 'tandem_prefill_jobs_total{outcome="rejected"}')
     fallbacks = sum(v - before.get(k, 0.0) for k, v in after.items()
                     if k.startswith("tandem_worker_remote_prefill_fallbacks_total{"))
     local = _delta(after, before, 'tandem_worker_prefill_total{where="local"}')
@@ -100,6 +100,7 @@ async def measure(args: argparse.Namespace, cfg: ClusterConfig, base_url: str) -
         "long_prompt_prefills": {"remote_delivered": remote,
                                  "local": local - args.shorts,
                                  "remote_withdrawn": withdrawn,
+                                 "remote_rejected": rejected,
                                  "fallbacks": fallbacks},
     }
 
@@ -108,12 +109,7 @@ def main(args: argparse.Namespace) -> int:
     head = header(args)
     cfg = load_config(args.config, args.overrides)
     base_url = args.base_url or f"http://127.0.0.1:{cfg.frontend.port}"
-    run_dir = Path(args.run_dir)
-    with contextlib.ExitStack() as stack:
-        if args.up:
-            print(f"starting the cluster (run dir {run_dir}) ...", flush=True)
-            stack.enter_context(running_cluster(args.config, args.overrides, base_url, run_dir,
-                                                run_dir.with_suffix(".log"), args.ready_timeout, 2.0))
+    with cluster_if_asked(args, base_url):
         res = asyncio.run(measure(args, cfg, base_url))
     res = finish(head, res)
     print(json.dumps(res, indent=1))

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import time
@@ -37,7 +36,7 @@ import torch
 
 from services.bench.args import OVERHEAD_LAYERS
 from services.bench.client import RequestRecord, send
-from services.bench.cluster import cluster_processes, running_cluster
+from services.bench.cluster import cluster_if_asked, cluster_processes
 from services.bench.results import finish, header, write_json
 from services.bench.workloads import ID_HIGH, ID_LOW
 from services.codec.processor import request_to_pb
@@ -248,11 +247,7 @@ def main(args: argparse.Namespace) -> int:
     torch.set_num_threads(cfg.engine.threads)  # as the decode worker process does
     base_url = args.base_url or f"http://127.0.0.1:{cfg.frontend.port}"
     run_dir = Path(args.run_dir)
-    with contextlib.ExitStack() as stack:
-        if args.up:
-            print(f"starting the cluster (run dir {run_dir}) ...", flush=True)
-            stack.enter_context(running_cluster(args.config, args.overrides, base_url, run_dir,
-                                                run_dir.with_suffix(".log"), args.ready_timeout, 2.0))
+    with cluster_if_asked(args, base_url):
         # the client on uvloop too, as the parts run: less client time in the figures
         with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
             res = runner.run(measure(args, cfg, base_url, run_dir))

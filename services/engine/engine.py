@@ -83,7 +83,8 @@ class LLMEngine:
         # nothing, so a caller may wait for new work.
         self.last_batch_size = 0
         self._no_output = RunnerOutput([])
-        self.overlap = cfg.overlap and runner.supports_overlap
+        self.overlap = runner.supports_overlap and (
+            runner.overlap_pays if cfg.overlap == "auto" else cfg.overlap)
         runner.reserve_future_slots(self.scheduler.num_future_slots)
         # (batch, its pending result, its fence ticket): launched, not yet read back
         self._in_flight: tuple[ScheduledBatch, PendingOutput, int] | None = None

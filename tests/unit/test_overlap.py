@@ -366,3 +366,16 @@ def test_runner_without_launch_falls_back_to_the_serial_loop() -> None:
     cfg = with_overlap(mock_cfg(), True)
     eng = LLMEngine(Serial(cfg), cfg, [EOS])
     assert not eng.overlap and isinstance(eng.runner, ModelRunner)
+
+
+def test_auto_overlaps_where_it_pays(tiny_llama) -> None:
+    """engine.overlap "auto" (the default): on for the mock runner's simulated device (and
+    CUDA), off for the torch runner on CPU, where the measured on/off ratio is below 1."""
+    assert EngineConfig().overlap == "auto"
+    mock = mock_cfg()
+    assert LLMEngine(MockRunner(mock), mock, eos_token_ids=[0]).overlap
+    hf, arch = tiny_llama
+    cpu = EngineConfig(device="cpu", dtype="float32", block_size=4, num_kv_blocks=8)
+    assert not LLMEngine(TorchRunner(arch, hf.state_dict(), cpu), cpu, eos_token_ids=[0]).overlap
+    forced = with_overlap(cpu, True)
+    assert LLMEngine(TorchRunner(arch, hf.state_dict(), forced), forced, eos_token_ids=[0]).overlap

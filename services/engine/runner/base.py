@@ -46,6 +46,8 @@ class ModelRunner(ABC):
     vocab_size: int
     max_model_len: int
     supports_overlap: bool = False
+    # Whether overlapping pays on this runner (what engine.overlap "auto" follows).
+    overlap_pays: bool = False
     # Seconds the runner (the device) spent computing batches: the bench's bubble is the
     # rest of the wall time.
     busy_seconds: float = 0.0

@@ -67,6 +67,7 @@ class MockRunner(ModelRunner):
     """Configured by ``cfg.mock``; ``num_kv_blocks`` and ``block_size`` size its cache."""
 
     supports_overlap = True
+    overlap_pays = True  # its simulated device runs while the scheduler works
 
     def __init__(self, cfg: EngineConfig, sleep: Callable[[float], None] = time.sleep) -> None:
         m = cfg.mock

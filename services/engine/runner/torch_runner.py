@@ -92,6 +92,9 @@ class TorchRunner(ModelRunner):
     ) -> None:
         self.device = resolve_device(cfg.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device)
+        # NOTE: on CPU the forward's threads already take every core: a scheduler thread
+        # beside them competes instead of overlapping (measured 0.78-0.97x).
+        self.overlap_pays = self.device.type == "cuda"
         if self.device.type == "cpu":
             torch.set_num_threads(cfg.threads)
         self.max_model_len = max_model_len or cfg.max_model_len or arch.max_position_embeddings
