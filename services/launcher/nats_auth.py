@@ -145,6 +145,13 @@ def lock_nats(cfg: ClusterConfig, specs: list[ProcessSpec], run_dir: Path) -> li
     return out
 
 
+def deploy_password() -> str:
+    """A random password for the deploys' config, which names it as ``$VAR``: nats-server
+    parses the variable's value as a config value, so one starting with a digit or a dash
+    would be read as a number (and refused); a letter first keeps it a string."""
+    return "p" + secrets.token_urlsafe(24)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``conf [--namespace NS]``: the deploys' nats-server config; ``env``: fresh
     passwords for it, as ``VAR=value`` lines (compose's --env-file, kustomize's envs)."""
@@ -158,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(render_conf(args.namespace, deploy_users()))
     else:
         for role in ROLES:
-            print(f"{password_var(role)}={secrets.token_urlsafe(24)}")
+            print(f"{password_var(role)}={deploy_password()}")
         print(f"{env.CLUSTER_TOKEN}={secrets.token_urlsafe(32)}")  # the internal gRPC token
     return 0
 

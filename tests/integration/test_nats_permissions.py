@@ -5,7 +5,6 @@ every role can still do what its part does (docs/operations.md, "The internal pl
 from __future__ import annotations
 
 import asyncio
-import secrets
 import signal
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -32,7 +31,7 @@ from services.common.nats_client import (
 )
 from services.disagg.prefill_queue import ensure_prefill_queue
 from services.launcher.nats import find_nats_server, tcp_accepts
-from services.launcher.nats_auth import lock_nats, password_var
+from services.launcher.nats_auth import deploy_password, lock_nats, password_var
 from services.launcher.plan import plan
 from tests.support.ports import free_port
 from tests.support.procs import needs_nats_server
@@ -108,8 +107,15 @@ async def client(locked: Locked, name: str) -> AsyncIterator[Client]:
         await nc.close()
 
 
-async def _drain() -> None:
-    await asyncio.sleep(0.3)  # let deliveries and the server's -ERR lines arrive
+async def _until(done: Callable[[], object], what: str | Callable[[], str],
+                 timeout: float = 10.0) -> None:
+    """Wait for deliveries and the server's -ERR lines (asynchronous) until ``done()``;
+    the timeout only keeps a broken run from hanging."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not done():
+        assert asyncio.get_running_loop().time() < deadline, \
+            f"never saw {what() if callable(what) else what}"
+        await asyncio.sleep(0.01)
 
 
 async def test_anonymous_and_wrong_passwords_are_refused(locked: Locked,
@@ -178,7 +184,8 @@ async def test_every_role_does_its_part(locked: Locked) -> None:
 
         for lease in leases:
             await lease.close()
-        await _drain()
+        await _until(lambda: got["events"] and got["load"] and len(got["inflight"]) == 2,
+                     "every legitimate message")
         assert got["events"] == [b"events"] and got["load"] == [b"load"]
         assert sorted(got["inflight"]) == [b"from a processor", b"from a router"]
         for c in (dec, rtr, proc, fe, pre):
@@ -230,8 +237,9 @@ async def test_no_part_can_make_the_server_deliver_forged_messages(locked: Locke
                 deliver_subject=S.kv_events("decode-0"), ack_policy=AckPolicy.NONE,
                 deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
                 filter_subject=S.discovery_key("frontend", "frontend-0")))
-        await _drain()
-        assert got == [] and fe.violations()
+        await _until(fe.violations, "the frontend's violation")
+        await rtr.nc.flush()  # a delivery the server had made would be in by now
+        assert got == []
 
 
 async def test_the_prefill_queue_is_read_by_prefill_workers_alone(locked: Locked) -> None:
@@ -249,9 +257,9 @@ async def test_the_prefill_queue_is_read_by_prefill_workers_alone(locked: Locked
         psub = await dec.js().pull_subscribe_bind(durable=S.prefill_consumer, stream=S.prefill_stream)
         with pytest.raises(nats.errors.TimeoutError):
             await psub.fetch(1, timeout=1)
-        await _drain()
+        await _until(lambda: len(fe.violations()) >= 3 and dec.violations(), "the violations")
+        await fe.nc.flush()
         assert heard == []
-        assert len(fe.violations()) >= 3 and dec.violations()
         psub = await pre.js().pull_subscribe_bind(durable=S.prefill_consumer, stream=S.prefill_stream)
         (job,) = await psub.fetch(1, timeout=2)
         assert job.data == b"a prompt"
@@ -269,7 +277,10 @@ async def test_decode_0_cannot_speak_for_decode_1(locked: Locked) -> None:
         await dec.nc.publish(S.load("decode-1"), b"forged load")
         await dec.nc.subscribe(S.kv_dump("decode-1"))  # would answer decode-1's dumps
         await dec.nc.publish(S.kv_events("decode-0"), b"own events")
-        await _drain()
+        # NOTE: one connection's messages arrive in order: a forged batch the server had let
+        # through would be in ``got`` before the own one.
+        await _until(lambda: got and len(dec.violations()) >= 3,
+                     lambda: f"own events and 3 violations (got {got}, errors {dec.errors})")
         assert got == [b"own events"]
         assert len(dec.violations()) == 3, dec.errors
 
@@ -281,7 +292,7 @@ def deploy_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
     needs_nats_server()
     store = tmp_path_factory.mktemp("deploy-nats")
     port = free_port()
-    passwords = {r: secrets.token_urlsafe(16) for r in ROLES}
+    passwords = {r: deploy_password() for r in ROLES}
     with (store / "nats-server.log").open("w") as out:
         proc = subprocess.Popen(
             [find_nats_server(), "-c", str(DEPLOY_CONF), "-js", "-sd", str(store), "-p", str(port),

@@ -241,3 +241,12 @@ def test_api_keys_and_credentials_from_env_or_files(tmp_path: Path, monkeypatch:
     monkeypatch.setenv("TANDEM_NATS_TOKEN_FILE", str(tmp_path / "missing"))
     with pytest.raises(ValueError, match="TANDEM_NATS_TOKEN_FILE=.*missing: cannot read it"):
         env.nats_credentials()
+
+
+def test_deploy_passwords_stay_strings_in_the_nats_config() -> None:
+    """The deploy config names each password as $VAR and nats-server parses the value:
+    one starting with a digit or a dash would be read as a number and refused."""
+    from services.launcher.nats_auth import deploy_password
+
+    pws = [deploy_password() for _ in range(200)]
+    assert all(p[0].isalpha() and len(p) >= 32 for p in pws) and len(set(pws)) == 200
