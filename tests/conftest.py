@@ -25,3 +25,11 @@ def smollm2_path() -> Path:
         if in_ci():
             pytest.fail(f"the real model is required under CI: {e}")
         pytest.skip(str(e))
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(smollm2_path: Path):
+    """The real SmolLM2 tokenizer, loaded once per test run."""
+    from services.engine.tokenizer import Tokenizer
+
+    return Tokenizer.from_path(smollm2_path)

@@ -4,8 +4,6 @@ up to serve the next request."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import grpc
 import pytest
 
@@ -30,9 +28,9 @@ BAD_SAMPLING = [
 ]
 
 
-@pytest.fixture(scope="module")
-def tok(smollm2_path: Path) -> Tokenizer:
-    return Tokenizer.from_path(smollm2_path)
+@pytest.fixture
+def tok(smollm2_tokenizer: Tokenizer) -> Tokenizer:
+    return smollm2_tokenizer
 
 
 async def test_decode_worker_refuses_bad_sampling_and_keeps_serving() -> None:

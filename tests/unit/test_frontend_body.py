@@ -8,7 +8,6 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -20,9 +19,9 @@ from tests.support.http_edge import JSON, Echo, chat, error, grpc_api, metric, r
 from tests.support.stack import mock_cluster_cfg
 
 
-@pytest.fixture(scope="module")
-def tok(smollm2_path: Path) -> Tokenizer:
-    return Tokenizer.from_path(smollm2_path)
+@pytest.fixture
+def tok(smollm2_tokenizer: Tokenizer) -> Tokenizer:
+    return smollm2_tokenizer
 
 
 @pytest.fixture

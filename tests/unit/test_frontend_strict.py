@@ -5,7 +5,6 @@ the field; they used to be 500s (the codec could not encode them) or silently co
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,9 +15,9 @@ from tests.support.http_edge import JSON, chat, error, grpc_api, raw
 from tests.support.stack import MODEL
 
 
-@pytest.fixture(scope="module")
-def tok(smollm2_path: Path) -> Tokenizer:
-    return Tokenizer.from_path(smollm2_path)
+@pytest.fixture
+def tok(smollm2_tokenizer: Tokenizer) -> Tokenizer:
+    return smollm2_tokenizer
 
 
 @pytest.fixture
