@@ -38,6 +38,19 @@ class AddressBook:
     def instances(self) -> dict[str, Registration]:
         return dict(self._instances)
 
+    def get(self, instance_id: str) -> Registration | None:
+        return self._instances.get(instance_id)
+
+    def joined(self, reg: Registration) -> None:
+        self._instances[reg.instance_id] = reg
+        if self.on_change is not None:
+            self.on_change()
+
+    def left(self, instance_id: str) -> None:
+        self._instances.pop(instance_id, None)
+        if self.on_change is not None:
+            self.on_change()
+
     def addresses(self) -> list[str]:
         if self._fixed:
             return [self._fixed]
@@ -71,13 +84,10 @@ class AddressBook:
             self._instances.clear()
             try:
                 async for ev in discovery.watch(self.role):
-                    reg = ev.registration
                     if ev.kind == "join":
-                        self._instances[reg.instance_id] = reg
+                        self.joined(ev.registration)
                     else:
-                        self._instances.pop(reg.instance_id, None)
-                    if self.on_change is not None:
-                        self.on_change()
+                        self.left(ev.registration.instance_id)
             except (nats.errors.Error, asyncio.TimeoutError) as e:
                 log.warning("discovery watch of %s failed (%s); restarting", self.role, e)
                 await asyncio.sleep(0.5)

@@ -14,13 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import logging
 
-import nats.errors
-
+from services.common.address_book import AddressBook
 from services.common.discovery import Discovery, Registration
-
-log = logging.getLogger(__name__)
 
 DECODE_ROLE = "decode"
 
@@ -33,30 +29,25 @@ class Unlisted(str, enum.Enum):
 
 
 class DecodeDirectory:
-    """Live decode worker registrations, kept by a discovery watch task this object owns.
-    Use from one event loop."""
+    """Live decode worker registrations (an ``AddressBook`` of role ``decode`` that follows
+    discovery once started), and a wait for one to be listed. Use from one event loop."""
 
     def __init__(self) -> None:
-        self._workers: dict[str, Registration] = {}
+        self._book = AddressBook(DECODE_ROLE)
+        self._book.on_change = self._notify
         self._changed = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
 
     def start(self, discovery: Discovery) -> None:
-        self._task = asyncio.create_task(self._watch(discovery), name="prefill discovery watch")
+        self._book.start(discovery)
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        await self._book.close()
 
     def joined(self, reg: Registration) -> None:
-        self._workers[reg.instance_id] = reg
-        self._notify()
+        self._book.joined(reg)
 
     def left(self, instance_id: str) -> None:
-        self._workers.pop(instance_id, None)
-        self._notify()
+        self._book.left(instance_id)
 
     def _notify(self) -> None:
         # NOTE: a fresh event per change wakes every waiter once; they re-check and, if still
@@ -66,7 +57,7 @@ class DecodeDirectory:
 
     def check(self, worker_id: str, address: str) -> Unlisted | None:
         """None if discovery lists ``address`` for ``worker_id`` now, else why not."""
-        reg = self._workers.get(worker_id)
+        reg = self._book.get(worker_id)
         if reg is None:
             return Unlisted.UNKNOWN_WORKER
         if not address or reg.address != address:
@@ -86,18 +77,3 @@ class DecodeDirectory:
             except asyncio.TimeoutError:
                 return self.check(worker_id, address)
         return None
-
-    async def _watch(self, discovery: Discovery) -> None:
-        while True:
-            try:
-                async for ev in discovery.watch(DECODE_ROLE):
-                    if ev.kind == "join":
-                        self.joined(ev.registration)
-                    else:
-                        self.left(ev.registration.instance_id)
-            except (nats.errors.Error, asyncio.TimeoutError) as e:
-                log.warning("decode discovery watch failed (%s); restarting", e)
-            # NOTE: a new watch replays the live keys as joins but not the leaves it missed:
-            # start from nothing (jobs wait for the replay in address_for).
-            self._workers.clear()
-            await asyncio.sleep(0.5)
