@@ -16,22 +16,6 @@ def in_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
-CLUSTER_TOKEN = "TANDEM_CLUSTER_TOKEN"
-CLUSTER_TOKEN_FILE = "TANDEM_CLUSTER_TOKEN_FILE"
-
-
-def cluster_token() -> str | None:
-    """The shared secret every internal gRPC call carries (``TANDEM_CLUSTER_TOKEN``, or the
-    first line of the file ``TANDEM_CLUSTER_TOKEN_FILE`` names: a mounted Kubernetes or
-    compose secret). None: the internal gRPC ports are open (a part run by hand for
-    development); ``tandem up`` always sets one."""
-    token = os.environ.get(CLUSTER_TOKEN)
-    path = os.environ.get(CLUSTER_TOKEN_FILE)
-    if not token and path:
-        token = Path(path).read_text().strip()
-    return token or None
-
-
 # NOTE: secrets come from the environment so they need not sit in a config file that is
 # committed or shown by `tandem config`, nor on a command line (which any local user can
 # read in ps); a value set in the config file wins over these. Each has a ``_FILE`` twin
@@ -57,6 +41,17 @@ def secret(var: str) -> str | None:
         return Path(path).read_text().rstrip("\r\n") or None
     except OSError as e:
         raise ValueError(f"{var}{FILE_SUFFIX}={path}: cannot read it: {e.strerror}") from None
+
+
+CLUSTER_TOKEN = "TANDEM_CLUSTER_TOKEN"
+CLUSTER_TOKEN_FILE = CLUSTER_TOKEN + FILE_SUFFIX
+
+
+def cluster_token() -> str | None:
+    """The shared secret every internal gRPC call carries (``TANDEM_CLUSTER_TOKEN`` or its
+    ``_FILE`` twin: a mounted Kubernetes or compose secret). None: the internal gRPC ports
+    are open (a part run by hand for development); ``tandem up`` always sets one."""
+    return secret(CLUSTER_TOKEN)
 
 
 def nats_credentials() -> dict[str, str]:

@@ -63,3 +63,17 @@ async def test_calls_without_the_token_are_refused_and_tandems_clients_are_serve
             await pool.close()
         assert sum(len(o.token_ids) for o in outs) == 3 and outs[-1].finished
         assert node.worker.generate_calls == ["ok"]
+
+
+def test_the_token_comes_from_the_variable_or_the_file_it_names(
+        monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    from services.common.env import CLUSTER_TOKEN_FILE, cluster_token
+
+    monkeypatch.delenv(CLUSTER_TOKEN, raising=False)
+    monkeypatch.delenv(CLUSTER_TOKEN_FILE, raising=False)
+    assert cluster_token() is None
+    (tmp_path / "token").write_text("from-a-secret\n")
+    monkeypatch.setenv(CLUSTER_TOKEN_FILE, str(tmp_path / "token"))
+    assert cluster_token() == "from-a-secret"
+    monkeypatch.setenv(CLUSTER_TOKEN, "from-the-env")
+    assert cluster_token() == "from-the-env"
