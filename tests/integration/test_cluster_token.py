@@ -17,8 +17,6 @@ from services.gen import request_pb2, worker_pb2, worker_pb2_grpc
 from services.processor.worker_client import DecodeWorkerClient
 from tests.support.stack import mock_cluster_cfg, worker_decode_node
 
-pytestmark = pytest.mark.asyncio
-
 
 @pytest.fixture
 def token(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
@@ -40,6 +38,7 @@ async def _code(call) -> grpc.StatusCode:
     return grpc.StatusCode.OK
 
 
+@pytest.mark.asyncio
 async def test_calls_without_the_token_are_refused_and_tandems_clients_are_served(token: str) -> None:
     cfg = mock_cluster_cfg()
     async with worker_decode_node(cfg) as node:
