@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from services.common.text import lone_surrogate
+
 if TYPE_CHECKING:
     import torch
 
@@ -61,12 +63,9 @@ class SamplingParams:
             if not s or len(s) > MAX_STOP_STRING_CHARS:
                 raise ValueError(f"stop: stop strings must have 1 to {MAX_STOP_STRING_CHARS} "
                                  f"characters, got {len(s)}")
-            if not s.isascii():
-                try:
-                    s.encode("utf-8")
-                except UnicodeEncodeError:
-                    raise ValueError("stop: a stop string holds a lone UTF-16 surrogate, "
-                                     "which is not valid Unicode") from None
+            if lone_surrogate(s) is not None:
+                raise ValueError("stop: a stop string holds a lone UTF-16 surrogate, "
+                                 "which is not valid Unicode")
         if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
             raise ValueError(f"stop_token_ids: at most {MAX_STOP_TOKEN_IDS}, "
                              f"got {len(self.stop_token_ids)}")

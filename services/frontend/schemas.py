@@ -17,6 +17,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, model_validator
 
 from services.common.errors import InvalidRequest
+from services.common.text import lone_surrogate
 from services.engine.request import SamplingParams
 from services.processor.types import ChatMessage, ChatRole, ProcessRequest
 
@@ -26,12 +27,10 @@ def _unicode(s: str) -> str:
     # or UTF-8 writer accepts. Refused rather than replaced by U+FFFD: a replaced stop
     # string or prompt would silently be another one, and the client has a bug to fix (an
     # encoder that split a UTF-16 pair, e.g. a truncated emoji).
-    if not s.isascii():
-        try:
-            s.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise ValueError(f"contains a lone UTF-16 surrogate (U+{ord(s[e.start]):04X} at "
-                             f"character {e.start}), which is not valid Unicode") from None
+    i = lone_surrogate(s)
+    if i is not None:
+        raise ValueError(f"contains a lone UTF-16 surrogate (U+{ord(s[i]):04X} at "
+                         f"character {i}), which is not valid Unicode")
     return s
 
 

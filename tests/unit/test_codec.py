@@ -125,3 +125,11 @@ def test_unknown_statuses_are_internal_and_engine_errors_share_their_base_row() 
                            name_peer=True)
     assert named.message == "decode worker y: draining"
     assert len({k.status for k in ERRORS.values()}) == len(ERRORS)  # the table inverts
+
+
+def test_a_stop_string_that_is_not_valid_unicode_is_refused_where_it_is_built() -> None:
+    """A caller in process (no JSON schema in front) cannot hand the processor a stop string
+    that no protobuf or UTF-8 writer would take."""
+    with pytest.raises(ValueError, match="^stop: .*surrogate"):
+        SamplingParams(stop=("ok", "bad\ud800"))
+    assert SamplingParams(stop=("naïve \U0001f600",)).stop == ("naïve \U0001f600",)
