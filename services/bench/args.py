@@ -128,25 +128,31 @@ def _compare(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(_key=("bench", "compare"), preset_runs=[])
 
 
+def _cluster_args(p: argparse.ArgumentParser, run_dir: str, run_dir_help: str) -> None:
+    """The cluster a bench runs against: a running one at ``--base-url``, or one it starts
+    with ``--up`` (``cluster.cluster_if_asked`` reads these)."""
+    p.add_argument("--base-url", default=None,
+                   help="the frontend (default: http://127.0.0.1:<frontend.port of the config>)")
+    p.add_argument("--up", action="store_true",
+                   help="start the cluster from the config (`tandem up`) and stop it after")
+    p.add_argument("--run-dir", default=run_dir, help=run_dir_help)
+    p.add_argument("--ready-timeout", type=float, default=300.0)
+
+
 def _overhead(sub: argparse._SubParsersAction, add_config: AddConfig) -> None:
     p = sub.add_parser("overhead", help="time to first token at each layer of a cluster "
                                         "(engine, decode, router, processor, HTTP)")
     add_config(p)
     add_json_arg(p)
-    p.add_argument("--base-url", default=None,
-                   help="the frontend (default: http://127.0.0.1:<frontend.port of the config>)")
+    _cluster_args(p, "/tmp/tandem-bench/overhead",
+                  "the cluster's run directory (--up), or a running one's (--cpu-per-request)")
     p.add_argument("--n", type=int, default=50, help="measured requests per layer")
     p.add_argument("--warmup", type=int, default=5, help="requests per layer before measuring")
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--layers", default=OVERHEAD_LAYERS, help="comma-separated, measured in this order")
-    p.add_argument("--up", action="store_true",
-                   help="start the cluster from the config (`tandem up`) and stop it after")
-    p.add_argument("--run-dir", default="/tmp/tandem-bench/overhead",
-                   help="the cluster's run directory (--up), or a running one's (--cpu-per-request)")
     p.add_argument("--cpu-per-request", action="store_true",
                    help="also each cluster process's CPU ms per measured request (needs the run "
                         "dir's processes.json; not for the engine layer)")
-    p.add_argument("--ready-timeout", type=float, default=300.0)
     p.set_defaults(_key=("bench", "overhead"))
 
 
@@ -155,8 +161,7 @@ def _long_prompt(sub: argparse._SubParsersAction, add_config: AddConfig) -> None
                                            "TTFT and how often the long one is prefilled")
     add_config(p)
     add_json_arg(p)
-    p.add_argument("--base-url", default=None,
-                   help="the frontend (default: http://127.0.0.1:<frontend.port of the config>)")
+    _cluster_args(p, "/tmp/tandem-bench/long-prompt", "the cluster's run directory (--up)")
     p.add_argument("--model", default="SmolLM2-135M-Instruct")
     p.add_argument("--long-tokens", type=int, default=8000)
     p.add_argument("--shorts", type=int, default=20)
@@ -168,10 +173,6 @@ def _long_prompt(sub: argparse._SubParsersAction, add_config: AddConfig) -> None
                         "long prompt's whole prefill on 2 CPU cores)")
     p.add_argument("--timeout", type=float, default=600.0, help="per request")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--up", action="store_true",
-                   help="start the cluster from the config (`tandem up`) and stop it after")
-    p.add_argument("--run-dir", default="/tmp/tandem-bench/long-prompt")
-    p.add_argument("--ready-timeout", type=float, default=300.0)
     p.set_defaults(_key=("bench", "long-prompt"))
 
 
