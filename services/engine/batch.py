@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from services.engine.request import SamplingParams
+from services.engine.request import SamplingParams, TokenLogprob
 
 if TYPE_CHECKING:
     from services.engine.sequence import Sequence
@@ -31,6 +31,15 @@ def future_slot(token: int) -> int:
     return -1 - token
 
 
+@dataclass(frozen=True, slots=True)
+class PenaltyInit:
+    """A penalty slot's starting state (logits_process.py): the request's prompt and the
+    tokens it produced already (after a migration they end its prompt)."""
+
+    prompt_ids: tuple[int, ...]
+    output_ids: tuple[int, ...]
+
+
 @dataclass(slots=True)
 class ScheduledSeq:
     """One sequence's slice of work in a step.
@@ -43,6 +52,9 @@ class ScheduledSeq:
     before the forward. ``block_ids`` is the sequence's block table (the live list: it
     only ever grows in place, and the runner reads only the blocks up to ``end_pos``).
     When ``sample`` is true the last position's logits produce the sequence's next token.
+    A penalised request's ``penalty_slot`` names its token counts on the device; its first
+    sampling batch carries ``penalty_init`` to fill them. ``banned_ids`` (EOS and stop
+    token ids, until ``min_tokens``) cannot be sampled this step.
     """
 
     request_id: str
@@ -52,6 +64,9 @@ class ScheduledSeq:
     sample: bool
     sampling: SamplingParams
     num_generated: int = 0  # tokens generated so far; makes seeded sampling reproducible
+    penalty_slot: int = -1
+    penalty_init: PenaltyInit | None = None
+    banned_ids: tuple[int, ...] = ()
 
     @property
     def end_pos(self) -> int:
@@ -79,9 +94,11 @@ class ScheduledBatch:
 
 @dataclass(slots=True)
 class RunnerOutput:
-    """``sampled[i]`` is the new token of ``batch.seqs[i]``, or None where it did not sample."""
+    """``sampled[i]`` is the new token of ``batch.seqs[i]``, or None where it did not sample;
+    ``logprobs[i]`` its logprobs where the request asked for them (None: nobody asked)."""
 
     sampled: list[int | None]
+    logprobs: list[TokenLogprob | None] | None = None
 
 
 class PendingOutput(Protocol):

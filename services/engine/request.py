@@ -20,6 +20,10 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 64
 MAX_TOP_K = 1 << 20
+MAX_LOGIT_BIAS = 1024  # logit_bias entries
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound for chat top_logprobs and completions logprobs
+MAX_PENALTY = 2.0  # presence/frequency penalties lie in [-2, 2] (OpenAI)
+MAX_BIAS = 100.0  # logit_bias values lie in [-100, 100] (OpenAI)
 _INT64 = 1 << 63
 _UINT32 = 1 << 32  # what proto/request.proto carries counts and token ids in
 
@@ -45,6 +49,18 @@ class SamplingParams:
     # Seeded draws use step ``num_generated + seed_step_offset``: a request migrated with
     # its produced tokens appended to the prompt continues the same random sequence.
     seed_step_offset: int = 0
+    # Logits processing (services/engine/logits_process.py), OpenAI's and vLLM's meaning:
+    # presence/frequency penalise tokens already generated, repetition_penalty (1 = off)
+    # scales the logits of tokens in the prompt or generated; ``logit_bias`` is
+    # ((token id, bias), ...) sorted by id; EOS and the stop token ids are masked until
+    # ``min_tokens`` tokens were produced (counting ``seed_step_offset``).
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    min_tokens: int = 0
+    # None: no logprobs; k >= 0: the chosen token's logprob and the k most likely tokens'.
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
@@ -73,10 +89,41 @@ class SamplingParams:
             raise ValueError("stop_token_ids: token ids must be in [0, 2^32)")
         if not 0 <= self.seed_step_offset < _UINT32:
             raise ValueError(f"seed_step_offset: must be in [0, 2^32), got {self.seed_step_offset}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and -MAX_PENALTY <= v <= MAX_PENALTY):
+                raise ValueError(f"{name}: must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], got {v}")
+        if not (math.isfinite(self.repetition_penalty) and 0 < self.repetition_penalty <= 1e3):
+            raise ValueError(f"repetition_penalty: must be in (0, 1000] (1 = off), "
+                             f"got {self.repetition_penalty}")
+        if len(self.logit_bias) > MAX_LOGIT_BIAS:
+            raise ValueError(f"logit_bias: at most {MAX_LOGIT_BIAS} entries, got {len(self.logit_bias)}")
+        ids = [t for t, _ in self.logit_bias]
+        if any(not 0 <= t < _UINT32 for t in ids):
+            raise ValueError("logit_bias: token ids must be in [0, 2^32)")
+        if ids != sorted(set(ids)):
+            raise ValueError("logit_bias: token ids must be unique and sorted")
+        if any(not (math.isfinite(b) and -MAX_BIAS <= b <= MAX_BIAS) for _, b in self.logit_bias):
+            raise ValueError(f"logit_bias: biases must be in [-{MAX_BIAS:g}, {MAX_BIAS:g}]")
+        if not 0 <= self.min_tokens < _UINT32:
+            raise ValueError(f"min_tokens: must be in [0, 2^32), got {self.min_tokens}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"logprobs: must be in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0 or self.top_k == 1
+
+    @property
+    def penalized(self) -> bool:
+        """Whether sampling needs the request's token history (counts kept on the device)."""
+        return (self.presence_penalty != 0 or self.frequency_penalty != 0
+                or self.repetition_penalty != 1)
+
+    @property
+    def processes_logits(self) -> bool:
+        """Whether any logits rule of logits_process.py applies to this request."""
+        return self.penalized or bool(self.logit_bias) or self.min_tokens > 0
 
 
 class FinishReason(str, enum.Enum):
@@ -109,6 +156,16 @@ class GenerateRequest:
     export_kv_from_block: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One sampled token's log-probability and the ``k`` most likely tokens' (descending),
+    from the logits the sampler used (after penalties and bias, before temperature)."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 @dataclass(slots=True)
 class TokenOutput:
     """New tokens of one request from one engine step (usually one token)."""
@@ -123,3 +180,5 @@ class TokenOutput:
     # (layers, 2, n_blocks, block_size, kv_heads, head_dim), the runner's KV dtype, on CPU
     # or the runner's device. The only torch-typed field of the engine's API.
     kv: torch.Tensor | None = None
+    # One per token of token_ids when the request asked for logprobs, else None.
+    logprobs: list[TokenLogprob] | None = None

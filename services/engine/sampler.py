@@ -8,6 +8,14 @@ seeded from ``(seed, num_generated)``, so the same request gives the same tokens
 else shares the batch and wherever its row is. Unseeded rows draw from one engine generator.
 Uniforms are drawn on the CPU, so a seed means the same draw on every device.
 
+One step's pipeline (``sample_tensor``), in this order:
+
+1. the logits rules of logits_process.py (penalties, logit_bias, min_tokens);
+2. the structured-output grammar mask;
+3. logprobs, from these processed logits (before temperature: what the model, as
+   constrained, says of each token);
+4. temperature, top-k/top-p and the draw.
+
 Top-k/top-p work on the ``topk`` candidates of each row instead of a full vocabulary sort;
 they fall back to the full sort only when a top-p row's nucleus does not fit the candidates.
 """
@@ -15,11 +23,13 @@ they fall back to the full sort only when a top-p row's nucleus does not fit the
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from services.engine.batch import ScheduledSeq
-from services.engine.request import SamplingParams
+from services.engine.logits_process import LogitsProcessor
+from services.engine.request import SamplingParams, TokenLogprob
 
 _MASK64 = (1 << 64) - 1
 # Candidates examined for top-p rows without a top-k; realistic nuclei are far smaller.
@@ -34,21 +44,74 @@ def _mix_seed(seed: int, step: int) -> int:
     return (z ^ (z >> 31)) & ((1 << 63) - 1)
 
 
+@dataclass(slots=True)
+class Sampled:
+    """A batch's draw, on the logits' device. With logprobs (some row asked for them):
+    ``logprob`` (B,) of each drawn token, ``top_ids``/``top_logprobs`` (B, K) with K the
+    largest ``logprobs`` asked in the batch; rows that did not ask are computed anyway."""
+
+    tokens: torch.Tensor  # (B,) int64
+    logprob: torch.Tensor | None = None
+    top_ids: torch.Tensor | None = None
+    top_logprobs: torch.Tensor | None = None
+
+    def to_host(self, non_blocking: bool = False) -> Sampled:
+        """A copy on the CPU (``non_blocking``: the caller syncs before reading it)."""
+        def cpu(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to("cpu", non_blocking=non_blocking)
+        return Sampled(cpu(self.tokens), cpu(self.logprob), cpu(self.top_ids),  # type: ignore[arg-type]
+                       cpu(self.top_logprobs))
+
+    def token_logprobs(self, seqs: Sequence[ScheduledSeq]) -> list[TokenLogprob | None] | None:
+        """Per row, the TokenLogprob of a row that asked (host tensors only), else None."""
+        if self.logprob is None:
+            return None
+        assert self.top_ids is not None and self.top_logprobs is not None
+        toks = self.tokens.tolist()
+        lps = self.logprob.tolist()
+        top_ids = self.top_ids.tolist()
+        top_lps = self.top_logprobs.tolist()
+        out: list[TokenLogprob | None] = []
+        for i, s in enumerate(seqs):
+            k = s.sampling.logprobs
+            if k is None:
+                out.append(None)
+                continue
+            out.append(TokenLogprob(toks[i], lps[i], tuple(zip(top_ids[i][:k], top_lps[i][:k], strict=True))))
+        return out
+
+
 class Sampler:
     def __init__(self, seed: int = 0, device: torch.device | str = "cpu") -> None:
         self.device = torch.device(device)
         self.generator = torch.Generator()  # CPU: see the module docstring
         self.generator.manual_seed(seed)
+        self.processor = LogitsProcessor(self.device)
 
     def sample(self, logits: torch.Tensor, seqs: Sequence[ScheduledSeq]) -> list[int]:
         """logits (B, V), one row per seq in ``seqs`` -> one token id per row."""
-        return self.sample_tensor(logits, seqs).tolist()
+        return self.sample_tensor(logits, seqs).tokens.tolist()
 
-    def sample_tensor(self, logits: torch.Tensor, seqs: Sequence[ScheduledSeq]) -> torch.Tensor:
-        """Like ``sample`` but the tokens stay on the logits' device, (B,) int64: the
-        overlapped runner feeds them to the next batch without a host round trip."""
+    def sample_tensor(self, logits: torch.Tensor, seqs: Sequence[ScheduledSeq]) -> Sampled:
+        """The module docstring's pipeline; the result stays on the logits' device: the
+        overlapped runner feeds the tokens to the next batch without a host round trip."""
         if logits.shape[0] != len(seqs):
             raise ValueError(f"logits has {logits.shape[0]} rows for {len(seqs)} sequences")
+        logits = self.processor.apply(logits, seqs)
+        # (the structured-output grammar bitmask is applied to ``logits`` here)
+        k = max((s.sampling.logprobs for s in seqs if s.sampling.logprobs is not None), default=-1)
+        tokens = self._draw(logits, seqs)
+        out = Sampled(tokens)
+        if k >= 0:
+            logp = torch.log_softmax(logits.float(), dim=-1)  # (B, V)
+            out.logprob = logp.gather(1, tokens[:, None]).squeeze(1)
+            out.top_logprobs, out.top_ids = logp.topk(k, dim=-1) if k else (
+                logp[:, :0], tokens[:, None][:, :0])
+        self.processor.record(tokens, seqs)
+        return out
+
+    def _draw(self, logits: torch.Tensor, seqs: Sequence[ScheduledSeq]) -> torch.Tensor:
+        """Temperature, top-k/top-p and the draw: (B,) int64 on the logits' device."""
         params = [s.sampling for s in seqs]
         greedy_rows = [p.greedy for p in params]
         if all(greedy_rows):

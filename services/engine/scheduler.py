@@ -46,6 +46,7 @@ from typing import Any
 from services.common.errors import InvalidRequest
 from services.engine.batch import (
     FUTURE_REGIONS,
+    PenaltyInit,
     RunnerOutput,
     ScheduledBatch,
     ScheduledSeq,
@@ -58,7 +59,13 @@ from services.engine.remote_prefill import (
     RemotePrefillHandle,
     remote_kv_problem,
 )
-from services.engine.request import FinishReason, GenerateRequest, TokenOutput
+from services.engine.request import (
+    FinishReason,
+    GenerateRequest,
+    SamplingParams,
+    TokenLogprob,
+    TokenOutput,
+)
 from services.engine.sequence import SeqStatus, Sequence
 
 
@@ -118,6 +125,9 @@ class Scheduler:
         self.num_future_slots = FUTURE_REGIONS * max_num_seqs
         self._future_base = 0
         self._future_next = 0
+        # Penalty slots (logits_process.py): free ones to reuse, and the next never used.
+        self._free_penalty_slots: list[int] = []
+        self._next_penalty_slot = 0
 
     # ---- requests -------------------------------------------------------------------
     def validate(self, request: GenerateRequest) -> None:
@@ -146,6 +156,11 @@ class Scheduler:
             raise InvalidRequestError(
                 f"request {rid!r}: export_kv_from_block {frm} is outside the prompt's "
                 f"{-(-n // self.block_size)} blocks")
+        bias = request.sampling.logit_bias
+        if bias and bias[-1][0] >= self.vocab_size:
+            raise InvalidRequestError(
+                f"request {rid!r}: logit_bias token id {bias[-1][0]} is outside the "
+                f"vocabulary [0, {self.vocab_size})")
 
     def _check_not_live(self, rid: str) -> None:
         # NOTE: a second sequence under a live id would orphan the first one's blocks.
@@ -378,6 +393,18 @@ class Scheduler:
         out = ScheduledSeq(seq.request_id, toks[start:end], start, seq.block_table,
                            sample, seq.sampling, len(toks) - seq.num_prompt_tokens)
         seq.num_computed_tokens = end
+        sp = seq.sampling
+        if sample and sp.processes_logits:
+            if sp.penalized:
+                if seq.penalty_slot < 0:
+                    seq.penalty_slot = self._take_penalty_slot()
+                    # NOTE: a migrated request's last seed_step_offset prompt tokens are
+                    # ones it generated: they count for the penalties.
+                    cut = max(seq.num_prompt_tokens - sp.seed_step_offset, 0)
+                    out.penalty_init = PenaltyInit(tuple(toks[:cut]), tuple(toks[cut:]))
+                out.penalty_slot = seq.penalty_slot
+            if out.num_generated + sp.seed_step_offset < sp.min_tokens:
+                out.banned_ids = self._min_tokens_ban(sp)
         if sample:
             toks.append(placeholder(self._future_next))
             self._future_next += 1
@@ -386,6 +413,17 @@ class Scheduler:
                     max_tokens is not None and end + 1 - seq.num_prompt_tokens >= max_tokens):
                 seq.length_capped = True
         return out
+
+    def _take_penalty_slot(self) -> int:
+        if self._free_penalty_slots:
+            return self._free_penalty_slots.pop()
+        self._next_penalty_slot += 1
+        return self._next_penalty_slot - 1
+
+    def _min_tokens_ban(self, sp: SamplingParams) -> tuple[int, ...]:
+        """What cannot be sampled before min_tokens: every token that would stop it."""
+        eos = () if sp.ignore_eos else self.eos_token_ids
+        return tuple(sorted({*eos, *sp.stop_token_ids}))
 
     def _preempt(self, seq: Sequence) -> None:
         self.kv.free(seq)
@@ -407,7 +445,9 @@ class Scheduler:
         samples in place of their placeholders, stop, free."""
         outputs: list[TokenOutput] = []
         any_finished = False
-        for sched, seq, tok in zip(batch.seqs, batch.owners, result.sampled, strict=True):
+        logprobs = result.logprobs or [None] * len(batch.seqs)
+        for sched, seq, tok, lp in zip(batch.seqs, batch.owners, result.sampled, logprobs,
+                                       strict=True):
             st = seq.status
             if st is SeqStatus.FINISHED:
                 continue  # aborted, or finished by the batch before: its token is dropped
@@ -417,7 +457,7 @@ class Scheduler:
                 continue
             if tok is None:
                 raise RuntimeError(f"runner sampled no token for {sched.request_id!r}")
-            out = self._resolve_token(seq, sched.end_pos, tok)
+            out = self._resolve_token(seq, sched.end_pos, tok, lp)
             outputs.append(out)
             if out.finished and st is SeqStatus.RUNNING:
                 any_finished = True
@@ -425,12 +465,14 @@ class Scheduler:
             self.running = [s for s in self.running if s.status is SeqStatus.RUNNING]
         return outputs
 
-    def _append_token(self, seq: Sequence, tok: int) -> TokenOutput:
+    def _append_token(self, seq: Sequence, tok: int, lp: TokenLogprob | None = None
+                      ) -> TokenOutput:
         """Append a token known now (a remote prefill's first one) and apply stops."""
         seq.token_ids.append(tok)
-        return self._resolve_token(seq, len(seq.token_ids) - 1, tok)
+        return self._resolve_token(seq, len(seq.token_ids) - 1, tok, lp)
 
-    def _resolve_token(self, seq: Sequence, pos: int, tok: int) -> TokenOutput:
+    def _resolve_token(self, seq: Sequence, pos: int, tok: int, lp: TokenLogprob | None = None
+                       ) -> TokenOutput:
         """Put a sampled token at ``pos`` (where its placeholder is), check stop conditions
         as of that token, finish the sequence if one holds."""
         seq.token_ids[pos] = tok
@@ -442,6 +484,8 @@ class Scheduler:
                 sp.max_tokens is not None and pos + 1 - seq.num_prompt_tokens >= sp.max_tokens):
             reason = FinishReason.LENGTH
         out = self._output(seq, [tok], reason)
+        if lp is not None:
+            out.logprobs = [lp]
         if reason is not None:
             if seq.request.export_kv_from_block is not None and self.kv_exporter is not None:
                 out.kv = self._export(seq)
@@ -463,6 +507,9 @@ class Scheduler:
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         self.kv.free(seq)
+        if seq.penalty_slot >= 0:
+            self._free_penalty_slots.append(seq.penalty_slot)
+            seq.penalty_slot = -1
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason
         del self.seqs[seq.request_id]

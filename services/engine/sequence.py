@@ -51,6 +51,8 @@ class Sequence:
     # The token a batch in flight samples for it reaches max_tokens or max_model_len: it
     # finishes when that result is read, so it is not scheduled again (no wasted step).
     length_capped: bool = False
+    # Its row of the runner's token counts (logits_process.py) while penalised; -1: none.
+    penalty_slot: int = -1
 
     @property
     def request_id(self) -> str:

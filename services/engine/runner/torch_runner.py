@@ -10,12 +10,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 
 from services.common.config import EngineConfig
-from services.engine.batch import PendingOutput, RunnerOutput, ScheduledBatch
+from services.engine.batch import PendingOutput, RunnerOutput, ScheduledBatch, ScheduledSeq
 from services.engine.model import LlamaModel
 from services.engine.model_config import ModelArchConfig
+from services.engine.request import TokenLogprob
 from services.engine.runner.base import KvSpec, ModelRunner
 from services.engine.runner.step_inputs import StepInputs, build_step_inputs, validate_batch
-from services.engine.sampler import Sampler
+from services.engine.sampler import Sampled, Sampler
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -41,10 +42,27 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 # What the forward thread hands back for one batch: the batch index of each sampled row,
-# the sampled tokens (on the host, or being copied there), the event that copy completes
-# on (CUDA), and timing events bracketing the batch's device work (CUDA).
-_Launched = tuple[list[int], torch.Tensor | None, "torch.cuda.Event | None",
+# the sampling sequences, the draw (on the host, or being copied there), the event that
+# copy completes on (CUDA), and timing events bracketing the batch's device work (CUDA).
+_Launched = tuple[list[int], list[ScheduledSeq], Sampled | None, "torch.cuda.Event | None",
                   "tuple[torch.cuda.Event, torch.cuda.Event] | None"]
+
+
+def _runner_output(n: int, index: list[int], seqs: list[ScheduledSeq],
+                   host: Sampled | None) -> RunnerOutput:
+    """The batch's RunnerOutput from the host copy of its draw (rows ``index``)."""
+    sampled: list[int | None] = [None] * n
+    if host is None:
+        return RunnerOutput(sampled)
+    for i, tok in zip(index, host.tokens.tolist(), strict=True):
+        sampled[i] = tok
+    lps = host.token_logprobs(seqs)
+    if lps is None:
+        return RunnerOutput(sampled)
+    logprobs: list[TokenLogprob | None] = [None] * n
+    for i, lp in zip(index, lps, strict=True):
+        logprobs[i] = lp
+    return RunnerOutput(sampled, logprobs)
 
 
 class _TorchPending:
@@ -61,16 +79,12 @@ class _TorchPending:
 
     def result(self) -> RunnerOutput:
         if self._out is None:
-            index, host, done, timing = self._future.result()  # re-raises a forward error
+            index, seqs, host, done, timing = self._future.result()  # re-raises a forward error
             if done is not None:
                 done.synchronize()
             if timing is not None:
                 self._runner.busy_seconds += timing[0].elapsed_time(timing[1]) / 1e3
-            sampled: list[int | None] = [None] * self._n
-            if host is not None:
-                for i, tok in zip(index, host.tolist(), strict=True):
-                    sampled[i] = tok
-            self._out = RunnerOutput(sampled)
+            self._out = _runner_output(self._n, index, seqs, host)
         return self._out
 
 
@@ -126,18 +140,16 @@ class TorchRunner(ModelRunner):
     # -- execution -------------------------------------------------------------------------
 
     def execute(self, batch: ScheduledBatch) -> RunnerOutput:
-        sampled: list[int | None] = [None] * len(batch.seqs)
         if not batch.seqs:
-            return RunnerOutput(sampled)
+            return RunnerOutput([])
         t0 = time.perf_counter()
         with torch.inference_mode():
             step, logits = self._forward(batch)
+            host = None
             if logits is not None:
-                tokens = self.sampler.sample(logits, step.sample_seqs)
-                for i, tok in zip(step.sample_index, tokens, strict=True):
-                    sampled[i] = tok
+                host = self.sampler.sample_tensor(logits, step.sample_seqs).to_host()
         self.busy_seconds += time.perf_counter() - t0
-        return RunnerOutput(sampled)
+        return _runner_output(len(batch.seqs), step.sample_index, step.sample_seqs, host)
 
     def reserve_future_slots(self, n: int) -> None:
         self._future = torch.zeros(n, dtype=torch.int64, device=self.device)
@@ -175,10 +187,10 @@ class TorchRunner(ModelRunner):
             step, logits = self._forward(batch)
             host = None
             if logits is not None:
-                tokens = self.sampler.sample_tensor(logits, step.sample_seqs)  # (N,) on device
+                drawn = self.sampler.sample_tensor(logits, step.sample_seqs)  # on the device
                 base = batch.future_base
-                self._future[base : base + tokens.shape[0]] = tokens
-                host = tokens.to("cpu", non_blocking=True) if stream is not None else tokens
+                self._future[base : base + drawn.tokens.shape[0]] = drawn.tokens
+                host = drawn.to_host(non_blocking=True) if stream is not None else drawn
             done = None
             if stream is not None:
                 assert timing is not None
@@ -187,7 +199,7 @@ class TorchRunner(ModelRunner):
                 done.record()
         if stream is None:
             self.busy_seconds += time.perf_counter() - t0
-        return step.sample_index, host, done, timing
+        return step.sample_index, step.sample_seqs, host, done, timing
 
     def logits_for(self, batch: ScheduledBatch) -> torch.Tensor:
         """Run the step like ``execute`` (KV is written) but return the logits (N, V) of
