@@ -11,7 +11,7 @@ from services.codec.request import (
     usage_to_pb,
 )
 from services.gen import processor_pb2
-from services.processor.types import ChatMessage, Delta, ModelInfo, ProcessRequest
+from services.processor.types import ChatMessage, Delta, ModelInfo, ProcessRequest, TextLogprob
 
 
 def request_to_pb(req: ProcessRequest) -> processor_pb2.ProcessRequest:
@@ -44,12 +44,20 @@ def delta_to_pb(d: Delta) -> processor_pb2.ProcessResponse:
     msg = processor_pb2.ProcessResponse(text=d.text, finish_reason=finish_to_pb(d.finish_reason))
     if d.usage is not None:
         msg.usage.CopyFrom(usage_to_pb(d.usage))
+    msg.logprobs.extend(
+        processor_pb2.TextLogprob(token=x.token, logprob=x.logprob,
+                                  top_tokens=[t for t, _ in x.top],
+                                  top_logprobs=[v for _, v in x.top])
+        for x in d.logprobs)
     return msg
 
 
 def delta_from_pb(m: processor_pb2.ProcessResponse) -> Delta:
     return Delta(m.text, finish_from_pb(m.finish_reason),
-                 usage_from_pb(m.usage) if m.HasField("usage") else None)
+                 usage_from_pb(m.usage) if m.HasField("usage") else None,
+                 tuple(TextLogprob(x.token, x.logprob,
+                                   tuple(zip(x.top_tokens, x.top_logprobs, strict=True)))
+                       for x in m.logprobs))
 
 
 def models_to_pb(models: list[ModelInfo]) -> processor_pb2.ListModelsResponse:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.engine.request import FinishReason, SamplingParams, Usage
+from services.engine.request import FinishReason, SamplingParams, TokenLogprob, Usage
 from services.gen import request_pb2
 
 _FINISH_TO_PB = {
@@ -18,11 +18,17 @@ def sampling_to_pb(s: SamplingParams) -> request_pb2.SamplingParams:
     msg = request_pb2.SamplingParams(
         temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, stop=s.stop,
         stop_token_ids=s.stop_token_ids, ignore_eos=s.ignore_eos,
-        seed_step_offset=s.seed_step_offset)
+        seed_step_offset=s.seed_step_offset, presence_penalty=s.presence_penalty,
+        frequency_penalty=s.frequency_penalty, logit_bias=dict(s.logit_bias),
+        min_tokens=s.min_tokens)
     if s.seed is not None:
         msg.seed = s.seed
     if s.max_tokens is not None:
         msg.max_tokens = s.max_tokens
+    if s.repetition_penalty != _DEFAULT.repetition_penalty:
+        msg.repetition_penalty = s.repetition_penalty
+    if s.logprobs is not None:
+        msg.logprobs = s.logprobs
     return msg
 
 
@@ -35,7 +41,12 @@ def sampling_from_pb(m: request_pb2.SamplingParams) -> SamplingParams:
         seed=m.seed if m.HasField("seed") else None,
         max_tokens=m.max_tokens if m.HasField("max_tokens") else None,
         stop=tuple(m.stop), stop_token_ids=tuple(m.stop_token_ids), ignore_eos=m.ignore_eos,
-        seed_step_offset=m.seed_step_offset)
+        seed_step_offset=m.seed_step_offset, presence_penalty=m.presence_penalty,
+        frequency_penalty=m.frequency_penalty,
+        repetition_penalty=m.repetition_penalty if m.HasField("repetition_penalty")
+        else d.repetition_penalty,
+        logit_bias=tuple(sorted(m.logit_bias.items())), min_tokens=m.min_tokens,
+        logprobs=m.logprobs if m.HasField("logprobs") else None)
 
 
 def request_sampling_from_pb(request_id: str, m: request_pb2.SamplingParams) -> SamplingParams:
@@ -64,3 +75,14 @@ def usage_to_pb(u: Usage) -> request_pb2.Usage:
 
 def usage_from_pb(m: request_pb2.Usage) -> Usage:
     return Usage(m.prompt_tokens, m.completion_tokens, m.cached_tokens)
+
+
+def logprob_to_pb(lp: TokenLogprob) -> request_pb2.TokenLogprob:
+    return request_pb2.TokenLogprob(token_id=lp.token_id, logprob=lp.logprob,
+                                    top_ids=[t for t, _ in lp.top],
+                                    top_logprobs=[x for _, x in lp.top])
+
+
+def logprob_from_pb(m: request_pb2.TokenLogprob) -> TokenLogprob:
+    return TokenLogprob(m.token_id, m.logprob,
+                        tuple(zip(m.top_ids, m.top_logprobs, strict=True)))

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from services.codec.request import (
     finish_from_pb,
     finish_to_pb,
+    logprob_from_pb,
+    logprob_to_pb,
     request_sampling_from_pb,
     sampling_to_pb,
 )
@@ -30,6 +32,8 @@ def generate_request_from_pb(m: worker_pb2.GenerateRequest) -> GenerateRequest:
 def output_to_pb(out: TokenOutput, completion_tokens: int) -> worker_pb2.GenerateResponse:
     """``completion_tokens``: tokens of this request streamed so far, this one included."""
     msg = worker_pb2.GenerateResponse(token_ids=out.token_ids)
+    if out.logprobs is not None:
+        msg.logprobs.extend(logprob_to_pb(lp) for lp in out.logprobs)
     if out.finished:
         msg.finish_reason = finish_to_pb(out.finish_reason)
         u = msg.usage
@@ -42,4 +46,5 @@ def output_to_pb(out: TokenOutput, completion_tokens: int) -> worker_pb2.Generat
 def output_from_pb(request_id: str, m: worker_pb2.GenerateResponse) -> TokenOutput:
     reason = finish_from_pb(m.finish_reason)
     return TokenOutput(request_id, list(m.token_ids), reason is not None, reason,
-                       m.usage.prompt_tokens, m.usage.cached_tokens)
+                       m.usage.prompt_tokens, m.usage.cached_tokens,
+                       logprobs=[logprob_from_pb(x) for x in m.logprobs] if m.logprobs else None)

@@ -93,7 +93,8 @@ def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readines
             # NOTE: the processor checks the model (404 naming the served one) as it
             # starts the request: asking it for the model list first would cost every
             # request another round trip.
-            r = Renderer(chat, ("chatcmpl-" if chat else "cmpl-") + rid, body.model)
+            r = Renderer(chat, ("chatcmpl-" if chat else "cmpl-") + rid, body.model,
+                         logprobs=body.num_logprobs() is not None)
             deltas = processor.generate(body.to_process(rid))
             first = await unless_disconnected(request, first_delta(deltas, fc.request_timeout_s))
         except (ServingError, APIError, ClientGone) as e:
@@ -104,11 +105,11 @@ def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readines
             return StreamingResponse(gen, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
-            text, reason, usage = await unless_disconnected(
+            text, reason, usage, lps = await unless_disconnected(
                 request, collect(m, deltas, first, t0, fc.request_timeout_s))
         except (ServingError, APIError, ClientGone) as e:
             return _fail(m, t0, _api_error(e, errors, rid))
-        response = JSONResponse(r.full(text, reason, usage))
+        response = JSONResponse(r.full(text, reason, usage, lps))
         m.requests.labels("200").inc()  # after the body is built: if that fails, guard counts a 500
         m.duration.observe(time.perf_counter() - t0)
         return response

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 from services.engine.request import FinishReason, Usage
+from services.processor.types import TextLogprob
 
 
 def usage_body(u: Usage | None) -> dict | None:
@@ -15,37 +17,63 @@ def usage_body(u: Usage | None) -> dict | None:
             "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
 
 
+def _chat_token(token: str, logprob: float) -> dict:
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+
 class Renderer:
-    def __init__(self, chat: bool, response_id: str, model: str) -> None:
+    """``logprobs``: the request asked for them, so every choice carries a logprobs object
+    (OpenAI's chat or completions shape), else null."""
+
+    def __init__(self, chat: bool, response_id: str, model: str, logprobs: bool = False) -> None:
         self.chat = chat
         self.id = response_id
         self.model = model
         self.created = int(time.time())
+        self.logprobs = logprobs
+        self._text_offset = 0  # completions' text_offset continues across stream chunks
+
+    def logprobs_body(self, lps: Sequence[TextLogprob]) -> dict | None:
+        if not self.logprobs:
+            return None
+        if self.chat:
+            return {"content": [{**_chat_token(x.token, x.logprob),
+                                 "top_logprobs": [_chat_token(t, v) for t, v in x.top]}
+                                for x in lps],
+                    "refusal": None}
+        offsets = []
+        for x in lps:
+            offsets.append(self._text_offset)
+            self._text_offset += len(x.token)
+        return {"tokens": [x.token for x in lps], "token_logprobs": [x.logprob for x in lps],
+                "top_logprobs": [dict(x.top) for x in lps], "text_offset": offsets}
 
     def _base(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def full(self, text: str, finish_reason: FinishReason, usage: Usage | None) -> dict:
+    def full(self, text: str, finish_reason: FinishReason, usage: Usage | None,
+             lps: Sequence[TextLogprob] = ()) -> dict:
         if self.chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": None, "finish_reason": finish_reason}
+                      "logprobs": self.logprobs_body(lps), "finish_reason": finish_reason}
             body = self._base("chat.completion")
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": 0, "text": text, "logprobs": self.logprobs_body(lps),
+                      "finish_reason": finish_reason}
             body = self._base("text_completion")
         body["choices"] = [choice]
         body["usage"] = usage_body(usage)
         return body
 
     def _chunk(self, delta: dict | str, finish_reason: FinishReason | None,
-               include_usage: bool) -> dict:
+               include_usage: bool, logprobs: dict | None = None) -> dict:
         if self.chat:
             body = self._base("chat.completion.chunk")
-            body["choices"] = [{"index": 0, "delta": delta, "logprobs": None,
+            body["choices"] = [{"index": 0, "delta": delta, "logprobs": logprobs,
                                 "finish_reason": finish_reason}]
         else:
             body = self._base("text_completion")
-            body["choices"] = [{"index": 0, "text": delta, "logprobs": None,
+            body["choices"] = [{"index": 0, "text": delta, "logprobs": logprobs,
                                 "finish_reason": finish_reason}]
         if include_usage:
             body["usage"] = None  # OpenAI: null on every chunk but the last
@@ -54,8 +82,9 @@ class Renderer:
     def chunk_role(self) -> dict:
         return self._chunk({"role": "assistant", "content": ""} if self.chat else "", None, False)
 
-    def chunk_text(self, text: str, include_usage: bool) -> dict:
-        return self._chunk({"content": text} if self.chat else text, None, include_usage)
+    def chunk_text(self, text: str, include_usage: bool, lps: Sequence[TextLogprob] = ()) -> dict:
+        return self._chunk({"content": text} if self.chat else text, None, include_usage,
+                           self.logprobs_body(lps))
 
     def chunk_finish(self, reason: FinishReason, include_usage: bool) -> dict:
         return self._chunk({} if self.chat else "", reason, include_usage)

@@ -18,7 +18,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, model
 
 from services.common.errors import InvalidRequest
 from services.common.text import lone_surrogate
-from services.engine.request import SamplingParams
+from services.engine.request import MAX_TOP_LOGPROBS, SamplingParams
 from services.processor.types import ChatMessage, ChatRole, ProcessRequest
 
 
@@ -78,25 +78,42 @@ class _Sampling(_Body):
     n: Int = 1
     stream: Bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: Float = 0.0
-    frequency_penalty: Float = 0.0
-    logprobs: Bool | None = None
+    presence_penalty: Float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: Float | None = Field(None, ge=-2, le=2)
+    # token id (a JSON object's keys are strings) -> bias added to its logit
+    logit_bias: dict[str, Float] | None = None
     user: Text | None = None
     # vLLM's extras
     stop_token_ids: list[TokenId] = Field(default_factory=list)
     ignore_eos: Bool = False
+    repetition_penalty: Float | None = Field(None, gt=0)
+    min_tokens: Int = Field(0, ge=0)
 
     @model_validator(mode="after")
     def _check_unsupported(self) -> _Sampling:
         if self.n != 1:
             raise ValueError("n: only n=1 is supported")
-        if self.presence_penalty or self.frequency_penalty:
-            raise ValueError("presence_penalty/frequency_penalty: only 0 is supported")
-        if self.logprobs:
-            raise ValueError("logprobs: not supported")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options: only allowed when stream is true")
+        limit = self.requested_max_tokens()
+        if limit is not None and self.min_tokens > limit:
+            raise ValueError(f"min_tokens: must be at most max_tokens ({limit}), got {self.min_tokens}")
         return self
+
+    def num_logprobs(self) -> int | None:
+        """How many top logprobs per token (0: only the chosen token's); None: none."""
+        return None
+
+    def logit_bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        out: list[tuple[int, float]] = []
+        for k, v in (self.logit_bias or {}).items():
+            try:
+                tok = int(k)
+            except ValueError:
+                raise InvalidRequest(f"logit_bias: keys must be token ids, got {k!r}",
+                                     param="logit_bias", code="invalid_value") from None
+            out.append((tok, v))
+        return tuple(sorted(out))
 
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
@@ -118,7 +135,12 @@ class _Sampling(_Body):
                 temperature=1.0 if self.temperature is None else self.temperature,
                 top_p=1.0 if self.top_p is None else self.top_p,
                 top_k=max(self.top_k or 0, 0), seed=self.seed, stop=tuple(self.stop_list()),
-                stop_token_ids=tuple(self.stop_token_ids), ignore_eos=self.ignore_eos)
+                stop_token_ids=tuple(self.stop_token_ids), ignore_eos=self.ignore_eos,
+                presence_penalty=self.presence_penalty or 0.0,
+                frequency_penalty=self.frequency_penalty or 0.0,
+                repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+                logit_bias=self.logit_bias_pairs(), min_tokens=self.min_tokens,
+                logprobs=self.num_logprobs())
         except ValueError as e:
             field = str(e).split(":", 1)[0]
             raise InvalidRequest(str(e), param=field, code="invalid_value") from None
@@ -127,6 +149,17 @@ class _Sampling(_Body):
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessageIn] = Field(min_length=1)
     max_completion_tokens: Int | None = Field(None, ge=1)
+    logprobs: Bool | None = None
+    top_logprobs: Int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    @model_validator(mode="after")
+    def _check_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs: logprobs must be true when top_logprobs is given")
+        return self
+
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -143,6 +176,10 @@ class CompletionRequest(_Sampling):
     max_tokens: Int | None = Field(16, ge=1)  # OpenAI's default for /v1/completions
     echo: Bool = False
     suffix: Text | None = None
+    logprobs: Int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    def num_logprobs(self) -> int | None:
+        return self.logprobs
 
     @model_validator(mode="after")
     def _check_prompt(self) -> CompletionRequest:

@@ -19,7 +19,7 @@ from services.engine.request import FinishReason, Usage
 from services.frontend.errors import APIError, ServingErrors, internal_error
 from services.frontend.metrics import FrontendMetrics
 from services.frontend.render import Renderer
-from services.processor.types import Delta
+from services.processor.types import Delta, TextLogprob
 
 T = TypeVar("T")
 log = logging.getLogger("tandem.frontend")
@@ -74,8 +74,10 @@ async def first_delta(deltas: AsyncIterator[Delta], timeout_s: float) -> Delta:
 
 
 async def collect(m: FrontendMetrics, deltas: AsyncIterator[Delta], first: Delta, t0: float,
-                   timeout_s: float) -> tuple[str, FinishReason, Usage | None]:
+                   timeout_s: float
+                   ) -> tuple[str, FinishReason, Usage | None, list[TextLogprob]]:
     parts: list[str] = []
+    lps: list[TextLogprob] = list(first.logprobs)
     last = first
     observe_first(m, t0)
     parts.append(first.text)
@@ -84,6 +86,7 @@ async def collect(m: FrontendMetrics, deltas: AsyncIterator[Delta], first: Delta
         nonlocal last
         async for d in deltas:
             parts.append(d.text)
+            lps.extend(d.logprobs)
             last = d
             if d.finish_reason is not None:
                 break
@@ -95,7 +98,7 @@ async def collect(m: FrontendMetrics, deltas: AsyncIterator[Delta], first: Delta
                     await drain()
     except TimeoutError:
         raise timeout_error(timeout_s) from None
-    return "".join(parts), last.finish_reason or FinishReason.STOP, last.usage
+    return "".join(parts), last.finish_reason or FinishReason.STOP, last.usage, lps
 
 
 def observe_first(m: FrontendMetrics, t0: float) -> None:
@@ -123,8 +126,8 @@ async def sse(m: FrontendMetrics, r: Renderer, deltas: AsyncIterator[Delta], fir
                 yield event(r.chunk_role())
             d: Delta | None = first
             while d is not None:
-                if d.text:
-                    yield event(r.chunk_text(d.text, include_usage))
+                if d.text or d.logprobs:
+                    yield event(r.chunk_text(d.text, include_usage, d.logprobs))
                 if d.finish_reason is not None:
                     yield event(r.chunk_finish(d.finish_reason, include_usage))
                     if include_usage and d.usage is not None:

@@ -44,14 +44,28 @@ class ProcessRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., prompt: _Optional[str] = ..., prompt_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[_request_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
 
 class ProcessResponse(_message.Message):
-    __slots__ = ("text", "finish_reason", "usage")
+    __slots__ = ("text", "finish_reason", "usage", "logprobs")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     text: str
     finish_reason: _request_pb2.FinishReason
     usage: _request_pb2.Usage
-    def __init__(self, text: _Optional[str] = ..., finish_reason: _Optional[_Union[_request_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_request_pb2.Usage, _Mapping]] = ...) -> None: ...
+    logprobs: _containers.RepeatedCompositeFieldContainer[TextLogprob]
+    def __init__(self, text: _Optional[str] = ..., finish_reason: _Optional[_Union[_request_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_request_pb2.Usage, _Mapping]] = ..., logprobs: _Optional[_Iterable[_Union[TextLogprob, _Mapping]]] = ...) -> None: ...
+
+class TextLogprob(_message.Message):
+    __slots__ = ("token", "logprob", "top_tokens", "top_logprobs")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    TOP_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    logprob: float
+    top_tokens: _containers.RepeatedScalarFieldContainer[str]
+    top_logprobs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, token: _Optional[str] = ..., logprob: _Optional[float] = ..., top_tokens: _Optional[_Iterable[str]] = ..., top_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class ListModelsRequest(_message.Message):
     __slots__ = ()

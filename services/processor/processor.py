@@ -31,13 +31,13 @@ from services.common.errors import (
 )
 from services.common.hashing import local_block_hashes
 from services.engine.chat_template import ChatTemplateError
-from services.engine.request import FinishReason, SamplingParams, TokenOutput, Usage
+from services.engine.request import FinishReason, SamplingParams, TokenLogprob, TokenOutput, Usage
 from services.engine.tokenizer import Tokenizer
 from services.processor.detokenizer import IncrementalDetokenizer
 from services.processor.metrics import ProcessorMetrics
 from services.processor.router_reports import Publish, RouterLike, RouterReports
 from services.processor.stop import StopMatcher
-from services.processor.types import CHAT_ROLES, Delta, ModelInfo, ProcessRequest
+from services.processor.types import CHAT_ROLES, Delta, ModelInfo, ProcessRequest, TextLogprob
 from services.processor.worker_client import DecodeWorkerClient
 from services.router.types import (
     RequestPhase,
@@ -170,6 +170,10 @@ class Processor:
         if bad:
             raise InvalidRequest(f"stop_token_ids: token id {bad[0]} is outside the vocabulary "
                                  f"[0, {self._tok.vocab_size})", param="stop_token_ids")
+        bad = [t for t, _ in s.logit_bias if t >= self._tok.vocab_size]
+        if bad:
+            raise InvalidRequest(f"logit_bias: token id {bad[0]} is outside the vocabulary "
+                                 f"[0, {self._tok.vocab_size})", param="logit_bias")
         room = self.context_length - prompt_len
         return replace(s, max_tokens=room if s.max_tokens is None else min(s.max_tokens, room))
 
@@ -197,6 +201,7 @@ class Processor:
         detok = IncrementalDetokenizer(self._tok)
         produced: list[int] = []
         tail = ""  # text that goes out with the finish reason
+        lps: list[TextLogprob] = []  # logprobs not sent yet: they go with the next delta
         last: TokenOutput | None = None
         failed: list[str] = []  # worker ids that failed this request
         full = 0  # of them, refused because their queue was full
@@ -215,11 +220,14 @@ class Processor:
                             await self.reports.send(request_id, RequestPhase.PREFILLED)
                         produced.extend(chunk.token_ids)
                         self.metrics.completion_tokens.inc(len(chunk.token_ids))
+                        if chunk.logprobs:
+                            lps.extend(self._text_logprob(x) for x in chunk.logprobs)
                         text = stops.feed(detok.add(chunk.token_ids))
                         if stops.stopped or chunk.finish_reason is not None:
                             tail = text
                         elif text:
-                            yield Delta(text)
+                            yield Delta(text, logprobs=tuple(lps))
+                            lps.clear()
                     if stops.stopped:
                         break
                     if chunk.finish_reason is not None:
@@ -253,7 +261,7 @@ class Processor:
             # NOTE: we cancelled the worker before its final usage: the cached count is the
             # router's view of the prefix this worker held.
             cached = min(route.overlap_blocks * self._block_size, len(ids))
-            yield Delta(tail, FinishReason.STOP, Usage(len(ids), len(produced), cached))
+            yield Delta(tail, FinishReason.STOP, Usage(len(ids), len(produced), cached), tuple(lps))
             return
         assert last is not None
         tail += stops.feed(detok.flush())
@@ -261,7 +269,14 @@ class Processor:
         reason = (FinishReason.STOP if stops.stopped or last.finish_reason is FinishReason.STOP
                   else FinishReason.LENGTH)
         cached = last.num_cached_tokens if not failed else min(route.overlap_blocks * self._block_size, len(ids))
-        yield Delta(tail, reason, Usage(len(ids), len(produced), cached))
+        yield Delta(tail, reason, Usage(len(ids), len(produced), cached), tuple(lps))
+
+    def _text_logprob(self, lp: TokenLogprob) -> TextLogprob:
+        # NOTE: special tokens are kept (an EOS has a logprob too); a token that is part
+        # of a multi-byte character decodes to U+FFFD, as in vLLM.
+        dec = self._tok.decode
+        return TextLogprob(dec([lp.token_id], skip_special_tokens=False), lp.logprob,
+                           tuple((dec([t], skip_special_tokens=False), x) for t, x in lp.top))
 
     async def _migrate(self, request_id: str, ids: list[int], produced: list[int],
                        route: RouteResponse, failure: str, failed: list[str]) -> RouteResponse:

@@ -32,12 +32,26 @@ class ProcessRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class TextLogprob:
+    """A generated token as text (the decoding of that one token), its logprob and the
+    ``top`` alternatives' ((text, logprob), ...), most likely first."""
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Delta:
-    """New text since the previous delta; the last one carries finish_reason and usage."""
+    """New text since the previous delta; the last one carries finish_reason and usage.
+    With sampling.logprobs, ``logprobs`` are those of the tokens received since the
+    previous delta (the text of a token may come out in a later delta than its logprob
+    when the detokenizer or a stop string holds it back)."""
 
     text: str
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
+    logprobs: tuple[TextLogprob, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
