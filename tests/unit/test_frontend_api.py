@@ -114,6 +114,16 @@ async def test_models(c: Cluster) -> None:
     ({"model": MODEL, "messages": []}, "messages", "at least 1"),
     ({"model": MODEL}, "messages", "Field required"),
     (chat_body(messages=[{"role": "wizard", "content": "x"}]), "messages.0.role", ""),
+    (chat_body(logprobs=True, top_logprobs=21), "top_logprobs", "less than or equal to 20"),
+    (chat_body(top_logprobs=2), "top_logprobs", "logprobs must be true"),
+    (chat_body(presence_penalty=2.5), "presence_penalty", "less than or equal to 2"),
+    (chat_body(frequency_penalty=-3), "frequency_penalty", "greater than or equal to -2"),
+    (chat_body(repetition_penalty=0), "repetition_penalty", "greater than 0"),
+    (chat_body(logit_bias={"5": 101}), "logit_bias", "[-100, 100]"),
+    (chat_body(logit_bias={"x": 1}), "logit_bias", "keys must be token ids"),
+    (chat_body(logit_bias={str(1 << 20): 1}), "logit_bias", "outside the vocabulary"),
+    (chat_body(min_tokens=9, max_tokens=8), "min_tokens", "at most max_tokens (8)"),
+    (chat_body(min_tokens=-1), "min_tokens", "greater than or equal to 0"),
 ])
 async def test_bad_fields_are_400_naming_the_field(c: Cluster, body: dict, param: str, text: str) -> None:
     assert_error(await c.http.post("/v1/chat/completions", json=body), 400, param, text)
@@ -130,6 +140,38 @@ async def test_stop_token_ids_and_ignore_eos_reach_the_engine(c: Cluster) -> Non
     assert stopped["choices"][0]["finish_reason"] == "stop"
     assert stopped["usage"]["completion_tokens"] == 1
 
+
+
+async def test_completions_logprobs_above_20_is_400(c: Cluster) -> None:
+    body = {"model": MODEL, "prompt": "x", "logprobs": 21}
+    assert_error(await c.http.post("/v1/completions", json=body), 400, "logprobs", "less than or equal to 20")
+
+
+async def test_min_tokens_masks_the_stop_token_until_reached(c: Cluster) -> None:
+    """The mock model would sample ``first`` (a stop token id here) at once: min_tokens
+    keeps it out of the first 3 tokens; the frontend's field reaches the engine."""
+    body = {"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 8, "temperature": 0}
+    first = c.node.engine.engine.runner.next_token([5, 6, 7])
+    got = (await c.http.post("/v1/completions",
+                             json={**body, "stop_token_ids": [first], "min_tokens": 3})).json()
+    assert got["usage"]["completion_tokens"] >= 3, got
+
+
+async def test_logprobs_shapes_chat_and_completions(c: Cluster) -> None:
+    r = (await c.http.post("/v1/chat/completions",
+                           json=chat_body(max_tokens=4, logprobs=True, top_logprobs=1))).json()
+    content = r["choices"][0]["logprobs"]["content"]
+    assert len(content) == 4
+    for e in content:
+        assert e["logprob"] == 0.0 and e["bytes"] == list(e["token"].encode())
+        assert [t["token"] for t in e["top_logprobs"]] == [e["token"]]
+    plain = (await c.http.post("/v1/chat/completions", json=chat_body(max_tokens=4))).json()
+    assert plain["choices"][0]["logprobs"] is None
+
+    body = {"model": MODEL, "prompt": "hello", "max_tokens": 3, "logprobs": 0}
+    lp = (await c.http.post("/v1/completions", json=body)).json()["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["text_offset"]) == 3
+    assert lp["top_logprobs"] == [{}, {}, {}] and lp["text_offset"][0] == 0
 
 
 async def test_ignore_eos_runs_past_eos_to_max_tokens(tok: Tokenizer) -> None:

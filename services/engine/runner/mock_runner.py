@@ -7,6 +7,9 @@ token ids it READS BACK from the cache along the block table for positions
 ``[0, end_pos)``. A wrong block table, a bad prefix hit or a bad KV import therefore
 changes the output (or trips the position check), and tests compare against
 ``next_token`` of the true token list: a brute-force oracle of the whole control plane.
+It has no logits: penalties and logit_bias change nothing; a token ``min_tokens`` bans
+(``ScheduledSeq.banned_ids``) is replaced by the next allowed id; logprobs say its token
+has probability 1.
 
 It models a device: a batch is computed at once, but its result is due
 ``step_base_s + per_prefill_token_s * prefill_tokens + per_decode_seq_s * decode_seqs``
@@ -27,6 +30,7 @@ import xxhash
 
 from services.common.config import EngineConfig
 from services.engine.batch import PendingOutput, RunnerOutput, ScheduledBatch
+from services.engine.request import TokenLogprob
 from services.engine.runner.base import KvSpec, ModelRunner
 
 _MOCK_SEED = 7
@@ -117,6 +121,7 @@ class MockRunner(ModelRunner):
 
     def execute(self, batch: ScheduledBatch) -> RunnerOutput:
         sampled: list[int | None] = []
+        logprobs: list[TokenLogprob | None] = []
         k, v = self._flat[0], self._flat[1]  # numpy views of the cache tensor
         future = self._future
         slot = batch.future_base
@@ -136,6 +141,7 @@ class MockRunner(ModelRunner):
             v[slots] = self._pos1[s.start_pos : s.end_pos]
             if not s.sample:
                 sampled.append(None)
+                logprobs.append(None)
                 continue
             every = self._slots(table, 0, s.end_pos)
             seen = v[every]  # (end_pos,) positions + 1 as written
@@ -145,10 +151,15 @@ class MockRunner(ModelRunner):
                 raise RuntimeError(f"mock runner: {s.request_id!r} position {bad} reads the KV of "
                                    f"position {int(seen[bad]) - 1}: wrong block table or KV")
             tok = self.next_token(k[every].astype("<u4"))
+            while tok in s.banned_ids:  # min_tokens: the next id that is allowed
+                tok = (tok + 1) % self.vocab_size
             if slot < len(future):
                 future[slot] = tok
             slot += 1
             sampled.append(tok)
+            # The mock model is deterministic: its token has probability 1, nothing else has any.
+            k = s.sampling.logprobs
+            logprobs.append(None if k is None else TokenLogprob(tok, 0.0, ((tok, 0.0),)[:k]))
         self.num_steps += 1
         base, per_tok, per_seq = self._cost
         delay = base + per_tok * prefill_tokens + per_seq * decode_seqs
@@ -157,7 +168,7 @@ class MockRunner(ModelRunner):
         self.busy_seconds += delay
         if not self._launching:
             _MockPending(RunnerOutput([]), self._device_free_at, self._sleep).wait()
-        return RunnerOutput(sampled)
+        return RunnerOutput(sampled, logprobs if any(x is not None for x in logprobs) else None)
 
     def export_kv(self, block_ids: Seq[int]) -> torch.Tensor:
         idx = torch.tensor(list(block_ids), dtype=torch.long)
