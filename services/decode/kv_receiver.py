@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import torch
 from google.protobuf.message import DecodeError
 
+from services.codec.request import logprob_from_pb
 from services.decode.kv_buffers import KvBufferPool
 from services.disagg.kv_shm import (
     SHM_UNAVAILABLE,
@@ -41,6 +42,7 @@ from services.disagg.kv_shm import (
 )
 from services.disagg.kv_wire import dtype_from_name, split_kv_chunk
 from services.disagg.transfer_token import matches, well_formed
+from services.engine.request import TokenLogprob
 from services.gen import worker_pb2
 
 log = logging.getLogger(__name__)
@@ -86,6 +88,7 @@ class ReceivedKv:
     first_token: int
     prefill_worker_id: str
     num_bytes: int
+    first_logprob: TokenLogprob | None = None  # when the request asked for logprobs
     # Hands ``kv``'s memory back for reuse; call once nothing reads ``kv`` any more
     # (after the engine imported it). Not calling it is safe, only slower.
     release: Callable[[], None] = field(default=lambda: None, repr=False, compare=False)
@@ -218,7 +221,9 @@ class KvReceiver:
             release()
             return self._refuse(KvRefusal.NOT_WAITING, NOT_WAITING, got)
         del self._pending[rid]  # the token is used up with it
-        fut.set_result(ReceivedKv(kv, head.first_token, head.prefill_worker_id, got,
+        # NOTE: checked by _check_header.
+        first_lp = logprob_from_pb(head.first_logprob) if head.HasField("first_logprob") else None
+        fut.set_result(ReceivedKv(kv, head.first_token, head.prefill_worker_id, got, first_lp,
                                   release=release))
         if self._on_bytes is not None:
             self._on_bytes(got)
@@ -238,6 +243,11 @@ def _check_header(head: worker_pb2.KvChunk, exp: ExpectedKv) -> int:
     dtype = dtype_from_name(head.dtype)
     if dtype != exp.dtype:
         raise KvTransferError(f"KV for {rid!r} has dtype {head.dtype}; expected {exp.dtype}")
+    lp = head.first_logprob
+    if len(lp.top_ids) != len(lp.top_logprobs) or (
+            head.HasField("first_logprob") and lp.token_id != head.first_token):
+        raise KvTransferError(f"KV for {rid!r} has a first_logprob that does not match its "
+                              "first token or has unpaired top logprobs")
     return math.prod(shape) * torch.empty((), dtype=dtype).element_size()
 
 

@@ -190,7 +190,8 @@ class DecodeWorker:
                 return await self._give_up(rid, FallbackReason.BAD_KV)
             delivered = True  # the prefill worker acks (removes) the job itself
             try:
-                await self.engine.complete_remote_prefill(rid, got.kv, got.first_token)
+                await self.engine.complete_remote_prefill(rid, got.kv, got.first_token,
+                                                          got.first_logprob)
             except RemoteKvError:  # the engine already sent it to local prefill
                 got.release()
                 self._fallback(FallbackReason.BAD_KV)

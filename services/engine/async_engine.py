@@ -24,7 +24,7 @@ from services.common.errors import Unavailable
 from services.common.kv_events import KvEvent
 from services.engine.engine import EngineStats, LLMEngine
 from services.engine.remote_prefill import RemotePrefillHandle
-from services.engine.request import GenerateRequest, TokenOutput
+from services.engine.request import GenerateRequest, TokenLogprob, TokenOutput
 from services.engine.runner.base import KvSpec
 from services.engine.scheduler import InvalidRequestError
 
@@ -161,10 +161,11 @@ class AsyncEngine:
         return handle
 
     async def complete_remote_prefill(
-        self, request_id: str, kv: Any, first_token: int
+        self, request_id: str, kv: Any, first_token: int, first_logprob: TokenLogprob | None = None
     ) -> TokenOutput | None:
         """Import remote KV; the first token also goes to the stream. Raises RemoteKvError."""
-        return await self.call(lambda e: e.complete_remote_prefill(request_id, kv, first_token))
+        return await self.call(
+            lambda e: e.complete_remote_prefill(request_id, kv, first_token, first_logprob))
 
     async def fail_remote_prefill(self, request_id: str) -> bool:
         return await self.call(lambda e: e.fail_remote_prefill(request_id))

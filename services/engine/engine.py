@@ -17,7 +17,7 @@ from services.engine.batch import PendingOutput, RunnerOutput, ScheduledBatch
 from services.engine.block_pool import BlockPool, BlockPoolIntegrityError
 from services.engine.kv_cache_manager import KvCacheManager
 from services.engine.remote_prefill import RemotePrefillHandle
-from services.engine.request import GenerateRequest, TokenOutput
+from services.engine.request import GenerateRequest, TokenLogprob, TokenOutput
 from services.engine.runner.base import ModelRunner
 from services.engine.scheduler import Scheduler
 
@@ -170,10 +170,10 @@ class LLMEngine:
         return self.scheduler.begin_remote_prefill(request)
 
     def complete_remote_prefill(
-        self, request_id: str, kv: Any, first_token: int
+        self, request_id: str, kv: Any, first_token: int, first_logprob: TokenLogprob | None = None
     ) -> TokenOutput | None:
         """Import remote KV and decode; None if not parked. Raises RemoteKvError on bad kv."""
-        return self.scheduler.complete_remote_prefill(request_id, kv, first_token)
+        return self.scheduler.complete_remote_prefill(request_id, kv, first_token, first_logprob)
 
     def fail_remote_prefill(self, request_id: str) -> bool:
         """Fall back to local prefill; False if the request is not parked."""

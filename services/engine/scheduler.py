@@ -244,8 +244,8 @@ class Scheduler:
         self.parked[rid] = seq
         return RemotePrefillHandle(rid, hit.num_tokens, n_hit, len(seq.block_table) - n_hit)
 
-    def complete_remote_prefill(self, request_id: str, kv: Any, first_token: int
-                                ) -> TokenOutput | None:
+    def complete_remote_prefill(self, request_id: str, kv: Any, first_token: int,
+                                first_logprob: TokenLogprob | None = None) -> TokenOutput | None:
         """Import a parked request's KV, mark its prompt computed, register its full blocks
         in the prefix cache, append ``first_token`` (stop conditions apply) and queue it for
         decode; None if it is not parked. Bad ``kv``: RemoteKvError, after falling back to
@@ -271,7 +271,7 @@ class Scheduler:
         seq.remote_fill_from = -1
         seq.num_computed_tokens = seq.num_prompt_tokens
         self.kv.cache_computed_blocks(seq)
-        out = self._append_token(seq, first_token)
+        out = self._append_token(seq, first_token, first_logprob)
         if not out.finished:
             seq.status = SeqStatus.READY
             self.ready.append(seq)

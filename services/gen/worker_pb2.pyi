@@ -30,7 +30,7 @@ class GenerateResponse(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[_request_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_request_pb2.Usage, _Mapping]] = ..., logprobs: _Optional[_Iterable[_Union[_request_pb2.TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class KvChunk(_message.Message):
-    __slots__ = ("request_id", "first_token", "first_block", "num_blocks", "dtype", "shape", "prefill_worker_id", "offset", "data", "shm_name", "transfer_token")
+    __slots__ = ("request_id", "first_token", "first_block", "num_blocks", "dtype", "shape", "prefill_worker_id", "offset", "data", "shm_name", "transfer_token", "first_logprob")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
     FIRST_BLOCK_FIELD_NUMBER: _ClassVar[int]
@@ -42,6 +42,7 @@ class KvChunk(_message.Message):
     DATA_FIELD_NUMBER: _ClassVar[int]
     SHM_NAME_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    FIRST_LOGPROB_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     first_token: int
     first_block: int
@@ -53,7 +54,8 @@ class KvChunk(_message.Message):
     data: bytes
     shm_name: str
     transfer_token: bytes
-    def __init__(self, request_id: _Optional[str] = ..., first_token: _Optional[int] = ..., first_block: _Optional[int] = ..., num_blocks: _Optional[int] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., prefill_worker_id: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., shm_name: _Optional[str] = ..., transfer_token: _Optional[bytes] = ...) -> None: ...
+    first_logprob: _request_pb2.TokenLogprob
+    def __init__(self, request_id: _Optional[str] = ..., first_token: _Optional[int] = ..., first_block: _Optional[int] = ..., num_blocks: _Optional[int] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., prefill_worker_id: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., shm_name: _Optional[str] = ..., transfer_token: _Optional[bytes] = ..., first_logprob: _Optional[_Union[_request_pb2.TokenLogprob, _Mapping]] = ...) -> None: ...
 
 class KvTransferAck(_message.Message):
     __slots__ = ("accepted", "error", "bytes_received")

@@ -13,6 +13,7 @@ from typing import Literal
 import grpc
 import torch
 
+from services.codec.request import logprob_to_pb
 from services.common.grpc_auth import call_metadata
 from services.disagg.kv_shm import (
     SHM_UNAVAILABLE,
@@ -22,6 +23,7 @@ from services.disagg.kv_shm import (
     write_segment,
 )
 from services.disagg.kv_wire import chunk_ranges, dtype_name, tensor_bytes
+from services.engine.request import TokenLogprob
 from services.gen import worker_pb2
 
 log = logging.getLogger(__name__)
@@ -47,18 +49,23 @@ _DATA_TAG = b"\x4a"  # KvChunk.data: field 9, length-delimited
 
 
 def kv_header(request_id: str, kv: torch.Tensor, first_token: int, first_block: int,
-              prefill_worker_id: str, token: bytes = b"") -> worker_pb2.KvChunk:
+              prefill_worker_id: str, token: bytes = b"",
+              first_logprob: TokenLogprob | None = None) -> worker_pb2.KvChunk:
     """The first chunk's header fields (no payload); ``token`` is the job's transfer token."""
     if kv.dim() != 6 or kv.shape[1] != 2:
         raise ValueError(f"kv must be (layers, 2, blocks, block_size, heads, dim), got {tuple(kv.shape)}")
-    return worker_pb2.KvChunk(
+    head = worker_pb2.KvChunk(
         request_id=request_id, first_token=first_token, first_block=first_block,
         num_blocks=kv.shape[2], dtype=dtype_name(kv.dtype), shape=list(kv.shape),
         prefill_worker_id=prefill_worker_id, transfer_token=token)
+    if first_logprob is not None:
+        head.first_logprob.CopyFrom(logprob_to_pb(first_logprob))
+    return head
 
 
 def kv_chunks(request_id: str, kv: torch.Tensor, first_token: int, first_block: int,
-              prefill_worker_id: str, chunk_bytes: int, token: bytes = b"") -> Iterator[bytes]:
+              prefill_worker_id: str, chunk_bytes: int, token: bytes = b"",
+              first_logprob: TokenLogprob | None = None) -> Iterator[bytes]:
     """The serialized ``KvChunk`` messages of one transfer: header fields on the first,
     ``offset`` + ``data`` on every one.
 
@@ -67,7 +74,7 @@ def kv_chunks(request_id: str, kv: torch.Tensor, first_token: int, first_block: 
     is joined straight into the message), not twice; the result parses as a KvChunk.
     """
     head = kv_header(request_id, kv, first_token, first_block, prefill_worker_id,
-                     token).SerializeToString()
+                     token, first_logprob).SerializeToString()
     raw = tensor_bytes(kv)
     for off, end in chunk_ranges(len(raw), chunk_bytes):
         yield b"".join((head, _OFFSET_TAG, _varint(off), _DATA_TAG, _varint(end - off), raw[off:end]))
@@ -101,7 +108,7 @@ class KvSender:
 
     async def send(self, address: str, request_id: str, kv: torch.Tensor, first_token: int,
                    first_block: int, timeout_s: float | None = None, shm: bool = False, *,
-                   token: bytes) -> SentKv:
+                   token: bytes, first_logprob: TokenLogprob | None = None) -> SentKv:
         """Deliver with the job's transfer ``token``; the decode worker's answer. Raises
         grpc.aio.AioRpcError if unreachable. ``address`` must be one discovery lists for the
         job's decode worker: the caller checks (services/prefill/decode_directory.py).
@@ -111,19 +118,21 @@ class KvSender:
         """
         if shm and kv.numel() > 0:  # an empty segment cannot be mapped
             ack = await self._send_shm(address, request_id, kv, first_token, first_block, timeout_s,
-                                       token)
+                                       token, first_logprob)
             if ack is not None:
                 return SentKv(ack, "shm")
         chunks = kv_chunks(request_id, kv, first_token, first_block, self.worker_id, self.chunk_bytes,
-                           token)
+                           token, first_logprob)
         return SentKv(await self._call(address)(chunks, timeout=timeout_s,
                                                    metadata=call_metadata()), "grpc")
 
     async def _send_shm(self, address: str, request_id: str, kv: torch.Tensor, first_token: int,
-                        first_block: int, timeout_s: float | None, token: bytes
+                        first_block: int, timeout_s: float | None, token: bytes,
+                        first_logprob: TokenLogprob | None = None
                         ) -> worker_pb2.KvTransferAck | None:
         """The shared-memory transfer's ack; None when it could not be used (send bytes)."""
-        head = kv_header(request_id, kv, first_token, first_block, self.worker_id, token)
+        head = kv_header(request_id, kv, first_token, first_block, self.worker_id, token,
+                         first_logprob)
         head.shm_name = new_segment_name()
         # NOTE: in a thread (a few hundred MB take ~0.1 s); the segment is unlinked only
         # after the write ended, or a cancelled send could leave a file created later.

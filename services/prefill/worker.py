@@ -256,7 +256,8 @@ class PrefillWorker:
                                        final.token_ids[0], job.first_block,
                                        timeout_s=self.cfg.prefill.kv_send_timeout_s,
                                        shm=same_host and self.cfg.prefill.kv_transport == "auto",
-                                       token=job.transfer_token)
+                                       token=job.transfer_token,
+                                       first_logprob=final.logprobs[0] if final.logprobs else None)
 
     async def _keep_alive(self, msg: Msg, job: PrefillJob) -> None:
         """Tell JetStream (no redelivery) and the job's decode worker (keep waiting) that the

@@ -9,11 +9,12 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 
+from services.codec.request import logprob_from_pb
 from services.codec.worker import generate_request_to_pb
 from services.common.config import ClusterConfig, parse_config
 from services.common.discovery import Discovery, Registration
@@ -24,7 +25,7 @@ from services.disagg.prefill_job import PrefillLocation
 from services.disagg.prefill_queue import PrefillQueue
 from services.engine.async_engine import AsyncEngine
 from services.engine.factory import build_engine
-from services.engine.request import SamplingParams
+from services.engine.request import SamplingParams, TokenLogprob
 from services.gen import request_pb2, worker_pb2_grpc
 from services.prefill.worker import PrefillWorker
 
@@ -98,6 +99,7 @@ class Result:
     where: PrefillLocation | None  # None: asked through a bare stub (no metrics to read)
     finish: int
     usage: request_pb2.Usage
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # with sampling.logprobs
 
 
 def _prefills(worker: DecodeWorker) -> dict[PrefillLocation, float]:
@@ -114,10 +116,12 @@ async def generate(target: DecodeHandle | worker_pb2_grpc.DecodeWorkerStub, rid:
     sp = SamplingParams(temperature=sampling.pop("temperature", 0.0), max_tokens=max_tokens, **sampling)
     call = stub.Generate(generate_request_to_pb(rid, prompt, sp))
     tokens: list[int] = []
+    logprobs: list[TokenLogprob] = []
     finish = 0
     usage = request_pb2.Usage()
     async for m in call:
         tokens += m.token_ids
+        logprobs += [logprob_from_pb(x) for x in m.logprobs]
         if m.finish_reason:
             finish, usage = m.finish_reason, m.usage
     where = None
@@ -125,7 +129,7 @@ async def generate(target: DecodeHandle | worker_pb2_grpc.DecodeWorkerStub, rid:
         grew = [w for w, n in _prefills(handle.worker).items() if n > before[w]]
         assert len(grew) == 1, f"{rid}: prefill counters moved for {grew}"
         where = grew[0]
-    return Result(tokens, where, finish, usage)
+    return Result(tokens, where, finish, usage, logprobs)
 
 
 def metric(worker: DecodeWorker, name: str, **labels: str) -> float:

@@ -105,6 +105,31 @@ async def test_tiny_model_remote_equals_local(nats_url: str, tiny_model_dir: Pat
         assert len(r_long.tokens) == 10 and len(set(r_long.tokens + seeded.tokens)) > 3
 
 
+async def test_penalties_and_logprobs_cross_remote_prefill(nats_url: str, tiny_model_dir: Path) -> None:
+    """The prefill worker samples the first token under the request's penalties, bias,
+    min_tokens and logprobs; the decode worker continues with the same counts: tokens and
+    logprobs equal the local path's, one logprob per token."""
+    cfg = cluster_cfg(nats_url, model={"path": str(tiny_model_dir)}, engine=_engine(max_model_len=256),
+                      decode={"disagg": {"max_local_prefill_length": 16}})
+    long = [(i * 37 + 5) % (VOCAB - 2) + 2 for i in range(45)]
+    rules = dict(presence_penalty=1.0, frequency_penalty=0.5, repetition_penalty=1.3,
+                 logit_bias=((5, 3.0),), min_tokens=4, logprobs=2)
+    async with decode_worker(cfg) as d, prefill_worker(cfg) as p:
+        remote = await generate(d, "pen", long, max_tokens=10, temperature=0.8, seed=9, **rules)
+        assert remote.where is PrefillLocation.REMOTE
+        await settle(d.engine, 0)
+        local: list[int] = []
+        lps = []
+        sp = SamplingParams(temperature=0.8, max_tokens=10, seed=9, **rules)
+        async for o in p.engine.generate(GenerateRequest("ref-pen", long, sp)):
+            local += o.token_ids
+            lps += o.logprobs or []
+    assert remote.tokens == local and len(local) >= 4
+    assert [x.token_id for x in remote.logprobs] == remote.tokens
+    assert [x.logprob for x in remote.logprobs] == pytest.approx([x.logprob for x in lps], abs=1e-5)
+    assert all(len(x.top) == 2 for x in remote.logprobs)
+
+
 async def test_smollm2_remote_equals_local(nats_url: str, smollm2_path: Path) -> None:
     cfg = cluster_cfg(nats_url, model={"path": str(smollm2_path)},
                       engine=_engine(block_size=16, num_kv_blocks=64, max_num_batched_tokens=256,
