@@ -145,6 +145,10 @@ async def test_router_excludes_workers() -> None:
     {"temperature": 0.0},
     {"temperature": 1.0, "seed": 1234},
     {"temperature": 0.8, "top_p": 0.9, "seed": 7},
+    # The penalty counts of a migrated request start from the tokens it produced already.
+    {"temperature": 1.0, "seed": 3, "frequency_penalty": 1.5, "presence_penalty": 0.5,
+     "repetition_penalty": 1.4, "logit_bias": ((9, 2.0),)},
+    {"temperature": 0.0, "frequency_penalty": 2.0},
 ])
 def test_continuation_on_a_fresh_engine_reproduces_the_tail(sampling) -> None:
     """What migration relies on in the engine: prompt + the first k produced tokens, with
@@ -170,3 +174,66 @@ def test_continuation_on_a_fresh_engine_reproduces_the_tail(sampling) -> None:
     tail = run(2, prompt + whole[:k], SamplingParams(max_tokens=n - k, ignore_eos=True,
                                                      seed_step_offset=k, **sampling))
     assert len(whole) == n and whole[k:] == tail
+
+
+class _SlowTorchRunner:
+    """A tiny-llama TorchRunner whose steps take 20 ms: the stream is still running when
+    the test stops its worker."""
+
+    @staticmethod
+    def make(seed: int):
+        import time
+
+        from services.common.config import EngineConfig
+        from services.engine.runner.torch_runner import TorchRunner
+        from tests.unit._tiny_model import tiny_hf_model
+
+        hf, arch = tiny_hf_model("llama")
+
+        class Slow(TorchRunner):
+            def execute(self, batch):
+                time.sleep(0.02)
+                return super().execute(batch)
+
+        cfg = EngineConfig(device="cpu", dtype="float32", block_size=BS, num_kv_blocks=64,
+                           seed=seed, overlap=False)
+        return Slow(arch, hf.state_dict(), cfg), cfg
+
+
+async def test_seeded_penalised_request_migrates_to_the_same_text_and_logprobs(tok: Tokenizer) -> None:
+    """A sampled request with a seed, penalties and logprobs, served by real torch engines
+    (different engine seeds: different workers), moved mid-stream: the same text and
+    logprobs as an undisturbed run."""
+    from services.engine.engine import LLMEngine
+
+    cfg = mock_cluster_cfg(engine={"block_size": BS})
+    router = RecordingRouter(cfg)
+    pool = ChannelPool()
+    sp = dict(max_tokens=30, temperature=1.0, seed=77, frequency_penalty=1.0,
+              presence_penalty=0.5, repetition_penalty=1.3, logprobs=2, ignore_eos=True)
+    prompt = tuple((i * 7 + 3) % 120 + 2 for i in range(20))
+    async with AsyncExitStack() as stack:
+        nodes = []
+        for i in range(2):
+            runner, ecfg = _SlowTorchRunner.make(seed=100 + i)
+            engine = LLMEngine(runner, ecfg, [], f"w{i}")
+            nodes.append(await stack.enter_async_context(
+                worker_decode_node(cfg, tok, f"w{i}", engine=engine)))
+            router.worker_joined(Registration("decode", f"w{i}", address=nodes[i].address))
+        p = make_processor(cfg, tok, router, CTX, pool)
+
+        def req(rid: str) -> ProcessRequest:
+            return ProcessRequest(rid, prompt_ids=prompt, model=MODEL, sampling=SamplingParams(**sp))
+
+        ref = [d async for d in p.generate(req("ref"))]
+        deltas, killed = await _run_killing_after(p, req("mig"), nodes, after=4)
+        assert killed is not None
+        survivor = next(n for n in nodes if n is not killed)
+        assert "mig" in survivor.worker.generate_calls  # the stream really moved
+        assert "".join(d.text for d in deltas) == "".join(d.text for d in ref)
+        got = [x for d in deltas for x in d.logprobs]
+        want = [x for d in ref for x in d.logprobs]
+        assert len(got) == deltas[-1].usage.completion_tokens == 30
+        assert [x.token for x in got] == [x.token for x in want]
+        assert [x.logprob for x in got] == pytest.approx([x.logprob for x in want], abs=1e-5)
+    await pool.close()
