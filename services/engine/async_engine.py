@@ -24,7 +24,7 @@ from services.common.errors import Unavailable
 from services.common.kv_events import KvEvent
 from services.engine.engine import EngineStats, LLMEngine
 from services.engine.remote_prefill import RemotePrefillHandle
-from services.engine.request import GenerateRequest, TokenLogprob, TokenOutput
+from services.engine.request import FinishReason, GenerateRequest, TokenLogprob, TokenOutput
 from services.engine.runner.base import KvSpec
 from services.engine.scheduler import InvalidRequestError
 
@@ -48,6 +48,7 @@ class AsyncEngine:
         self._cond = threading.Condition()
         self._commands: list[_Command] = []
         self._queues: dict[str, asyncio.Queue[TokenOutput | BaseException]] = {}
+        self._choices: dict[str, int] = {}  # registered requests' n, until stream() reads it
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -107,7 +108,7 @@ class AsyncEngine:
         Closing the generator early (break + aclose, task cancelled) aborts the request.
         """
         self._check_alive()
-        self._register(request.request_id)
+        self._register(request.request_id, request.sampling.n)
         self._submit(self.engine.add_request, (request,), None, request.request_id)
         # NOTE: close the inner stream explicitly: left to the event loop's async-generator
         # finalizer, the abort it queues would come a loop iteration (and steps) late.
@@ -116,10 +117,12 @@ class AsyncEngine:
                 yield out
 
     async def stream(self, request_id: str) -> AsyncIterator[TokenOutput]:
-        """Outputs of a request registered by ``generate`` or ``begin_remote_prefill``."""
+        """Outputs of a request registered by ``generate`` or ``begin_remote_prefill``, until
+        each of its ``n`` choices finished (or it was aborted)."""
         q = self._queues.get(request_id)
         if q is None:
             raise KeyError(f"request {request_id!r} is not registered with this engine")
+        left = self._choices.pop(request_id, 1)
         finished = False
         try:
             while True:
@@ -128,7 +131,8 @@ class AsyncEngine:
                     finished = True
                     raise item
                 if item.finished:
-                    finished = True
+                    left -= 1
+                    finished = left == 0 or item.finish_reason is FinishReason.ABORT
                 yield item
                 if finished:
                     return
@@ -150,14 +154,16 @@ class AsyncEngine:
         None: its blocks do not fit now; the caller prefills locally with ``generate``.
         """
         self._check_alive()
-        self._register(request.request_id)
+        self._register(request.request_id, request.sampling.n)
         try:
             handle = await self.call(lambda e: e.begin_remote_prefill(request))
         except BaseException:
             self._queues.pop(request.request_id, None)
+            self._choices.pop(request.request_id, None)
             raise
         if handle is None:
             self._queues.pop(request.request_id, None)
+            self._choices.pop(request.request_id, None)
         return handle
 
     async def complete_remote_prefill(
@@ -198,10 +204,11 @@ class AsyncEngine:
         if self._thread is None:
             raise RuntimeError("AsyncEngine not started: use `async with` or await start()")
 
-    def _register(self, request_id: str) -> None:
+    def _register(self, request_id: str, n: int = 1) -> None:
         if request_id in self._queues:
             raise InvalidRequestError(f"request {request_id!r}: a request with this id is already live")
         self._queues[request_id] = asyncio.Queue()
+        self._choices[request_id] = n
 
     def _submit(self, fn: Callable[..., Any], args: tuple[Any, ...],
                 fut: asyncio.Future[Any] | None, request_id: str | None) -> None:

@@ -204,12 +204,13 @@ class LLMEngine:
         """The pool's invariants, and its reference counts equal the live block tables'."""
         self.pool.check_integrity()
         refs: Counter[int] = Counter()
-        for seq in self.scheduler.seqs.values():
+        live = self.scheduler.live_sequences()
+        for seq in live:
             refs.update(seq.block_table)
         refs.update(self.kv.fence.held_blocks())  # freed, waiting for the batch in flight
         # Placeholders: only at a sequence's tail, one for the batch in flight at most.
         allowed = 1 if self._in_flight is not None else 0
-        for seq in self.scheduler.seqs.values():
+        for seq in live:
             toks = seq.token_ids
             n = sum(1 for t in toks if t < 0)
             if n > allowed or any(t < 0 for t in toks[: len(toks) - n]):

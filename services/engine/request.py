@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from services.common.text import lone_surrogate
@@ -21,6 +21,7 @@ MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 64
 MAX_TOP_K = 1 << 20
 MAX_LOGIT_BIAS = 1024  # logit_bias entries
+MAX_N = 16  # choices per request
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound for chat top_logprobs and completions logprobs
 MAX_PENALTY = 2.0  # presence/frequency penalties lie in [-2, 2] (OpenAI)
 MAX_BIAS = 100.0  # logit_bias values lie in [-100, 100] (OpenAI)
@@ -61,6 +62,9 @@ class SamplingParams:
     min_tokens: int = 0
     # None: no logprobs; k >= 0: the chosen token's logprob and the k most likely tokens'.
     logprobs: int | None = None
+    # Choices: they share the prompt's prefill and KV blocks (scheduler.py, "n choices");
+    # choice i draws with seed + i.
+    n: int = 1
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
@@ -107,12 +111,21 @@ class SamplingParams:
             raise ValueError(f"logit_bias: biases must be in [-{MAX_BIAS:g}, {MAX_BIAS:g}]")
         if not 0 <= self.min_tokens < _UINT32:
             raise ValueError(f"min_tokens: must be in [0, 2^32), got {self.min_tokens}")
+        if not 1 <= self.n <= MAX_N:
+            raise ValueError(f"n: must be in [1, {MAX_N}], got {self.n}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"logprobs: must be in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0 or self.top_k == 1
+
+    def for_choice(self, i: int) -> SamplingParams:
+        """Choice ``i``'s own sampling: n = 1, and seed + i (wrapped to int64) if seeded."""
+        seed = self.seed
+        if seed is not None:
+            seed = (seed + i + _INT64) % (2 * _INT64) - _INT64
+        return replace(self, n=1, seed=seed)
 
     @property
     def penalized(self) -> bool:
@@ -182,3 +195,5 @@ class TokenOutput:
     kv: torch.Tensor | None = None
     # One per token of token_ids when the request asked for logprobs, else None.
     logprobs: list[TokenLogprob] | None = None
+    # Which of the request's ``sampling.n`` choices; ``finished`` is that choice's end.
+    index: int = 0

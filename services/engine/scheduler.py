@@ -174,26 +174,37 @@ class Scheduler:
         # NOTE: the hashes match_prefix computes stay on the sequence for its admission, so
         # this costs only the pool lookups, which a second lookup repeats at admission.
         seq.num_expected_hit_tokens = self.kv.match_prefix(seq).num_tokens
+        if request.sampling.n > 1:
+            seq.group = [seq]
         self.seqs[request.request_id] = seq
         self.waiting.append(seq)
         return seq
 
     def abort(self, request_id: str) -> TokenOutput | None:
-        """Free everything of a live request at once; None if it is not live."""
+        """Free everything of a live request at once, every choice of it; None if it is
+        not live. The one ABORT output ends the request's stream."""
         seq = self.seqs.get(request_id)
         if seq is None:
             return None
-        st = seq.status
-        if st is SeqStatus.WAITING:
-            self.waiting.remove(seq)
-        elif st is SeqStatus.RUNNING:
-            self.running.remove(seq)
-        elif st is SeqStatus.READY:
-            self.ready.remove(seq)
-        elif st is SeqStatus.PARKED:
-            del self.parked[request_id]
         out = self._output(seq, [], FinishReason.ABORT)
-        self._finish(seq, FinishReason.ABORT)
+        for s in list(seq.group) if seq.group is not None else [seq]:
+            st = s.status
+            if st is SeqStatus.WAITING:
+                self.waiting.remove(s)
+            elif st is SeqStatus.RUNNING:
+                self.running.remove(s)
+            elif st is SeqStatus.READY:
+                self.ready.remove(s)
+            elif st is SeqStatus.PARKED:
+                del self.parked[request_id]
+            self._finish(s, FinishReason.ABORT)
+        return out
+
+    def live_sequences(self) -> list[Sequence]:
+        """Every live sequence, each choice of an n > 1 request included."""
+        out: list[Sequence] = []
+        for s in self.seqs.values():
+            out.extend(s.group if s.group is not None else (s,))
         return out
 
     def prefill_tokens_pending(self) -> int:
@@ -238,6 +249,8 @@ class Scheduler:
             return None
         self._count_admission(seq, hit)
         n_hit = len(hit.block_ids)
+        if request.sampling.n > 1:
+            seq.group = [seq]
         seq.status = SeqStatus.PARKED
         seq.remote_fill_from = n_hit
         self.seqs[rid] = seq
@@ -271,6 +284,8 @@ class Scheduler:
         seq.remote_fill_from = -1
         seq.num_computed_tokens = seq.num_prompt_tokens
         self.kv.cache_computed_blocks(seq)
+        if seq.group is not None:
+            self._fork(seq)
         out = self._append_token(seq, first_token, first_logprob)
         if not out.finished:
             seq.status = SeqStatus.READY
@@ -405,6 +420,8 @@ class Scheduler:
                 out.penalty_slot = seq.penalty_slot
             if out.num_generated + sp.seed_step_offset < sp.min_tokens:
                 out.banned_ids = self._min_tokens_ban(sp)
+        if sample and seq.group is not None and not seq.forked:
+            self._fork(seq)
         if sample:
             toks.append(placeholder(self._future_next))
             self._future_next += 1
@@ -413,6 +430,33 @@ class Scheduler:
                     max_tokens is not None and end + 1 - seq.num_prompt_tokens >= max_tokens):
                 seq.length_capped = True
         return out
+
+    def _fork(self, parent: Sequence) -> None:
+        """Start choices 1 .. n-1 of ``parent``'s request, whose prompt KV is computed (or
+        is being computed by the batch just scheduled: the choices join a later one).
+
+        They share the prompt's full blocks (references taken), except the last block the
+        prompt touches: each choice recomputes that tail (at most ``block_size`` tokens,
+        the last prompt token's logits included) into a block of its own. That is
+        copy-on-write with the copy done by the forward; it also gives each choice the
+        logits of its own first draw. They enter as READY (seats permitting, next step)."""
+        parent.forked = True
+        group = parent.group
+        assert group is not None
+        n_prompt = parent.num_prompt_tokens
+        shared = parent.block_table[: (n_prompt - 1) // self.block_size]
+        prompt = parent.token_ids[:n_prompt]
+        for i in range(1, parent.sampling.n):
+            req = GenerateRequest(parent.request_id, prompt, parent.sampling.for_choice(i))
+            child = Sequence(req, list(prompt), n_prompt, choice=i, group=group, forked=True)
+            self.kv.pool.acquire(shared)
+            child.block_table = list(shared)
+            child.num_computed_tokens = len(shared) * self.block_size
+            child.admitted = True  # the prompt is counted once, by choice 0
+            child.num_cached_tokens = parent.num_cached_tokens
+            child.status = SeqStatus.READY
+            group.append(child)
+            self.ready.append(child)
 
     def _take_penalty_slot(self) -> int:
         if self._free_penalty_slots:
@@ -503,7 +547,7 @@ class Scheduler:
 
     def _output(self, seq: Sequence, toks: list[int], reason: FinishReason | None) -> TokenOutput:
         return TokenOutput(seq.request_id, toks, reason is not None, reason,
-                           seq.num_prompt_tokens, seq.num_cached_tokens)
+                           seq.num_prompt_tokens, seq.num_cached_tokens, index=seq.choice)
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         self.kv.free(seq)
@@ -512,4 +556,9 @@ class Scheduler:
             seq.penalty_slot = -1
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason
+        group = seq.group
+        if group is not None:
+            group.remove(seq)
+            if group:
+                return  # the request lives on in its other choices
         del self.seqs[seq.request_id]

@@ -53,6 +53,11 @@ class Sequence:
     length_capped: bool = False
     # Its row of the runner's token counts (logits_process.py) while penalised; -1: none.
     penalty_slot: int = -1
+    # n > 1: which choice, and the request's live choices (one list, shared by all of them;
+    # None for n = 1). Choice 0 forks the others once its prompt is computed.
+    choice: int = 0
+    group: list[Sequence] | None = None
+    forked: bool = False
 
     @property
     def request_id(self) -> str:

@@ -239,7 +239,7 @@ class PrefillWorker:
         # NOTE: one sampled token with the request's own sampling (and seed): the first
         # token equals what a local prefill on the decode worker would sample.
         req = GenerateRequest(f"{job.request_id}@{delivery}", list(job.token_ids),
-                              dataclasses.replace(job.sampling, max_tokens=1),
+                              dataclasses.replace(job.sampling, max_tokens=1, n=1),
                               export_kv_from_block=job.first_block)
         # NOTE: the job entered this process from the queue: this is its one check.
         self.engine.validate(req)

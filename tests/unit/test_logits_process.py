@@ -202,3 +202,98 @@ def test_engine_with_penalties_equals_the_reference(tmp_path: Path, overlap: boo
     assert sched._next_penalty_slot > 0
     assert sorted(sched._free_penalty_slots) == list(range(sched._next_penalty_slot)), \
         "every finished request gives its penalty slot back"
+
+
+# ---- n choices ------------------------------------------------------------------------------
+
+def _tiny_engine(tmp_path: Path, overlap: bool, **cfg_kw) -> LLMEngine:
+    model, _ = tiny_hf_model("llama", seed=4)
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    loaded = load_weights(tmp_path)
+    cfg = EngineConfig(device="cpu", dtype="float32", block_size=4, overlap=overlap,
+                       **{"num_kv_blocks": 64, "max_num_seqs": 8, "max_num_batched_tokens": 32,
+                          **cfg_kw})
+    return LLMEngine(TorchRunner(loaded.arch, loaded.tensors, cfg), cfg, eos_token_ids=[0])
+
+
+def _drain(engine: LLMEngine) -> dict[tuple[str, int], tuple[list[int], FinishReason | None]]:
+    got: dict[tuple[str, int], list[int]] = {}
+    reasons: dict[tuple[str, int], FinishReason | None] = {}
+    for _ in range(2000):
+        if not engine.has_unfinished():
+            break
+        for o in engine.step():
+            got.setdefault((o.request_id, o.index), []).extend(o.token_ids)
+            if o.finished:
+                assert (o.request_id, o.index) not in reasons
+                reasons[(o.request_id, o.index)] = o.finish_reason
+        engine.check_integrity()
+    assert not engine.has_unfinished()
+    assert engine.stats().kv_blocks_used == 0
+    return {k: (v, reasons.get(k)) for k, v in got.items()}
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_n_choices_fork_after_one_prefill_and_equal_single_requests(tmp_path: Path,
+                                                                    overlap: bool) -> None:
+    """n=4 with a seed: choice i equals an n=1 request seeded seed+i (the fork's recomputed
+    tail gives the same first-token logits); the prompt is counted once; every block and
+    penalty slot comes back; the same request again gives the same choices."""
+    prompt = [(i * 29 + 7) % 120 + 2 for i in range(18)]  # 4 full blocks + 2 tokens
+    sp = SamplingParams(temperature=1.0, seed=41, max_tokens=9, n=4, ignore_eos=True,
+                        frequency_penalty=0.5, logprobs=1)
+    engine = _tiny_engine(tmp_path, overlap)
+    engine.add_request(GenerateRequest("multi", prompt, sp))
+    before = engine.stats().prompt_tokens_total
+    multi = _drain(engine)
+    assert engine.stats().prompt_tokens_total - before == len(prompt), "the prompt is counted once"
+    assert sorted(multi) == [("multi", i) for i in range(4)]
+    assert all(r == FinishReason.LENGTH and len(t) == 9 for t, r in multi.values())
+    assert len({tuple(t) for t, _ in multi.values()}) > 1, "choices differ"
+
+    for i in range(4):
+        engine.add_request(GenerateRequest(f"one{i}", prompt, sp.for_choice(i)))
+    singles = _drain(engine)
+    for i in range(4):
+        assert multi[("multi", i)][0] == singles[(f"one{i}", 0)][0], i
+
+    engine.add_request(GenerateRequest("again", prompt, sp))
+    again = _drain(engine)
+    assert [again[("again", i)][0] for i in range(4)] == [multi[("multi", i)][0] for i in range(4)]
+    sched = engine.scheduler
+    assert sorted(sched._free_penalty_slots) == list(range(sched._next_penalty_slot))
+
+
+def test_aborting_an_n_request_frees_every_choice(tmp_path: Path) -> None:
+    engine = _tiny_engine(tmp_path, overlap=True)
+    prompt = list(range(2, 23))
+    engine.add_request(GenerateRequest("x", prompt, SamplingParams(temperature=0.7, n=3, max_tokens=50,
+                                                                   ignore_eos=True)))
+    seen: set[int] = set()
+    for _ in range(6):
+        for o in engine.step():
+            seen.add(o.index)
+        engine.check_integrity()
+    assert seen == {0, 1, 2} and len(engine.scheduler.live_sequences()) == 3
+    out = engine.abort("x")
+    assert out is not None and out.finish_reason is FinishReason.ABORT
+    assert not engine.scheduler.has_unfinished() and engine.scheduler.live_sequences() == []
+    for _ in range(3):  # the batch in flight is read back and dropped
+        assert all(o.request_id != "x" for o in engine.step())
+    engine.check_integrity()
+    assert engine.stats().kv_blocks_used == 0
+
+
+def test_n_choices_under_preemption(tmp_path: Path) -> None:
+    """A pool too small for every choice at once: choices are preempted and recomputed,
+    and still equal their single-request twins (greedy with penalties)."""
+    prompt = [(i * 13 + 5) % 120 + 2 for i in range(14)]
+    sp = SamplingParams(temperature=0, max_tokens=12, n=3, ignore_eos=True,
+                        presence_penalty=1.0, logit_bias=((11, 1.5),))
+    engine = _tiny_engine(tmp_path, overlap=True, num_kv_blocks=14)
+    engine.add_request(GenerateRequest("m", prompt, sp))
+    multi = _drain(engine)
+    assert engine.stats().num_preemptions_total > 0
+    engine.add_request(GenerateRequest("s", prompt, sp.for_choice(0)))
+    single = _drain(engine)[("s", 0)][0]
+    assert all(multi[("m", i)][0] == single for i in range(3))  # greedy: all the same

@@ -158,8 +158,8 @@ class MockRunner(ModelRunner):
             slot += 1
             sampled.append(tok)
             # The mock model is deterministic: its token has probability 1, nothing else has any.
-            k = s.sampling.logprobs
-            logprobs.append(None if k is None else TokenLogprob(tok, 0.0, ((tok, 0.0),)[:k]))
+            top = s.sampling.logprobs
+            logprobs.append(None if top is None else TokenLogprob(tok, 0.0, ((tok, 0.0),)[:top]))
         self.num_steps += 1
         base, per_tok, per_seq = self._cost
         delay = base + per_tok * prefill_tokens + per_seq * decode_seqs
