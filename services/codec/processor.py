@@ -41,7 +41,8 @@ def request_from_pb(m: processor_pb2.ProcessRequest) -> ProcessRequest:
 
 
 def delta_to_pb(d: Delta) -> processor_pb2.ProcessResponse:
-    msg = processor_pb2.ProcessResponse(text=d.text, finish_reason=finish_to_pb(d.finish_reason))
+    msg = processor_pb2.ProcessResponse(text=d.text, finish_reason=finish_to_pb(d.finish_reason),
+                                        index=d.index)
     if d.usage is not None:
         msg.usage.CopyFrom(usage_to_pb(d.usage))
     msg.logprobs.extend(
@@ -57,7 +58,8 @@ def delta_from_pb(m: processor_pb2.ProcessResponse) -> Delta:
                  usage_from_pb(m.usage) if m.HasField("usage") else None,
                  tuple(TextLogprob(x.token, x.logprob,
                                    tuple(zip(x.top_tokens, x.top_logprobs, strict=True)))
-                       for x in m.logprobs))
+                       for x in m.logprobs),
+                 m.index)
 
 
 def models_to_pb(models: list[ModelInfo]) -> processor_pb2.ListModelsResponse:

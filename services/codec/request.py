@@ -20,7 +20,7 @@ def sampling_to_pb(s: SamplingParams) -> request_pb2.SamplingParams:
         stop_token_ids=s.stop_token_ids, ignore_eos=s.ignore_eos,
         seed_step_offset=s.seed_step_offset, presence_penalty=s.presence_penalty,
         frequency_penalty=s.frequency_penalty, logit_bias=dict(s.logit_bias),
-        min_tokens=s.min_tokens)
+        min_tokens=s.min_tokens, n=s.n)
     if s.seed is not None:
         msg.seed = s.seed
     if s.max_tokens is not None:
@@ -46,7 +46,7 @@ def sampling_from_pb(m: request_pb2.SamplingParams) -> SamplingParams:
         repetition_penalty=m.repetition_penalty if m.HasField("repetition_penalty")
         else d.repetition_penalty,
         logit_bias=tuple(sorted(m.logit_bias.items())), min_tokens=m.min_tokens,
-        logprobs=m.logprobs if m.HasField("logprobs") else None)
+        logprobs=m.logprobs if m.HasField("logprobs") else None, n=m.n or 1)
 
 
 def request_sampling_from_pb(request_id: str, m: request_pb2.SamplingParams) -> SamplingParams:

@@ -31,7 +31,7 @@ def generate_request_from_pb(m: worker_pb2.GenerateRequest) -> GenerateRequest:
 
 def output_to_pb(out: TokenOutput, completion_tokens: int) -> worker_pb2.GenerateResponse:
     """``completion_tokens``: tokens of this request streamed so far, this one included."""
-    msg = worker_pb2.GenerateResponse(token_ids=out.token_ids)
+    msg = worker_pb2.GenerateResponse(token_ids=out.token_ids, index=out.index)
     if out.logprobs is not None:
         msg.logprobs.extend(logprob_to_pb(lp) for lp in out.logprobs)
     if out.finished:
@@ -47,4 +47,5 @@ def output_from_pb(request_id: str, m: worker_pb2.GenerateResponse) -> TokenOutp
     reason = finish_from_pb(m.finish_reason)
     return TokenOutput(request_id, list(m.token_ids), reason is not None, reason,
                        m.usage.prompt_tokens, m.usage.cached_tokens,
-                       logprobs=[logprob_from_pb(x) for x in m.logprobs] if m.logprobs else None)
+                       logprobs=[logprob_from_pb(x) for x in m.logprobs] if m.logprobs else None,
+                       index=m.index)

@@ -101,15 +101,15 @@ def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readines
             return _fail(m, t0, _api_error(e, errors, rid))
         if body.stream:
             gen = sse(m, r, deltas, first, t0, body.include_usage, fc.request_timeout_s,
-                      errors, rid)
+                      errors, rid, body.n)
             return StreamingResponse(gen, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
-            text, reason, usage, lps = await unless_disconnected(
-                request, collect(m, deltas, first, t0, fc.request_timeout_s))
+            choices, usage = await unless_disconnected(
+                request, collect(m, deltas, first, t0, fc.request_timeout_s, body.n))
         except (ServingError, APIError, ClientGone) as e:
             return _fail(m, t0, _api_error(e, errors, rid))
-        response = JSONResponse(r.full(text, reason, usage, lps))
+        response = JSONResponse(r.full(choices, usage))
         m.requests.labels("200").inc()  # after the body is built: if that fails, guard counts a 500
         m.duration.observe(time.perf_counter() - t0)
         return response

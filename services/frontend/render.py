@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from services.engine.request import FinishReason, Usage
 from services.processor.types import TextLogprob
@@ -15,6 +16,15 @@ def usage_body(u: Usage | None) -> dict | None:
     return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
             "total_tokens": u.total_tokens,
             "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
+
+
+@dataclass(slots=True)
+class Choice:
+    """One choice of a whole (not streamed) answer."""
+
+    text: str = ""
+    finish_reason: FinishReason | None = None
+    logprobs: list[TextLogprob] = field(default_factory=list)
 
 
 def _chat_token(token: str, logprob: float) -> dict:
@@ -31,9 +41,9 @@ class Renderer:
         self.model = model
         self.created = int(time.time())
         self.logprobs = logprobs
-        self._text_offset = 0  # completions' text_offset continues across stream chunks
+        self._text_offset: dict[int, int] = {}  # completions' text_offset, per choice
 
-    def logprobs_body(self, lps: Sequence[TextLogprob]) -> dict | None:
+    def logprobs_body(self, lps: Sequence[TextLogprob], index: int = 0) -> dict | None:
         if not self.logprobs:
             return None
         if self.chat:
@@ -42,52 +52,57 @@ class Renderer:
                                 for x in lps],
                     "refusal": None}
         offsets = []
+        at = self._text_offset.get(index, 0)
         for x in lps:
-            offsets.append(self._text_offset)
-            self._text_offset += len(x.token)
+            offsets.append(at)
+            at += len(x.token)
+        self._text_offset[index] = at
         return {"tokens": [x.token for x in lps], "token_logprobs": [x.logprob for x in lps],
                 "top_logprobs": [dict(x.top) for x in lps], "text_offset": offsets}
 
     def _base(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def full(self, text: str, finish_reason: FinishReason, usage: Usage | None,
-             lps: Sequence[TextLogprob] = ()) -> dict:
-        if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": self.logprobs_body(lps), "finish_reason": finish_reason}
-            body = self._base("chat.completion")
-        else:
-            choice = {"index": 0, "text": text, "logprobs": self.logprobs_body(lps),
-                      "finish_reason": finish_reason}
-            body = self._base("text_completion")
-        body["choices"] = [choice]
+    def full(self, choices: Sequence[Choice], usage: Usage | None) -> dict:
+        out = []
+        for i, c in enumerate(choices):
+            lps = self.logprobs_body(c.logprobs, i)
+            if self.chat:
+                out.append({"index": i, "message": {"role": "assistant", "content": c.text},
+                            "logprobs": lps, "finish_reason": c.finish_reason})
+            else:
+                out.append({"index": i, "text": c.text, "logprobs": lps,
+                            "finish_reason": c.finish_reason})
+        body = self._base("chat.completion" if self.chat else "text_completion")
+        body["choices"] = out
         body["usage"] = usage_body(usage)
         return body
 
     def _chunk(self, delta: dict | str, finish_reason: FinishReason | None,
-               include_usage: bool, logprobs: dict | None = None) -> dict:
+               include_usage: bool, logprobs: dict | None = None, index: int = 0) -> dict:
         if self.chat:
             body = self._base("chat.completion.chunk")
-            body["choices"] = [{"index": 0, "delta": delta, "logprobs": logprobs,
+            body["choices"] = [{"index": index, "delta": delta, "logprobs": logprobs,
                                 "finish_reason": finish_reason}]
         else:
             body = self._base("text_completion")
-            body["choices"] = [{"index": 0, "text": delta, "logprobs": logprobs,
+            body["choices"] = [{"index": index, "text": delta, "logprobs": logprobs,
                                 "finish_reason": finish_reason}]
         if include_usage:
             body["usage"] = None  # OpenAI: null on every chunk but the last
         return body
 
-    def chunk_role(self) -> dict:
-        return self._chunk({"role": "assistant", "content": ""} if self.chat else "", None, False)
+    def chunk_role(self, index: int = 0) -> dict:
+        return self._chunk({"role": "assistant", "content": ""} if self.chat else "", None, False,
+                           index=index)
 
-    def chunk_text(self, text: str, include_usage: bool, lps: Sequence[TextLogprob] = ()) -> dict:
+    def chunk_text(self, text: str, include_usage: bool, lps: Sequence[TextLogprob] = (),
+                   index: int = 0) -> dict:
         return self._chunk({"content": text} if self.chat else text, None, include_usage,
-                           self.logprobs_body(lps))
+                           self.logprobs_body(lps, index), index)
 
-    def chunk_finish(self, reason: FinishReason, include_usage: bool) -> dict:
-        return self._chunk({} if self.chat else "", reason, include_usage)
+    def chunk_finish(self, reason: FinishReason, include_usage: bool, index: int = 0) -> dict:
+        return self._chunk({} if self.chat else "", reason, include_usage, index=index)
 
     def chunk_usage(self, usage: Usage) -> dict:
         obj = "chat.completion.chunk" if self.chat else "text_completion"

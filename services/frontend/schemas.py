@@ -18,7 +18,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, model
 
 from services.common.errors import InvalidRequest
 from services.common.text import lone_surrogate
-from services.engine.request import MAX_TOP_LOGPROBS, SamplingParams
+from services.engine.request import MAX_N, MAX_TOP_LOGPROBS, SamplingParams
 from services.processor.types import ChatMessage, ChatRole, ProcessRequest
 
 
@@ -75,7 +75,8 @@ class _Sampling(_Body):
     top_k: Int | None = Field(None, ge=-1)  # -1 and 0: off (vLLM's and our convention)
     seed: Int | None = Field(None, ge=-(2**63), lt=2**63)
     stop: Text | list[Text] | None = None
-    n: Int = 1
+    n: Int = Field(1, ge=1, le=MAX_N)
+    best_of: Int | None = None
     stream: Bool = False
     stream_options: StreamOptions | None = None
     presence_penalty: Float | None = Field(None, ge=-2, le=2)
@@ -91,8 +92,8 @@ class _Sampling(_Body):
 
     @model_validator(mode="after")
     def _check_unsupported(self) -> _Sampling:
-        if self.n != 1:
-            raise ValueError("n: only n=1 is supported")
+        if self.best_of is not None and self.best_of != 1:
+            raise ValueError("best_of: only best_of=1 is supported (n choices are all returned)")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options: only allowed when stream is true")
         limit = self.requested_max_tokens()
@@ -140,7 +141,7 @@ class _Sampling(_Body):
                 frequency_penalty=self.frequency_penalty or 0.0,
                 repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
                 logit_bias=self.logit_bias_pairs(), min_tokens=self.min_tokens,
-                logprobs=self.num_logprobs())
+                logprobs=self.num_logprobs(), n=self.n)
         except ValueError as e:
             field = str(e).split(":", 1)[0]
             raise InvalidRequest(str(e), param=field, code="invalid_value") from None

@@ -18,8 +18,8 @@ from services.common.errors import ServingError
 from services.engine.request import FinishReason, Usage
 from services.frontend.errors import APIError, ServingErrors, internal_error
 from services.frontend.metrics import FrontendMetrics
-from services.frontend.render import Renderer
-from services.processor.types import Delta, TextLogprob
+from services.frontend.render import Choice, Renderer
+from services.processor.types import Delta
 
 T = TypeVar("T")
 log = logging.getLogger("tandem.frontend")
@@ -73,32 +73,47 @@ async def first_delta(deltas: AsyncIterator[Delta], timeout_s: float) -> Delta:
         raise
 
 
+def _last(d: Delta, n: int) -> bool:
+    """The request's last delta: with n = 1 the one with the finish reason; with n > 1
+    each choice's finish comes apart, and the last delta is the one with the usage."""
+    return d.usage is not None or (n == 1 and d.finish_reason is not None)
+
+
 async def collect(m: FrontendMetrics, deltas: AsyncIterator[Delta], first: Delta, t0: float,
-                   timeout_s: float
-                   ) -> tuple[str, FinishReason, Usage | None, list[TextLogprob]]:
-    parts: list[str] = []
-    lps: list[TextLogprob] = list(first.logprobs)
+                  timeout_s: float, n: int = 1) -> tuple[list[Choice], Usage | None]:
+    choices = [Choice() for _ in range(n)]
+    parts: list[list[str]] = [[] for _ in range(n)]
     last = first
     observe_first(m, t0)
-    parts.append(first.text)
+
+    def take(d: Delta) -> None:
+        if not 0 <= d.index < n:
+            raise ServingError(f"the processor sent choice {d.index} of {n}")
+        parts[d.index].append(d.text)
+        choices[d.index].logprobs.extend(d.logprobs)
+        if d.finish_reason is not None:
+            choices[d.index].finish_reason = d.finish_reason
 
     async def drain() -> None:
         nonlocal last
         async for d in deltas:
-            parts.append(d.text)
-            lps.extend(d.logprobs)
+            take(d)
             last = d
-            if d.finish_reason is not None:
+            if _last(d, n):
                 break
 
+    take(first)
     try:
         async with aclosing(deltas):
-            if first.finish_reason is None:
+            if not _last(first, n):
                 async with asyncio.timeout(max(timeout_s - (time.perf_counter() - t0), 0.001)):
                     await drain()
     except TimeoutError:
         raise timeout_error(timeout_s) from None
-    return "".join(parts), last.finish_reason or FinishReason.STOP, last.usage, lps
+    for c, p in zip(choices, parts, strict=True):
+        c.text = "".join(p)
+        c.finish_reason = c.finish_reason or FinishReason.STOP
+    return choices, last.usage
 
 
 def observe_first(m: FrontendMetrics, t0: float) -> None:
@@ -112,7 +127,7 @@ def timeout_error(timeout_s: float) -> APIError:
 
 async def sse(m: FrontendMetrics, r: Renderer, deltas: AsyncIterator[Delta], first: Delta,
                t0: float, include_usage: bool, timeout_s: float, errors: ServingErrors,
-               request_id: str) -> AsyncIterator[str]:
+               request_id: str, n: int = 1) -> AsyncIterator[str]:
     """The stream's events. An error once it started is one ``data: {"error": ...}`` event
     before ``[DONE]``: the status line is gone by then."""
     status = "499"  # unless we reach the end: the client went away
@@ -123,13 +138,15 @@ async def sse(m: FrontendMetrics, r: Renderer, deltas: AsyncIterator[Delta], fir
     try:
         async with aclosing(deltas):
             if r.chat:
-                yield event(r.chunk_role())
+                for i in range(n):
+                    yield event(r.chunk_role(i))
             d: Delta | None = first
             while d is not None:
                 if d.text or d.logprobs:
-                    yield event(r.chunk_text(d.text, include_usage, d.logprobs))
+                    yield event(r.chunk_text(d.text, include_usage, d.logprobs, d.index))
                 if d.finish_reason is not None:
-                    yield event(r.chunk_finish(d.finish_reason, include_usage))
+                    yield event(r.chunk_finish(d.finish_reason, include_usage, d.index))
+                if _last(d, n):
                     if include_usage and d.usage is not None:
                         yield event(r.chunk_usage(d.usage))
                     break

@@ -44,16 +44,18 @@ class ProcessRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., prompt: _Optional[str] = ..., prompt_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[_request_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
 
 class ProcessResponse(_message.Message):
-    __slots__ = ("text", "finish_reason", "usage", "logprobs")
+    __slots__ = ("text", "finish_reason", "usage", "logprobs", "index")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
     text: str
     finish_reason: _request_pb2.FinishReason
     usage: _request_pb2.Usage
     logprobs: _containers.RepeatedCompositeFieldContainer[TextLogprob]
-    def __init__(self, text: _Optional[str] = ..., finish_reason: _Optional[_Union[_request_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_request_pb2.Usage, _Mapping]] = ..., logprobs: _Optional[_Iterable[_Union[TextLogprob, _Mapping]]] = ...) -> None: ...
+    index: int
+    def __init__(self, text: _Optional[str] = ..., finish_reason: _Optional[_Union[_request_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_request_pb2.Usage, _Mapping]] = ..., logprobs: _Optional[_Iterable[_Union[TextLogprob, _Mapping]]] = ..., index: _Optional[int] = ...) -> None: ...
 
 class TextLogprob(_message.Message):
     __slots__ = ("token", "logprob", "top_tokens", "top_logprobs")

@@ -100,9 +100,12 @@ class Processor:
         outcome = "cancelled"
         released = False
         try:
-            async for delta in self._stream(req.request_id, ids, sampling, stops, route):
+            stream = (self._stream(req.request_id, ids, sampling, stops, route) if sampling.n == 1
+                      else self._stream_choices(req.request_id, ids, sampling, route))
+            async for delta in stream:
                 if delta.finish_reason is not None:
                     outcome = delta.finish_reason.value
+                if delta.usage is not None:  # the request's last delta
                     released = True
                     await self.reports.send(req.request_id, RequestPhase.FINISHED)
                 yield delta
@@ -270,6 +273,61 @@ class Processor:
                   else FinishReason.LENGTH)
         cached = last.num_cached_tokens if not failed else min(route.overlap_blocks * self._block_size, len(ids))
         yield Delta(tail, reason, Usage(len(ids), len(produced), cached), tuple(lps))
+
+    async def _stream_choices(self, request_id: str, ids: list[int], sampling: SamplingParams,
+                              route: RouteResponse) -> AsyncIterator[Delta]:
+        """``sampling.n`` > 1: one worker stream carries every choice (``index``); each has
+        its own detokenizer and stop matcher and ends with its own finish delta; a last
+        delta carries the usage (every choice's tokens, up to where each stopped).
+
+        No migration: a worker that fails fails the request (the choices share one
+        prefill on that worker; moving them would need every choice's tokens resent)."""
+        n = sampling.n
+        detoks = [IncrementalDetokenizer(self._tok) for _ in range(n)]
+        stops = [StopMatcher(sampling.stop) for _ in range(n)]
+        done: list[bool] = [False] * n
+        produced = 0
+        cached: int | None = None
+        first = True
+        chunks = self._workers.generate(route.address, request_id, ids, sampling)
+        try:
+            async for chunk in chunks:
+                i = chunk.index
+                if not 0 <= i < n:
+                    raise Unavailable(f"decode worker {route.worker_id} sent choice {i} of {n}")
+                if chunk.finish_reason is FinishReason.ABORT:
+                    raise Unavailable(f"decode worker {route.worker_id} aborted the request")
+                if chunk.finish_reason is not None:
+                    cached = chunk.num_cached_tokens
+                if done[i]:
+                    continue  # stopped by a stop string: the engine's later tokens are dropped
+                if chunk.token_ids and first:
+                    first = False
+                    await self.reports.send(request_id, RequestPhase.PREFILLED)
+                produced += len(chunk.token_ids)
+                self.metrics.completion_tokens.inc(len(chunk.token_ids))
+                lps = tuple(self._text_logprob(x) for x in chunk.logprobs or ())
+                text = stops[i].feed(detoks[i].add(chunk.token_ids))
+                if not stops[i].stopped and chunk.finish_reason is not None:
+                    text += stops[i].feed(detoks[i].flush())
+                    text += stops[i].flush()
+                if stops[i].stopped or chunk.finish_reason is not None:
+                    done[i] = True
+                    reason = (FinishReason.STOP if stops[i].stopped
+                              or chunk.finish_reason is FinishReason.STOP else FinishReason.LENGTH)
+                    yield Delta(text, reason, logprobs=lps, index=i)
+                    if all(done):
+                        break
+                elif text or lps:
+                    yield Delta(text, logprobs=lps, index=i)
+            else:
+                if not all(done):
+                    raise Unavailable(f"decode worker {route.worker_id} ended the stream unfinished")
+        finally:
+            await chunks.aclose()  # cancels the worker call when every choice stopped early
+        if cached is None:
+            cached = min(route.overlap_blocks * self._block_size, len(ids))
+        yield Delta("", usage=Usage(len(ids), produced, cached))
 
     def _text_logprob(self, lp: TokenLogprob) -> TextLogprob:
         # NOTE: special tokens are kept (an EOS has a logprob too); a token that is part

@@ -52,6 +52,7 @@ class Delta:
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
     logprobs: tuple[TextLogprob, ...] = ()
+    index: int = 0  # the choice, for sampling.n > 1
 
 
 @dataclass(frozen=True, slots=True)

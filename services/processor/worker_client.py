@@ -15,7 +15,7 @@ from services.codec.worker import generate_request_to_pb, output_from_pb
 from services.common.address_book import ChannelPool
 from services.common.errors import from_rpc_error
 from services.common.grpc_auth import call_metadata
-from services.engine.request import SamplingParams, TokenOutput
+from services.engine.request import FinishReason, SamplingParams, TokenOutput
 from services.gen import worker_pb2_grpc
 
 
@@ -25,18 +25,22 @@ class DecodeWorkerClient:
 
     async def generate(self, address: str, request_id: str, token_ids: Sequence[int],
                        sampling: SamplingParams) -> AsyncIterator[TokenOutput]:
-        """Stream the worker's outputs until the finished one. Raises the worker's typed
-        error (services/common/errors.py): InvalidRequest, Overloaded, Unavailable (also
-        when it cannot be reached) or ServingError."""
+        """Stream the worker's outputs until every choice (``sampling.n``) finished, or one
+        was aborted. Raises the worker's typed error (services/common/errors.py):
+        InvalidRequest, Overloaded, Unavailable (also when it cannot be reached) or
+        ServingError."""
         stub = self._pool.stub(address, worker_pb2_grpc.DecodeWorkerStub)
         call = stub.Generate(generate_request_to_pb(request_id, token_ids, sampling),
                              metadata=call_metadata())
+        left = sampling.n
         try:
             async for msg in call:
                 out = output_from_pb(request_id, msg)
                 yield out
                 if out.finished:
-                    return
+                    left -= 1
+                    if left == 0 or out.finish_reason is FinishReason.ABORT:
+                        return
         except grpc.aio.AioRpcError as e:
             raise from_rpc_error(e, f"decode worker {address}", name_peer=True) from None
         finally:

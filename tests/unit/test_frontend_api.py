@@ -105,7 +105,9 @@ async def test_models(c: Cluster) -> None:
 
 
 @pytest.mark.parametrize(("body", "param", "text"), [
-    (chat_body(n=2), "n", "only n=1"),
+    (chat_body(n=17), "n", "less than or equal to 16"),
+    (chat_body(n=0), "n", "greater than or equal to 1"),
+    (chat_body(n=2, best_of=3), "best_of", "only best_of=1"),
     (chat_body(temperature=3), "temperature", "less than or equal to 2"),
     (chat_body(max_tokens=0), "max_tokens", "greater than or equal to 1"),
     (chat_body(stop=["a", ""]), "stop", "1 to 256 characters"),
@@ -172,6 +174,33 @@ async def test_logprobs_shapes_chat_and_completions(c: Cluster) -> None:
     lp = (await c.http.post("/v1/completions", json=body)).json()["choices"][0]["logprobs"]
     assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["text_offset"]) == 3
     assert lp["top_logprobs"] == [{}, {}, {}] and lp["text_offset"][0] == 0
+
+
+async def test_n_choices_chat_and_completions_streaming_and_not(c: Cluster) -> None:
+    r = (await c.http.post("/v1/chat/completions", json=chat_body(max_tokens=5, n=3))).json()
+    assert [ch["index"] for ch in r["choices"]] == [0, 1, 2]
+    assert all(ch["finish_reason"] == "length" and ch["message"]["content"] for ch in r["choices"])
+    assert r["usage"]["completion_tokens"] == 15  # every choice's tokens, the prompt once
+    one = (await c.http.post("/v1/chat/completions", json=chat_body(max_tokens=5))).json()
+    assert r["usage"]["prompt_tokens"] == one["usage"]["prompt_tokens"]
+
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 4, "n": 2, "stream": True,
+            "logprobs": 0, "stream_options": {"include_usage": True}}
+    async with c.http.stream("POST", "/v1/completions", json=body) as resp:
+        events = [json.loads(line[6:]) async for line in resp.aiter_lines()
+                  if line.startswith("data: {")]
+    text = {0: "", 1: ""}
+    finish: dict[int, str] = {}
+    tokens = {0: 0, 1: 0}
+    for e in events[:-1]:
+        (ch,) = e["choices"]
+        text[ch["index"]] += ch["text"]
+        tokens[ch["index"]] += len((ch["logprobs"] or {}).get("tokens", []))
+        if ch["finish_reason"]:
+            finish[ch["index"]] = ch["finish_reason"]
+    assert finish == {0: "length", 1: "length"} and tokens == {0: 4, 1: 4}
+    assert text[0] and text[0] == text[1]  # the mock model is deterministic
+    assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 8
 
 
 async def test_ignore_eos_runs_past_eos_to_max_tokens(tok: Tokenizer) -> None:
