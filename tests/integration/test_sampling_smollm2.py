@@ -14,6 +14,7 @@ import torch
 
 from services.common.config import ClusterConfig, parse_config
 from services.engine.batch import ScheduledBatch
+from services.engine.engine import LLMEngine
 from services.engine.runner.torch_runner import TorchRunner
 from services.engine.tokenizer import Tokenizer
 from tests.support.cluster import running_cluster
@@ -37,14 +38,19 @@ def _cfg(nats_url: str) -> ClusterConfig:
 
 
 @pytest.fixture
-async def client(nats_url: str, tok: Tokenizer) -> AsyncIterator[openai.AsyncOpenAI]:
+async def served(nats_url: str, tok: Tokenizer) -> AsyncIterator[tuple[openai.AsyncOpenAI, LLMEngine]]:
     from services.engine.factory import build_engine
 
     cfg = _cfg(nats_url)
     parts = build_engine(cfg, worker_id="w0")
     async with running_cluster(cfg, tok, node_factory=lambda: worker_decode_node(
             cfg, tok, engine=parts.engine)) as c:
-        yield openai.AsyncOpenAI(base_url=c.url + "/v1", api_key="x", max_retries=0)
+        yield openai.AsyncOpenAI(base_url=c.url + "/v1", api_key="x", max_retries=0), parts.engine
+
+
+@pytest.fixture
+def client(served: tuple[openai.AsyncOpenAI, LLMEngine]) -> openai.AsyncOpenAI:
+    return served[0]
 
 
 def _reference_next_logprobs(nats_url: str, ids: list[int]) -> torch.Tensor:
@@ -123,3 +129,38 @@ async def test_penalties_bias_and_min_tokens_change_the_answer(client: openai.As
     longer = await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=40,
                                                   temperature=0, extra_body={"min_tokens": 20})
     assert longer.usage.completion_tokens >= 20
+
+
+async def test_n_choices_are_reproducible_and_prefill_once(
+        served: tuple[openai.AsyncOpenAI, LLMEngine], tok: Tokenizer) -> None:
+    client, engine = served
+    messages = [{"role": "user", "content": "Write a short poem about the sea."}]
+    prompt_len = len(tok.encode_chat(messages))
+    before = engine.stats().prompt_tokens_total
+    kw = dict(model=MODEL, messages=messages, max_tokens=12, temperature=1.0, seed=2024, n=4,
+              logprobs=True)
+    first = await client.chat.completions.create(**kw)
+    assert engine.stats().prompt_tokens_total - before == prompt_len, "the prompt is prefilled once"
+    assert first.usage.prompt_tokens == prompt_len
+    texts = [c.message.content for c in sorted(first.choices, key=lambda c: c.index)]
+    assert [c.index for c in first.choices] == [0, 1, 2, 3] and len(set(texts)) > 1
+    # usage counts every choice's tokens (one logprob per token).
+    assert first.usage.completion_tokens == sum(len(c.logprobs.content) for c in first.choices)
+
+    again = await client.chat.completions.create(**kw)
+    assert [c.message.content for c in sorted(again.choices, key=lambda c: c.index)] == texts
+
+    # Streaming, the same seed: the same four texts, assembled per index.
+    stream = await client.chat.completions.create(**kw, stream=True)
+    parts = {i: "" for i in range(4)}
+    finish: dict[int, str] = {}
+    async for chunk in stream:
+        for c in chunk.choices:
+            parts[c.index] += c.delta.content or ""
+            if c.finish_reason:
+                finish[c.index] = c.finish_reason
+    assert [parts[i] for i in range(4)] == texts and set(finish) == {0, 1, 2, 3}
+
+    # Choice 0 is the n=1 request with the same seed; choice i draws with seed + i.
+    single = await client.chat.completions.create(**{**kw, "n": 1, "seed": 2024 + 2})
+    assert single.choices[0].message.content == texts[2]
