@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from services.codec.worker import generate_request_to_pb
 from services.decode import worker as decode_worker_module
 from services.disagg.prefill_job import PrefillLocation
 from services.engine.request import GenerateRequest, SamplingParams
@@ -128,6 +129,37 @@ async def test_penalties_and_logprobs_cross_remote_prefill(nats_url: str, tiny_m
     assert [x.token_id for x in remote.logprobs] == remote.tokens
     assert [x.logprob for x in remote.logprobs] == pytest.approx([x.logprob for x in lps], abs=1e-5)
     assert all(len(x.top) == 2 for x in remote.logprobs)
+
+
+async def test_n_choices_fork_after_the_remote_kv_arrives(nats_url: str, tiny_model_dir: Path) -> None:
+    """n=3 with a remote prefill: the prefill worker samples choice 0's first token, the
+    decode worker forks the other choices from the imported KV; every choice equals the
+    local path's, and the worker counts the prompt once."""
+    cfg = cluster_cfg(nats_url, model={"path": str(tiny_model_dir)}, engine=_engine(max_model_len=256),
+                      decode={"disagg": {"max_local_prefill_length": 16}})
+    long = [(i * 41 + 3) % (VOCAB - 2) + 2 for i in range(38)]
+    sp = SamplingParams(temperature=0.9, max_tokens=8, seed=5, n=3, ignore_eos=True, logprobs=0)
+    async with decode_worker(cfg) as d, prefill_worker(cfg) as p:
+        before = d.engine.engine.stats().prompt_tokens_total
+        stub = d.stub
+        call = stub.Generate(generate_request_to_pb("multi", long, sp))
+        remote: dict[int, list[int]] = {0: [], 1: [], 2: []}
+        lps: dict[int, int] = {0: 0, 1: 0, 2: 0}
+        finished = set()
+        async for m in call:
+            remote[m.index] += m.token_ids
+            lps[m.index] += len(m.logprobs)
+            if m.finish_reason:
+                finished.add(m.index)
+        assert finished == {0, 1, 2}
+        assert d.engine.engine.stats().prompt_tokens_total - before == len(long)
+        assert metric(d.worker, "tandem_worker_prefill_total", where="remote") == 1
+        await settle(d.engine, 0)
+        local: dict[int, list[int]] = {0: [], 1: [], 2: []}
+        async for o in p.engine.generate(GenerateRequest("ref-multi", long, sp)):
+            local[o.index] += o.token_ids
+    assert remote == local and all(len(t) == 8 for t in remote.values())
+    assert lps == {0: 8, 1: 8, 2: 8}
 
 
 async def test_smollm2_remote_equals_local(nats_url: str, smollm2_path: Path) -> None:
