@@ -70,6 +70,9 @@ def _engine(sub: argparse._SubParsersAction, add_config: AddConfig) -> None:
                         "side (default: engine.overlap of the config)")
     p.add_argument("--runners", default="",
                    help="torch, mock or torch,mock (default: engine.runner of the config)")
+    p.add_argument("--decode-sampling", default="greedy", choices=("greedy", "penalties", "logprobs"),
+                   help="the decode requests' sampling: greedy, with penalties, or with 5 top "
+                        "logprobs per token")
     p.set_defaults(_key=("bench", "engine"))
 
 

@@ -10,6 +10,10 @@ repetitions. ``--set engine.dtype=bfloat16`` or ``engine.device=cuda`` measure t
 weights: the scheduler and sampler cost little next to a step's matmuls).
 
 ``--overlap on,off`` and ``--runners torch,mock`` measure each combination side by side.
+``--decode-sampling`` picks the decode requests' sampling: ``greedy`` (default),
+``penalties`` (presence, frequency and repetition penalties: the device-side token counts
+of logits_process.py) or ``logprobs`` (5 top logprobs per token): compare their tok/s
+with greedy's for what those features cost.
 Each decode figure comes with the **bubble**: the fraction of the timed wall time the
 runner was not computing (``runner.busy_seconds``: inside ``execute``, on the forward
 thread, the mock's simulated device time, or CUDA event time), and the scheduler's time
@@ -71,13 +75,21 @@ def bench_prefill(engine: LLMEngine, prompt_len: int, repeats: int, gen: torch.G
     return statistics.median(rates)
 
 
+DECODE_SAMPLING = {
+    "greedy": {},
+    "penalties": {"presence_penalty": 0.5, "frequency_penalty": 0.5, "repetition_penalty": 1.1},
+    "logprobs": {"logprobs": 5},
+}
+
+
 def bench_decode(engine: LLMEngine, n: int, steps: int, context: int, repeats: int,
-                 gen: torch.Generator) -> dict[str, float]:
+                 gen: torch.Generator, sampling_mode: str = "greedy") -> dict[str, float]:
     """Median decode tokens/s of ``n`` sequences, with the bubble and scheduler ms/step."""
     vocab = engine.runner.vocab_size
     runner, fence = engine.runner, engine.kv.fence
     rates, bubbles, sched_ms = [], [], []
-    sampling = SamplingParams(temperature=0, max_tokens=steps + 4, ignore_eos=True)
+    sampling = SamplingParams(temperature=0, max_tokens=steps + 4, ignore_eos=True,
+                              **DECODE_SAMPLING[sampling_mode])
     for r in range(repeats):
         for i in range(n):
             engine.add_request(
@@ -118,7 +130,8 @@ def _bench_one(cfg: ClusterConfig, args: argparse.Namespace, concurrency: list[i
     gen = torch.Generator().manual_seed(0)
     out: dict = {"prefill_tok_s": round(bench_prefill(engine, args.prompt_len, 3, gen), 1)}
     out["decode"] = {
-        str(n): bench_decode(engine, n, args.decode_steps, args.decode_context, 2, gen)
+        str(n): bench_decode(engine, n, args.decode_steps, args.decode_context, 2, gen,
+                             args.decode_sampling)
         for n in concurrency
     }
     engine.check_integrity()
@@ -157,6 +170,7 @@ def main(args: argparse.Namespace) -> int:
         "prompt_len": args.prompt_len,
         "decode_steps": args.decode_steps,
         "decode_context": args.decode_context,
+        "decode_sampling": args.decode_sampling,
         "model": cfg.model.path,
     }
     _print_table(results, concurrency, runners, overlaps)
