@@ -32,6 +32,9 @@ from services.engine.logits_process import LogitsProcessor
 from services.engine.request import SamplingParams, TokenLogprob
 
 _MASK64 = (1 << 64) - 1
+# The logprob reported for a token that cannot be drawn (-inf: banned by min_tokens or a
+# grammar): JSON has no infinity, and OpenAI clients parse a number (vLLM's choice too).
+MIN_LOGPROB = -9999.0
 # Candidates examined for top-p rows without a top-k; realistic nuclei are far smaller.
 TOP_P_CANDIDATES = 1024
 
@@ -68,9 +71,9 @@ class Sampled:
             return None
         assert self.top_ids is not None and self.top_logprobs is not None
         toks = self.tokens.tolist()
-        lps = self.logprob.tolist()
+        lps = self.logprob.clamp(min=MIN_LOGPROB).tolist()
         top_ids = self.top_ids.tolist()
-        top_lps = self.top_logprobs.tolist()
+        top_lps = self.top_logprobs.clamp(min=MIN_LOGPROB).tolist()
         out: list[TokenLogprob | None] = []
         for i, s in enumerate(seqs):
             k = s.sampling.logprobs

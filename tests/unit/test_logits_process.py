@@ -101,6 +101,16 @@ def test_logprobs_are_log_softmax_of_processed_logits_before_temperature() -> No
     assert lps[2].logprob == pytest.approx(float(ref2.max()), abs=1e-5)
 
 
+def test_a_banned_token_reports_a_finite_logprob() -> None:
+    """A top-k past the allowed tokens names banned ones: -9999, not -inf (no JSON for it)."""
+    logits = torch.zeros(1, 4)
+    row = seq("a", [1], 0, [0], sampling=SamplingParams(temperature=0, logprobs=4))
+    row.banned_ids = (0, 1, 2)
+    lp = Sampler(0).sample_tensor(logits, [row]).token_logprobs([row])[0]
+    assert lp.token_id == 3 and lp.logprob == pytest.approx(0.0)
+    assert [x for _, x in lp.top][1:] == [-9999.0] * 3
+
+
 @pytest.mark.parametrize("bad", [
     dict(presence_penalty=2.5), dict(frequency_penalty=float("nan")), dict(repetition_penalty=0.0),
     dict(logit_bias=((3, 1.0), (2, 1.0))), dict(logit_bias=((3, 101.0),)), dict(min_tokens=-1),
