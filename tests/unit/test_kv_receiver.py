@@ -18,6 +18,7 @@ from services.decode.kv_receiver import (
     KvTransferError,
 )
 from services.disagg.transfer_token import new_token
+from services.engine.request import TokenLogprob
 from services.gen import worker_pb2
 from services.prefill.kv_sender import kv_chunks
 
@@ -89,6 +90,25 @@ async def test_bad_payload_fails_the_wait(mutate, match: str) -> None:
     ack = await rx.receive(_stream(mutate(_chunks(torch.randn(SHAPE)))))
     assert not ack.accepted
     with pytest.raises(KvTransferError, match=match):
+        await fut
+
+
+async def test_first_logprob_rides_the_header_and_a_mismatched_one_fails_the_wait() -> None:
+    kv = torch.randn(SHAPE)
+    rx = KvReceiver()
+    fut = rx.expect("r", EXPECT)
+    lp = TokenLogprob(9, -0.25, ((9, -0.25), (4, -1.5)))
+    chunks = [worker_pb2.KvChunk.FromString(b)
+              for b in kv_chunks("r", kv, 9, 1, "p", 40, TOKEN, first_logprob=lp)]
+    assert (await rx.receive(_stream(chunks))).accepted
+    assert (await fut).first_logprob == lp
+
+    fut = rx.expect("r", EXPECT)
+    other = TokenLogprob(8, -0.25)  # not the first token's
+    chunks = [worker_pb2.KvChunk.FromString(b)
+              for b in kv_chunks("r", kv, 9, 1, "p", 40, TOKEN, first_logprob=other)]
+    assert not (await rx.receive(_stream(chunks))).accepted
+    with pytest.raises(KvTransferError, match="first_logprob"):
         await fut
 
 
