@@ -28,14 +28,16 @@ from services.common.errors import (
 )
 from services.disagg.prefill_job import PrefillJob
 from services.engine.async_engine import EngineDeadError
-from services.engine.request import FinishReason, SamplingParams, TokenOutput, Usage
+from services.engine.request import FinishReason, SamplingParams, TokenLogprob, TokenOutput, Usage
 from services.engine.scheduler import InvalidRequestError
 from services.gen import request_pb2, worker_pb2
-from services.processor.types import ChatMessage, Delta, ProcessRequest
+from services.processor.types import ChatMessage, Delta, ProcessRequest, TextLogprob
 
 FULL = SamplingParams(temperature=0.7, top_k=40, top_p=0.9, seed=-(2**63), max_tokens=12,
                       stop=("\n\n", "END"), stop_token_ids=(7, 9), ignore_eos=True,
-                      seed_step_offset=3)
+                      seed_step_offset=3, presence_penalty=-0.5, frequency_penalty=1.25,
+                      repetition_penalty=1.1, logit_bias=((3, -100.0), (40, 2.5)), min_tokens=4,
+                      logprobs=0, n=3)
 
 
 def test_sampling_round_trips_every_field_and_keeps_unset_apart_from_zero() -> None:
@@ -54,6 +56,8 @@ def test_sampling_round_trips_every_field_and_keeps_unset_apart_from_zero() -> N
     ("top_p", 0.0), ("top_p", float("nan")), ("top_p", -1.0), ("top_k", 1 << 21),
     ("max_tokens", 0), ("stop", [""]), ("stop", ["x"] * 17), ("stop", ["x" * 257]),
     ("stop_token_ids", list(range(65))),
+    ("presence_penalty", 2.5), ("frequency_penalty", float("nan")), ("repetition_penalty", 0.0),
+    ("logprobs", 21), ("n", 17),
 ])
 def test_a_bad_value_on_the_wire_is_refused_naming_the_field(field: str, value: object) -> None:
     msg = request_pb2.SamplingParams()
@@ -79,6 +83,9 @@ def test_generate_request_and_outputs_round_trip() -> None:
     pb = output_to_pb(last, 5)
     assert pb.usage.completion_tokens == 5
     assert output_from_pb("r1", pb) == last
+    lps = [TokenLogprob(8, -0.5, ((8, -0.5), (2, -1.25))), TokenLogprob(9, -2.0)]
+    with_lp = TokenOutput("r1", [8, 9], logprobs=lps, index=2)
+    assert output_from_pb("r1", output_to_pb(with_lp, 2)) == with_lp
 
 
 def test_process_request_and_deltas_round_trip() -> None:
@@ -86,7 +93,9 @@ def test_process_request_and_deltas_round_trip() -> None:
                 ProcessRequest("b", prompt="text"),
                 ProcessRequest("c", prompt_ids=(1, 2, 3), sampling=SamplingParams(temperature=0))):
         assert request_from_pb(request_to_pb(req)) == req
-    for d in (Delta("x"), Delta("", FinishReason.STOP, Usage(3, 4, 1))):
+    lp = TextLogprob("Hi", -0.5, (("Hi", -0.5), ("Hello", -1.25)))
+    for d in (Delta("x"), Delta("", FinishReason.STOP, Usage(3, 4, 1)),
+              Delta("Hi", logprobs=(lp,), index=2)):
         assert delta_from_pb(delta_to_pb(d)) == d
 
 
