@@ -117,6 +117,10 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._tk.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def to_json(self) -> str:
+        """The HF ``tokenizers`` JSON (what the grammar compiler builds its tokenizer from)."""
+        return self._tk.to_str()
+
     def id_to_token(self, token_id: int) -> str | None:
         """The vocabulary entry for `token_id` (byte-level form, e.g. "Ġhello"), or None."""
         return self._tk.id_to_token(token_id)

@@ -23,6 +23,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from services.common.errors import (
+    GenerationFailed,
     InvalidRequest,
     ModelNotFound,
     Overloaded,
@@ -227,8 +228,8 @@ class Processor:
                         break
                 else:
                     failure = "ended the stream unfinished"
-            except InvalidRequest:
-                raise  # the request itself is bad: another worker would refuse it too
+            except (InvalidRequest, GenerationFailed):
+                raise  # the request itself is bad: another worker would refuse or fail it too
             except Overloaded as e:
                 failure, full = e.message, full + 1
             except ServingError as e:
