@@ -18,7 +18,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, model
 
 from services.common.errors import InvalidRequest
 from services.common.text import lone_surrogate
+from services.engine.grammar.spec import StructuredOutput
 from services.engine.request import SamplingParams
+from services.frontend.structured import ResponseFormat, StructuredOutputsIn, structured_output
 from services.processor.types import ChatMessage, ChatRole, ProcessRequest
 
 
@@ -85,6 +87,13 @@ class _Sampling(_Body):
     # vLLM's extras
     stop_token_ids: list[TokenId] = Field(default_factory=list)
     ignore_eos: Bool = False
+    # Structured output (frontend/structured.py): OpenAI's, then vLLM's new and old extras.
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsIn | None = None
+    guided_json: dict | Text | None = None
+    guided_regex: Text | None = None
+    guided_choice: list[Text] | None = None
+    guided_grammar: Text | None = None
 
     @model_validator(mode="after")
     def _check_unsupported(self) -> _Sampling:
@@ -110,15 +119,24 @@ class _Sampling(_Body):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
+    def structured(self) -> StructuredOutput | None:
+        """The request's output constraint; InvalidRequest if several or one that does
+        not compile."""
+        guided = {k: v for k in ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+                  if (v := getattr(self, k)) is not None}
+        return structured_output(self.response_format, self.structured_outputs, guided)
+
     def sampling(self, max_tokens: int | None) -> SamplingParams:
         """The request's one sampling type; InvalidRequest names a value it refuses."""
+        structured = self.structured()
         try:
             return SamplingParams(
                 max_tokens=max_tokens,
                 temperature=1.0 if self.temperature is None else self.temperature,
                 top_p=1.0 if self.top_p is None else self.top_p,
                 top_k=max(self.top_k or 0, 0), seed=self.seed, stop=tuple(self.stop_list()),
-                stop_token_ids=tuple(self.stop_token_ids), ignore_eos=self.ignore_eos)
+                stop_token_ids=tuple(self.stop_token_ids), ignore_eos=self.ignore_eos,
+                structured=structured)
         except ValueError as e:
             field = str(e).split(":", 1)[0]
             raise InvalidRequest(str(e), param=field, code="invalid_value") from None
