@@ -24,6 +24,7 @@ from services.engine.scheduler import InvalidRequestError, Scheduler
 if TYPE_CHECKING:
     from services.engine.grammar.batch_mask import BatchMask, MaskBuilder
     from services.engine.grammar.compiler import GrammarCompiler
+    from services.engine.grammar.stats import GrammarStats
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +43,8 @@ class EngineStats:
     # cache hits (as of when they queued) and running ones' uncomputed prompt tokens (parked
     # remote prefills excluded: another worker prefills them). Scheduler.prefill_tokens_pending.
     num_prefill_tokens_pending: int = 0
+    # The grammar compiler's live counters (structured output); None without one.
+    grammar: GrammarStats | None = None
 
 
 class LLMEngine:
@@ -258,6 +261,7 @@ class LLMEngine:
             prefix_cache_hit_tokens_total=s.prefix_hit_tokens_total,
             num_preemptions_total=s.num_preemptions,
             num_prefill_tokens_pending=s.prefill_tokens_pending(),
+            grammar=self.grammar.stats if self.grammar is not None else None,
         )
 
     def check_integrity(self) -> None:

@@ -464,6 +464,8 @@ class Scheduler:
         error = seq.grammar.advance(tok) if seq.grammar is not None else None
         if error is not None:
             reason = FinishReason.ERROR
+            if self.grammar is not None:
+                self.grammar.stats.errors += 1
         elif (not sp.ignore_eos and tok in self.eos_token_ids) or tok in sp.stop_token_ids:
             reason = FinishReason.STOP
         elif pos + 1 >= self.max_model_len or (

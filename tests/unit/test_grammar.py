@@ -215,3 +215,20 @@ def test_compiled_grammars_are_cached_by_spec(model) -> None:
     comp.start(b)
     assert sum(comp.stats.compile_seconds.counts) == 1
     assert comp.stats.requests_by_kind["json_schema"] == 2
+
+
+def test_worker_metrics_show_compiles_mask_fills_and_kinds(model) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from services.engine.stats_metrics import EngineStatsCollector
+
+    tok = model[1]
+    eng = make_engine(model, False)
+    run(eng, mixed_requests(tok)[2:])  # a regex and a choice request
+    reg = CollectorRegistry()
+    reg.register(EngineStatsCollector(eng.stats))
+    assert reg.get_sample_value("tandem_worker_grammar_compile_seconds_count") == 2
+    assert reg.get_sample_value("tandem_worker_grammar_mask_fill_seconds_count") >= 2
+    assert reg.get_sample_value("tandem_worker_structured_requests_total", {"kind": "regex"}) == 1
+    assert reg.get_sample_value("tandem_worker_structured_requests_total", {"kind": "choice"}) == 1
+    assert reg.get_sample_value("tandem_worker_grammar_errors_total") == 0
