@@ -232,3 +232,15 @@ def test_worker_metrics_show_compiles_mask_fills_and_kinds(model) -> None:
     assert reg.get_sample_value("tandem_worker_structured_requests_total", {"kind": "regex"}) == 1
     assert reg.get_sample_value("tandem_worker_structured_requests_total", {"kind": "choice"}) == 1
     assert reg.get_sample_value("tandem_worker_grammar_errors_total") == 0
+
+
+def test_bench_structured_decode_keeps_every_sequence_under_the_schema(model) -> None:
+    from services.bench.engine import bench_decode, bench_schema
+
+    eng = make_engine(model, True)
+    gen = torch.Generator().manual_seed(0)
+    out = bench_decode(eng, 3, 6, 8, 1, gen, bench_schema(6))
+    assert out["tok_s"] > 0 and out["mask_fill_ms_per_step"] > 0
+    assert eng.grammar is not None and eng.grammar.stats.errors == 0
+    assert eng.grammar.stats.requests_by_kind["json_schema"] == 3
+    assert eng.pool.num_used == 0
