@@ -41,43 +41,34 @@ class StructuredOutputsIn(_Body):
     json_object: bool | None = None
 
 
-def _json_schema(value: dict[str, Any] | str, param: str) -> StructuredOutput:
-    if isinstance(value, str):
-        return StructuredOutput(StructuredKind.JSON_SCHEMA, value)
-    return StructuredOutput.json_schema(value)
-
-
 def structured_output(response_format: ResponseFormat | None, so: StructuredOutputsIn | None,
                       guided: dict[str, Any]) -> StructuredOutput | None:
     """The one constraint the request asks for (None: free text); InvalidRequest when it
     asks for several or for one that does not compile. ``guided``: the ``guided_*`` fields
     that are set, by name."""
     found: list[tuple[str, StructuredOutput]] = []
-    try:
-        if response_format is not None and response_format.type != "text":
-            if response_format.type == "json_object":
-                found.append(("response_format", StructuredOutput(StructuredKind.JSON_OBJECT)))
-            else:
-                js = response_format.json_schema
-                if js is None or js.schema_ is None:
-                    raise InvalidRequest("response_format: json_schema needs json_schema.schema",
-                                         param="response_format", code="invalid_value")
-                found.append(("response_format", StructuredOutput.json_schema(js.schema_)))
-        if so is not None:
-            given = {k: v for k, v in (("json", so.json_), ("regex", so.regex),
-                                       ("choice", so.choice), ("grammar", so.grammar),
-                                       ("json_object", so.json_object or None))
-                     if v is not None}
-            if len(given) != 1:
-                raise InvalidRequest("structured_outputs: give exactly one of json, regex, "
-                                     "choice, grammar, json_object", param="structured_outputs",
-                                     code="invalid_value")
-            (k, v), = given.items()
-            found.append(("structured_outputs", _from_kind(k, v, "structured_outputs")))
-        for name, v in guided.items():
-            found.append((name, _from_kind(name.removeprefix("guided_"), v, name)))
-    except ValueError as e:
-        raise InvalidRequest(str(e), param="structured_outputs", code="invalid_value") from None
+    if response_format is not None and response_format.type != "text":
+        if response_format.type == "json_object":
+            found.append(("response_format", StructuredOutput(StructuredKind.JSON_OBJECT)))
+        else:
+            js = response_format.json_schema
+            if js is None or js.schema_ is None:
+                raise InvalidRequest("response_format: json_schema needs json_schema.schema",
+                                     param="response_format", code="invalid_value")
+            found.append(("response_format", _from_kind("json", js.schema_, "response_format")))
+    if so is not None:
+        given = {k: v for k, v in (("json", so.json_), ("regex", so.regex),
+                                   ("choice", so.choice), ("grammar", so.grammar),
+                                   ("json_object", so.json_object or None))
+                 if v is not None}
+        if len(given) != 1:
+            raise InvalidRequest("structured_outputs: give exactly one of json, regex, "
+                                 "choice, grammar, json_object", param="structured_outputs",
+                                 code="invalid_value")
+        (k, v), = given.items()
+        found.append(("structured_outputs", _from_kind(k, v, "structured_outputs")))
+    for name, v in guided.items():
+        found.append((name, _from_kind(name.removeprefix("guided_"), v, name)))
     if not found:
         return None
     if len(found) > 1:
@@ -94,12 +85,19 @@ def structured_output(response_format: ResponseFormat | None, so: StructuredOutp
 
 
 def _from_kind(kind: str, value: Any, param: str) -> StructuredOutput:
-    if kind == "json":
-        return _json_schema(value, param)
-    if kind == "json_object":
-        return StructuredOutput(StructuredKind.JSON_OBJECT)
-    if kind == "regex":
-        return StructuredOutput(StructuredKind.REGEX, value)
-    if kind == "choice":
-        return StructuredOutput(StructuredKind.CHOICE, choices=tuple(value))
-    return StructuredOutput(StructuredKind.GRAMMAR, value)
+    """The spec of one field; InvalidRequest naming ``param`` for a bad shape."""
+    try:
+        if kind == "json":
+            if isinstance(value, str):
+                return StructuredOutput(StructuredKind.JSON_SCHEMA, value)
+            return StructuredOutput.json_schema(value)
+        if kind == "json_object":
+            return StructuredOutput(StructuredKind.JSON_OBJECT)
+        if kind == "regex":
+            return StructuredOutput(StructuredKind.REGEX, value)
+        if kind == "choice":
+            return StructuredOutput(StructuredKind.CHOICE, choices=tuple(value))
+        return StructuredOutput(StructuredKind.GRAMMAR, value)
+    except ValueError as e:
+        raise InvalidRequest(str(e).replace("structured_outputs", param, 1), param=param,
+                             code="invalid_value") from None

@@ -94,3 +94,11 @@ async def test_bad_constraint_is_400_naming_it_and_nothing_starts(api, body, par
     err = r.json()["error"]
     assert err["param"] == param and text in err["message"] and err["type"] == "invalid_request_error"
     assert rec.requests == []
+
+
+async def test_a_guided_json_string_that_is_not_json_is_400_naming_it(api) -> None:
+    c, rec = api
+    r = await c.post("/v1/completions", json=comp(guided_json="{not json"))
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == "guided_json" and "not JSON" in err["message"]
+    assert rec.requests == []
