@@ -43,9 +43,9 @@ def model(smollm2_path: Path):
     return load_weights(smollm2_path), Tokenizer.from_path(smollm2_path)
 
 
-def make_engine(model, overlap: bool, max_num_seqs: int = 4) -> LLMEngine:
+def make_engine(model, overlap: bool, max_num_seqs: int = 4, num_kv_blocks: int = 64) -> LLMEngine:
     loaded, tok = model
-    cfg = EngineConfig(device="cpu", dtype="float32", block_size=16, num_kv_blocks=64,
+    cfg = EngineConfig(device="cpu", dtype="float32", block_size=16, num_kv_blocks=num_kv_blocks,
                        max_num_seqs=max_num_seqs, max_num_batched_tokens=256,
                        max_model_len=512, overlap=overlap)
     runner = TorchRunner(loaded.arch, loaded.tensors, cfg, 512)
@@ -103,6 +103,35 @@ def test_outputs_match_their_grammar_and_overlap_agrees_with_serial(model) -> No
     alone = run(make_engine(model, True), [mixed_requests(tok)[1]])
     assert alone["free"] == r["free"]
     assert not text["free"].startswith("{") or text["free"] != text["json"]
+
+
+LIST_SCHEMA = {"type": "array", "minItems": 4, "maxItems": 4, "items": {
+    "type": "object", "required": ["id", "name"], "additionalProperties": False,
+    "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 99},
+                   "name": {"type": "string", "maxLength": 8}}}}
+
+
+def test_preempted_constrained_requests_resume_their_grammar(model) -> None:
+    """A pool too small for the batch: sequences are preempted and recomputed mid-answer
+    (a token may be in flight as it happens); their matchers carry on, overlap or not."""
+    tok = model[1]
+    spec = StructuredOutput.json_schema(LIST_SCHEMA)
+    reqs = [GenerateRequest(f"r{i}", prompt(tok, f"List four {w} as JSON."),
+                            SamplingParams(temperature=0, max_tokens=64, structured=spec))
+            for i, w in enumerate(("cities", "animals", "colours", "friends"))]
+    results = {}
+    for on in (False, True):
+        eng = make_engine(model, on, num_kv_blocks=14)
+        results[on] = run(eng, reqs)
+        assert eng.scheduler.num_preemptions > 0
+    assert results[True] == results[False]
+    stopped = 0
+    for toks, reason, error in results[True].values():
+        assert error is None
+        if reason is FinishReason.STOP:
+            jsonschema.validate(json.loads(tok.decode(toks)), LIST_SCHEMA)
+            stopped += 1
+    assert stopped >= 2
 
 
 def test_refused_token_ends_only_that_request(model, monkeypatch: pytest.MonkeyPatch) -> None:
