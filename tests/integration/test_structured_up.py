@@ -105,9 +105,22 @@ def test_json_schema_answers_parse_and_validate(url: str) -> None:
         assert r.choices[0].finish_reason == "stop", (what, text)
         jsonschema.validate(json.loads(text), schema)
 
+    async def streamed(c: openai.AsyncOpenAI, what: str, schema: dict) -> None:
+        stream = await c.chat.completions.create(
+            model=MODEL, temperature=0, max_tokens=96, stream=True,
+            messages=[{"role": "user", "content": f"Give me {what} as JSON."}],
+            extra_body={"guided_json": schema})
+        parts, reasons = [], []
+        async for chunk in stream:
+            parts.append(chunk.choices[0].delta.content or "")
+            reasons.append(chunk.choices[0].finish_reason)
+        assert reasons[-1] == "stop" and len(parts) > 3
+        jsonschema.validate(json.loads("".join(parts)), schema)
+
     async def go() -> None:
         c = _client(url)
-        await asyncio.gather(*(one(c, i, w, s) for i, (w, s) in enumerate(SCHEMAS)))
+        await asyncio.gather(*(one(c, i, w, s) for i, (w, s) in enumerate(SCHEMAS)),
+                             streamed(c, *SCHEMAS[5]))
 
     asyncio.run(go())
 
@@ -159,6 +172,14 @@ def test_named_tool_call_streamed_and_not(url: str) -> None:
         (scall,) = final.choices[0].message.tool_calls
         assert scall.function.name == "get_weather"
         assert json.loads(scall.function.arguments) == json.loads(call.function.arguments)
+        clock = {"type": "function", "function": {"name": "get_time", "parameters": _obj(
+            {"timezone": {"enum": ["UTC", "CET"]}})}}
+        r = await c.chat.completions.create(model=MODEL, messages=msgs, tools=[WEATHER, clock],
+                                            tool_choice="required", temperature=0, max_tokens=64)
+        (call,) = r.choices[0].message.tool_calls
+        assert r.choices[0].finish_reason == "tool_calls"
+        chosen = next(t for t in (WEATHER, clock) if t["function"]["name"] == call.function.name)
+        jsonschema.validate(json.loads(call.function.arguments), chosen["function"]["parameters"])
 
     asyncio.run(go())
 
