@@ -43,9 +43,10 @@ def model(smollm2_path: Path):
     return load_weights(smollm2_path), Tokenizer.from_path(smollm2_path)
 
 
-def make_engine(model, overlap: bool, max_num_seqs: int = 4, num_kv_blocks: int = 64) -> LLMEngine:
+def make_engine(model, overlap: bool, max_num_seqs: int = 4, num_kv_blocks: int = 64,
+                device: str = "cpu", dtype: str = "float32") -> LLMEngine:
     loaded, tok = model
-    cfg = EngineConfig(device="cpu", dtype="float32", block_size=16, num_kv_blocks=num_kv_blocks,
+    cfg = EngineConfig(device=device, dtype=dtype, block_size=16, num_kv_blocks=num_kv_blocks,
                        max_num_seqs=max_num_seqs, max_num_batched_tokens=256,
                        max_model_len=512, overlap=overlap)
     runner = TorchRunner(loaded.arch, loaded.tensors, cfg, 512)
@@ -132,6 +133,21 @@ def test_preempted_constrained_requests_resume_their_grammar(model) -> None:
             jsonschema.validate(json.loads(tok.decode(toks)), LIST_SCHEMA)
             stopped += 1
     assert stopped >= 2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cuda_constrained_outputs_match_and_overlap_agrees(model, dtype: str) -> None:
+    """On CUDA the mask crosses from pinned host memory on the forward stream, and with
+    overlap the sampler waits for it on the forward thread."""
+    tok = model[1]
+    results = {on: run(make_engine(model, on, device="cuda", dtype=dtype), mixed_requests(tok))
+               for on in (False, True)}
+    assert results[True] == results[False]
+    r = results[True]
+    jsonschema.validate(json.loads(tok.decode(r["json"][0])), SCHEMA)
+    assert re.fullmatch(REGEX, tok.decode(r["regex"][0]))
+    assert tok.decode(r["choice"][0]) in CHOICES
 
 
 def test_refused_token_ends_only_that_request(model, monkeypatch: pytest.MonkeyPatch) -> None:
