@@ -73,6 +73,9 @@ def _engine(sub: argparse._SubParsersAction, add_config: AddConfig) -> None:
     p.add_argument("--decode-sampling", default="greedy", choices=("greedy", "penalties", "logprobs"),
                    help="the decode requests' sampling: greedy, with penalties, or with 5 top "
                         "logprobs per token")
+    p.add_argument("--structured", default="none",
+                   help="none, json or none,json: decode free, and/or with every sequence "
+                        "under a JSON schema (torch runner; reports the mask fill time)")
     p.set_defaults(_key=("bench", "engine"))
 
 

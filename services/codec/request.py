@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from services.engine.grammar.spec import StructuredKind, StructuredOutput
 from services.engine.request import FinishReason, SamplingParams, TokenLogprob, Usage
 from services.gen import request_pb2
 
@@ -29,7 +30,32 @@ def sampling_to_pb(s: SamplingParams) -> request_pb2.SamplingParams:
         msg.repetition_penalty = s.repetition_penalty
     if s.logprobs is not None:
         msg.logprobs = s.logprobs
+    if s.structured is not None:
+        msg.structured.CopyFrom(structured_to_pb(s.structured))
     return msg
+
+
+def structured_to_pb(s: StructuredOutput) -> request_pb2.StructuredOutput:
+    k = s.kind
+    if k is StructuredKind.JSON_OBJECT:
+        return request_pb2.StructuredOutput(json_object=True)
+    if k is StructuredKind.CHOICE:
+        return request_pb2.StructuredOutput(
+            choice=request_pb2.StructuredOutput.Choices(choices=s.choices))
+    return request_pb2.StructuredOutput(**{k.value: s.spec})
+
+
+def structured_from_pb(m: request_pb2.StructuredOutput) -> StructuredOutput:
+    """Raises ValueError naming what is wrong (StructuredOutput checks its shape)."""
+    which = m.WhichOneof("kind")
+    if which is None:
+        raise ValueError("structured: no kind is set")
+    kind = StructuredKind(which)
+    if kind is StructuredKind.JSON_OBJECT:
+        return StructuredOutput(kind)
+    if kind is StructuredKind.CHOICE:
+        return StructuredOutput(kind, choices=tuple(m.choice.choices))
+    return StructuredOutput(kind, getattr(m, which))
 
 
 def sampling_from_pb(m: request_pb2.SamplingParams) -> SamplingParams:
@@ -46,7 +72,8 @@ def sampling_from_pb(m: request_pb2.SamplingParams) -> SamplingParams:
         repetition_penalty=m.repetition_penalty if m.HasField("repetition_penalty")
         else d.repetition_penalty,
         logit_bias=tuple(sorted(m.logit_bias.items())), min_tokens=m.min_tokens,
-        logprobs=m.logprobs if m.HasField("logprobs") else None, n=m.n or 1)
+        logprobs=m.logprobs if m.HasField("logprobs") else None, n=m.n or 1,
+        structured=structured_from_pb(m.structured) if m.HasField("structured") else None)
 
 
 def request_sampling_from_pb(request_id: str, m: request_pb2.SamplingParams) -> SamplingParams:

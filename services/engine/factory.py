@@ -60,6 +60,12 @@ def build_engine(
         eos: tuple[int, ...] = tokenizer.stop_token_ids
     else:
         eos = (cfg.engine.mock.eos_token_id,)
-    engine = LLMEngine(runner, cfg.engine, eos, worker_id=worker_id, on_kv_event=on_kv_event)
+    grammar = None
+    if tokenizer is not None and runner.supports_grammar:
+        from services.engine.grammar.compiler import GrammarCompiler
+
+        grammar = GrammarCompiler(tokenizer.to_json(), runner.vocab_size, eos)
+    engine = LLMEngine(runner, cfg.engine, eos, worker_id=worker_id, on_kv_event=on_kv_event,
+                       grammar=grammar)
     name = cfg.model.name or served_model_name(cfg.model.path)
     return EngineParts(engine, tokenizer, name, model_path)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from services.common.text import lone_surrogate
+from services.engine.grammar.spec import StructuredOutput
 
 if TYPE_CHECKING:
     import torch
@@ -65,6 +66,9 @@ class SamplingParams:
     # Choices: they share the prompt's prefill and KV blocks (scheduler.py, "n choices");
     # choice i draws with seed + i.
     n: int = 1
+    # Constrained decoding: what the generated text must match (engine/grammar). A migrated
+    # request's matcher replays the last ``seed_step_offset`` prompt tokens (produced before).
+    structured: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
@@ -143,6 +147,7 @@ class FinishReason(str, enum.Enum):
     STOP = "stop"  # eos, a stop token id, or (in the processor) a stop string
     LENGTH = "length"  # max_tokens or the context length was reached
     ABORT = "abort"  # aborted by the caller
+    ERROR = "error"  # the request failed (its grammar refused a token); TokenOutput.error says why
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +198,7 @@ class TokenOutput:
     # (layers, 2, n_blocks, block_size, kv_heads, head_dim), the runner's KV dtype, on CPU
     # or the runner's device. The only torch-typed field of the engine's API.
     kv: torch.Tensor | None = None
+    error: str | None = None  # with FinishReason.ERROR: what failed, naming the request
     # One per token of token_ids when the request asked for logprobs, else None.
     logprobs: list[TokenLogprob] | None = None
     # Which of the request's ``sampling.n`` choices; ``finished`` is that choice's end.

@@ -24,12 +24,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from services.engine.batch import ScheduledSeq
 from services.engine.logits_process import LogitsProcessor
 from services.engine.request import SamplingParams, TokenLogprob
+
+if TYPE_CHECKING:
+    from services.engine.grammar.batch_mask import BatchMask
 
 _MASK64 = (1 << 64) - 1
 # The logprob reported for a token that cannot be drawn (-inf: banned by min_tokens or a
@@ -91,17 +95,22 @@ class Sampler:
         self.generator.manual_seed(seed)
         self.processor = LogitsProcessor(self.device)
 
-    def sample(self, logits: torch.Tensor, seqs: Sequence[ScheduledSeq]) -> list[int]:
+    def sample(self, logits: torch.Tensor, seqs: Sequence[ScheduledSeq],
+               mask: BatchMask | None = None) -> list[int]:
         """logits (B, V), one row per seq in ``seqs`` -> one token id per row."""
-        return self.sample_tensor(logits, seqs).tokens.tolist()
+        return self.sample_tensor(logits, seqs, mask).tokens.tolist()
 
-    def sample_tensor(self, logits: torch.Tensor, seqs: Sequence[ScheduledSeq]) -> Sampled:
+    def sample_tensor(self, logits: torch.Tensor, seqs: Sequence[ScheduledSeq],
+                      mask: BatchMask | None = None) -> Sampled:
         """The module docstring's pipeline; the result stays on the logits' device: the
-        overlapped runner feeds the tokens to the next batch without a host round trip."""
+        overlapped runner feeds the tokens to the next batch without a host round trip.
+        ``mask``: the grammar rows' allowed tokens (waits until it is filled); the logits
+        may be modified in place."""
         if logits.shape[0] != len(seqs):
             raise ValueError(f"logits has {logits.shape[0]} rows for {len(seqs)} sequences")
         logits = self.processor.apply(logits, seqs)
-        # (the structured-output grammar bitmask is applied to ``logits`` here)
+        if mask is not None:
+            logits = mask.apply(logits)
         k = max((s.sampling.logprobs for s in seqs if s.sampling.logprobs is not None), default=-1)
         tokens = self._draw(logits, seqs)
         out = Sampled(tokens)

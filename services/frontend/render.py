@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from services.engine.request import FinishReason, Usage
-from services.processor.types import TextLogprob
+from services.processor.types import TextLogprob, ToolCall
 
 
 def usage_body(u: Usage | None) -> dict | None:
@@ -25,6 +25,11 @@ class Choice:
     text: str = ""
     finish_reason: FinishReason | None = None
     logprobs: list[TextLogprob] = field(default_factory=list)
+    tool_calls: tuple[ToolCall, ...] = ()
+
+
+def tool_call_body(c: ToolCall) -> dict:
+    return {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
 
 
 def _chat_token(token: str, logprob: float) -> dict:
@@ -68,8 +73,14 @@ class Renderer:
         for i, c in enumerate(choices):
             lps = self.logprobs_body(c.logprobs, i)
             if self.chat:
-                out.append({"index": i, "message": {"role": "assistant", "content": c.text},
-                            "logprobs": lps, "finish_reason": c.finish_reason})
+                message: dict = {"role": "assistant", "content": c.text}
+                reason: str | None = c.finish_reason
+                if c.tool_calls:
+                    message = {"role": "assistant", "content": c.text or None,
+                               "tool_calls": [tool_call_body(t) for t in c.tool_calls]}
+                    reason = "tool_calls"
+                out.append({"index": i, "message": message, "logprobs": lps,
+                            "finish_reason": reason})
             else:
                 out.append({"index": i, "text": c.text, "logprobs": lps,
                             "finish_reason": c.finish_reason})
@@ -78,7 +89,7 @@ class Renderer:
         body["usage"] = usage_body(usage)
         return body
 
-    def _chunk(self, delta: dict | str, finish_reason: FinishReason | None,
+    def _chunk(self, delta: dict | str, finish_reason: FinishReason | str | None,
                include_usage: bool, logprobs: dict | None = None, index: int = 0) -> dict:
         if self.chat:
             body = self._base("chat.completion.chunk")
@@ -101,8 +112,17 @@ class Renderer:
         return self._chunk({"content": text} if self.chat else text, None, include_usage,
                            self.logprobs_body(lps, index), index)
 
-    def chunk_finish(self, reason: FinishReason, include_usage: bool, index: int = 0) -> dict:
-        return self._chunk({} if self.chat else "", reason, include_usage, index=index)
+    def chunk_tool_calls(self, calls: Sequence[ToolCall], include_usage: bool,
+                         index: int = 0) -> dict:
+        """Every call whole in one delta (the openai client assembles by ``index``)."""
+        return self._chunk({"tool_calls": [dict(tool_call_body(c), index=i)
+                                           for i, c in enumerate(calls)]}, None, include_usage,
+                           index=index)
+
+    def chunk_finish(self, reason: FinishReason, include_usage: bool, index: int = 0,
+                     tool_calls: bool = False) -> dict:
+        return self._chunk({} if self.chat else "", "tool_calls" if tool_calls else reason,
+                           include_usage, index=index)
 
     def chunk_usage(self, usage: Usage) -> dict:
         obj = "chat.completion.chunk" if self.chat else "text_completion"

@@ -93,6 +93,8 @@ async def collect(m: FrontendMetrics, deltas: AsyncIterator[Delta], first: Delta
         choices[d.index].logprobs.extend(d.logprobs)
         if d.finish_reason is not None:
             choices[d.index].finish_reason = d.finish_reason
+        if d.tool_calls:
+            choices[d.index].tool_calls = d.tool_calls
 
     async def drain() -> None:
         nonlocal last
@@ -144,8 +146,11 @@ async def sse(m: FrontendMetrics, r: Renderer, deltas: AsyncIterator[Delta], fir
             while d is not None:
                 if d.text or d.logprobs:
                     yield event(r.chunk_text(d.text, include_usage, d.logprobs, d.index))
+                if d.tool_calls:
+                    yield event(r.chunk_tool_calls(d.tool_calls, include_usage, d.index))
                 if d.finish_reason is not None:
-                    yield event(r.chunk_finish(d.finish_reason, include_usage, d.index))
+                    yield event(r.chunk_finish(d.finish_reason, include_usage, d.index,
+                                               bool(d.tool_calls)))
                 if _last(d, n):
                     if include_usage and d.usage is not None:
                         yield event(r.chunk_usage(d.usage))

@@ -23,6 +23,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from services.common.errors import (
+    GenerationFailed,
     InvalidRequest,
     ModelNotFound,
     Overloaded,
@@ -37,6 +38,7 @@ from services.processor.detokenizer import IncrementalDetokenizer
 from services.processor.metrics import ProcessorMetrics
 from services.processor.router_reports import Publish, RouterLike, RouterReports
 from services.processor.stop import StopMatcher
+from services.processor.tools import ToolCallParser, tool_dicts, with_tool_prompt
 from services.processor.types import CHAT_ROLES, Delta, ModelInfo, ProcessRequest, TextLogprob
 from services.processor.worker_client import DecodeWorkerClient
 from services.router.types import (
@@ -99,10 +101,21 @@ class Processor:
         m.inflight.inc()
         outcome = "cancelled"
         released = False
+        # One tool-call parser per choice (made as the choice's first delta comes).
+        parsers: dict[int, ToolCallParser] | None = (
+            {} if req.tools and req.tool_choice.mode != "none" else None)
         try:
             stream = (self._stream(req.request_id, ids, sampling, stops, route) if sampling.n == 1
                       else self._stream_choices(req.request_id, ids, sampling, route))
             async for delta in stream:
+                if parsers is not None:
+                    parser = parsers.get(delta.index)
+                    if parser is None:
+                        parser = parsers[delta.index] = ToolCallParser(req.tools, req.tool_choice)
+                    delta = _with_tool_calls(parser, delta)
+                    if (not delta.text and not delta.logprobs and delta.finish_reason is None
+                            and delta.usage is None):
+                        continue
                 if delta.finish_reason is not None:
                     outcome = delta.finish_reason.value
                 if delta.usage is not None:  # the request's last delta
@@ -137,8 +150,14 @@ class Processor:
                     raise InvalidRequest(f"messages.{i}.role: {m.role!r} is not one of "
                                          f"{sorted(CHAT_ROLES)}", param=f"messages.{i}.role")
             msgs = [{"role": x.role, "content": x.content} for x in req.messages]
+            extra: dict = {}
+            if req.tools and req.tool_choice.mode != "none":
+                if self._tok.template_takes_tools:
+                    extra["tools"] = tool_dicts(req.tools)
+                else:
+                    msgs = with_tool_prompt(msgs, req.tools)
             try:
-                ids = self._tok.encode_chat(msgs)
+                ids = self._tok.encode(self._tok.apply_chat_template(msgs, **extra))
             except (ChatTemplateError, ValueError, TypeError) as e:
                 # NOTE: TypeError: the tokenizer's answer to text that is not valid Unicode
                 # (a lone surrogate), which only an in-process caller can pass.
@@ -238,8 +257,8 @@ class Processor:
                         break
                 else:
                     failure = "ended the stream unfinished"
-            except InvalidRequest:
-                raise  # the request itself is bad: another worker would refuse it too
+            except (InvalidRequest, GenerationFailed):
+                raise  # the request itself is bad: another worker would refuse or fail it too
             except Overloaded as e:
                 failure, full = e.message, full + 1
             except ServingError as e:
@@ -264,7 +283,8 @@ class Processor:
             # NOTE: we cancelled the worker before its final usage: the cached count is the
             # router's view of the prefix this worker held.
             cached = min(route.overlap_blocks * self._block_size, len(ids))
-            yield Delta(tail, FinishReason.STOP, Usage(len(ids), len(produced), cached), tuple(lps))
+            yield Delta(tail, FinishReason.STOP, Usage(len(ids), len(produced), cached),
+                        logprobs=tuple(lps))
             return
         assert last is not None
         tail += stops.feed(detok.flush())
@@ -272,7 +292,7 @@ class Processor:
         reason = (FinishReason.STOP if stops.stopped or last.finish_reason is FinishReason.STOP
                   else FinishReason.LENGTH)
         cached = last.num_cached_tokens if not failed else min(route.overlap_blocks * self._block_size, len(ids))
-        yield Delta(tail, reason, Usage(len(ids), len(produced), cached), tuple(lps))
+        yield Delta(tail, reason, Usage(len(ids), len(produced), cached), logprobs=tuple(lps))
 
     async def _stream_choices(self, request_id: str, ids: list[int], sampling: SamplingParams,
                               route: RouteResponse) -> AsyncIterator[Delta]:
@@ -356,3 +376,12 @@ class Processor:
             raise Unavailable(f"{what}; no other decode worker can continue it: {e}") from None
         self.metrics.migrations.inc()
         return new
+
+
+def _with_tool_calls(parser: ToolCallParser, d: Delta) -> Delta:
+    """``d`` with its text through the tool-call parser; the last one carries the calls."""
+    text = parser.feed(d.text)
+    if d.finish_reason is None:
+        return replace(d, text=text)
+    rest, calls = parser.finish()
+    return replace(d, text=text + rest, tool_calls=calls)

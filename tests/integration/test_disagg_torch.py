@@ -177,3 +177,36 @@ async def test_smollm2_remote_equals_local(nats_url: str, smollm2_path: Path) ->
         greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
         assert r_long.tokens == await _reference(p.engine, "ref-long", long, greedy)
         assert r_short.tokens == await _reference(p.engine, "ref-short", short, greedy)
+
+
+async def test_smollm2_constrained_remote_prefill_samples_under_the_grammar(
+        nats_url: str, smollm2_path: Path) -> None:
+    """The prefill worker compiles the same spec and samples the first token under it; the
+    decode worker advances its own matcher over that token and goes on: the same JSON as a
+    local run, which parses and matches the schema."""
+    import jsonschema
+
+    from services.engine.grammar.spec import StructuredOutput
+    from services.engine.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_path(smollm2_path)
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16},
+                                               "rain": {"type": "boolean"}},
+              "required": ["city", "rain"], "additionalProperties": False}
+    structured = StructuredOutput.json_schema(schema)
+    cfg = cluster_cfg(nats_url, model={"path": str(smollm2_path)},
+                      engine=_engine(block_size=16, num_kv_blocks=64, max_num_batched_tokens=256,
+                                     max_model_len=1024),
+                      decode={"disagg": {"max_local_prefill_length": 48}})
+    long = tok.encode_chat([{"role": "user", "content": "Pick a city anywhere in the world and "
+                             "tell me, as JSON with the fields city and rain, whether it "
+                             "rains there today. Keep it short and answer only with JSON."}])
+    assert len(long) > 48
+    async with decode_worker(cfg) as d, prefill_worker(cfg) as p:
+        r = await generate(d, "json", long, max_tokens=40, structured=structured)
+        assert r.where == PrefillLocation.REMOTE
+        await settle(d.engine, 0)
+        sp = SamplingParams(temperature=0.0, max_tokens=40, structured=structured)
+        assert r.tokens == await _reference(p.engine, "ref-json", long, sp)
+    text = tok.decode(r.tokens)
+    jsonschema.validate(json.loads(text), schema)
