@@ -164,3 +164,17 @@ async def test_n_choices_are_reproducible_and_prefill_once(
     # Choice 0 is the n=1 request with the same seed; choice i draws with seed + i.
     single = await client.chat.completions.create(**{**kw, "n": 1, "seed": 2024 + 2})
     assert single.choices[0].message.content == texts[2]
+
+
+async def test_n_choices_each_follow_the_grammar_with_logprobs(client: openai.AsyncOpenAI) -> None:
+    """Every choice has its own grammar matcher (each answer is one of the options), and
+    logprobs come from the masked logits: each chosen token's is finite."""
+    options = ["red", "green", "blue"]
+    r = await client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Name a colour."}], max_tokens=8,
+        temperature=1.0, seed=3, n=3, logprobs=True, top_logprobs=2,
+        extra_body={"guided_choice": options})
+    assert sorted(c.index for c in r.choices) == [0, 1, 2]
+    for c in r.choices:
+        assert c.message.content in options
+        assert all(-9999 < e.logprob <= 0 for e in c.logprobs.content)
