@@ -307,3 +307,31 @@ def test_n_choices_under_preemption(tmp_path: Path) -> None:
     engine.add_request(GenerateRequest("s", prompt, sp.for_choice(0)))
     single = _drain(engine)[("s", 0)][0]
     assert all(multi[("m", i)][0] == single for i in range(3))  # greedy: all the same
+
+
+async def test_closing_an_n_stream_early_aborts_every_choice() -> None:
+    """The caller goes away (the gRPC call is cancelled) after a few outputs of an n=4
+    request: every choice is aborted and every block comes back."""
+    import asyncio
+
+    from services.engine.async_engine import AsyncEngine
+    from services.engine.runner.mock_runner import MockRunner
+    from tests.support.stack import mock_cluster_cfg
+
+    # 20 ms steps: choices left running would hold their blocks for seconds.
+    cfg = mock_cluster_cfg(engine={"mock": {"step_base_s": 0.02}})
+    async with AsyncEngine(LLMEngine(MockRunner(cfg.engine), cfg.engine, [2])) as ae:
+        sp = SamplingParams(max_tokens=400, n=4, ignore_eos=True)
+        seen: set[int] = set()
+        outs = ae.generate(GenerateRequest("gone", list(range(5, 60)), sp))
+        async for o in outs:
+            seen.add(o.index)
+            if len(seen) == 4:
+                break
+        await outs.aclose()
+        for _ in range(200):
+            if ae.stats().kv_blocks_used == 0 and ae.stats().num_running == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert ae.stats().kv_blocks_used == 0 and ae.stats().num_running == 0
+        await ae.check_integrity()
