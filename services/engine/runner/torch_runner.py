@@ -14,6 +14,7 @@ from services.engine.batch import PendingOutput, RunnerOutput, ScheduledBatch
 from services.engine.model import LlamaModel
 from services.engine.model_config import ModelArchConfig
 from services.engine.runner.base import KvSpec, ModelRunner
+from services.engine.runner.cpu_features import cpu_has_fast_bf16
 from services.engine.runner.step_inputs import StepInputs, build_step_inputs, validate_batch
 from services.engine.sampler import Sampler
 
@@ -34,9 +35,11 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """``auto`` -> float32 on CPU (bf16 matmuls are slow there), bfloat16 on CUDA."""
+    """``auto`` -> bfloat16 on CUDA and on CPUs with native bfloat16 (AVX512-BF16, AMX),
+    float32 on other CPUs (bfloat16 matmuls are emulated, slower than float32, there)."""
     if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        fast_bf16 = device.type == "cuda" or (device.type == "cpu" and cpu_has_fast_bf16())
+        return torch.bfloat16 if fast_bf16 else torch.float32
     return _DTYPES[name]
 
 
