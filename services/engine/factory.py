@@ -35,7 +35,7 @@ def build_runner(cfg: ClusterConfig, model_path: Path | None) -> ModelRunner:
 
     assert model_path is not None  # NOTE: resolved by build_engine for the torch runner
     loaded = load_weights(model_path)
-    return TorchRunner(loaded.arch, loaded.tensors, cfg.engine, cfg.engine.max_model_len)
+    return TorchRunner(loaded.arch, loaded.tensors, cfg.engine, cfg.engine.max_model_len, loaded.quant)
 
 
 def build_engine(

@@ -13,6 +13,8 @@ from services.common.config import EngineConfig
 from services.engine.batch import PendingOutput, RunnerOutput, ScheduledBatch
 from services.engine.model import LlamaModel
 from services.engine.model_config import ModelArchConfig
+from services.engine.quant.apply import quantize_model, resolve_quantization
+from services.engine.quant.groups import QuantSource
 from services.engine.runner.base import KvSpec, ModelRunner
 from services.engine.runner.cpu_features import cpu_has_fast_bf16
 from services.engine.runner.step_inputs import StepInputs, build_step_inputs, validate_batch
@@ -81,7 +83,8 @@ class TorchRunner(ModelRunner):
     """Runs a LlamaModel over a KV cache ``(layers, 2, num_kv_blocks, block_size, kv_heads, head_dim)``.
 
     ``tensors`` are Hugging Face-named weights (see ``LlamaModel.load_hf_weights``); they
-    are copied, so the caller may drop them afterwards.
+    are copied, so the caller may drop them afterwards. ``quant_source`` is what the weights
+    file offers ``engine.quantization`` (exact int4 groups of GGUF blocks), if anything.
     """
 
     supports_overlap = True
@@ -93,6 +96,7 @@ class TorchRunner(ModelRunner):
         tensors: dict[str, torch.Tensor],
         cfg: EngineConfig,
         max_model_len: int | None = None,
+        quant_source: QuantSource | None = None,
     ) -> None:
         self.device = resolve_device(cfg.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device)
@@ -116,6 +120,10 @@ class TorchRunner(ModelRunner):
         with torch.inference_mode():
             self.model = LlamaModel(arch, self.dtype, self.device, max_len=self.max_model_len)
             self.model.load_hf_weights(tensors)
+            source = quant_source or QuantSource()
+            self.quantization = resolve_quantization(cfg, self.dtype, source)
+            if self.quantization != "none":
+                quantize_model(self.model, tensors, source, self.quantization, cfg.quantized_max_rows)
             self.model.eval()
             self.kv_cache = torch.zeros(
                 self.kv_spec.block_range_shape(cfg.num_kv_blocks), dtype=self.dtype, device=self.device

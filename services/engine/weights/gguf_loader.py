@@ -21,6 +21,13 @@ from gguf.quants import dequantize
 from services.engine.gguf_file import open_gguf
 from services.engine.model_config import ModelArchConfig
 from services.engine.model_errors import UnsupportedModelError
+from services.engine.quant.groups import (
+    EXACT_TYPES,
+    FOUR_BIT_TYPES,
+    Int4Groups,
+    QuantSource,
+    from_gguf_blocks,
+)
 from services.engine.weights.layout import check_tensors
 from services.engine.weights.loaded import LoadedWeights
 
@@ -124,11 +131,14 @@ def arch_from_metadata(meta: dict[str, Any], tensor_shapes: dict[str, tuple[int,
 
 
 def load_gguf(path: Path) -> LoadedWeights:
-    """Load every tensor of the GGUF at `path`, dequantized to float32 (see module doc)."""
+    """Load every tensor of the GGUF at `path`, dequantized to float32 (see module doc), plus
+    the exact int4 groups of its Q4_0 / Q4_1 / Q8_0 weights for a quantized runner."""
     reader = open_gguf(path)
     shapes = {t.name: tuple(int(d) for d in reversed(t.shape.tolist())) for t in reader.tensors}
     arch = arch_from_metadata(read_metadata(reader), shapes, path)
     tensors: dict[str, torch.Tensor] = {}
+    groups: dict[str, Int4Groups] = {}  # the exact int4 form of Q4_0 / Q4_1 / Q8_0 weights
+    four_bit = False
     for t in reader.tensors:
         name = hf_name(t.name)
         if name is None:
@@ -147,7 +157,20 @@ def load_gguf(path: Path) -> LoadedWeights:
             elif ".self_attn.k_proj." in name:
                 w = unpermute_rotary(w, arch.num_kv_heads)
         tensors[name] = w
+        if t.tensor_type in EXACT_TYPES and len(shapes[t.name]) == 2:
+            groups[name] = _rows_in_hf_order(
+                from_gguf_blocks(t.data, t.tensor_type, shapes[t.name]), name, arch)  # type: ignore[arg-type]
+        four_bit |= t.tensor_type in FOUR_BIT_TYPES
     if arch.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)
+        groups.pop("lm_head.weight", None)
     check_tensors(arch, tensors, path)
-    return LoadedWeights(arch=arch, tensors=tensors, source=path)
+    return LoadedWeights(arch=arch, tensors=tensors, source=path, quant=QuantSource(groups, four_bit))
+
+
+def _rows_in_hf_order(groups: Int4Groups, name: str, arch: ModelArchConfig) -> Int4Groups:
+    if arch.architecture == "llama" and ".self_attn.q_proj." in name:
+        return groups.map_rows(lambda w: unpermute_rotary(w, arch.num_heads))
+    if arch.architecture == "llama" and ".self_attn.k_proj." in name:
+        return groups.map_rows(lambda w: unpermute_rotary(w, arch.num_kv_heads))
+    return groups
