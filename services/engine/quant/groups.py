@@ -110,14 +110,15 @@ def from_gguf_blocks(data: np.ndarray, qtype: GGMLQuantizationType, shape: tuple
         zero = np.concatenate([np.zeros_like(d), 8 * d], axis=1)
         return _groups(codes, scale, zero, input_repeat=2, bits=8)
     if qtype == Q.Q4_0:
-        m, qs = np.zeros_like(d), raw[..., 2:]
+        zero, qs = np.zeros_like(d), raw[..., 2:]
     elif qtype == Q.Q4_1:
         m, qs = raw[..., 2:4].copy().view(np.float16).astype(np.float32)[..., 0], raw[..., 4:]
+        zero = m + 8 * d
     else:
         raise ValueError(f"no exact int4 form for GGUF type {qtype.name}")
     # 16 bytes a block: low nibbles are elements 0..15, high nibbles 16..31.
     codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(n, k)
-    return _groups(codes, d, m + 8 * d, input_repeat=1, bits=4)
+    return _groups(codes, d, zero, input_repeat=1, bits=4)
 
 
 def _groups(codes: np.ndarray, scale: np.ndarray, zero: np.ndarray, *, input_repeat: int,

@@ -33,10 +33,13 @@ class Int4Matmul(nn.Module):
     def __init__(self, groups: Int4Groups, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
         self.group_size, self.repeat = groups.group_size, groups.input_repeat
-        self.out_features = groups.out_features
-        codes = groups.codes  # (N, K * repeat), 0..15
+        self.out_features = n = groups.out_features
+        # The packers want N a multiple of 16 (CPU) / 8 (CUDA): pad with zero rows, sliced off.
+        pad = -n % 16
+        codes = F.pad(groups.codes, (0, 0, 0, pad), value=8)  # (N + pad, K * repeat), 0..15
+        scale, zero = (F.pad(t, (0, 0, 0, pad)) for t in (groups.scale, groups.zero))
         # (K * repeat / group, N, 2): the kernels' layout, one (scale, zero) pair per group and row.
-        sz = torch.stack([groups.scale, groups.zero], dim=-1).transpose(0, 1).contiguous()
+        sz = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()
         self.register_buffer("scale_zero", sz.to(device=device, dtype=dtype), persistent=False)
         self.cpu = device.type == "cpu"
         if self.cpu:
@@ -53,8 +56,10 @@ class Int4Matmul(nn.Module):
         if self.repeat > 1:  # a Q8_0 weight: both nibble halves read the same input
             x = torch.cat([x] * self.repeat, dim=-1)
         if self.cpu:
-            return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group_size, self.scale_zero)
-        return torch.ops.aten._weight_int4pack_mm(x, self.packed, self.group_size, self.scale_zero)
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group_size, self.scale_zero)
+        else:
+            y = torch.ops.aten._weight_int4pack_mm(x, self.packed, self.group_size, self.scale_zero)
+        return y if y.shape[-1] == self.out_features else y[..., : self.out_features]
 
 
 class Int8Matmul(nn.Module):
