@@ -19,7 +19,7 @@ asymmetric min/max per group of ``FLOAT_GROUP_SIZE``, one rounding.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -65,7 +65,7 @@ class Int4Groups:
         w = (q * self.scale.unsqueeze(-1) + self.zero.unsqueeze(-1)).view(n, k)
         return w.view(n, self.input_repeat, self.in_features).sum(1)
 
-    def map_rows(self, fn) -> Int4Groups:  # noqa: ANN001 - any row permutation (Tensor -> Tensor)
+    def map_rows(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> Int4Groups:
         """The same groups with ``fn`` (a row permutation, e.g. GGUF's rotary un-permute)
         applied to every per-row tensor."""
         return Int4Groups(fn(self.codes), fn(self.scale), fn(self.zero), self.group_size,

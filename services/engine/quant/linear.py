@@ -10,6 +10,7 @@ dependency. Activations stay in the model's dtype (the scales are cast to it).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -67,6 +68,9 @@ class Int8Matmul(nn.Module):
 
     def __init__(self, weight: torch.Tensor, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
+        if not _has_int8_kernel(device):
+            raise ValueError(f"engine.quantization int8: this torch has no _weight_int8pack_mm for "
+                             f"{device.type} (int4 has one)")
         w = weight.float()
         scale = (w.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)  # (N,)
         q = (w / scale.unsqueeze(1)).round().clamp(-127, 127).to(torch.int8)
@@ -76,6 +80,18 @@ class Int8Matmul(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.aten._weight_int8pack_mm(x, self.q, self.scale)
+
+
+@functools.cache
+def _has_int8_kernel(device: torch.device) -> bool:
+    # NOTE: CPU always has it; CUDA only in newer torch builds. Probe once, at load.
+    x = torch.zeros(1, 32, dtype=torch.bfloat16, device=device)
+    q = torch.zeros(8, 32, dtype=torch.int8, device=device)
+    try:
+        torch.ops.aten._weight_int8pack_mm(x, q, torch.ones(8, dtype=torch.bfloat16, device=device))
+    except (NotImplementedError, RuntimeError):
+        return False
+    return True
 
 
 class QuantizedLinear(nn.Module):

@@ -10,6 +10,7 @@ Llama's q/k are un-permuted here.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -137,7 +138,7 @@ def load_gguf(path: Path) -> LoadedWeights:
     shapes = {t.name: tuple(int(d) for d in reversed(t.shape.tolist())) for t in reader.tensors}
     arch = arch_from_metadata(read_metadata(reader), shapes, path)
     tensors: dict[str, torch.Tensor] = {}
-    groups: dict[str, Int4Groups] = {}  # the exact int4 form of Q4_0 / Q4_1 / Q8_0 weights
+    blocks: dict[str, _Blocks] = {}  # Q4_0 / Q4_1 / Q8_0 weights, for their exact int4 form
     four_bit = False
     for t in reader.tensors:
         name = hf_name(t.name)
@@ -158,19 +159,36 @@ def load_gguf(path: Path) -> LoadedWeights:
                 w = unpermute_rotary(w, arch.num_kv_heads)
         tensors[name] = w
         if t.tensor_type in EXACT_TYPES and len(shapes[t.name]) == 2:
-            groups[name] = _rows_in_hf_order(
-                from_gguf_blocks(t.data, t.tensor_type, shapes[t.name]), name, arch)  # type: ignore[arg-type]
+            blocks[name] = (t.data, t.tensor_type, shapes[t.name])  # type: ignore[assignment]
         four_bit |= t.tensor_type in FOUR_BIT_TYPES
     if arch.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)
-        groups.pop("lm_head.weight", None)
+        blocks.pop("lm_head.weight", None)
     check_tensors(arch, tensors, path)
-    return LoadedWeights(arch=arch, tensors=tensors, source=path, quant=QuantSource(groups, four_bit))
+    return LoadedWeights(arch=arch, tensors=tensors, source=path,
+                         quant=QuantSource(GgufGroups(blocks, arch), four_bit))
 
 
-def _rows_in_hf_order(groups: Int4Groups, name: str, arch: ModelArchConfig) -> Int4Groups:
-    if arch.architecture == "llama" and ".self_attn.q_proj." in name:
-        return groups.map_rows(lambda w: unpermute_rotary(w, arch.num_heads))
-    if arch.architecture == "llama" and ".self_attn.k_proj." in name:
-        return groups.map_rows(lambda w: unpermute_rotary(w, arch.num_kv_heads))
-    return groups
+_Blocks = tuple[np.ndarray, GGMLQuantizationType, tuple[int, int]]  # raw bytes, type, torch shape
+
+
+class GgufGroups(Mapping[str, Int4Groups]):
+    """HF name -> the exact int4 groups of a Q4_0 / Q4_1 / Q8_0 weight, rows in HF order.
+    Decoded from the file's blocks when asked: a runner without quantization never pays."""
+
+    def __init__(self, blocks: dict[str, _Blocks], arch: ModelArchConfig) -> None:
+        self._blocks, self._arch = blocks, arch
+
+    def __getitem__(self, name: str) -> Int4Groups:
+        groups = from_gguf_blocks(*self._blocks[name])
+        if self._arch.architecture == "llama" and ".self_attn.q_proj." in name:
+            return groups.map_rows(lambda w: unpermute_rotary(w, self._arch.num_heads))
+        if self._arch.architecture == "llama" and ".self_attn.k_proj." in name:
+            return groups.map_rows(lambda w: unpermute_rotary(w, self._arch.num_kv_heads))
+        return groups
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._blocks)
+
+    def __len__(self) -> int:
+        return len(self._blocks)
