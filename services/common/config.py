@@ -68,7 +68,7 @@ class EngineConfig(_Strict):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     threads: int = Field(1, ge=1)
     # Weight-only quantized linears (docs/engine.md "Dtype and quantized weights"): int4 / int8 weights,
-    # activations in `dtype`. auto: int4 for a 4-bit GGUF with 16-bit activations, else none.
+    # activations in `dtype`. auto: int4 for a 4-bit GGUF with bfloat16 activations, else none.
     quantization: Literal["auto", "none", "int8", "int4"] = "auto"
     # With quantization on, a forward over more rows than this (prefill chunks) uses a
     # dense copy of the weights, which a GEMM beats the int4/int8 kernels with; null keeps

@@ -131,6 +131,7 @@ def test_quantized_linear_switches_to_dense_above_the_row_limit() -> None:
     ("auto", torch.bfloat16, True, "int4"),
     ("auto", torch.bfloat16, False, "none"),  # an F16 / Q8_0 / HF model stays dense
     ("auto", torch.float32, True, "none"),  # the CPU int4 kernel loses to float32 GEMM
+    ("auto", torch.float16, True, "none"),  # CUDA's int4 kernel takes bfloat16 only
     ("int8", torch.float32, False, "int8"),
     ("none", torch.bfloat16, True, "none"),
 ])

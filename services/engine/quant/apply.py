@@ -1,7 +1,8 @@
 """``engine.quantization``: which mode a runner uses, and swapping a model's linears for it.
 
 ``auto`` is int4 for a 4-bit GGUF (Q4_0 / Q4_1 / Q4_K linears) when the activations are
-16-bit (the CPU int4 kernel is slower than a dense GEMM in float32), none otherwise; with
+bfloat16 (the CPU int4 kernel is slower than a dense GEMM in float32; CUDA's takes only
+bfloat16), none otherwise; with
 tensor parallelism it is always none (the quantized layers do not shard). Explicit
 ``int4`` / ``int8`` quantize every linear and the LM head; the embedding lookup stays dense.
 """
@@ -35,7 +36,7 @@ def resolve_quantization(cfg: EngineConfig, dtype: torch.dtype, source: QuantSou
     tp = getattr(cfg, "tensor_parallel_size", 1)  # NOTE: the key arrives with tensor parallelism
     mode = cfg.quantization
     if mode == "auto":
-        return "int4" if source.four_bit and tp == 1 and dtype != torch.float32 else "none"
+        return "int4" if source.four_bit and tp == 1 and dtype == torch.bfloat16 else "none"
     if mode != "none" and tp > 1:
         raise ValueError(f"engine.quantization={mode} needs engine.tensor_parallel_size=1 "
                          f"(got {tp}): quantized linears are not sharded")
