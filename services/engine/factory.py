@@ -3,6 +3,7 @@ pick the runner. The one place that knows how the engine's pieces fit together."
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +14,8 @@ from services.engine.engine import LLMEngine
 from services.engine.model_store import resolve_model_path, served_model_name
 from services.engine.runner.base import ModelRunner
 from services.engine.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -64,7 +67,12 @@ def build_engine(
     if tokenizer is not None and runner.supports_grammar:
         from services.engine.grammar.compiler import GrammarCompiler
 
-        grammar = GrammarCompiler(tokenizer.to_json(), runner.vocab_size, eos)
+        try:
+            grammar = GrammarCompiler(tokenizer.to_json(), runner.vocab_size, eos)
+        except ValueError as e:
+            # A tokenizer llguidance cannot read (no decoder, say) still serves free text;
+            # structured requests then get validate()'s clear 400 instead of a dead worker.
+            log.warning("structured output disabled: llguidance cannot use this tokenizer (%s)", e)
     engine = LLMEngine(runner, cfg.engine, eos, worker_id=worker_id, on_kv_event=on_kv_event,
                        grammar=grammar)
     name = cfg.model.name or served_model_name(cfg.model.path)
