@@ -5,7 +5,9 @@ Prefill: one prompt of ``--prompt-len`` random tokens, timed from admission to i
 token (one engine step when the prompt fits the token budget). Decode: N sequences with
 distinct ``--decode-context``-token prompts are prefilled, then ``--decode-steps`` batched
 decode steps are timed; tokens/s = N * steps / time. Each figure is the median of a few
-repetitions. ``--set engine.dtype=bfloat16`` or ``engine.device=cuda`` measure those
+repetitions. ``--set engine.dtype=bfloat16``, ``engine.quantization=int4|int8|none``
+(``engine.quantized_max_rows=null``: the quantized kernels at every batch size) or
+``engine.device=cuda`` measure those
 (this replaced benchmarks/engine_forward.py, which timed the runner alone on random
 weights: the scheduler and sampler cost little next to a step's matmuls).
 
@@ -172,6 +174,10 @@ def _bench_one(cfg: ClusterConfig, args: argparse.Namespace, concurrency: list[i
     engine.check_integrity()
     out["device"] = str(getattr(engine.runner, "device", "cpu"))
     out["dtype"] = str(getattr(engine.runner, "dtype", cfg.engine.dtype))
+    # what engine.quantization resolved to ("auto" -> none | int4); the mock has none
+    out["quantization"] = getattr(engine.runner, "quantization", "none")
+    print(f"  ran on {out['device']}, {out['dtype'].removeprefix('torch.')}, "
+          f"quantization {out['quantization']}", flush=True)
     return out
 
 

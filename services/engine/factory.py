@@ -38,7 +38,7 @@ def build_runner(cfg: ClusterConfig, model_path: Path | None) -> ModelRunner:
 
     assert model_path is not None  # NOTE: resolved by build_engine for the torch runner
     loaded = load_weights(model_path)
-    return TorchRunner(loaded.arch, loaded.tensors, cfg.engine, cfg.engine.max_model_len)
+    return TorchRunner(loaded.arch, loaded.tensors, cfg.engine, cfg.engine.max_model_len, loaded.quant)
 
 
 def build_engine(
@@ -70,9 +70,9 @@ def build_engine(
         try:
             grammar = GrammarCompiler(tokenizer.to_json(), runner.vocab_size, eos)
         except ValueError as e:
-            # NOTE: llguidance cannot build every tokenizer (a WordLevel one without a
-            # decoder): serve without structured output, whose requests are then refused.
-            log.warning("structured output disabled: llguidance cannot use this tokenizer: %s", e)
+            # A tokenizer llguidance cannot read (no decoder, say) still serves free text;
+            # structured requests then get validate()'s clear 400 instead of a dead worker.
+            log.warning("structured output disabled: llguidance cannot use this tokenizer (%s)", e)
     engine = LLMEngine(runner, cfg.engine, eos, worker_id=worker_id, on_kv_event=on_kv_event,
                        grammar=grammar)
     name = cfg.model.name or served_model_name(cfg.model.path)

@@ -162,10 +162,15 @@ async def test_n_choices_fork_after_the_remote_kv_arrives(nats_url: str, tiny_mo
     assert lps == {0: 8, 1: 8, 2: 8}
 
 
-async def test_smollm2_remote_equals_local(nats_url: str, smollm2_path: Path) -> None:
+@pytest.mark.parametrize(("dtype", "quantization"), [("float32", "none"), ("bfloat16", "auto")],
+                         ids=["float32", "bfloat16-int4"])
+async def test_smollm2_remote_equals_local(nats_url: str, smollm2_path: Path, dtype: str,
+                                           quantization: str) -> None:
+    # bfloat16-int4: what `engine.dtype: auto` and `engine.quantization: auto` pick on a
+    # bfloat16 CPU; the KV travels as bfloat16 between the two workers.
     cfg = cluster_cfg(nats_url, model={"path": str(smollm2_path)},
                       engine=_engine(block_size=16, num_kv_blocks=64, max_num_batched_tokens=256,
-                                     max_model_len=1024),
+                                     max_model_len=1024, dtype=dtype, quantization=quantization),
                       decode={"disagg": {"max_local_prefill_length": 48}})
     long = [(i * 7919 + 17) % 49000 + 100 for i in range(100)]
     short = long[:30]
@@ -173,6 +178,10 @@ async def test_smollm2_remote_equals_local(nats_url: str, smollm2_path: Path) ->
         r_long = await generate(d, "long", long, max_tokens=8, ignore_eos=True)
         r_short = await generate(d, "short", short, max_tokens=8, ignore_eos=True)
         assert r_long.where == PrefillLocation.REMOTE and r_short.where == PrefillLocation.LOCAL
+        for w in (d, p):
+            runner = w.engine.engine.runner
+            assert (str(runner.dtype), runner.quantization) == (
+                f"torch.{dtype}", "int4" if quantization == "auto" else "none")
         await settle(d.engine, 0)
         greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
         assert r_long.tokens == await _reference(p.engine, "ref-long", long, greedy)

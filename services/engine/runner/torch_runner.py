@@ -13,8 +13,11 @@ from services.common.config import EngineConfig
 from services.engine.batch import PendingOutput, RunnerOutput, ScheduledBatch, ScheduledSeq
 from services.engine.model import LlamaModel
 from services.engine.model_config import ModelArchConfig
+from services.engine.quant.apply import quantize_model, resolve_quantization
+from services.engine.quant.groups import QuantSource
 from services.engine.request import TokenLogprob
 from services.engine.runner.base import KvSpec, ModelRunner
+from services.engine.runner.cpu_features import cpu_has_fast_bf16
 from services.engine.runner.step_inputs import StepInputs, build_step_inputs, validate_batch
 from services.engine.sampler import Sampled, Sampler
 
@@ -35,9 +38,11 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """``auto`` -> float32 on CPU (bf16 matmuls are slow there), bfloat16 on CUDA."""
+    """``auto`` -> bfloat16 on CUDA and on CPUs with native bfloat16 (AVX512-BF16, AMX),
+    float32 on other CPUs (bfloat16 matmuls are emulated, slower than float32, there)."""
     if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        fast_bf16 = device.type == "cuda" or (device.type == "cpu" and cpu_has_fast_bf16())
+        return torch.bfloat16 if fast_bf16 else torch.float32
     return _DTYPES[name]
 
 
@@ -92,7 +97,8 @@ class TorchRunner(ModelRunner):
     """Runs a LlamaModel over a KV cache ``(layers, 2, num_kv_blocks, block_size, kv_heads, head_dim)``.
 
     ``tensors`` are Hugging Face-named weights (see ``LlamaModel.load_hf_weights``); they
-    are copied, so the caller may drop them afterwards.
+    are copied, so the caller may drop them afterwards. ``quant_source`` is what the weights
+    file offers ``engine.quantization`` (exact int4 groups of GGUF blocks), if anything.
     """
 
     supports_overlap = True
@@ -104,6 +110,7 @@ class TorchRunner(ModelRunner):
         tensors: dict[str, torch.Tensor],
         cfg: EngineConfig,
         max_model_len: int | None = None,
+        quant_source: QuantSource | None = None,
     ) -> None:
         self.device = resolve_device(cfg.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device)
@@ -127,6 +134,10 @@ class TorchRunner(ModelRunner):
         with torch.inference_mode():
             self.model = LlamaModel(arch, self.dtype, self.device, max_len=self.max_model_len)
             self.model.load_hf_weights(tensors)
+            source = quant_source or QuantSource()
+            self.quantization = resolve_quantization(cfg, self.dtype, source)
+            if self.quantization != "none":
+                quantize_model(self.model, tensors, source, self.quantization, cfg.quantized_max_rows)
             self.model.eval()
             self.kv_cache = torch.zeros(
                 self.kv_spec.block_range_shape(cfg.num_kv_blocks), dtype=self.dtype, device=self.device
