@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 from services.engine.request import SamplingParams
 
 if TYPE_CHECKING:
+    from services.engine.multimodal.spans import ImageSpan
     from services.engine.sequence import Sequence
 
 # Future-token slots per batch region; the scheduler rotates through FUTURE_REGIONS regions
@@ -43,6 +44,8 @@ class ScheduledSeq:
     before the forward. ``block_ids`` is the sequence's block table (the live list: it
     only ever grows in place, and the runner reads only the blocks up to ``end_pos``).
     When ``sample`` is true the last position's logits produce the sequence's next token.
+    ``images`` are the prompt's image spans; the runner puts their embeddings in place of
+    the placeholder tokens this step computes.
     """
 
     request_id: str
@@ -52,6 +55,7 @@ class ScheduledSeq:
     sample: bool
     sampling: SamplingParams
     num_generated: int = 0  # tokens generated so far; makes seeded sampling reproducible
+    images: tuple[ImageSpan, ...] = ()
 
     @property
     def end_pos(self) -> int:

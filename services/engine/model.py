@@ -108,14 +108,19 @@ class LlamaModel(nn.Module):
         positions: torch.Tensor,
         meta: AttentionMetadata,
         kv_cache: torch.Tensor | list[torch.Tensor],
+        mm_rows: torch.Tensor | None = None,
+        mm_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """input_ids, positions (T,) -> hidden (T, H).
 
         ``kv_cache`` is the 6-D cache or, to skip re-slicing it every step, its per-layer
-        views ``list(kv_cache)``.
+        views ``list(kv_cache)``. ``mm_embeds`` (M, H) replace the token embeddings of rows
+        ``mm_rows`` (M,): a multimodal model's image placeholders.
         """
         cos, sin = self.rotary.lookup(positions)  # (T, 1, hd) each, shared by all layers
         x = self.embed_tokens(input_ids)  # (T, H)
+        if mm_rows is not None:
+            x[mm_rows] = mm_embeds
         residual = None
         for layer, layer_cache in zip(self.layers, kv_cache, strict=True):
             x, residual = layer(x, residual, cos, sin, meta, layer_cache)

@@ -204,7 +204,8 @@ class TorchRunner(ModelRunner):
         ids = step.input_ids
         if step.has_futures:  # tokens the previous batch sampled: read on the device
             ids = torch.where(ids < 0, self._future[(-1 - ids).clamp_(min=0)], ids)
-        hidden = self.model(ids, step.positions, step.meta, self._kv_layers)  # (T, H)
+        hidden = self.model(ids, step.positions, step.meta, self._kv_layers,
+                            step.mm_rows, step.mm_embeds)  # (T, H)
         if not step.sample_index:
             return step, None
         return step, self.model.compute_logits(hidden[step.sample_rows])  # (N, V)
