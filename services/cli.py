@@ -11,6 +11,7 @@ from collections.abc import Sequence
 # subcommand path -> "module:function"; the function takes the parsed argparse.Namespace.
 _HANDLERS = {
     ("model", "pull"): "services.engine.model_store:pull_main",
+    ("model", "make-tiny-llava"): "services.engine.multimodal.tiny:main",
     ("chat",): "services.engine.chat:main",
     ("router",): "services.router.cli:main",
     ("decode",): "services.decode.serve:main",
@@ -46,6 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
     model_sub = model.add_subparsers(dest="model_command", required=True)
     pull = model_sub.add_parser("pull", help="fetch the default model (SmolLM2-135M-Instruct)")
     pull.set_defaults(_key=("model", "pull"))
+    tiny = model_sub.add_parser("make-tiny-llava", help="write a tiny LLaVA model with RANDOM weights (demos, tests)")
+    tiny.add_argument("dir", help="directory to write config.json, preprocessor_config.json, model.safetensors")
+    tiny.add_argument("--vision", choices=("clip", "siglip"), default="clip")
+    tiny.add_argument("--text", choices=("llama", "qwen2"), default="llama")
+    tiny.add_argument("--vocab-size", type=int, default=512)
+    tiny.set_defaults(_key=("model", "make-tiny-llava"))
 
     chat = sub.add_parser("chat", help="chat with a single in-process engine")
     _add_config(chat)

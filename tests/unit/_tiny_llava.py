@@ -12,7 +12,13 @@ VOCAB = 128
 
 def tiny_llava_config(vision: str = "clip", text: str = "llama", feature_layer=-2, strategy: str = "default",
                       image_size: int = 56, patch_size: int = 14):
-    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, Qwen2Config, SiglipVisionConfig
+    from transformers import (
+        CLIPVisionConfig,
+        LlamaConfig,
+        LlavaConfig,
+        Qwen2Config,
+        SiglipVisionConfig,
+    )
 
     vcommon = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
                    image_size=image_size, patch_size=patch_size)

@@ -22,7 +22,7 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module", params=CASES, ids=[f"{v}-{t}-{l}-{s}" for v, t, l, s in CASES])
+@pytest.fixture(scope="module", params=CASES, ids=["-".join(map(str, c)) for c in CASES])
 def setup(request, tmp_path_factory):
     vision, text, layer, strategy = request.param
     hf = tiny_llava(vision, text, layer, strategy)
