@@ -50,3 +50,15 @@ def expand_placeholders(
         else:
             out.append(tok)
     return out, spans
+
+
+def check_spans(spans: tuple[ImageSpan, ...], prompt_len: int) -> None:
+    """ValueError unless the spans are in order, apart, inside the prompt and encoded."""
+    end = 0
+    for i, sp in enumerate(spans):
+        if sp.length <= 0 or sp.offset < end or sp.end > prompt_len:
+            raise ValueError(f"image {i} at {sp.offset}+{sp.length} is outside the prompt "
+                             f"({prompt_len} tokens) or overlaps the previous image")
+        if sp.embeds is None or tuple(sp.embeds.shape[:1]) != (sp.length,):
+            raise ValueError(f"image {i} has no embeddings for its {sp.length} placeholders")
+        end = sp.end
