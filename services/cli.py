@@ -51,7 +51,6 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("dir", help="directory to write config.json, preprocessor_config.json, model.safetensors")
     tiny.add_argument("--vision", choices=("clip", "siglip"), default="clip")
     tiny.add_argument("--text", choices=("llama", "qwen2"), default="llama")
-    tiny.add_argument("--vocab-size", type=int, default=512)
     tiny.set_defaults(_key=("model", "make-tiny-llava"))
 
     chat = sub.add_parser("chat", help="chat with a single in-process engine")

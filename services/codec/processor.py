@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from services.codec.multimodal import message_images_from_pb, message_images_to_pb
 from services.codec.request import (
     finish_from_pb,
     finish_to_pb,
@@ -18,7 +19,8 @@ def request_to_pb(req: ProcessRequest) -> processor_pb2.ProcessRequest:
     msg = processor_pb2.ProcessRequest(request_id=req.request_id, model=req.model,
                                        sampling=sampling_to_pb(req.sampling))
     if req.messages is not None:
-        msg.chat.messages.extend(processor_pb2.ChatMessage(role=m.role, content=m.content)
+        msg.chat.messages.extend(processor_pb2.ChatMessage(role=m.role, content=m.content,
+                                                           images=message_images_to_pb(m.images))
                                  for m in req.messages)
     elif req.prompt is not None:
         msg.prompt = req.prompt
@@ -33,7 +35,8 @@ def request_from_pb(m: processor_pb2.ProcessRequest) -> ProcessRequest:
     return ProcessRequest(
         request_id=m.request_id, model=m.model,
         sampling=request_sampling_from_pb(m.request_id, m.sampling),
-        messages=tuple(ChatMessage(x.role, x.content) for x in m.chat.messages)
+        messages=tuple(ChatMessage(x.role, x.content, message_images_from_pb(x.images))
+                       for x in m.chat.messages)
         if which == "chat" else None,
         prompt=m.prompt if which == "prompt" else None,
         prompt_ids=tuple(m.prompt_ids.ids) if which == "prompt_ids" else None,

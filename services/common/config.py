@@ -260,6 +260,32 @@ class LauncherConfig(_Strict):
         return self
 
 
+class MultimodalConfig(_Strict):
+    """Image inputs of a LLaVA model (docs/architecture.md, "Multimodal requests")."""
+
+    # Remote http(s) image URLs are refused (400) unless this is set; then fetched with
+    # remote_fetch_timeout_s and max_image_bytes.
+    allow_remote_urls: bool = False
+    remote_fetch_timeout_s: float = Field(10.0, gt=0)
+    max_image_bytes: int = Field(10 << 20, ge=1)  # of the decoded file, per image
+    max_images_per_request: int = Field(8, ge=0)
+    max_image_pixels: int = Field(16_000_000, ge=1)  # width * height, checked before decoding
+    # Embedding transfer (seed 002): rows per block, the language side's first buffer, and
+    # the buffer's size in blocks on each side.
+    block_size: int = Field(128, ge=1)
+    default_blocks: int = Field(8, ge=1)
+    num_blocks: int = Field(256, ge=1)
+    # A language side waits this long for one chunk before resuming on another encoder.
+    encode_timeout_s: float = Field(30.0, gt=0)
+    embedding_cache_entries: int = Field(256, ge=0)  # LRU of image embeddings by content hash
+
+    @model_validator(mode="after")
+    def _check_blocks(self) -> MultimodalConfig:
+        if self.default_blocks > self.num_blocks:
+            raise ValueError("multimodal.default_blocks must be at most multimodal.num_blocks")
+        return self
+
+
 class ClusterConfig(_Strict):
     namespace: str = Field("tandem", pattern=r"^[A-Za-z0-9_-]+$")
     # The interface every part's gRPC and metrics ports listen on (the frontend's HTTP port
@@ -275,6 +301,7 @@ class ClusterConfig(_Strict):
     decode: DecodeConfig = DecodeConfig()
     prefill: PrefillConfig = PrefillConfig()
     launcher: LauncherConfig = LauncherConfig()
+    multimodal: MultimodalConfig = MultimodalConfig()
 
     @model_validator(mode="after")
     def _check_budget(self) -> ClusterConfig:

@@ -27,7 +27,8 @@ from services.decode.metrics import DecodeMetrics
 from services.decode.worker import DecodeWorker
 from services.disagg.prefill_queue import PrefillQueue
 from services.engine.async_engine import AsyncEngine
-from services.engine.factory import build_engine
+from services.engine.factory import build_embedder, build_engine
+from services.engine.multimodal.metrics import MmBlocksCollector
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,11 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str | None = None,
         metrics = DecodeMetrics(ae.stats, cfg.decode.disagg)
         queue = await PrefillQueue.open(nc, subjects, cfg.prefill,
                                         cfg.decode.disagg.queue_depth_cache_s, worker_id)
-        worker = DecodeWorker(ae, cfg, worker_id, queue, metrics=metrics)
+        mm = build_embedder(cfg, parts.model_path, str(getattr(parts.engine.runner, "device", "cpu")))
+        if mm is not None:
+            metrics.registry.register(MmBlocksCollector(*mm[2]))
+        worker = DecodeWorker(ae, cfg, worker_id, queue, metrics=metrics,
+                              embedder=mm[0] if mm is not None else None)
         # before the port opens: a part that looks ready must stop cleanly (see stop_on_signals)
         stop = stop or stop_on_signals()
         server, port = await serve_decode_worker(worker, host, cfg.decode.port + replica)

@@ -25,6 +25,32 @@ class EngineParts:
     model_path: Path | None
 
 
+def is_llava_dir(model_path: Path | None) -> bool:
+    """Whether the model is a LLaVA (vision-language) Hugging Face directory."""
+    if model_path is None or not (model_path / "config.json").is_file():
+        return False
+    import json
+
+    from services.engine.multimodal.config import is_llava_config
+
+    return is_llava_config(json.loads((model_path / "config.json").read_text(encoding="utf-8")))
+
+
+def build_embedder(cfg: ClusterConfig, model_path: Path | None, device: str = "cpu"):
+    """(ImageEmbedder, its in-process encode channel, the allocators for metrics) for a LLaVA
+    model, or None for a text-only one."""
+    if cfg.engine.runner != "torch" or not is_llava_dir(model_path):
+        return None
+    from services.engine.multimodal.embedder import VisionEncoder, local_embedder
+
+    mm = cfg.multimodal
+    assert model_path is not None
+    encoder = VisionEncoder(model_path, device, cache_entries=mm.embedding_cache_entries)
+    embedder, channel = local_embedder(encoder, mm.block_size, mm.default_blocks, mm.num_blocks,
+                                       mm.encode_timeout_s)
+    return embedder, channel, (embedder.receiver.allocator, channel.sender.allocator)
+
+
 def build_runner(cfg: ClusterConfig, model_path: Path | None) -> ModelRunner:
     if cfg.engine.runner == "mock":
         from services.engine.runner.mock_runner import MockRunner
@@ -34,7 +60,12 @@ def build_runner(cfg: ClusterConfig, model_path: Path | None) -> ModelRunner:
     from services.engine.weights import load_weights
 
     assert model_path is not None  # NOTE: resolved by build_engine for the torch runner
-    loaded = load_weights(model_path)
+    if is_llava_dir(model_path):
+        from services.engine.multimodal.weights import load_llava_dir
+
+        loaded = load_llava_dir(model_path).text  # the vision half runs in the ImageEmbedder
+    else:
+        loaded = load_weights(model_path)
     return TorchRunner(loaded.arch, loaded.tensors, cfg.engine, cfg.engine.max_model_len)
 
 

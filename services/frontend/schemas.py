@@ -18,8 +18,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, model
 
 from services.common.errors import InvalidRequest
 from services.common.text import lone_surrogate
+from services.engine.multimodal.image_input import ImageData
 from services.engine.request import SamplingParams
-from services.processor.types import ChatMessage, ChatRole, ProcessRequest
+from services.processor.types import ChatMessage, ChatRole, MessageImage, ProcessRequest
 
 
 def _unicode(s: str) -> str:
@@ -51,16 +52,50 @@ class TextPart(_Body):
     text: Text
 
 
+class ImageUrl(_Body):
+    url: str = Field(min_length=1)
+    detail: Literal["auto", "low", "high"] = "auto"  # accepted; the model's processor decides
+
+
+class ImageUrlPart(_Body):
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+ContentPart = TextPart | ImageUrlPart
+
+
 class ChatMessageIn(_Body):
     role: ChatRole
-    content: Text | list[TextPart] | None = None
+    content: Text | list[ContentPart] | None = None
 
     def text(self) -> str:
+        return self.text_and_images(0, {})[0]
+
+    def image_urls(self) -> list[tuple[int, str]]:
+        """(part index, url) of each image part."""
+        if not isinstance(self.content, list):
+            return []
+        return [(j, p.image_url.url) for j, p in enumerate(self.content) if isinstance(p, ImageUrlPart)]
+
+    def text_and_images(self, index: int, images: dict[tuple[int, int], ImageData]
+                        ) -> tuple[str, tuple[MessageImage, ...]]:
+        """The text, and each image (``images[(index, part)]``) at the character offset
+        where its part sits in the text."""
         if self.content is None:
-            return ""
+            return "", ()
         if isinstance(self.content, str):
-            return self.content
-        return "".join(p.text for p in self.content)
+            return self.content, ()
+        text: list[str] = []
+        placed: list[MessageImage] = []
+        at = 0
+        for j, p in enumerate(self.content):
+            if isinstance(p, TextPart):
+                text.append(p.text)
+                at += len(p.text)
+            else:
+                placed.append(MessageImage(at, images[(index, j)]))
+        return "".join(text), tuple(placed)
 
 
 class StreamOptions(_Body):
@@ -131,10 +166,15 @@ class ChatCompletionRequest(_Sampling):
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
-    def to_process(self, request_id: str) -> ProcessRequest:
+    def image_urls(self) -> list[tuple[int, int, str]]:
+        """(message index, part index, url) of every image part, in order."""
+        return [(i, j, url) for i, m in enumerate(self.messages) for j, url in m.image_urls()]
+
+    def to_process(self, request_id: str, images: dict[tuple[int, int], ImageData] | None = None) -> ProcessRequest:
+        """``images``: every image part's checked image by (message, part) index."""
         # max_completion_tokens is the newer name; it wins when both are given.
         limit = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-        msgs = tuple(ChatMessage(m.role, m.text()) for m in self.messages)
+        msgs = tuple(ChatMessage(m.role, *m.text_and_images(i, images or {})) for i, m in enumerate(self.messages))
         return ProcessRequest(request_id, messages=msgs, sampling=self.sampling(limit), model=self.model)
 
 

@@ -41,7 +41,7 @@ class Clock:
 
 def _sender(num_blocks: int = 128, clock: Clock | None = None) -> EmbeddingSender:
     return EmbeddingSender(EmbeddingBlockAllocator(num_blocks, BLOCK, 1), EmbeddingBuffers(num_blocks, BLOCK, HIDDEN),
-                           _embeds, clock or Clock())
+                           lambda _hash, image: _embeds(image), clock or Clock())
 
 
 def _receiver(num_blocks: int = 16, default_blocks: int = 2, timeout_s: float = 5.0) -> EmbeddingReceiver:
@@ -202,3 +202,17 @@ def test_cancelling_the_request_aborts_the_encode():
     asyncio.run(scenario())
     assert ch.aborted == ["r"]
     assert receiver.allocator.used_blocks == 0 and sender.allocator.used_blocks == 0
+
+
+def test_a_full_encode_side_passes_to_the_next_and_a_full_language_side_ends_the_fetch():
+    from services.engine.multimodal.transfer import ReceiveBuffersFullError
+
+    small, big = _sender(num_blocks=2), _sender()  # 32 rows cannot hold a 40-row image
+    receiver = _receiver(num_blocks=4, default_blocks=2)
+    got = _fetch(receiver, [Channel("e0", small), Channel("e1", big)], b"a:40")
+    assert torch.equal(got, _embeds(b"a:40"))
+    hog = receiver.allocator.alloc(64, "hog")
+    with pytest.raises(ReceiveBuffersFullError):
+        _fetch(receiver, [Channel("e1", big)], b"a:40")
+    receiver.allocator.free(hog, "hog")
+    assert receiver.allocator.used_blocks == 0 and big.allocator.used_blocks == 0 and small.allocator.used_blocks == 0

@@ -10,13 +10,14 @@ from services.engine.multimodal.blocks import EmbeddingBlockAllocator
 
 
 class MmBlocksCollector:
-    """Reads the allocator at scrape time; register with a CollectorRegistry."""
+    """Reads the allocators (a worker's receiving and, encoding locally, sending buffers)
+    at scrape time; register with a CollectorRegistry."""
 
-    def __init__(self, allocator: EmbeddingBlockAllocator) -> None:
-        self.allocator = allocator
+    def __init__(self, *allocators: EmbeddingBlockAllocator) -> None:
+        self.allocators = allocators
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         yield GaugeMetricFamily("tandem_worker_mm_blocks_used", "Image-embedding blocks held",
-                                value=self.allocator.used_blocks)
+                                value=sum(a.used_blocks for a in self.allocators))
         yield GaugeMetricFamily("tandem_worker_mm_blocks_total", "Image-embedding blocks",
-                                value=self.allocator.num_blocks)
+                                value=sum(a.num_blocks for a in self.allocators))

@@ -1,5 +1,6 @@
 """`tandem model make-tiny-llava DIR`: write a tiny LLaVA checkpoint with RANDOM weights
-(config.json, preprocessor_config.json, model.safetensors) for demos and tests of the
+(config.json, preprocessor_config.json, model.safetensors, a byte-level tokenizer with an
+<image> token and a chat template) for demos and tests of the
 multimodal path. It produces noise, not answers; it is named so nobody mistakes it."""
 
 from __future__ import annotations
@@ -63,9 +64,34 @@ def random_tensors(cfg: dict, seed: int) -> dict[str, torch.Tensor]:
     return out
 
 
-def make_tiny_llava(path: Path, vision: str = "clip", text: str = "llama", vocab_size: int = 512,
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant:{% endif %}")
+
+
+def write_tokenizer(path: Path) -> int:
+    """A byte-level tokenizer (one token per byte, no merges) with <unk>, <s>, </s> and the
+    <image> token, plus a plain chat template. Returns its vocabulary size; <image> is last."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for ch in pre_tokenizers.ByteLevel.alphabet():
+        vocab[ch] = len(vocab)
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    tk.add_special_tokens(["<unk>", "<s>", "</s>", "<image>"])
+    tk.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "chat_template": CHAT_TEMPLATE,
+    }, indent=2), encoding="utf-8")
+    return tk.get_vocab_size(with_added_tokens=True)
+
+
+def make_tiny_llava(path: Path, vision: str = "clip", text: str = "llama",
                     image_size: int = 56, patch_size: int = 14, seed: int = 0) -> Path:
+    """Write the model; its vocabulary is the tokenizer's, the image token its last id."""
     path.mkdir(parents=True, exist_ok=True)
+    vocab_size = write_tokenizer(path)
     cfg = tiny_llava_config(vision, text, vocab_size, image_size, patch_size)
     (path / "config.json").write_text(json.dumps(cfg, indent=2), encoding="utf-8")
     if vision == "clip":
@@ -82,7 +108,7 @@ def make_tiny_llava(path: Path, vision: str = "clip", text: str = "llama", vocab
 
 def main(args: argparse.Namespace) -> int:
     try:
-        path = make_tiny_llava(Path(args.dir), args.vision, args.text, args.vocab_size)
+        path = make_tiny_llava(Path(args.dir), args.vision, args.text)
     except (OSError, ValueError) as e:
         print(f"tandem model make-tiny-llava: {e}", file=sys.stderr)
         return 1

@@ -23,7 +23,11 @@ from typing import Protocol
 
 import torch
 
-from services.engine.multimodal.blocks import BlockAllocation, EmbeddingBlockAllocator
+from services.engine.multimodal.blocks import (
+    BlockAllocation,
+    BlocksExhaustedError,
+    EmbeddingBlockAllocator,
+)
 from services.engine.multimodal.buffers import EmbeddingBuffers
 
 
@@ -62,6 +66,10 @@ class EncodeFailedError(RuntimeError):
     """No encode worker produced the image's embeddings (each failed or timed out)."""
 
 
+class ReceiveBuffersFullError(RuntimeError):
+    """This side's embedding buffer has no free block now (retry later)."""
+
+
 @dataclass(slots=True)
 class _Transfer:
     allocation: BlockAllocation
@@ -73,7 +81,7 @@ class EmbeddingSender:
     """The encode side of the protocol over its own block buffer."""
 
     def __init__(self, allocator: EmbeddingBlockAllocator, buffers: EmbeddingBuffers,
-                 encode: Callable[[bytes], torch.Tensor], clock: Callable[[], float] = time.monotonic) -> None:
+                 encode: Callable[[str, bytes], torch.Tensor], clock: Callable[[], float] = time.monotonic) -> None:
         self.allocator, self.buffers, self._encode, self._clock = allocator, buffers, encode, clock
         self._transfers: dict[str, _Transfer] = {}
 
@@ -82,7 +90,7 @@ class EmbeddingSender:
             raise ValueError(f"{req.req_id}: capacity_tokens must be positive")
         t = self._transfers.get(req.req_id)
         if t is None:
-            embeds = self._encode(req.image)  # (true length, hidden)
+            embeds = self._encode(req.image_hash, req.image)  # (true length, hidden)
             allocation = self.allocator.alloc(embeds.shape[0], req.req_id)
             self.buffers.write(allocation, embeds, embeds.shape[0])
             t = self._transfers[req.req_id] = _Transfer(allocation, embeds.shape[0])
@@ -135,8 +143,13 @@ class EmbeddingReceiver:
         for channel in channels:
             try:
                 while True:
-                    allocation = (self.allocator.alloc_default(req_id) if total is None
-                                  else self.allocator.alloc_up_to(total - received, req_id))
+                    try:
+                        allocation = (self.allocator.alloc_default(req_id) if total is None
+                                      else self.allocator.alloc_up_to(total - received, req_id))
+                    except BlocksExhaustedError as e:
+                        if received:
+                            await _abort_quietly(channel, req_id)
+                        raise ReceiveBuffersFullError(str(e)) from None
                     try:
                         ask = TransferRequest(req_id, image_hash, image, received, allocation.num_tokens)
                         reply = await asyncio.wait_for(channel.transfer(ask), self.timeout_s)
@@ -155,7 +168,9 @@ class EmbeddingReceiver:
             except asyncio.CancelledError:
                 await _abort_quietly(channel, req_id)
                 raise
-            except (ConnectionError, TimeoutError, OSError, ValueError) as e:
+            except (ConnectionError, TimeoutError, OSError, ValueError, BlocksExhaustedError) as e:
+                # NOTE: a BlocksExhaustedError here is the encode side's (its buffer is full);
+                # this side's own is ReceiveBuffersFullError, which ends the fetch.
                 errors.append(f"{channel.name}: {type(e).__name__}: {e}")
                 await _abort_quietly(channel, req_id)
         raise EncodeFailedError(f"image {image_hash[:12]}: no encode worker finished ({'; '.join(errors) or 'none'})")
