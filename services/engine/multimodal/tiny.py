@@ -40,6 +40,7 @@ def tiny_llava_config(vision: str, text: str, vocab_size: int, image_size: int, 
             "num_attention_heads": 4, "image_size": image_size, "patch_size": patch_size, "num_channels": 3,
             "hidden_act": "quick_gelu" if vision == "clip" else "gelu_pytorch_tanh",
             "layer_norm_eps": 1e-5 if vision == "clip" else 1e-6,
+            **({} if vision == "clip" else {"vision_use_head": False}),
         },
     }
 
@@ -61,6 +62,10 @@ def random_tensors(cfg: dict, seed: int) -> dict[str, torch.Tensor]:
     for name, t in ImageEncoder(full_arch).state_dict().items():
         norm = "norm" in name and name.endswith("weight")
         out[name] = torch.ones_like(t) if norm else torch.randn(t.shape, generator=g) * 0.1
+    # Unused by LLaVA (it reads hidden states before it), written so transformers loads the
+    # tower without initialising anything.
+    d = arch.vision.hidden_size
+    out["vision_tower.post_layernorm.weight"], out["vision_tower.post_layernorm.bias"] = torch.ones(d), torch.zeros(d)
     return out
 
 
@@ -74,7 +79,7 @@ def write_tokenizer(path: Path) -> int:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
-    for ch in pre_tokenizers.ByteLevel.alphabet():
+    for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):  # sorted: the same ids every time
         vocab[ch] = len(vocab)
     tk = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

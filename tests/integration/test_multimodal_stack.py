@@ -1,0 +1,122 @@
+"""An image request through the frontend (openai client), the processor, the router and a
+decode worker on real gRPC, with a tiny random LLaVA model: the same greedy text as
+transformers' generate, with and without a resume of the embedding transfer; the same
+image again is a prefix hit, another image is not; every embedding block is freed."""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+
+import httpx
+import openai
+import pytest
+from prometheus_client import CollectorRegistry
+
+from services.common.address_book import ChannelPool
+from services.common.config import parse_config
+from services.common.discovery import Registration
+from services.decode.grpc_server import serve_decode_worker
+from services.decode.worker import DecodeWorker
+from services.engine.async_engine import AsyncEngine
+from services.engine.factory import build_embedder, build_engine
+from services.engine.multimodal.metrics import MmBlocksCollector
+from services.frontend.app import create_app
+from services.processor.images import ImagePrompting
+from services.processor.processor import Processor
+from services.processor.worker_client import DecodeWorkerClient
+from services.router.router import Router
+from tests.support.llava import data_url, hf_greedy_text, image_png, make_model
+
+MAX_NEW = 8
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_model(tmp_path_factory.mktemp("tiny-llava"))
+
+
+@asynccontextmanager
+async def stack(model_dir, default_blocks: int, images: bool = True):
+    cfg = parse_config({
+        "model": {"path": str(model_dir), "name": "tiny"},
+        "engine": {"runner": "torch", "device": "cpu", "dtype": "float32", "block_size": 4,
+                   "num_kv_blocks": 256, "max_num_batched_tokens": 64, "max_model_len": 512},
+        "multimodal": {"block_size": 4, "default_blocks": default_blocks, "num_blocks": 64},
+    })
+    parts = build_engine(cfg, "w0")
+    embedder, channel, allocators = build_embedder(cfg, parts.model_path)
+    registry = CollectorRegistry()
+    registry.register(MmBlocksCollector(*allocators))
+    pool = ChannelPool()
+    async with AsyncEngine(parts.engine) as ae:
+        worker = DecodeWorker(ae, cfg, "w0", None, embedder=embedder)
+        server, port = await serve_decode_worker(worker, "127.0.0.1", 0)
+        router = Router(cfg)
+        router.worker_joined(Registration("decode", "w0", address=f"127.0.0.1:{port}"))
+        prompting = ImagePrompting.for_model(model_dir, parts.tokenizer.id_to_token) if images else None
+        processor = Processor(parts.tokenizer, router, DecodeWorkerClient(pool), "tiny", 512, 4, images=prompting)
+        app = create_app(cfg, processor)
+        http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
+        client = openai.AsyncOpenAI(base_url="http://t/v1", api_key="x", http_client=http, max_retries=0)
+        try:
+            yield client, registry, channel
+        finally:
+            await http.aclose()
+            await server.stop(grace=0)
+            await pool.close()
+            channel.close()
+
+
+def _message(text_before: str, pngs: list[bytes], text_after: str) -> list[dict]:
+    parts = [{"type": "text", "text": text_before}]
+    parts += [{"type": "image_url", "image_url": {"url": data_url(p)}} for p in pngs]
+    parts.append({"type": "text", "text": text_after})
+    return [{"role": "user", "content": parts}]
+
+
+async def _ask(client, pngs, before="Look: ", after=" What is it?"):
+    return await client.chat.completions.create(
+        model="tiny", messages=_message(before, pngs, after), max_tokens=MAX_NEW, temperature=0,
+        extra_body={"ignore_eos": True})
+
+
+# default_blocks 1 (4 rows) < 16 rows per image: every image resumes; 8 (32 rows): none does.
+@pytest.mark.parametrize("default_blocks", [1, 8], ids=["resume", "no-resume"])
+async def test_greedy_text_equals_transformers(model_dir, default_blocks):
+    red, blue = image_png((200, 30, 30)), image_png((20, 40, 220), (17, 41))
+    async with stack(model_dir, default_blocks) as (client, registry, channel):
+        one = await _ask(client, [red])
+        two = await _ask(client, [red, blue])
+        assert registry.get_sample_value("tandem_worker_mm_blocks_used") == 0
+        assert channel.sender.in_flight == 0
+    assert one.choices[0].message.content == hf_greedy_text(model_dir, "Look: ", [red], " What is it?", MAX_NEW)
+    assert two.choices[0].message.content == hf_greedy_text(model_dir, "Look: ", [red, blue], " What is it?",
+                                                            MAX_NEW)
+    assert one.choices[0].message.content != two.choices[0].message.content or one.usage.prompt_tokens != \
+        two.usage.prompt_tokens
+
+
+async def test_same_image_is_a_prefix_hit_a_different_one_is_not(model_dir):
+    red, green = image_png((200, 30, 30)), image_png((30, 200, 30))
+    async with stack(model_dir, 1) as (client, _, _):
+        first = await _ask(client, [red])
+        again = await _ask(client, [red])
+        other = await _ask(client, [green])
+    n = first.usage.prompt_tokens
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert again.usage.prompt_tokens_details.cached_tokens == (n - 1) // 4 * 4  # all but the last block
+    # The text before the image is shared; no block holding the image is.
+    assert 0 < other.usage.prompt_tokens_details.cached_tokens < 16
+
+
+async def test_text_only_model_refuses_images_with_400(model_dir):
+    async with stack(model_dir, 8, images=False) as (client, _, _):
+        with pytest.raises(openai.BadRequestError) as e:
+            await _ask(client, [image_png((1, 2, 3))])
+    assert e.value.body["code"] == "image_input_not_supported"
+
+
+async def test_image_token_typed_in_the_text_is_a_400(model_dir):
+    async with stack(model_dir, 8) as (client, _, _):
+        with pytest.raises(openai.BadRequestError, match="image placeholders"):
+            await _ask(client, [image_png((1, 2, 3))], before="see <image> and ")
