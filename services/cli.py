@@ -16,6 +16,7 @@ _HANDLERS = {
     ("router",): "services.router.cli:main",
     ("decode",): "services.decode.serve:main",
     ("prefill",): "services.prefill.serve:main",
+    ("encode",): "services.encode.serve:main",
     ("processor",): "services.processor.serve:main",
     ("frontend",): "services.frontend.serve:main",
     ("up",): "services.launcher.up:main",
@@ -68,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     for part, help_text in (
         ("decode", "run one decode worker (gRPC Generate and KvTransfer)"),
         ("prefill", "run one prefill worker (pulls the JetStream prefill queue)"),
+        ("encode", "run one encode worker (a LLaVA model's vision tower; gRPC embedding transfer)"),
         ("processor", "run the processor (tokenize, route, stream, detokenize)"),
         ("frontend", "run the OpenAI-compatible HTTP frontend"),
     ):
@@ -83,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config(up)
     up.add_argument("--only", default=None, metavar="PARTS",
                     help="start only these parts, comma-separated "
-                         "(nats,router,decode,prefill,processor,frontend)")
+                         "(nats,router,encode,decode,prefill,processor,frontend)")
     up.add_argument("--run-dir", default=None,
                     help="logs, pids and NATS's store (default: a fresh dir under the cache)")
     up.add_argument("--ready-timeout", type=float, default=600.0,

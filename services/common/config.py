@@ -267,7 +267,9 @@ class MultimodalConfig(_Strict):
     # remote_fetch_timeout_s and max_image_bytes.
     allow_remote_urls: bool = False
     remote_fetch_timeout_s: float = Field(10.0, gt=0)
-    max_image_bytes: int = Field(10 << 20, ge=1)  # of the decoded file, per image
+    # Of the decoded file, per image. NOTE: the request body (base64, 4/3 larger) must also
+    # fit frontend.max_body_bytes and the processor's 4 MiB gRPC message limit.
+    max_image_bytes: int = Field(2 << 20, ge=1)
     max_images_per_request: int = Field(8, ge=0)
     max_image_pixels: int = Field(16_000_000, ge=1)  # width * height, checked before decoding
     # Embedding transfer (seed 002): rows per block, the language side's first buffer, and
@@ -286,6 +288,19 @@ class MultimodalConfig(_Strict):
         return self
 
 
+class EncodeConfig(_Strict):
+    """Encode workers: the vision half of a LLaVA model, apart from the workers that prefill.
+    0 replicas: the worker that prefills encodes its requests' images itself."""
+
+    replicas: int = Field(0, ge=0)
+    port: int = Field(9600, ge=0, le=65535)  # replica i uses port + i
+    metrics_port: int = Field(9700, ge=0, le=65535)
+    advertise_host: str = "127.0.0.1"  # what discovery publishes (a service name, a pod IP)
+    # A transfer no resume touched this long is freed (its language side died).
+    stale_transfer_s: float = Field(60.0, gt=0)
+    grace_period_s: float = Field(5.0, ge=0)
+
+
 class ClusterConfig(_Strict):
     namespace: str = Field("tandem", pattern=r"^[A-Za-z0-9_-]+$")
     # The interface every part's gRPC and metrics ports listen on (the frontend's HTTP port
@@ -302,6 +317,7 @@ class ClusterConfig(_Strict):
     prefill: PrefillConfig = PrefillConfig()
     launcher: LauncherConfig = LauncherConfig()
     multimodal: MultimodalConfig = MultimodalConfig()
+    encode: EncodeConfig = EncodeConfig()
 
     @model_validator(mode="after")
     def _check_budget(self) -> ClusterConfig:

@@ -15,6 +15,7 @@ import time
 
 from prometheus_client import start_http_server
 
+from services.common.address_book import AddressBook
 from services.common.config import ClusterConfig
 from services.common.discovery import Discovery, Registration
 from services.common.kv_publisher import KvEventPublisher
@@ -26,6 +27,7 @@ from services.decode.grpc_server import serve_decode_worker
 from services.decode.metrics import DecodeMetrics
 from services.decode.worker import DecodeWorker
 from services.disagg.prefill_queue import PrefillQueue
+from services.encode.client import EncodeDirectory
 from services.engine.async_engine import AsyncEngine
 from services.engine.factory import build_embedder, build_engine
 from services.engine.multimodal.metrics import MmBlocksCollector
@@ -53,11 +55,16 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str | None = None,
         metrics = DecodeMetrics(ae.stats, cfg.decode.disagg)
         queue = await PrefillQueue.open(nc, subjects, cfg.prefill,
                                         cfg.decode.disagg.queue_depth_cache_s, worker_id)
-        mm = build_embedder(cfg, parts.model_path, str(getattr(parts.engine.runner, "device", "cpu")))
-        if mm is not None:
-            metrics.registry.register(MmBlocksCollector(*mm[2]))
+        discovery = await Discovery.open(nc, cfg.namespace, cfg.discovery)
+        encoders = EncodeDirectory(AddressBook("encode")) if cfg.encode.replicas > 0 else None
+        images = build_embedder(cfg, parts.model_path, str(getattr(parts.engine.runner, "device", "cpu")),
+                                encoders.channels if encoders is not None else None)
+        if images is not None:
+            metrics.registry.register(MmBlocksCollector(*images.allocators))
+            if encoders is not None:
+                encoders.book.start(discovery)
         worker = DecodeWorker(ae, cfg, worker_id, queue, metrics=metrics,
-                              embedder=mm[0] if mm is not None else None)
+                              embedder=images.embedder if images is not None else None)
         # before the port opens: a part that looks ready must stop cleanly (see stop_on_signals)
         stop = stop or stop_on_signals()
         server, port = await serve_decode_worker(worker, host, cfg.decode.port + replica)
@@ -75,7 +82,6 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str | None = None,
 
         load = LoadPublisher(nc, subjects, sample)
         await load.start()
-        discovery = await Discovery.open(nc, cfg.namespace, cfg.discovery)
         lease = await discovery.register(Registration(
             "decode", worker_id, address=address,
             metrics_address=f"{cfg.decode.advertise_host}:{metrics_port}",
@@ -96,6 +102,11 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str | None = None,
             await load.close()
             await publisher.flush()
             await publisher.close()
+            if encoders is not None:
+                await encoders.book.close()
+                await encoders.close()
+            if images is not None:
+                images.close()
     await nc.close()
 
 

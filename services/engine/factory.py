@@ -3,9 +3,10 @@ pick the runner. The one place that knows how the engine's pieces fit together."
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from services.common.config import ClusterConfig
 from services.common.kv_events import KvEvent
@@ -13,6 +14,11 @@ from services.engine.engine import LLMEngine
 from services.engine.model_store import resolve_model_path, served_model_name
 from services.engine.runner.base import ModelRunner
 from services.engine.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from services.engine.multimodal.blocks import EmbeddingBlockAllocator
+    from services.engine.multimodal.embedder import ImageEmbedder, LocalEncodeChannel
+    from services.engine.multimodal.transfer import EncodeChannel
 
 
 @dataclass(slots=True)
@@ -36,19 +42,44 @@ def is_llava_dir(model_path: Path | None) -> bool:
     return is_llava_config(json.loads((model_path / "config.json").read_text(encoding="utf-8")))
 
 
-def build_embedder(cfg: ClusterConfig, model_path: Path | None, device: str = "cpu"):
-    """(ImageEmbedder, its in-process encode channel, the allocators for metrics) for a LLaVA
-    model, or None for a text-only one."""
+def build_embedder(cfg: ClusterConfig, model_path: Path | None, device: str = "cpu",
+                   remote: Callable[[], Sequence[EncodeChannel]] | None = None) -> WorkerImages | None:
+    """How a worker that prefills gets image embeddings, or None for a text-only model:
+    from ``remote()`` (the encode workers discovery lists), or, without it, from the vision
+    model loaded here (``encode.replicas: 0``)."""
     if cfg.engine.runner != "torch" or not is_llava_dir(model_path):
         return None
-    from services.engine.multimodal.embedder import VisionEncoder, local_embedder
+    from services.engine.multimodal.blocks import EmbeddingBlockAllocator
+    from services.engine.multimodal.buffers import EmbeddingBuffers
+    from services.engine.multimodal.embedder import ImageEmbedder, VisionEncoder, local_embedder
+    from services.engine.multimodal.transfer import EmbeddingReceiver
+    from services.engine.multimodal.weights import read_llava_arch
 
     mm = cfg.multimodal
     assert model_path is not None
+    if remote is not None:
+        hidden = read_llava_arch(model_path).text.hidden_size
+        receiver = EmbeddingReceiver(EmbeddingBlockAllocator(mm.num_blocks, mm.block_size, mm.default_blocks),
+                                     EmbeddingBuffers(mm.num_blocks, mm.block_size, hidden), mm.encode_timeout_s)
+        return WorkerImages(ImageEmbedder(receiver, remote), (receiver.allocator,), None)
     encoder = VisionEncoder(model_path, device, cache_entries=mm.embedding_cache_entries)
     embedder, channel = local_embedder(encoder, mm.block_size, mm.default_blocks, mm.num_blocks,
                                        mm.encode_timeout_s)
-    return embedder, channel, (embedder.receiver.allocator, channel.sender.allocator)
+    return WorkerImages(embedder, (embedder.receiver.allocator, channel.sender.allocator), channel)
+
+
+@dataclass(slots=True)
+class WorkerImages:
+    """A multimodal worker's image path: the embedder, the block allocators its metrics
+    read, and the in-process encode channel when it encodes itself (close it at exit)."""
+
+    embedder: ImageEmbedder
+    allocators: tuple[EmbeddingBlockAllocator, ...]
+    local: LocalEncodeChannel | None
+
+    def close(self) -> None:
+        if self.local is not None:
+            self.local.close()
 
 
 def build_runner(cfg: ClusterConfig, model_path: Path | None) -> ModelRunner:

@@ -44,9 +44,10 @@ async def stack(model_dir, default_blocks: int, images: bool = True):
         "multimodal": {"block_size": 4, "default_blocks": default_blocks, "num_blocks": 64},
     })
     parts = build_engine(cfg, "w0")
-    embedder, channel, allocators = build_embedder(cfg, parts.model_path)
+    worker_images = build_embedder(cfg, parts.model_path)
+    embedder, channel = worker_images.embedder, worker_images.local
     registry = CollectorRegistry()
-    registry.register(MmBlocksCollector(*allocators))
+    registry.register(MmBlocksCollector(*worker_images.allocators))
     pool = ChannelPool()
     async with AsyncEngine(parts.engine) as ae:
         worker = DecodeWorker(ae, cfg, "w0", None, embedder=embedder)

@@ -44,6 +44,7 @@ class VisionEncoder:
         self.cache_entries = cache_entries
         self._cache: OrderedDict[str, torch.Tensor] = OrderedDict()
         self.cache_hits = 0
+        self.images_encoded = 0
 
     @property
     def hidden_size(self) -> int:
@@ -60,6 +61,7 @@ class VisionEncoder:
         pixels = preprocess(ImageData(data, content_hash, 0, 0).to_pil(), self.processor)[None]
         with torch.inference_mode():
             out = self.encoder(pixels)[0].float().cpu().clone()  # (tokens, hidden)
+        self.images_encoded += 1
         if self.cache_entries:
             self._cache[content_hash] = out
             while len(self._cache) > self.cache_entries:
@@ -80,6 +82,10 @@ class LocalEncodeChannel:
 
     async def abort(self, req_id: str) -> None:
         await asyncio.get_running_loop().run_in_executor(self._thread, self.sender.abort, req_id)
+
+    async def reap(self, stale_after_s: float) -> list[str]:
+        """Free the transfers nobody resumed for ``stale_after_s`` (their language side died)."""
+        return await asyncio.get_running_loop().run_in_executor(self._thread, self.sender.reap, stale_after_s)
 
     def close(self) -> None:
         self._thread.shutdown(wait=False, cancel_futures=True)

@@ -74,6 +74,7 @@ class ReceiveBuffersFullError(RuntimeError):
 class _Transfer:
     allocation: BlockAllocation
     total: int
+    image_hash: str
     touched: float = field(default=0.0)
 
 
@@ -89,11 +90,14 @@ class EmbeddingSender:
         if req.capacity_tokens <= 0:
             raise ValueError(f"{req.req_id}: capacity_tokens must be positive")
         t = self._transfers.get(req.req_id)
+        if t is not None and t.image_hash != req.image_hash:  # an id reused for another image
+            self._drop(req.req_id)
+            t = None
         if t is None:
             embeds = self._encode(req.image_hash, req.image)  # (true length, hidden)
             allocation = self.allocator.alloc(embeds.shape[0], req.req_id)
             self.buffers.write(allocation, embeds, embeds.shape[0])
-            t = self._transfers[req.req_id] = _Transfer(allocation, embeds.shape[0])
+            t = self._transfers[req.req_id] = _Transfer(allocation, embeds.shape[0], req.image_hash)
         t.touched = self._clock()
         if not 0 <= req.sent_tokens < t.total:
             self._drop(req.req_id)

@@ -53,9 +53,13 @@ def split_llava_tensors(tensors: dict[str, torch.Tensor]) -> tuple[dict, dict, d
     return parts["text"], parts["vision"], parts["projector"]
 
 
-def load_llava_dir(model_dir: Path) -> LlavaWeights:
+def read_llava_arch(model_dir: Path) -> LlavaArchConfig:
     cfg_path = model_dir / "config.json"
-    arch = llava_from_config(json.loads(cfg_path.read_text(encoding="utf-8")), cfg_path)
+    return llava_from_config(json.loads(cfg_path.read_text(encoding="utf-8")), cfg_path)
+
+
+def load_llava_dir(model_dir: Path) -> LlavaWeights:
+    arch = read_llava_arch(model_dir)
     raw: dict[str, torch.Tensor] = {}
     for f in safetensors_files(model_dir):
         for name, t in load_file(f, device="cpu").items():
