@@ -28,6 +28,20 @@ class GrpcEncodeChannel:
     def _stub(self) -> encode_pb2_grpc.EncodeWorkerStub:
         return self._stub_
 
+    async def transfer(self, req: TransferRequest) -> TransferChunk:
+        try:
+            reply = await self._stub().Transfer(ask_to_pb(req), metadata=call_metadata())
+        except grpc.aio.AioRpcError as e:
+            raise _error(e, self.name) from None
+        return chunk_from_pb(reply)
+
+    async def abort(self, req_id: str) -> None:
+        try:
+            await self._stub().Abort(encode_pb2.AbortTransferRequest(transfer_id=req_id),
+                                     metadata=call_metadata(), timeout=1.0)
+        except grpc.aio.AioRpcError as e:
+            raise _error(e, self.name) from None
+
 
 class EncodeDirectory:
     """The encode workers discovery lists, as channels in the order a request tries them
@@ -58,20 +72,6 @@ class EncodeDirectory:
         held, self._channels = list(self._channels.values()), {}
         for ch, _ in held:
             await ch.close()
-
-    async def transfer(self, req: TransferRequest) -> TransferChunk:
-        try:
-            reply = await self._stub().Transfer(ask_to_pb(req), metadata=call_metadata())
-        except grpc.aio.AioRpcError as e:
-            raise _error(e, self.name) from None
-        return chunk_from_pb(reply)
-
-    async def abort(self, req_id: str) -> None:
-        try:
-            await self._stub().Abort(encode_pb2.AbortTransferRequest(transfer_id=req_id),
-                                     metadata=call_metadata(), timeout=1.0)
-        except grpc.aio.AioRpcError as e:
-            raise _error(e, self.name) from None
 
 
 def _error(e: grpc.aio.AioRpcError, name: str) -> Exception:

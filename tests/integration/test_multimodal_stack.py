@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from contextlib import asynccontextmanager
 
+import grpc
 import httpx
 import openai
 import pytest
@@ -17,6 +18,13 @@ from services.common.config import parse_config
 from services.common.discovery import Registration
 from services.decode.grpc_server import serve_decode_worker
 from services.decode.worker import DecodeWorker
+from services.encode.client import CHANNEL_OPTIONS, GrpcEncodeChannel
+from services.encode.grpc_server import serve_encode_worker
+from services.engine.multimodal.blocks import EmbeddingBlockAllocator
+from services.engine.multimodal.buffers import EmbeddingBuffers
+from services.engine.multimodal.embedder import LocalEncodeChannel, VisionEncoder
+from services.engine.multimodal.transfer import EmbeddingSender
+from services.gen import encode_pb2_grpc
 from services.engine.async_engine import AsyncEngine
 from services.engine.factory import build_embedder, build_engine
 from services.engine.multimodal.metrics import MmBlocksCollector
@@ -36,7 +44,36 @@ def model_dir(tmp_path_factory):
 
 
 @asynccontextmanager
-async def stack(model_dir, default_blocks: int, images: bool = True):
+async def encode_server(model_dir, block_size: int = 4, num_blocks: int = 64, name: str = "encode-0"):
+    """A real encode worker (the vision model, seed 002's sender) on gRPC; yields its
+    in-process channel (to inspect) and a gRPC channel to it."""
+    encoder = VisionEncoder(model_dir)
+    sender = EmbeddingSender(EmbeddingBlockAllocator(num_blocks, block_size, 1),
+                             EmbeddingBuffers(num_blocks, block_size, encoder.hidden_size), encoder.encode)
+    local = LocalEncodeChannel(sender, name)
+    server, port = await serve_encode_worker(local, "127.0.0.1", 0)
+    ch = grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=CHANNEL_OPTIONS)
+    try:
+        yield local, GrpcEncodeChannel(f"127.0.0.1:{port}", encode_pb2_grpc.EncodeWorkerStub(ch), name), server
+    finally:
+        await ch.close()
+        await server.stop(grace=0)
+        local.close()
+
+
+@asynccontextmanager
+async def stack(model_dir, default_blocks: int, images: bool = True, remote: bool = False):
+    if remote:
+        async with encode_server(model_dir) as (local, grpc_channel, _), \
+                _stack(model_dir, default_blocks, images, lambda: [grpc_channel]) as (client, registry, _):
+            yield client, registry, local
+    else:
+        async with _stack(model_dir, default_blocks, images, None) as got:
+            yield got
+
+
+@asynccontextmanager
+async def _stack(model_dir, default_blocks: int, images: bool, remote):
     cfg = parse_config({
         "model": {"path": str(model_dir), "name": "tiny"},
         "engine": {"runner": "torch", "device": "cpu", "dtype": "float32", "block_size": 4,
@@ -44,7 +81,7 @@ async def stack(model_dir, default_blocks: int, images: bool = True):
         "multimodal": {"block_size": 4, "default_blocks": default_blocks, "num_blocks": 64},
     })
     parts = build_engine(cfg, "w0")
-    worker_images = build_embedder(cfg, parts.model_path)
+    worker_images = build_embedder(cfg, parts.model_path, remote=remote)
     embedder, channel = worker_images.embedder, worker_images.local
     registry = CollectorRegistry()
     registry.register(MmBlocksCollector(*worker_images.allocators))
@@ -65,7 +102,7 @@ async def stack(model_dir, default_blocks: int, images: bool = True):
             await http.aclose()
             await server.stop(grace=0)
             await pool.close()
-            channel.close()
+            worker_images.close()
 
 
 def _message(text_before: str, pngs: list[bytes], text_after: str) -> list[dict]:
@@ -82,14 +119,15 @@ async def _ask(client, pngs, before="Look: ", after=" What is it?"):
 
 
 # default_blocks 1 (4 rows) < 16 rows per image: every image resumes; 8 (32 rows): none does.
+@pytest.mark.parametrize("remote", [False, True], ids=["local-encode", "remote-encode"])
 @pytest.mark.parametrize("default_blocks", [1, 8], ids=["resume", "no-resume"])
-async def test_greedy_text_equals_transformers(model_dir, default_blocks):
+async def test_greedy_text_equals_transformers(model_dir, default_blocks, remote):
     red, blue = image_png((200, 30, 30)), image_png((20, 40, 220), (17, 41))
-    async with stack(model_dir, default_blocks) as (client, registry, channel):
+    async with stack(model_dir, default_blocks, remote=remote) as (client, registry, channel):
         one = await _ask(client, [red])
         two = await _ask(client, [red, blue])
         assert registry.get_sample_value("tandem_worker_mm_blocks_used") == 0
-        assert channel.sender.in_flight == 0
+        assert channel.sender.in_flight == 0 and channel.sender.allocator.used_blocks == 0
     assert one.choices[0].message.content == hf_greedy_text(model_dir, "Look: ", [red], " What is it?", MAX_NEW)
     assert two.choices[0].message.content == hf_greedy_text(model_dir, "Look: ", [red, blue], " What is it?",
                                                             MAX_NEW)
