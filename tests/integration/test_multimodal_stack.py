@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from contextlib import asynccontextmanager
 
-import grpc
 import httpx
 import openai
 import pytest
@@ -18,13 +17,6 @@ from services.common.config import parse_config
 from services.common.discovery import Registration
 from services.decode.grpc_server import serve_decode_worker
 from services.decode.worker import DecodeWorker
-from services.encode.client import CHANNEL_OPTIONS, GrpcEncodeChannel
-from services.encode.grpc_server import serve_encode_worker
-from services.engine.multimodal.blocks import EmbeddingBlockAllocator
-from services.engine.multimodal.buffers import EmbeddingBuffers
-from services.engine.multimodal.embedder import LocalEncodeChannel, VisionEncoder
-from services.engine.multimodal.transfer import EmbeddingSender
-from services.gen import encode_pb2_grpc
 from services.engine.async_engine import AsyncEngine
 from services.engine.factory import build_embedder, build_engine
 from services.engine.multimodal.metrics import MmBlocksCollector
@@ -33,7 +25,7 @@ from services.processor.images import ImagePrompting
 from services.processor.processor import Processor
 from services.processor.worker_client import DecodeWorkerClient
 from services.router.router import Router
-from tests.support.llava import data_url, hf_greedy_text, image_png, make_model
+from tests.support.llava import data_url, encode_server, hf_greedy_text, image_png, make_model
 
 MAX_NEW = 8
 
@@ -41,24 +33,6 @@ MAX_NEW = 8
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     return make_model(tmp_path_factory.mktemp("tiny-llava"))
-
-
-@asynccontextmanager
-async def encode_server(model_dir, block_size: int = 4, num_blocks: int = 64, name: str = "encode-0"):
-    """A real encode worker (the vision model, seed 002's sender) on gRPC; yields its
-    in-process channel (to inspect) and a gRPC channel to it."""
-    encoder = VisionEncoder(model_dir)
-    sender = EmbeddingSender(EmbeddingBlockAllocator(num_blocks, block_size, 1),
-                             EmbeddingBuffers(num_blocks, block_size, encoder.hidden_size), encoder.encode)
-    local = LocalEncodeChannel(sender, name)
-    server, port = await serve_encode_worker(local, "127.0.0.1", 0)
-    ch = grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=CHANNEL_OPTIONS)
-    try:
-        yield local, GrpcEncodeChannel(f"127.0.0.1:{port}", encode_pb2_grpc.EncodeWorkerStub(ch), name), server
-    finally:
-        await ch.close()
-        await server.stop(grace=0)
-        local.close()
 
 
 @asynccontextmanager

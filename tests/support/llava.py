@@ -4,14 +4,23 @@ from __future__ import annotations
 
 import base64
 import io
+from contextlib import asynccontextmanager
 from pathlib import Path
 
+import grpc
 import torch
 from PIL import Image
 
+from services.encode.client import CHANNEL_OPTIONS, GrpcEncodeChannel
+from services.encode.grpc_server import serve_encode_worker
+from services.engine.multimodal.blocks import EmbeddingBlockAllocator
+from services.engine.multimodal.buffers import EmbeddingBuffers
+from services.engine.multimodal.embedder import LocalEncodeChannel, VisionEncoder
 from services.engine.multimodal.image_processor import load_processor_config, preprocess
 from services.engine.multimodal.tiny import make_tiny_llava
+from services.engine.multimodal.transfer import EmbeddingSender
 from services.engine.tokenizer import Tokenizer
+from services.gen import encode_pb2_grpc
 
 
 def image_png(color: tuple[int, int, int], size: tuple[int, int] = (30, 20)) -> bytes:
@@ -55,3 +64,22 @@ def hf_greedy_text(model_dir: Path, text_before: str, pngs: list[bytes], text_af
         out = hf.generate(input_ids=torch.tensor([full]), pixel_values=pixels, max_new_tokens=max_new_tokens,
                           do_sample=False, eos_token_id=None, pad_token_id=0)
     return tok.decode(out[0, len(full):].tolist())
+
+
+@asynccontextmanager
+async def encode_server(model_dir, block_size: int = 4, num_blocks: int = 64, name: str = "encode-0",
+                        channel_cls=LocalEncodeChannel):
+    """A real encode worker (the vision model, seed 002's sender) on gRPC; yields its
+    in-process channel (to inspect) and a gRPC channel to it."""
+    encoder = VisionEncoder(model_dir)
+    sender = EmbeddingSender(EmbeddingBlockAllocator(num_blocks, block_size, 1),
+                             EmbeddingBuffers(num_blocks, block_size, encoder.hidden_size), encoder.encode)
+    local = channel_cls(sender, name)
+    server, port = await serve_encode_worker(local, "127.0.0.1", 0)
+    ch = grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=CHANNEL_OPTIONS)
+    try:
+        yield local, GrpcEncodeChannel(f"127.0.0.1:{port}", encode_pb2_grpc.EncodeWorkerStub(ch), name), server
+    finally:
+        await ch.close()
+        await server.stop(grace=0)
+        local.close()
