@@ -23,6 +23,8 @@ _HANDLERS = {
     ("bench", "engine"): "services.bench.engine:main",
     ("bench", "router"): "services.bench.router:main",
     ("bench", "kv-transfer"): "services.bench.kv_transfer:main",
+    ("bench", "mm-transfer"): "services.bench.mm_transfer:main",
+    ("bench", "mm-ttft"): "services.bench.mm_ttft:main",
     ("bench", "serve"): "services.bench.serve:main",
     ("bench", "compare"): "services.bench.compare:main",
     ("bench", "overhead"): "services.bench.overhead:main",

@@ -97,6 +97,30 @@ def _kv_transfer(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(_key=("bench", "kv-transfer"))
 
 
+def _mm_transfer(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("mm-transfer", help="image-embedding transfer GB/s over loopback gRPC, with and without resume")
+    add_json_arg(p)
+    p.add_argument("--rows", default="576,2304", help="embedding rows per image (LLaVA-1.5: 576)")
+    p.add_argument("--hidden", type=int, default=4096, help="the text model's hidden size")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--resume-blocks", type=int, default=2,
+                   help="first-buffer blocks (128 rows each) of the resume runs")
+    p.set_defaults(_key=("bench", "mm-transfer"))
+
+
+def _mm_ttft(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("mm-ttft", help="TTFT of image requests under concurrent text load, against a server")
+    p.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000")
+    p.add_argument("--model", required=True, help="the served model name")
+    add_json_arg(p)
+    p.add_argument("--images", type=int, default=20, help="image requests, one after another")
+    p.add_argument("--image-size", type=int, default=336, help="square PNG side in pixels")
+    p.add_argument("--text-concurrency", type=int, default=4, help="text requests kept in flight meanwhile")
+    p.add_argument("--text-tokens", type=int, default=64, help="max_tokens of each text request")
+    p.add_argument("--label", default="", help="recorded in the result (e.g. remote-encode)")
+    p.set_defaults(_key=("bench", "mm-ttft"))
+
+
 def _serve(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="stream a workload against an OpenAI-compatible server")
     p.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000")
@@ -214,6 +238,8 @@ def add_bench_parsers(sub: argparse._SubParsersAction, add_config: AddConfig) ->
     _engine(bs, add_config)
     _router(bs)
     _kv_transfer(bs)
+    _mm_transfer(bs)
+    _mm_ttft(bs)
     _serve(bs)
     _compare(bs)
     _long_prompt(bs, add_config)
