@@ -57,8 +57,9 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str | None = None,
                                         cfg.decode.disagg.queue_depth_cache_s, worker_id)
         discovery = await Discovery.open(nc, cfg.namespace, cfg.discovery)
         encoders = EncodeDirectory(AddressBook("encode")) if cfg.encode.replicas > 0 else None
-        images = build_embedder(cfg, parts.model_path, str(getattr(parts.engine.runner, "device", "cpu")),
-                                encoders.channels if encoders is not None else None)
+        runner = parts.engine.runner
+        images = build_embedder(cfg, parts.model_path, str(getattr(runner, "device", "cpu")),
+                                encoders.channels if encoders is not None else None, getattr(runner, "dtype", None))
         if images is not None:
             metrics.registry.register(MmBlocksCollector(*images.allocators))
             if encoders is not None:

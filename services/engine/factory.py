@@ -16,6 +16,8 @@ from services.engine.runner.base import ModelRunner
 from services.engine.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
+    import torch
+
     from services.engine.multimodal.blocks import EmbeddingBlockAllocator
     from services.engine.multimodal.embedder import ImageEmbedder, LocalEncodeChannel
     from services.engine.multimodal.transfer import EncodeChannel
@@ -43,7 +45,8 @@ def is_llava_dir(model_path: Path | None) -> bool:
 
 
 def build_embedder(cfg: ClusterConfig, model_path: Path | None, device: str = "cpu",
-                   remote: Callable[[], Sequence[EncodeChannel]] | None = None) -> WorkerImages | None:
+                   remote: Callable[[], Sequence[EncodeChannel]] | None = None,
+                   dtype: torch.dtype | None = None) -> WorkerImages | None:
     """How a worker that prefills gets image embeddings, or None for a text-only model:
     from ``remote()`` (the encode workers discovery lists), or, without it, from the vision
     model loaded here (``encode.replicas: 0``)."""
@@ -62,7 +65,9 @@ def build_embedder(cfg: ClusterConfig, model_path: Path | None, device: str = "c
         receiver = EmbeddingReceiver(EmbeddingBlockAllocator(mm.num_blocks, mm.block_size, mm.default_blocks),
                                      EmbeddingBuffers(mm.num_blocks, mm.block_size, hidden), mm.encode_timeout_s)
         return WorkerImages(ImageEmbedder(receiver, remote), (receiver.allocator,), None)
-    encoder = VisionEncoder(model_path, device, cache_entries=mm.embedding_cache_entries)
+    import torch
+
+    encoder = VisionEncoder(model_path, device, dtype or torch.float32, cache_entries=mm.embedding_cache_entries)
     embedder, channel = local_embedder(encoder, mm.block_size, mm.default_blocks, mm.num_blocks,
                                        mm.encode_timeout_s)
     return WorkerImages(embedder, (embedder.receiver.allocator, channel.sender.allocator), channel)

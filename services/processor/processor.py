@@ -126,7 +126,11 @@ class Processor:
     def _prompt(self, req: ProcessRequest) -> tuple[list[int], tuple[PromptImage, ...]]:
         """The prompt's ids (image placeholders widened) and its images."""
         if not req.messages or not any(m.images for m in req.messages):
-            return self._prompt_ids(req), ()
+            ids = self._prompt_ids(req)
+            if self._images is not None and self._images.image_token_id in ids:
+                raise InvalidRequest(f"the prompt holds the image token {self._images.image_token!r} but no "
+                                     f"image; send images as image_url content parts", param="messages")
+            return ids, ()
         if self._images is None:
             raise InvalidRequest(f"the model {self.model_name!r} does not accept images",
                                  param="messages", code="image_input_not_supported")

@@ -133,3 +133,10 @@ async def test_image_token_typed_in_the_text_is_a_400(model_dir):
     async with stack(model_dir, 8) as (client, _, _):
         with pytest.raises(openai.BadRequestError, match="image placeholders"):
             await _ask(client, [image_png((1, 2, 3))], before="see <image> and ")
+
+
+async def test_image_token_without_an_image_is_a_400(model_dir):
+    async with stack(model_dir, 8) as (client, _, _):
+        with pytest.raises(openai.BadRequestError, match="image_url content parts"):
+            await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "a <image> b"}],
+                                                 max_tokens=2)

@@ -216,3 +216,12 @@ def test_a_full_encode_side_passes_to_the_next_and_a_full_language_side_ends_the
         _fetch(receiver, [Channel("e1", big)], b"a:40")
     receiver.allocator.free(hog, "hog")
     assert receiver.allocator.used_blocks == 0 and big.allocator.used_blocks == 0 and small.allocator.used_blocks == 0
+
+
+def test_rows_of_another_hidden_size_are_refused():
+    sender = EmbeddingSender(EmbeddingBlockAllocator(16, BLOCK, 1), EmbeddingBuffers(16, BLOCK, HIDDEN + 1),
+                             lambda _h, image: torch.zeros(20, HIDDEN + 1))
+    receiver = _receiver()
+    with pytest.raises(EncodeFailedError, match="another model"):
+        _fetch(receiver, [Channel("e0", sender)], b"a:20")
+    assert receiver.allocator.used_blocks == 0 and sender.allocator.used_blocks == 0

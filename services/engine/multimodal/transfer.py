@@ -157,7 +157,7 @@ class EmbeddingReceiver:
                     try:
                         ask = TransferRequest(req_id, image_hash, image, received, allocation.num_tokens)
                         reply = await asyncio.wait_for(channel.transfer(ask), self.timeout_s)
-                        n = _check_reply(reply, ask, total)
+                        n = _check_reply(reply, ask, total, self.buffers.rows.shape[1])
                         self.buffers.write(allocation, reply.embeds, reply.total_tokens)
                         part, total = self.buffers.read(allocation, n)
                     finally:
@@ -180,7 +180,10 @@ class EmbeddingReceiver:
         raise EncodeFailedError(f"image {image_hash[:12]}: no encode worker finished ({'; '.join(errors) or 'none'})")
 
 
-def _check_reply(reply: TransferChunk, ask: TransferRequest, total: int | None) -> int:
+def _check_reply(reply: TransferChunk, ask: TransferRequest, total: int | None, hidden: int) -> int:
+    if reply.embeds.dim() != 2 or reply.embeds.shape[1] != hidden:
+        raise ValueError(f"chunk of shape {tuple(reply.embeds.shape)}; this model's rows have {hidden} values "
+                         f"(an encode worker serving another model?)")
     n = int(reply.embeds.shape[0])
     if reply.offset != ask.sent_tokens:
         raise ValueError(f"chunk offset {reply.offset}, expected {ask.sent_tokens}")
