@@ -5,6 +5,8 @@ image again is a prefix hit, another image is not; every embedding block is free
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from contextlib import asynccontextmanager
 from types import SimpleNamespace
 
@@ -21,6 +23,7 @@ from services.decode.grpc_server import serve_decode_worker
 from services.decode.worker import DecodeWorker
 from services.engine.async_engine import AsyncEngine
 from services.engine.factory import build_embedder, build_engine
+from services.engine.multimodal.embedder import LocalEncodeChannel
 from services.engine.multimodal.metrics import MmBlocksCollector
 from services.engine.tokenizer import Tokenizer
 from services.frontend.app import create_app
@@ -39,9 +42,10 @@ def model_dir(tmp_path_factory):
 
 
 @asynccontextmanager
-async def stack(model_dir, default_blocks: int, images: bool = True, remote: bool = False):
+async def stack(model_dir, default_blocks: int, images: bool = True, remote: bool = False,
+                channel_cls=LocalEncodeChannel):
     if remote:
-        async with encode_server(model_dir) as (local, grpc_channel, _), \
+        async with encode_server(model_dir, channel_cls=channel_cls) as (local, grpc_channel, _), \
                 _stack(model_dir, default_blocks, images, lambda: [grpc_channel]) as st:
             st.channel = local
             yield st
@@ -162,3 +166,39 @@ async def test_image_token_without_an_image_is_a_400(model_dir):
         with pytest.raises(openai.BadRequestError, match="image_url content parts"):
             await st.client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "a <image> b"}],
                                                  max_tokens=2)
+
+
+class HangingResume(LocalEncodeChannel):
+    """An encode worker that never answers a resume (records aborts)."""
+
+    def __init__(self, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.aborted: list[str] = []
+        self.reached = asyncio.Event()
+
+    async def transfer(self, req):
+        if req.sent_tokens > 0:
+            self.reached.set()
+            await asyncio.Event().wait()
+        return await super().transfer(req)
+
+    async def abort(self, req_id):
+        self.aborted.append(req_id)
+        await super().abort(req_id)
+
+
+async def test_client_disconnect_cancels_the_encode(model_dir):
+    async with stack(model_dir, 1, remote=True, channel_cls=HangingResume) as st:
+        request = asyncio.create_task(_ask(st.client, [image_png((9, 9, 9))]))
+        await st.channel.reached.wait()  # mid-transfer: the first chunk is in, the resume hangs
+        request.cancel()  # the client goes away
+        with contextlib.suppress(asyncio.CancelledError):
+            await request
+        async def aborted() -> None:  # the cancellation travels frontend -> worker -> encode
+            while not st.channel.aborted:
+                await asyncio.sleep(0.02)
+
+        await asyncio.wait_for(aborted(), 60)  # a bound for a clean failure, not a timing
+        assert st.channel.aborted[0].endswith("/0")
+        assert st.channel.sender.allocator.used_blocks == 0 and st.channel.sender.in_flight == 0
+        assert st.registry.get_sample_value("tandem_worker_mm_blocks_used") == 0
