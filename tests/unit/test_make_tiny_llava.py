@@ -38,3 +38,26 @@ def test_written_model_matches_transformers(tmp_path, vision, text):
     with torch.no_grad():
         want = hf(input_ids=torch.tensor([full]), pixel_values=pixels).logits[0, -1:]
     assert (got - want).abs().max().item() < 1e-4
+
+
+def test_sparse_config_takes_transformers_defaults(tmp_path):
+    """llava-hf/llava-1.5-7b-hf's config.json leaves defaults out; we read it as transformers does."""
+    from transformers import LlavaConfig
+
+    from services.engine.multimodal.config import llava_from_config
+
+    cfg = {"architectures": ["LlavaForConditionalGeneration"], "model_type": "llava", "image_token_index": 32000,
+           "vision_config": {"model_type": "clip_vision_model", "hidden_size": 1024, "image_size": 336,
+                             "intermediate_size": 4096, "num_attention_heads": 16, "num_hidden_layers": 24,
+                             "patch_size": 14, "projection_dim": 768},
+           "text_config": {"model_type": "llama", "max_position_embeddings": 4096, "rms_norm_eps": 1e-05,
+                           "vocab_size": 32064}}
+    ours = llava_from_config(cfg, tmp_path / "config.json")
+    hf = LlavaConfig(**{k: v for k, v in cfg.items() if k != "architectures"})
+    t = hf.text_config
+    assert (ours.text.hidden_size, ours.text.intermediate_size, ours.text.num_layers, ours.text.num_heads,
+            ours.text.num_kv_heads, ours.text.vocab_size, ours.text.max_position_embeddings) == (
+        t.hidden_size, t.intermediate_size, t.num_hidden_layers, t.num_attention_heads, t.num_key_value_heads,
+        t.vocab_size, t.max_position_embeddings)
+    assert ours.tokens_per_image == 576 and ours.feature_indices == (23,)
+    assert ours.vision.hidden_act == hf.vision_config.hidden_act

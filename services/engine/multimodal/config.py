@@ -11,6 +11,22 @@ from services.engine.model_config import ModelArchConfig
 from services.engine.model_errors import UnsupportedModelError
 
 VISION_KINDS = {"clip_vision_model": "clip", "siglip_vision_model": "siglip"}
+
+# transformers' config defaults: a checkpoint's config.json (llava-hf/llava-1.5-7b-hf's
+# text_config, for one) leaves out every key at its default.
+_TEXT_DEFAULTS = {
+    "llama": {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+              "num_attention_heads": 32, "max_position_embeddings": 2048, "rms_norm_eps": 1e-6},
+    "qwen2": {"vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016, "num_hidden_layers": 32,
+              "num_attention_heads": 32, "num_key_value_heads": 32, "max_position_embeddings": 32768,
+              "rms_norm_eps": 1e-6},
+}
+_VISION_DEFAULTS = {
+    "clip_vision_model": {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
+                          "num_attention_heads": 12, "image_size": 224, "patch_size": 32},
+    "siglip_vision_model": {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
+                            "num_attention_heads": 12, "image_size": 224, "patch_size": 16},
+}
 SELECT_STRATEGIES = ("default", "full")  # default drops the CLS token (the first patch row)
 ACTIVATIONS = ("gelu", "quick_gelu", "gelu_pytorch_tanh", "gelu_new")
 
@@ -95,6 +111,7 @@ def is_llava_config(cfg: dict[str, Any]) -> bool:
 
 
 def vision_from_config(cfg: dict[str, Any], where: Path) -> VisionTowerConfig:
+    cfg = {**_VISION_DEFAULTS.get(cfg.get("model_type", "clip_vision_model"), {}), **cfg}
     kind = VISION_KINDS.get(cfg.get("model_type", "clip_vision_model"))
     if kind is None:
         raise UnsupportedModelError(
@@ -123,6 +140,7 @@ def llava_from_config(cfg: dict[str, Any], where: Path) -> LlavaArchConfig:
 
     text_cfg = dict(cfg.get("text_config") or {})
     text_type = text_cfg.get("model_type", "llama")
+    text_cfg = {**_TEXT_DEFAULTS.get(text_type, {}), **text_cfg}
     text_cfg["architectures"] = [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}.get(text_type, text_type)]
     text_cfg.setdefault("tie_word_embeddings", cfg.get("tie_word_embeddings", False))
     text = arch_from_config(text_cfg, where)

@@ -164,8 +164,8 @@ class ImageEncoder(nn.Module):
         dropped; anything else missing or unexpected raises ValueError naming it."""
         keep = {}
         for name, t in vision.items():
-            if name.startswith(("post_layernorm.", "head.")):
-                continue
+            if name.startswith(("post_layernorm.", "head.")) or name.endswith("position_ids"):
+                continue  # unused by LLaVA; position_ids: a buffer older checkpoints saved
             if name.startswith("encoder.layers."):
                 if int(name.split(".")[2]) >= self.arch.layers_to_run:
                     continue
