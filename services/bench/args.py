@@ -70,6 +70,9 @@ def _engine(sub: argparse._SubParsersAction, add_config: AddConfig) -> None:
                         "side (default: engine.overlap of the config)")
     p.add_argument("--runners", default="",
                    help="torch, mock or torch,mock (default: engine.runner of the config)")
+    p.add_argument("--structured", default="none",
+                   help="none, json or none,json: decode free, and/or with every sequence "
+                        "under a JSON schema (torch runner; reports the mask fill time)")
     p.set_defaults(_key=("bench", "engine"))
 
 

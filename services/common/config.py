@@ -67,6 +67,13 @@ class EngineConfig(_Strict):
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     threads: int = Field(1, ge=1)
+    # Weight-only quantized linears (docs/engine.md "Dtype and quantized weights"): int4 / int8 weights,
+    # activations in `dtype`. auto: int4 for a 4-bit GGUF with bfloat16 activations, else none.
+    quantization: Literal["auto", "none", "int8", "int4"] = "auto"
+    # With quantization on, a forward over more rows than this (prefill chunks) uses a
+    # dense copy of the weights, which a GEMM beats the int4/int8 kernels with; null keeps
+    # no dense copy (least memory; every batch on the quantized kernels).
+    quantized_max_rows: int | None = Field(16, ge=0)
     block_size: int = Field(16, ge=1)
     num_kv_blocks: int = Field(2048, ge=1)
     max_num_seqs: int = Field(64, ge=1)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 from services.engine.request import SamplingParams
 
 if TYPE_CHECKING:
+    from services.engine.grammar.batch_mask import BatchMask
     from services.engine.multimodal.spans import ImageSpan
     from services.engine.sequence import Sequence
 
@@ -72,6 +73,8 @@ class ScheduledBatch:
     seqs: list[ScheduledSeq] = field(default_factory=list)
     owners: list[Sequence] = field(default_factory=list)
     future_base: int = 0
+    # The allowed tokens of its grammar-constrained sampling rows; None: no such row.
+    grammar_mask: BatchMask | None = None
 
     @property
     def num_tokens(self) -> int:

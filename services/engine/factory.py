@@ -3,6 +3,7 @@ pick the runner. The one place that knows how the engine's pieces fit together."
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,8 @@ if TYPE_CHECKING:
     from services.engine.multimodal.blocks import EmbeddingBlockAllocator
     from services.engine.multimodal.embedder import ImageEmbedder, LocalEncodeChannel
     from services.engine.multimodal.transfer import EncodeChannel
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -102,7 +105,7 @@ def build_runner(cfg: ClusterConfig, model_path: Path | None) -> ModelRunner:
         loaded = load_llava_dir(model_path).text  # the vision half runs in the ImageEmbedder
     else:
         loaded = load_weights(model_path)
-    return TorchRunner(loaded.arch, loaded.tensors, cfg.engine, cfg.engine.max_model_len)
+    return TorchRunner(loaded.arch, loaded.tensors, cfg.engine, cfg.engine.max_model_len, loaded.quant)
 
 
 def build_engine(
@@ -127,6 +130,17 @@ def build_engine(
         eos: tuple[int, ...] = tokenizer.stop_token_ids
     else:
         eos = (cfg.engine.mock.eos_token_id,)
-    engine = LLMEngine(runner, cfg.engine, eos, worker_id=worker_id, on_kv_event=on_kv_event)
+    grammar = None
+    if tokenizer is not None and runner.supports_grammar:
+        from services.engine.grammar.compiler import GrammarCompiler
+
+        try:
+            grammar = GrammarCompiler(tokenizer.to_json(), runner.vocab_size, eos)
+        except ValueError as e:
+            # A tokenizer llguidance cannot read (no decoder, say) still serves free text;
+            # structured requests then get validate()'s clear 400 instead of a dead worker.
+            log.warning("structured output disabled: llguidance cannot use this tokenizer (%s)", e)
+    engine = LLMEngine(runner, cfg.engine, eos, worker_id=worker_id, on_kv_event=on_kv_event,
+                       grammar=grammar)
     name = cfg.model.name or served_model_name(cfg.model.path)
     return EngineParts(engine, tokenizer, name, model_path)

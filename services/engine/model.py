@@ -98,6 +98,8 @@ class LlamaModel(nn.Module):
                 requires_grad=False,
             )
         )
+        # Set by quant.apply.quantize_model: a quantized head used instead of lm_head_weight.
+        self.lm_head: nn.Module | None = None
         self.rotary = RotaryEmbedding(
             arch.head_dim, max_len or arch.max_position_embeddings, arch.rope_theta, dtype, device
         )
@@ -128,6 +130,8 @@ class LlamaModel(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden (N, H) -> logits (N, V). Pass only the rows that will be sampled."""
+        if self.lm_head is not None:
+            return self.lm_head(hidden)
         return F.linear(hidden, self.lm_head_weight)
 
     @torch.no_grad()

@@ -110,11 +110,11 @@ def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readines
             return StreamingResponse(gen, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
-            text, reason, usage = await unless_disconnected(
+            text, reason, usage, calls = await unless_disconnected(
                 request, collect(m, deltas, first, t0, fc.request_timeout_s))
         except (ServingError, APIError, ClientGone) as e:
             return _fail(m, t0, _api_error(e, errors, rid))
-        response = JSONResponse(r.full(text, reason, usage))
+        response = JSONResponse(r.full(text, reason, usage, calls))
         m.requests.labels("200").inc()  # after the body is built: if that fails, guard counts a 500
         m.duration.observe(time.perf_counter() - t0)
         return response

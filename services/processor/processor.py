@@ -23,6 +23,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from services.common.errors import (
+    GenerationFailed,
     InvalidRequest,
     ModelNotFound,
     Overloaded,
@@ -39,6 +40,7 @@ from services.processor.images import ImagePrompting
 from services.processor.metrics import ProcessorMetrics
 from services.processor.router_reports import Publish, RouterLike, RouterReports
 from services.processor.stop import StopMatcher
+from services.processor.tools import ToolCallParser, tool_dicts, with_tool_prompt
 from services.processor.types import CHAT_ROLES, Delta, ModelInfo, ProcessRequest
 from services.processor.worker_client import DecodeWorkerClient
 from services.router.types import (
@@ -103,8 +105,14 @@ class Processor:
         m.inflight.inc()
         outcome = "cancelled"
         released = False
+        parser = (ToolCallParser(req.tools, req.tool_choice)
+                  if req.tools and req.tool_choice.mode != "none" else None)
         try:
             async for delta in self._stream(req.request_id, ids, sampling, stops, route, images):
+                if parser is not None:
+                    delta = _with_tool_calls(parser, delta)
+                    if not delta.text and delta.finish_reason is None:
+                        continue
                 if delta.finish_reason is not None:
                     outcome = delta.finish_reason.value
                     released = True
@@ -159,8 +167,14 @@ class Processor:
                                          f"{sorted(CHAT_ROLES)}", param=f"messages.{i}.role")
             msgs = [{"role": x.role, "content": images.render_content(x) if images else x.content}
                     for x in req.messages]
+            extra: dict = {}
+            if req.tools and req.tool_choice.mode != "none":
+                if self._tok.template_takes_tools:
+                    extra["tools"] = tool_dicts(req.tools)
+                else:
+                    msgs = with_tool_prompt(msgs, req.tools)
             try:
-                ids = self._tok.encode_chat(msgs)
+                ids = self._tok.encode(self._tok.apply_chat_template(msgs, **extra))
             except (ChatTemplateError, ValueError, TypeError) as e:
                 # NOTE: TypeError: the tokenizer's answer to text that is not valid Unicode
                 # (a lone surrogate), which only an in-process caller can pass.
@@ -258,8 +272,8 @@ class Processor:
                         break
                 else:
                     failure = "ended the stream unfinished"
-            except InvalidRequest:
-                raise  # the request itself is bad: another worker would refuse it too
+            except (InvalidRequest, GenerationFailed):
+                raise  # the request itself is bad: another worker would refuse or fail it too
             except Overloaded as e:
                 failure, full = e.message, full + 1
             except ServingError as e:
@@ -315,3 +329,12 @@ class Processor:
             raise Unavailable(f"{what}; no other decode worker can continue it: {e}") from None
         self.metrics.migrations.inc()
         return new
+
+
+def _with_tool_calls(parser: ToolCallParser, d: Delta) -> Delta:
+    """``d`` with its text through the tool-call parser; the last one carries the calls."""
+    text = parser.feed(d.text)
+    if d.finish_reason is None:
+        return Delta(text)
+    rest, calls = parser.finish()
+    return Delta(text + rest, d.finish_reason, d.usage, calls)

@@ -30,6 +30,35 @@ class ChatMessage:
 
 
 @dataclass(frozen=True, slots=True)
+class Tool:
+    """A function the model may call (OpenAI's ``tools[].function``)."""
+
+    name: str
+    description: str = ""
+    parameters: str = ""  # its arguments' JSON schema, as JSON text; "" = any object
+
+
+ToolChoiceMode = Literal["none", "auto", "required", "function"]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolChoice:
+    """``function``: call the tool named ``name``; ``required``: call one of them;
+    ``auto``: the model decides (tools rendered in the prompt, its ``<tool_call>`` parsed);
+    ``none``: no tools."""
+
+    mode: ToolChoiceMode = "auto"
+    name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # JSON text, as OpenAI's tool_calls carry it
+
+
+@dataclass(frozen=True, slots=True)
 class ProcessRequest:
     """Exactly one of ``messages`` (chat), ``prompt`` (text) or ``prompt_ids`` is set."""
 
@@ -39,6 +68,8 @@ class ProcessRequest:
     prompt_ids: tuple[int, ...] | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
     model: str = ""  # "" = the served model
+    tools: tuple[Tool, ...] = ()  # chat only
+    tool_choice: ToolChoice = field(default_factory=ToolChoice)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +79,8 @@ class Delta:
     text: str
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
+    # Parsed calls, on the last delta (then finish_reason is STOP, the API says "tool_calls").
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,6 +48,10 @@ class ModelRunner(ABC):
     supports_overlap: bool = False
     # Whether overlapping pays on this runner (what engine.overlap "auto" follows).
     overlap_pays: bool = False
+    # Whether it samples from logits and honours ``batch.grammar_mask`` (structured output).
+    supports_grammar: bool = False
+    # Whether host buffers it reads (grammar masks) are best pinned (a CUDA device).
+    pins_host_memory: bool = False
     # Seconds the runner (the device) spent computing batches: the bench's bubble is the
     # rest of the wall time.
     busy_seconds: float = 0.0

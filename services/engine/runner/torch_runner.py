@@ -13,7 +13,10 @@ from services.common.config import EngineConfig
 from services.engine.batch import PendingOutput, RunnerOutput, ScheduledBatch
 from services.engine.model import LlamaModel
 from services.engine.model_config import ModelArchConfig
+from services.engine.quant.apply import quantize_model, resolve_quantization
+from services.engine.quant.groups import QuantSource
 from services.engine.runner.base import KvSpec, ModelRunner
+from services.engine.runner.cpu_features import cpu_has_fast_bf16
 from services.engine.runner.step_inputs import StepInputs, build_step_inputs, validate_batch
 from services.engine.sampler import Sampler
 
@@ -34,9 +37,11 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """``auto`` -> float32 on CPU (bf16 matmuls are slow there), bfloat16 on CUDA."""
+    """``auto`` -> bfloat16 on CUDA and on CPUs with native bfloat16 (AVX512-BF16, AMX),
+    float32 on other CPUs (bfloat16 matmuls are emulated, slower than float32, there)."""
     if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        fast_bf16 = device.type == "cuda" or (device.type == "cpu" and cpu_has_fast_bf16())
+        return torch.bfloat16 if fast_bf16 else torch.float32
     return _DTYPES[name]
 
 
@@ -78,10 +83,12 @@ class TorchRunner(ModelRunner):
     """Runs a LlamaModel over a KV cache ``(layers, 2, num_kv_blocks, block_size, kv_heads, head_dim)``.
 
     ``tensors`` are Hugging Face-named weights (see ``LlamaModel.load_hf_weights``); they
-    are copied, so the caller may drop them afterwards.
+    are copied, so the caller may drop them afterwards. ``quant_source`` is what the weights
+    file offers ``engine.quantization`` (exact int4 groups of GGUF blocks), if anything.
     """
 
     supports_overlap = True
+    supports_grammar = True
 
     def __init__(
         self,
@@ -89,12 +96,14 @@ class TorchRunner(ModelRunner):
         tensors: dict[str, torch.Tensor],
         cfg: EngineConfig,
         max_model_len: int | None = None,
+        quant_source: QuantSource | None = None,
     ) -> None:
         self.device = resolve_device(cfg.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device)
         # NOTE: on CPU the forward's threads already take every core: a scheduler thread
         # beside them competes instead of overlapping (measured 0.78-0.97x).
         self.overlap_pays = self.device.type == "cuda"
+        self.pins_host_memory = self.device.type == "cuda"
         if self.device.type == "cpu":
             torch.set_num_threads(cfg.threads)
         self.max_model_len = max_model_len or cfg.max_model_len or arch.max_position_embeddings
@@ -111,6 +120,10 @@ class TorchRunner(ModelRunner):
         with torch.inference_mode():
             self.model = LlamaModel(arch, self.dtype, self.device, max_len=self.max_model_len)
             self.model.load_hf_weights(tensors)
+            source = quant_source or QuantSource()
+            self.quantization = resolve_quantization(cfg, self.dtype, source)
+            if self.quantization != "none":
+                quantize_model(self.model, tensors, source, self.quantization, cfg.quantized_max_rows)
             self.model.eval()
             self.kv_cache = torch.zeros(
                 self.kv_spec.block_range_shape(cfg.num_kv_blocks), dtype=self.dtype, device=self.device
@@ -133,7 +146,7 @@ class TorchRunner(ModelRunner):
         with torch.inference_mode():
             step, logits = self._forward(batch)
             if logits is not None:
-                tokens = self.sampler.sample(logits, step.sample_seqs)
+                tokens = self.sampler.sample(logits, step.sample_seqs, mask=batch.grammar_mask)
                 for i, tok in zip(step.sample_index, tokens, strict=True):
                     sampled[i] = tok
         self.busy_seconds += time.perf_counter() - t0
@@ -175,7 +188,8 @@ class TorchRunner(ModelRunner):
             step, logits = self._forward(batch)
             host = None
             if logits is not None:
-                tokens = self.sampler.sample_tensor(logits, step.sample_seqs)  # (N,) on device
+                # (N,) on device; with a grammar it waits for the mask the scheduler thread fills
+                tokens = self.sampler.sample_tensor(logits, step.sample_seqs, mask=batch.grammar_mask)
                 base = batch.future_base
                 self._future[base : base + tokens.shape[0]] = tokens
                 host = tokens.to("cpu", non_blocking=True) if stream is not None else tokens
