@@ -38,6 +38,10 @@ def build_runner(cfg: ClusterConfig, model_path: Path | None) -> ModelRunner:
 
     assert model_path is not None  # NOTE: resolved by build_engine for the torch runner
     loaded = load_weights(model_path)
+    if cfg.engine.tensor_parallel_size > 1:
+        from services.engine.tp.runner import TpRunner
+
+        return TpRunner(loaded.arch, loaded.tensors, cfg.engine, model_path, cfg.engine.max_model_len)
     return TorchRunner(loaded.arch, loaded.tensors, cfg.engine, cfg.engine.max_model_len, loaded.quant)
 
 
