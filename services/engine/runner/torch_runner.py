@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import replace
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 
 import torch
 

@@ -20,7 +20,14 @@ import torch
 from services.common.config import EngineConfig
 from services.engine.tp import comm
 from services.engine.tp.broadcast import PayloadReceiver
-from services.engine.tp.messages import ExportKv, ImportKv, RankFailed, RankReady, Shutdown, StepMessage
+from services.engine.tp.messages import (
+    ExportKv,
+    ImportKv,
+    RankFailed,
+    RankReady,
+    Shutdown,
+    StepMessage,
+)
 from services.engine.tp.shard import TpShard
 from services.engine.tp.step_plan import StepDecoder
 

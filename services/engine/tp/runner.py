@@ -32,7 +32,13 @@ from services.engine.runner.torch_runner import TorchRunner, resolve_device
 from services.engine.tp import comm
 from services.engine.tp.broadcast import PayloadBroadcaster
 from services.engine.tp.messages import ExportKv, ImportKv, RankFailed, RankReady, Shutdown
-from services.engine.tp.rank_main import NUM_STATS, STAT_ALL_REDUCE_S, STAT_STEPS, STAT_WAIT_S, rank_main
+from services.engine.tp.rank_main import (
+    NUM_STATS,
+    STAT_ALL_REDUCE_S,
+    STAT_STEPS,
+    STAT_WAIT_S,
+    rank_main,
+)
 from services.engine.tp.shard import TpShard, check_tp_layout
 from services.engine.tp.step_plan import StepEncoder
 
