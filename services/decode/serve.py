@@ -28,6 +28,7 @@ from services.decode.worker import DecodeWorker
 from services.disagg.prefill_queue import PrefillQueue
 from services.engine.async_engine import AsyncEngine
 from services.engine.factory import build_engine
+from services.engine.tp import worker_hooks as tp_hooks
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,7 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str | None = None,
         worker = DecodeWorker(ae, cfg, worker_id, queue, metrics=metrics)
         # before the port opens: a part that looks ready must stop cleanly (see stop_on_signals)
         stop = stop or stop_on_signals()
+        tp_hooks.attach(parts.engine.runner, metrics.registry, stop)
         server, port = await serve_decode_worker(worker, host, cfg.decode.port + replica)
         # NOTE: peers dial what discovery says, so publish the configured reachable host
         # (a compose service name, a pod IP), not the bind address.
@@ -92,6 +94,7 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str | None = None,
             await publisher.flush()
             await publisher.close()
     await nc.close()
+    tp_hooks.close(parts.engine.runner)
 
 
 async def serve_many(cfg: ClusterConfig, first: int, count: int) -> None:

@@ -20,6 +20,7 @@ from services.common.net import advertised_host
 from services.common.service import run_part, stop_on_signals
 from services.engine.async_engine import AsyncEngine
 from services.engine.factory import build_engine
+from services.engine.tp import worker_hooks as tp_hooks
 from services.prefill.metrics import PrefillMetrics
 from services.prefill.worker import PrefillWorker
 
@@ -39,6 +40,7 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str | None = None) -
         metrics_port = cfg.prefill.metrics_port + replica
         # before the port opens: a part that looks ready must stop cleanly (see stop_on_signals)
         stop = stop_on_signals()
+        tp_hooks.attach(parts.engine.runner, metrics.registry, stop)
         start_http_server(metrics_port, registry=metrics.registry, addr=host)
         worker = PrefillWorker(ae, nc, cfg, worker_id, metrics)
         await worker.start()
@@ -53,6 +55,7 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str | None = None) -
             await lease.close()
             await worker.close(grace_s=cfg.prefill.grace_period_s)
     await nc.close()
+    tp_hooks.close(parts.engine.runner)
 
 
 def main(args: argparse.Namespace) -> int:

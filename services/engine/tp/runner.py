@@ -83,6 +83,7 @@ class TpRunner(TorchRunner):
         check_tp_layout(arch, size)
         self.tp_cfg = cfg
         self.num_failures = 0
+        self.failure = ""  # what went wrong first, for the worker's exit
         self._rank0_steps = 0
         self.on_rank_death: Callable[[str], None] | None = None
         self._closing = False
@@ -140,9 +141,14 @@ class TpRunner(TorchRunner):
         self._dropped = []
         self._rank0_steps += 1
         data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
-        for r in self._ranks:
-            r.steps.send_bytes(data)
-        return super()._forward(batch)
+        try:
+            for r in self._ranks:
+                r.steps.send_bytes(data)
+            return super()._forward(batch)
+        except (RuntimeError, OSError) as e:  # gloo/NCCL: a peer closed, or the timeout hit
+            self._fail(f"tensor-parallel forward failed (a rank died or a collective exceeded "
+                       f"engine.tp_timeout_s={self.tp_cfg.tp_timeout_s}s): {e}")
+            raise TpRankError(self.failure) from e
 
     # -- KV transfer: the whole model's layout, gathered from / scattered to the ranks -----
 
@@ -220,9 +226,13 @@ class TpRunner(TorchRunner):
         if self._closing:
             return
         r = by_sentinel[ready[0]]
+        self._fail(f"tensor-parallel rank {r.rank} (pid {r.proc.pid}) exited with code "
+                   f"{r.proc.exitcode}; this worker can no longer run its forward")
+
+    def _fail(self, why: str) -> None:
         self.num_failures += 1
-        why = (f"tensor-parallel rank {r.rank} (pid {r.proc.pid}) exited with code {r.proc.exitcode}; "
-               "this worker can no longer run its forward")
+        if not self.failure:
+            self.failure = why
         log.error(why)
         if self.on_rank_death is not None:
             self.on_rank_death(why)
