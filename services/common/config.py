@@ -97,6 +97,7 @@ class EngineConfig(_Strict):
     tensor_parallel_size: int = Field(1, ge=1)
     tp_broadcast: Literal["async", "sync"] = "async"
     tp_timeout_s: float = Field(60.0, gt=0)
+    tp_startup_timeout_s: float = Field(300.0, gt=0)  # for every rank to load its slice
     tp_rank_threads: int = Field(1, ge=1)  # torch threads of each extra rank on CPU
     mock: MockRunnerConfig = MockRunnerConfig()
 

@@ -58,6 +58,13 @@ def rank_main(
         _send(step_conn, RankFailed(rank, f"{type(e).__name__}: {e}"))
         os._exit(1)
     _send(step_conn, RankReady(rank))
+    try:
+        # NOTE: joined only once loaded: the entry joins once every rank is ready, so
+        # loading (slow on a busy host) never eats into the collectives' timeout.
+        comm.init_group(rank, size, port, runner.device, cfg.tp_timeout_s)
+    except Exception:
+        log.exception("rank %d failed to join the tensor-parallel group", rank)
+        os._exit(1)
     receiver = PayloadReceiver(payload_conn, cfg.tp_broadcast == "sync", cfg.tp_timeout_s)
     decoder = StepDecoder(receiver.prompt, receiver.forget)
     try:
@@ -96,7 +103,6 @@ def _start(rank: int, size: int, port: int, model_path: Path, cfg: EngineConfig,
         device = torch.device("cuda", rank)
         torch.cuda.set_device(device)
         cfg = cfg.model_copy(update={"device": str(device)})
-    comm.init_group(rank, size, port, device, cfg.tp_timeout_s)
     loaded = load_weights(model_path)
     runner = TorchRunner(loaded.arch, loaded.tensors, cfg, max_model_len, tp=TpShard(rank, size))
     if device.type == "cpu":

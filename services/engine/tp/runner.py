@@ -28,7 +28,7 @@ from services.engine.batch import ScheduledBatch
 from services.engine.model_config import ModelArchConfig
 from services.engine.request import GenerateRequest
 from services.engine.runner.step_inputs import StepInputs
-from services.engine.runner.torch_runner import TorchRunner, resolve_device
+from services.engine.runner.torch_runner import TorchRunner
 from services.engine.tp import comm
 from services.engine.tp.broadcast import PayloadBroadcaster
 from services.engine.tp.messages import ExportKv, ImportKv, RankFailed, RankReady, Shutdown
@@ -102,9 +102,9 @@ class TpRunner(TorchRunner):
                 step_there.close()
                 pay_there.close()
                 self._ranks.append(_Rank(r, proc, step_here, pay_here, stats))
-            comm.init_group(0, size, port, resolve_device(cfg.device), cfg.tp_timeout_s)
             super().__init__(arch, tensors, cfg, max_model_len, tp=TpShard(0, size))
             self._await_ready()
+            comm.init_group(0, size, port, self.device, cfg.tp_timeout_s)
         except BaseException:
             self._stop_ranks()
             comm.destroy_group()
@@ -211,11 +211,17 @@ class TpRunner(TorchRunner):
                 r.proc.join(5)
 
     def _await_ready(self) -> None:
-        deadline = time.monotonic() + self.tp_cfg.tp_timeout_s
+        limit = self.tp_cfg.tp_startup_timeout_s
+        deadline = time.monotonic() + limit
         for r in self._ranks:
             if not r.steps.poll(max(0.0, deadline - time.monotonic())):
-                raise TpRankError(f"rank {r.rank} did not start within {self.tp_cfg.tp_timeout_s}s")
-            msg = pickle.loads(r.steps.recv_bytes())
+                raise TpRankError(f"rank {r.rank} did not load the model within "
+                                  f"engine.tp_startup_timeout_s={limit}s")
+            try:
+                msg = pickle.loads(r.steps.recv_bytes())
+            except EOFError:
+                r.proc.join(5)
+                raise TpRankError(f"rank {r.rank} exited during startup (code {r.proc.exitcode})") from None
             if isinstance(msg, RankFailed):
                 raise TpRankError(f"rank {msg.rank} failed to start: {msg.error}")
             assert isinstance(msg, RankReady)
