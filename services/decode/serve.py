@@ -25,6 +25,8 @@ from services.common.wire import WorkerLoad
 from services.decode.grpc_server import serve_decode_worker
 from services.decode.metrics import DecodeMetrics
 from services.decode.worker import DecodeWorker
+from services.disagg.kv_layout import METADATA_KEY as KV_LAYOUT
+from services.disagg.kv_layout import KvLayout, refuse_incompatible_peers
 from services.disagg.prefill_queue import PrefillQueue
 from services.engine.async_engine import AsyncEngine
 from services.engine.factory import build_engine
@@ -73,10 +75,12 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str | None = None,
         load = LoadPublisher(nc, subjects, sample)
         await load.start()
         discovery = await Discovery.open(nc, cfg.namespace, cfg.discovery)
+        layout = KvLayout.of(ae.kv_spec, cfg.engine.tensor_parallel_size)
+        await refuse_incompatible_peers(discovery, "decode", layout)
         lease = await discovery.register(Registration(
             "decode", worker_id, address=address,
             metrics_address=f"{cfg.decode.advertise_host}:{metrics_port}",
-            metadata={"model": parts.model_name}))
+            metadata={"model": parts.model_name, KV_LAYOUT: layout.encode()}))
         log.info("decode worker %s: gRPC %s, metrics :%d", worker_id, address, metrics_port)
         if started is not None:
             started.set()

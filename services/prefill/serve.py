@@ -18,6 +18,8 @@ from services.common.discovery import Discovery, Registration
 from services.common.nats_client import connect
 from services.common.net import advertised_host
 from services.common.service import run_part, stop_on_signals
+from services.disagg.kv_layout import METADATA_KEY as KV_LAYOUT
+from services.disagg.kv_layout import KvLayout, refuse_incompatible_peers
 from services.engine.async_engine import AsyncEngine
 from services.engine.factory import build_engine
 from services.engine.tp import worker_hooks as tp_hooks
@@ -45,9 +47,11 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str | None = None) -
         worker = PrefillWorker(ae, nc, cfg, worker_id, metrics)
         await worker.start()
         discovery = await Discovery.open(nc, cfg.namespace, cfg.discovery)
+        layout = KvLayout.of(ae.kv_spec, cfg.engine.tensor_parallel_size)
+        await refuse_incompatible_peers(discovery, "prefill", layout)
         lease = await discovery.register(Registration(
             "prefill", worker_id, metrics_address=f"{advertised_host(host)}:{metrics_port}",
-            metadata={"model": parts.model_name}))
+            metadata={"model": parts.model_name, KV_LAYOUT: layout.encode()}))
         log.info("prefill worker %s: pulling jobs, metrics :%d", worker_id, metrics_port)
         try:
             await stop.wait()
