@@ -44,23 +44,23 @@ class PayloadBroadcaster:
         self._lock = threading.Lock()
         self._pending: set[int] = set()
         self._cancelled: set[int] = set()
-        self._queue: queue.SimpleQueue[tuple[int, list[int]] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[int, list[int], bytes] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         if not self.sync:
             self._thread = threading.Thread(target=self._run, name="tp-broadcast", daemon=True)
             self._thread.start()
 
-    def submit(self, handle: int, prompt_token_ids: list[int]) -> None:
+    def submit(self, handle: int, prompt_token_ids: list[int], extras: bytes = b"") -> None:
         t0 = time.perf_counter()
         if self.sync:
-            self._send(handle, prompt_token_ids)
+            self._send(handle, prompt_token_ids, extras)
             self._await_acks(handle)
         else:
             if self.error is not None:
                 raise BroadcastError(f"tensor-parallel payload broadcast failed: {self.error!r}")
             with self._lock:
                 self._pending.add(handle)
-            self._queue.put((handle, prompt_token_ids))
+            self._queue.put((handle, prompt_token_ids, extras))
         self.blocked_seconds += time.perf_counter() - t0
 
     def cancel(self, handle: int) -> None:
@@ -74,8 +74,9 @@ class PayloadBroadcaster:
             self._queue.put(None)
             self._thread.join(timeout=self.timeout_s)
 
-    def _send(self, handle: int, prompt_token_ids: list[int]) -> None:
-        data = pickle.dumps(RequestPayload.of(handle, prompt_token_ids), protocol=pickle.HIGHEST_PROTOCOL)
+    def _send(self, handle: int, prompt_token_ids: list[int], extras: bytes) -> None:
+        payload = RequestPayload.of(handle, prompt_token_ids, extras)
+        data = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
         for c in self._conns:
             c.send_bytes(data)
         self.sent += 1
@@ -89,14 +90,14 @@ class PayloadBroadcaster:
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
-            handle, prompt = item
+            handle, prompt, extras = item
             with self._lock:
                 if handle in self._cancelled:
                     self._cancelled.discard(handle)
                     continue
                 self._pending.discard(handle)
             try:
-                self._send(handle, prompt)
+                self._send(handle, prompt, extras)
             except (OSError, ValueError) as e:  # a dead rank: the forward reports it too
                 log.error("tensor-parallel payload broadcast failed: %r", e)
                 self.error = e

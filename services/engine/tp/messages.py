@@ -21,10 +21,13 @@ import torch
 class RequestPayload:
     handle: int
     prompt: bytes  # int64 token ids, array("q").tobytes()
+    # The request's other inputs as raw bytes (multimodal inputs, grammar specs): sent as
+    # they came, each rank decodes what its forward needs. Empty today but for the bench.
+    extras: bytes = b""
 
     @classmethod
-    def of(cls, handle: int, prompt_token_ids: list[int]) -> RequestPayload:
-        return cls(handle, array("q", prompt_token_ids).tobytes())
+    def of(cls, handle: int, prompt_token_ids: list[int], extras: bytes = b"") -> RequestPayload:
+        return cls(handle, array("q", prompt_token_ids).tobytes(), extras)
 
     def materialise(self) -> list[int]:
         ids = array("q")

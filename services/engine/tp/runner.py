@@ -86,6 +86,9 @@ class TpRunner(TorchRunner):
         self.failure = ""  # what went wrong first, for the worker's exit
         self._rank0_steps = 0
         self.on_rank_death: Callable[[str], None] | None = None
+        # A request's inputs besides its prompt, as the raw bytes the ranks receive (the slot
+        # multimodal inputs and grammar specs take; `tandem bench tp` fills it).
+        self.extra_payload: Callable[[GenerateRequest], bytes] = _no_extras
         self._closing = False
         self._ranks: list[_Rank] = []
         port = _free_port()
@@ -124,7 +127,7 @@ class TpRunner(TorchRunner):
         h = self._next_handle
         self._next_handle += 1
         self._handles[request.request_id] = h
-        self._broadcaster.submit(h, request.prompt_token_ids)
+        self._broadcaster.submit(h, request.prompt_token_ids, self.extra_payload(request))
 
     def request_gone(self, request_id: str) -> None:
         h = self._handles.pop(request_id, None)
@@ -178,6 +181,10 @@ class TpRunner(TorchRunner):
         super().import_kv(block_ids, data[:, :, :, :, :local])
 
     # -- health and metrics ----------------------------------------------------------------
+
+    @property
+    def broadcaster(self) -> PayloadBroadcaster:
+        return self._broadcaster
 
     def rank_stats(self) -> list[RankStats]:
         out = [RankStats(0, self._rank0_steps, self._broadcaster.blocked_seconds, comm.ALL_REDUCE.seconds)]
@@ -242,6 +249,10 @@ class TpRunner(TorchRunner):
         log.error(why)
         if self.on_rank_death is not None:
             self.on_rank_death(why)
+
+
+def _no_extras(_request: GenerateRequest) -> bytes:
+    return b""
 
 
 def _send(conn: Connection, obj: object) -> None:
