@@ -140,9 +140,10 @@ def _drive(engine: LLMEngine) -> dict[str, list[int]]:
     return got
 
 
-@pytest.mark.parametrize("broadcast", ["async", "sync"])
-def test_engine_greedy_equals_unsplit(tmp_path: Path, broadcast: str) -> None:
-    path = _tiny(tmp_path, "qwen2")
+@pytest.mark.parametrize(("arch", "tp", "broadcast"), [
+    ("qwen2", 2, "async"), ("qwen2", 2, "sync"), ("llama", 4, "async")])
+def test_engine_greedy_equals_unsplit(tmp_path: Path, arch: str, tp: int, broadcast: str) -> None:
+    path = _tiny(tmp_path, arch)
     loaded = load_weights(path)
     # A pool far smaller than the workload's demand and a small token budget force chunked
     # prefill, prefix hits and preemption all in one run (as in test_engine_vs_reference).
@@ -150,7 +151,7 @@ def test_engine_greedy_equals_unsplit(tmp_path: Path, broadcast: str) -> None:
     cfg1 = _cfg(**kw)
     want_engine = LLMEngine(TorchRunner(loaded.arch, loaded.tensors, cfg1), cfg1, eos_token_ids=[0])
     want = _drive(want_engine)
-    cfg2 = _cfg(tensor_parallel_size=2, **kw)
+    cfg2 = _cfg(tensor_parallel_size=tp, **kw)
     with _tp_runner(path, cfg2) as runner:
         engine = LLMEngine(runner, cfg2, eos_token_ids=[0])
         got = _drive(engine)

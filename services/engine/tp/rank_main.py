@@ -80,7 +80,7 @@ def rank_main(
                 stats[STAT_WAIT_S] = decoder.wait_seconds
                 stats[STAT_ALL_REDUCE_S] = comm.ALL_REDUCE.seconds
             elif isinstance(msg, ExportKv):
-                _send(step_conn, runner.export_kv(msg.block_ids))
+                _send(step_conn, runner.export_kv(msg.block_ids).cpu())
             elif isinstance(msg, ImportKv):
                 runner.import_kv(msg.block_ids, msg.data)
             elif isinstance(msg, Shutdown):

@@ -165,7 +165,8 @@ class TpRunner(TorchRunner):
             if not r.steps.poll(self.tp_cfg.tp_timeout_s):
                 raise TpRankError(f"rank {r.rank} did not export its KV within {self.tp_cfg.tp_timeout_s}s")
             parts.append(pickle.loads(r.steps.recv_bytes()))
-        return torch.cat(parts, dim=4)  # (layers, 2, n, block_size, kv_heads, hd)
+        # (layers, 2, n, block_size, kv_heads, hd), on rank 0's device
+        return torch.cat([p.to(parts[0].device) for p in parts], dim=4)
 
     def import_kv(self, block_ids: Sequence[int], data: torch.Tensor) -> None:
         if not isinstance(data, torch.Tensor):
