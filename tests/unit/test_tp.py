@@ -186,3 +186,21 @@ def test_layout_that_cannot_split_is_refused() -> None:
     check_tp_layout(arch, 3)
     with pytest.raises(ValueError, match="9 attention heads.*3 KV heads"):
         check_tp_layout(arch, 2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_nccl_group_is_built_and_all_reduces_on_cuda() -> None:
+    # One GPU: a group of one, through the same init and all-reduce the TP forward uses.
+    from services.engine.tp import comm
+    from services.engine.tp.runner import _free_port
+
+    comm.init_group(0, 1, _free_port(), torch.device("cuda"), timeout_s=60)
+    try:
+        assert torch.distributed.get_backend() == "nccl"
+        t = torch.ones(4, device="cuda")
+        calls = comm.ALL_REDUCE.calls
+        comm.all_reduce(t)
+        assert comm.ALL_REDUCE.calls == calls + 1
+        assert t.cpu().tolist() == [1.0] * 4
+    finally:
+        comm.destroy_group()
