@@ -7,12 +7,12 @@ collective fails (a peer died or timed out): a rank never outlives its worker.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import pickle
 import sys
 from multiprocessing.connection import Connection
-from multiprocessing.sharedctypes import SynchronizedArray
 from pathlib import Path
 
 import torch
@@ -47,7 +47,7 @@ def rank_main(
     max_model_len: int | None,
     step_conn: Connection,
     payload_conn: Connection,
-    stats: SynchronizedArray,
+    stats: ctypes.Array[ctypes.c_double],
 ) -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s tp-rank{rank} %(levelname)s %(message)s")

@@ -10,6 +10,7 @@ the KV a TP worker exports or imports has the whole model's layout (``kv_spec``)
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import multiprocessing as mp
 import pickle
@@ -65,7 +66,7 @@ class _Rank:
     proc: mp.process.BaseProcess
     steps: Connection
     payloads: Connection
-    stats: object  # multiprocessing Array('d', NUM_STATS)
+    stats: ctypes.Array[ctypes.c_double]  # shared with the rank (rank_main's STAT_* slots)
 
 
 class TpRunner(TorchRunner):
@@ -81,6 +82,9 @@ class TpRunner(TorchRunner):
     ) -> None:
         size = cfg.tensor_parallel_size
         check_tp_layout(arch, size)
+        if torch.distributed.is_initialized():
+            raise TpRankError("one tensor-parallel engine per process: this process already "
+                              "has a torch.distributed group")
         self.tp_cfg = cfg
         self.num_failures = 0
         self.failure = ""  # what went wrong first, for the worker's exit
