@@ -107,12 +107,12 @@ def test_smollm2_tp3_logits_equal_unsplit(smollm2_path: Path) -> None:
         torch.testing.assert_close(g, w, atol=1e-4, rtol=0)
 
 
-def _workload() -> list[GenerateRequest]:
+def _workload(vocab: int = 128, n: int = 10) -> list[GenerateRequest]:
     g = torch.Generator().manual_seed(1)
-    shared = torch.randint(3, 128, (13,), generator=g).tolist()
+    shared = torch.randint(3, vocab, (13,), generator=g).tolist()
     reqs = []
-    for i in range(10):
-        tail = torch.randint(3, 128, (int(torch.randint(1, 20, (1,), generator=g)),), generator=g).tolist()
+    for i in range(n):
+        tail = torch.randint(3, vocab, (int(torch.randint(1, 20, (1,), generator=g)),), generator=g).tolist()
         prompt = (shared + tail) if i % 3 != 2 else tail + shared
         sampling = SamplingParams(temperature=0, max_tokens=int(torch.randint(4, 14, (1,), generator=g)),
                                   ignore_eos=True)
@@ -120,8 +120,8 @@ def _workload() -> list[GenerateRequest]:
     return reqs
 
 
-def _drive(engine: LLMEngine) -> dict[str, list[int]]:
-    reqs = _workload()
+def _drive(engine: LLMEngine, vocab: int = 128) -> dict[str, list[int]]:
+    reqs = _workload(vocab)
     got: dict[str, list[int]] = {r.request_id: [] for r in reqs}
     for r in reqs[:6]:
         engine.add_request(r)
@@ -160,6 +160,21 @@ def test_engine_greedy_equals_unsplit(tmp_path: Path, arch: str, tp: int, broadc
         assert stats.prefix_cache_hit_tokens_total > 0
         assert stats.kv_blocks_used == 0
         assert runner._handles == {}, "every finished or aborted request is forgotten"
+    assert got == want
+
+
+def test_smollm2_tp3_engine_greedy_equals_unsplit(smollm2_path: Path) -> None:
+    loaded = load_weights(smollm2_path)
+    kw = dict(num_kv_blocks=20, max_num_seqs=6, max_num_batched_tokens=12)
+    cfg1 = _cfg(**kw)
+    want = _drive(LLMEngine(TorchRunner(loaded.arch, loaded.tensors, cfg1), cfg1, eos_token_ids=[0]),
+                  loaded.arch.vocab_size)
+    cfg3 = _cfg(tensor_parallel_size=3, **kw)
+    with _tp_runner(smollm2_path, cfg3) as runner:
+        engine = LLMEngine(runner, cfg3, eos_token_ids=[0])
+        got = _drive(engine, loaded.arch.vocab_size)
+        stats = engine.stats()
+        assert stats.num_preemptions_total > 0 and stats.prefix_cache_hit_tokens_total > 0
     assert got == want
 
 

@@ -11,6 +11,7 @@ import ctypes
 import logging
 import os
 import pickle
+import signal
 import sys
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -49,6 +50,9 @@ def rank_main(
     payload_conn: Connection,
     stats: ctypes.Array[ctypes.c_double],
 ) -> None:
+    # NOTE: Ctrl-C reaches the whole foreground process group: the worker drains and then
+    # stops its ranks; a rank that died of the SIGINT first would look like a failure.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s tp-rank{rank} %(levelname)s %(message)s")
     try:
