@@ -244,6 +244,7 @@ class TpRunner(TorchRunner):
         if self._closing:
             return
         r = by_sentinel[ready[0]]
+        r.proc.join(5)  # reap it: its exit code is what the log names
         self._fail(f"tensor-parallel rank {r.rank} (pid {r.proc.pid}) exited with code "
                    f"{r.proc.exitcode}; this worker can no longer run its forward")
 
