@@ -78,11 +78,11 @@ class MergedColumnParallelLinear(_ShardedLinear):
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.full_sizes = list(output_sizes)
         reps = list(replicas) if replicas is not None else [1] * len(output_sizes)
-        # (shard index, shard size) of this rank in each part
         self.shard_sizes = [
-            _split(s, tp_size // r, f"out_features of part {i}") for i, (s, r) in enumerate(zip(output_sizes, reps, strict=True))
+            _split(s, tp_size // r, f"out_features of part {i}")
+            for i, (s, r) in enumerate(zip(output_sizes, reps, strict=True))
         ]
-        self.shard_index = [tp_rank // r for r in reps]
+        self.shard_index = [tp_rank // r for r in reps]  # which shard of each part this rank holds
         self.offsets = [sum(self.shard_sizes[:i]) for i in range(len(self.shard_sizes))]
         super().__init__(in_features, sum(self.shard_sizes), bias, dtype, device)
 
