@@ -21,6 +21,7 @@ _HANDLERS = {
     ("frontend",): "services.frontend.serve:main",
     ("up",): "services.launcher.up:main",
     ("bench", "engine"): "services.bench.engine:main",
+    ("bench", "tp"): "services.bench.tp:main",
     ("bench", "router"): "services.bench.router:main",
     ("bench", "kv-transfer"): "services.bench.kv_transfer:main",
     ("bench", "mm-transfer"): "services.bench.mm_transfer:main",

@@ -76,6 +76,23 @@ def _engine(sub: argparse._SubParsersAction, add_config: AddConfig) -> None:
     p.set_defaults(_key=("bench", "engine"))
 
 
+def _tp(sub: argparse._SubParsersAction, add_config: AddConfig) -> None:
+    p = sub.add_parser("tp", help="tensor parallelism: sync vs async request broadcast under a "
+                                  "burst, decode tokens/s at TP=1 vs TP=N")
+    add_config(p)
+    add_json_arg(p)
+    p.add_argument("--tp", default="auto", help="tensor-parallel size (auto: smallest above 1 "
+                                                "that divides the model)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of the entry rank")
+    p.add_argument("--requests", type=int, default=2000, help="burst: requests arriving at once")
+    p.add_argument("--payload-kib", type=int, default=64, help="burst: raw payload per request")
+    p.add_argument("--prompt-len", type=int, default=8, help="burst: prompt tokens per request")
+    p.add_argument("--decode-seqs", type=int, default=8)
+    p.add_argument("--decode-steps", type=int, default=32)
+    p.add_argument("--decode-context", type=int, default=64)
+    p.set_defaults(_key=("bench", "tp"))
+
+
 def _router(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("router", help="router route latency and event ingest rate")
     add_json_arg(p)
@@ -239,6 +256,7 @@ def add_bench_parsers(sub: argparse._SubParsersAction, add_config: AddConfig) ->
     bench = sub.add_parser("bench", help="benchmarks (docs/benchmarks.md)")
     bs = bench.add_subparsers(dest="bench_command", required=True)
     _engine(bs, add_config)
+    _tp(bs, add_config)
     _router(bs)
     _kv_transfer(bs)
     _mm_transfer(bs)

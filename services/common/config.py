@@ -90,6 +90,15 @@ class EngineConfig(_Strict):
     # torch runner on CPU, where the forward already takes every core and a second thread
     # only competes with it (docs/benchmarks.md "Overlap scheduler": 0.78-0.97x there).
     overlap: bool | Literal["auto"] = "auto"
+    # Tensor parallelism (docs/engine.md, "Tensor parallelism"): N > 1 starts N-1 extra rank
+    # processes that each hold a 1/N slice of the model and of the KV cache. Request payloads
+    # reach them on a background thread ("async") or inline on the step thread ("sync", for
+    # the comparison); every collective and control message waits at most tp_timeout_s.
+    tensor_parallel_size: int = Field(1, ge=1)
+    tp_broadcast: Literal["async", "sync"] = "async"
+    tp_timeout_s: float = Field(60.0, gt=0)
+    tp_startup_timeout_s: float = Field(300.0, gt=0)  # for every rank to load its slice
+    tp_rank_threads: int = Field(1, ge=1)  # torch threads of each extra rank on CPU
     mock: MockRunnerConfig = MockRunnerConfig()
 
 

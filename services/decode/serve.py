@@ -26,11 +26,14 @@ from services.common.wire import WorkerLoad
 from services.decode.grpc_server import serve_decode_worker
 from services.decode.metrics import DecodeMetrics
 from services.decode.worker import DecodeWorker
+from services.disagg.kv_layout import METADATA_KEY as KV_LAYOUT
+from services.disagg.kv_layout import KvLayout, refuse_incompatible_peers
 from services.disagg.prefill_queue import PrefillQueue
 from services.encode.client import EncodeDirectory
 from services.engine.async_engine import AsyncEngine
 from services.engine.factory import build_embedder, build_engine
 from services.engine.multimodal.metrics import MmBlocksCollector
+from services.engine.tp import worker_hooks as tp_hooks
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +71,7 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str | None = None,
                               embedder=images.embedder if images is not None else None)
         # before the port opens: a part that looks ready must stop cleanly (see stop_on_signals)
         stop = stop or stop_on_signals()
+        tp_hooks.attach(parts.engine.runner, metrics.registry, stop)
         server, port = await serve_decode_worker(worker, host, cfg.decode.port + replica)
         # NOTE: peers dial what discovery says, so publish the configured reachable host
         # (a compose service name, a pod IP), not the bind address.
@@ -83,10 +87,12 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str | None = None,
 
         load = LoadPublisher(nc, subjects, sample)
         await load.start()
+        layout = KvLayout.of(ae.kv_spec, cfg.engine.tensor_parallel_size)
+        await refuse_incompatible_peers(discovery, "decode", layout)
         lease = await discovery.register(Registration(
             "decode", worker_id, address=address,
             metrics_address=f"{cfg.decode.advertise_host}:{metrics_port}",
-            metadata={"model": parts.model_name}))
+            metadata={"model": parts.model_name, KV_LAYOUT: layout.encode()}))
         log.info("decode worker %s: gRPC %s, metrics :%d", worker_id, address, metrics_port)
         if started is not None:
             started.set()
@@ -109,6 +115,7 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str | None = None,
             if images is not None:
                 images.close()
     await nc.close()
+    tp_hooks.close(parts.engine.runner)
 
 
 async def serve_many(cfg: ClusterConfig, first: int, count: int) -> None:
