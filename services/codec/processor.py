@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from services.codec.multimodal import message_images_from_pb, message_images_to_pb
 from services.codec.request import (
     finish_from_pb,
     finish_to_pb,
@@ -33,7 +34,8 @@ def request_to_pb(req: ProcessRequest) -> processor_pb2.ProcessRequest:
     msg.tools.extend(processor_pb2.Tool(name=t.name, description=t.description,
                                         parameters=t.parameters) for t in req.tools)
     if req.messages is not None:
-        msg.chat.messages.extend(processor_pb2.ChatMessage(role=m.role, content=m.content)
+        msg.chat.messages.extend(processor_pb2.ChatMessage(role=m.role, content=m.content,
+                                                           images=message_images_to_pb(m.images))
                                  for m in req.messages)
     elif req.prompt is not None:
         msg.prompt = req.prompt
@@ -53,7 +55,8 @@ def request_from_pb(m: processor_pb2.ProcessRequest) -> ProcessRequest:
         tool_choice=ToolChoice(mode, m.tool_choice.name),  # type: ignore[arg-type]
         request_id=m.request_id, model=m.model,
         sampling=request_sampling_from_pb(m.request_id, m.sampling),
-        messages=tuple(ChatMessage(x.role, x.content) for x in m.chat.messages)
+        messages=tuple(ChatMessage(x.role, x.content, message_images_from_pb(x.images))
+                       for x in m.chat.messages)
         if which == "chat" else None,
         prompt=m.prompt if which == "prompt" else None,
         prompt_ids=tuple(m.prompt_ids.ids) if which == "prompt_ids" else None,

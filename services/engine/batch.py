@@ -14,6 +14,7 @@ from services.engine.request import SamplingParams, TokenLogprob
 
 if TYPE_CHECKING:
     from services.engine.grammar.batch_mask import BatchMask
+    from services.engine.multimodal.spans import ImageSpan
     from services.engine.sequence import Sequence
 
 # Future-token slots per batch region; the scheduler rotates through FUTURE_REGIONS regions
@@ -56,6 +57,8 @@ class ScheduledSeq:
     A penalised request's ``penalty_slot`` names its token counts on the device; its first
     sampling batch carries ``penalty_init`` to fill them. ``banned_ids`` (EOS and stop
     token ids, until ``min_tokens``) cannot be sampled this step.
+    ``images`` are the prompt's image spans; the runner puts their embeddings in place of
+    the placeholder tokens this step computes.
     """
 
     request_id: str
@@ -68,6 +71,7 @@ class ScheduledSeq:
     penalty_slot: int = -1
     penalty_init: PenaltyInit | None = None
     banned_ids: tuple[int, ...] = ()
+    images: tuple[ImageSpan, ...] = ()
 
     @property
     def end_pos(self) -> int:

@@ -114,6 +114,9 @@ class LLMEngine:
         """Raise InvalidRequestError if the request can never be served (reads config only).
         The one check of a request: callers run it at their entry, before ``add_request``."""
         self.scheduler.validate(request)
+        if request.sampling.n > 1 and not self.runner.supports_choices:
+            raise InvalidRequestError(f"request {request.request_id!r}: n > 1 is not supported "
+                                      "with tensor parallelism (engine.tensor_parallel_size > 1)")
         spec = request.sampling.structured
         if spec is not None:
             if self.grammar is None:
@@ -128,10 +131,13 @@ class LLMEngine:
     def add_request(self, request: GenerateRequest) -> None:
         """Queue a request that passed ``validate``; InvalidRequestError if its id is live."""
         self.scheduler.add(request)
+        self.runner.request_added(request)
 
     def abort(self, request_id: str) -> TokenOutput | None:
         """Abort a live request (waiting, running or parked); its final output, or None."""
-        return self.scheduler.abort(request_id)
+        out = self.scheduler.abort(request_id)
+        self.runner.request_gone(request_id)
+        return out
 
     def step(self) -> list[TokenOutput]:
         if self.overlap:
@@ -148,7 +154,13 @@ class LLMEngine:
         outputs = self.scheduler.update(batch, result)
         self.scheduler_seconds += (t1 - t0) + (time.perf_counter() - t2)
         self.num_steps += 1
+        self._forget_finished(outputs)
         return outputs
+
+    def _forget_finished(self, outputs: list[TokenOutput]) -> None:
+        for o in outputs:
+            if o.finished:
+                self.runner.request_gone(o.request_id)
 
     def _step_overlapped(self) -> list[TokenOutput]:
         """Schedule and launch batch N+1, then read back and apply batch N (the one sync)."""
@@ -184,6 +196,7 @@ class LLMEngine:
                 self.last_batch_size = len(prev_batch.seqs)
         self.scheduler_seconds += (t1 - t0) + (t3 - t2)
         self.num_steps += 1
+        self._forget_finished(outputs)
         return outputs
 
     def _mask_for(self, batch: ScheduledBatch) -> BatchMask | None:
@@ -230,13 +243,19 @@ class LLMEngine:
 
     def begin_remote_prefill(self, request: GenerateRequest) -> RemotePrefillHandle | None:
         """Park a validated request for remote prefill; None when its blocks do not fit now."""
-        return self.scheduler.begin_remote_prefill(request)
+        handle = self.scheduler.begin_remote_prefill(request)
+        if handle is not None:
+            self.runner.request_added(request)
+        return handle
 
     def complete_remote_prefill(
         self, request_id: str, kv: Any, first_token: int, first_logprob: TokenLogprob | None = None
     ) -> TokenOutput | None:
         """Import remote KV and decode; None if not parked. Raises RemoteKvError on bad kv."""
-        return self.scheduler.complete_remote_prefill(request_id, kv, first_token, first_logprob)
+        out = self.scheduler.complete_remote_prefill(request_id, kv, first_token, first_logprob)
+        if out is not None:
+            self._forget_finished([out])
+        return out
 
     def fail_remote_prefill(self, request_id: str) -> bool:
         """Fall back to local prefill; False if the request is not parked."""

@@ -13,6 +13,8 @@ from services.engine.grammar.spec import StructuredOutput
 if TYPE_CHECKING:
     import torch
 
+    from services.engine.multimodal.spans import ImageSpan
+
 
 # Bounds that keep a request's cost and its numbers sane whoever builds it (the HTTP API,
 # a gRPC caller, a prefill job): every process builds SamplingParams where a request
@@ -172,6 +174,9 @@ class GenerateRequest:
     # [export_kv_from_block, ceil(prompt_len / block_size)) is exported when the request
     # finishes (before its blocks are freed) and attached to the final TokenOutput.kv.
     export_kv_from_block: int | None = None
+    # A multimodal prompt's images: their placeholder positions, content hashes (part of
+    # the prefix-cache block hashes) and embeddings (set before the request is added).
+    images: tuple[ImageSpan, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -157,6 +157,13 @@ class Scheduler:
             bad = lo if lo < 0 else hi
             raise InvalidRequestError(
                 f"request {rid!r}: token id {bad} is outside the vocabulary [0, {self.vocab_size})")
+        if request.images:
+            from services.engine.multimodal.spans import check_spans
+
+            try:
+                check_spans(request.images, n)
+            except ValueError as e:
+                raise InvalidRequestError(f"request {rid!r}: {e}") from None
         frm = request.export_kv_from_block
         if frm is not None and not 0 <= frm < -(-n // self.block_size):
             raise InvalidRequestError(
@@ -431,7 +438,8 @@ class Scheduler:
         toks = seq.token_ids
         sample = end == len(toks)
         out = ScheduledSeq(seq.request_id, toks[start:end], start, seq.block_table,
-                           sample, seq.sampling, len(toks) - seq.num_prompt_tokens)
+                           sample, seq.sampling, len(toks) - seq.num_prompt_tokens,
+                           seq.request.images if start < seq.num_prompt_tokens else ())
         seq.num_computed_tokens = end
         sp = seq.sampling
         if sample and sp.processes_logits:

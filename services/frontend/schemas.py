@@ -20,10 +20,18 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, model
 from services.common.errors import InvalidRequest
 from services.common.text import lone_surrogate
 from services.engine.grammar.spec import StructuredOutput, check
+from services.engine.multimodal.image_input import ImageData
 from services.engine.request import MAX_N, MAX_TOP_LOGPROBS, SamplingParams
 from services.frontend.structured import ResponseFormat, StructuredOutputsIn, structured_output
 from services.processor.tools import CLOSE, OPEN, call_schema
-from services.processor.types import ChatMessage, ChatRole, ProcessRequest, Tool, ToolChoice
+from services.processor.types import (
+    ChatMessage,
+    ChatRole,
+    MessageImage,
+    ProcessRequest,
+    Tool,
+    ToolChoice,
+)
 
 
 def _unicode(s: str) -> str:
@@ -55,6 +63,19 @@ class TextPart(_Body):
     text: Text
 
 
+class ImageUrl(_Body):
+    url: str = Field(min_length=1)
+    detail: Literal["auto", "low", "high"] = "auto"  # accepted; the model's processor decides
+
+
+class ImageUrlPart(_Body):
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+ContentPart = TextPart | ImageUrlPart
+
+
 class FunctionCallIn(_Body):
     name: Text
     arguments: Text
@@ -68,21 +89,39 @@ class ToolCallIn(_Body):
 
 class ChatMessageIn(_Body):
     role: ChatRole
-    content: Text | list[TextPart] | None = None
+    content: Text | list[ContentPart] | None = None
     tool_calls: list[ToolCallIn] | None = None  # an assistant's earlier calls
 
     def text(self) -> str:
-        if self.content is None:
-            text = ""
-        elif isinstance(self.content, str):
-            text = self.content
-        else:
-            text = "".join(p.text for p in self.content)
+        return self.text_and_images(0, {})[0]
+
+    def image_urls(self) -> list[tuple[int, str]]:
+        """(part index, url) of each image part."""
+        if not isinstance(self.content, list):
+            return []
+        return [(j, p.image_url.url) for j, p in enumerate(self.content) if isinstance(p, ImageUrlPart)]
+
+    def text_and_images(self, index: int, images: dict[tuple[int, int], ImageData]
+                        ) -> tuple[str, tuple[MessageImage, ...]]:
+        """The text, and each image (``images[(index, part)]``) at the character offset
+        where its part sits in the text."""
+        text: list[str] = []
+        placed: list[MessageImage] = []
+        if isinstance(self.content, str):
+            text.append(self.content)
+        elif self.content is not None:
+            at = 0
+            for j, p in enumerate(self.content):
+                if isinstance(p, TextPart):
+                    text.append(p.text)
+                    at += len(p.text)
+                else:
+                    placed.append(MessageImage(at, images[(index, j)]))
         # NOTE: earlier calls go back to the model in the form it is asked to write them.
         for c in self.tool_calls or ():
             call = f'{{"name": {json.dumps(c.function.name)}, "arguments": {c.function.arguments}}}'
-            text += f"{OPEN}\n{call}\n{CLOSE}"
-        return text
+            text.append(f"{OPEN}\n{call}\n{CLOSE}")
+        return "".join(text), tuple(placed)
 
 
 class FunctionDef(_Body):
@@ -278,10 +317,15 @@ class ChatCompletionRequest(_Sampling):
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
-    def to_process(self, request_id: str) -> ProcessRequest:
+    def image_urls(self) -> list[tuple[int, int, str]]:
+        """(message index, part index, url) of every image part, in order."""
+        return [(i, j, url) for i, m in enumerate(self.messages) for j, url in m.image_urls()]
+
+    def to_process(self, request_id: str, images: dict[tuple[int, int], ImageData] | None = None) -> ProcessRequest:
+        """``images``: every image part's checked image by (message, part) index."""
         # max_completion_tokens is the newer name; it wins when both are given.
         limit = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-        msgs = tuple(ChatMessage(m.role, m.text()) for m in self.messages)
+        msgs = tuple(ChatMessage(m.role, *m.text_and_images(i, images or {})) for i, m in enumerate(self.messages))
         return ProcessRequest(request_id, messages=msgs, sampling=self.sampling(limit), model=self.model,
                               tools=self.tool_list(), tool_choice=self.choice())
 

@@ -1,4 +1,5 @@
 from services.gen import request_pb2 as _request_pb2
+from services.gen import multimodal_pb2 as _multimodal_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -8,12 +9,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ChatMessage(_message.Message):
-    __slots__ = ("role", "content")
+    __slots__ = ("role", "content", "images")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
     role: str
     content: str
-    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
+    images: _containers.RepeatedCompositeFieldContainer[_multimodal_pb2.MessageImage]
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ..., images: _Optional[_Iterable[_Union[_multimodal_pb2.MessageImage, _Mapping]]] = ...) -> None: ...
 
 class ChatMessages(_message.Message):
     __slots__ = ("messages",)

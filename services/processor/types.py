@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
+from services.engine.multimodal.image_input import ImageData
 from services.engine.request import FinishReason, SamplingParams, Usage
 
 ChatRole = Literal["system", "developer", "user", "assistant", "tool"]
@@ -14,9 +15,18 @@ CHAT_ROLES: frozenset[str] = frozenset(get_args(ChatRole))
 
 
 @dataclass(frozen=True, slots=True)
+class MessageImage:
+    """An image of a chat message, placed before ``content[char_offset]``."""
+
+    char_offset: int
+    image: ImageData
+
+
+@dataclass(frozen=True, slots=True)
 class ChatMessage:
     role: str  # one of CHAT_ROLES; the processor checks it where the request enters
     content: str
+    images: tuple[MessageImage, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

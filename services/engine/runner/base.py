@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from services.engine.batch import DoneOutput, PendingOutput, RunnerOutput, ScheduledBatch
+from services.engine.request import GenerateRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +51,8 @@ class ModelRunner(ABC):
     overlap_pays: bool = False
     # Whether it samples from logits and honours ``batch.grammar_mask`` (structured output).
     supports_grammar: bool = False
+    # Whether it serves n > 1 choices (sequences sharing one request id).
+    supports_choices: bool = True
     # Whether host buffers it reads (grammar masks) are best pinned (a CUDA device).
     pins_host_memory: bool = False
     # Seconds the runner (the device) spent computing batches: the bench's bubble is the
@@ -62,6 +65,18 @@ class ModelRunner(ABC):
     def launch(self, batch: ScheduledBatch) -> PendingOutput:
         """Start ``batch``; its result is read with ``result()``. Default: synchronous."""
         return DoneOutput(self.execute(batch))
+
+    def request_added(self, request: GenerateRequest) -> None:
+        """A request entered the engine (tensor parallelism broadcasts its payload here)."""
+        return None
+
+    def request_gone(self, request_id: str) -> None:
+        """A request finished or was aborted; it is in no later batch."""
+        return None
+
+    def close(self) -> None:
+        """Release what outlives the object (tensor parallelism: the rank processes)."""
+        return None
 
     def reserve_future_slots(self, n: int) -> None:
         """Size the future-token map (the engine calls it once, before any launch)."""

@@ -6,6 +6,7 @@ import contextlib
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 
 import torch
 
@@ -20,6 +21,7 @@ from services.engine.runner.base import KvSpec, ModelRunner
 from services.engine.runner.cpu_features import cpu_has_fast_bf16
 from services.engine.runner.step_inputs import StepInputs, build_step_inputs, validate_batch
 from services.engine.sampler import Sampled, Sampler
+from services.engine.tp.shard import TpShard
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -99,6 +101,10 @@ class TorchRunner(ModelRunner):
     ``tensors`` are Hugging Face-named weights (see ``LlamaModel.load_hf_weights``); they
     are copied, so the caller may drop them afterwards. ``quant_source`` is what the weights
     file offers ``engine.quantization`` (exact int4 groups of GGUF blocks), if anything.
+
+    With ``tp`` (tensor parallelism) it holds that rank's slice of the model and of the KV
+    cache; ``kv_spec`` stays the whole model's layout and ``export_kv``/``import_kv`` move
+    this rank's KV heads only (tp/runner.py gathers and scatters them).
     """
 
     supports_overlap = True
@@ -111,7 +117,9 @@ class TorchRunner(ModelRunner):
         cfg: EngineConfig,
         max_model_len: int | None = None,
         quant_source: QuantSource | None = None,
+        tp: TpShard | None = None,
     ) -> None:
+        self.tp = tp or TpShard()
         self.device = resolve_device(cfg.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device)
         # NOTE: on CPU the forward's threads already take every core: a scheduler thread
@@ -131,8 +139,10 @@ class TorchRunner(ModelRunner):
             head_dim=arch.head_dim,
             dtype=self.dtype,
         )
+        self.local_kv_spec = replace(self.kv_spec, num_kv_heads=self.tp.local_kv_heads(arch.num_kv_heads))
         with torch.inference_mode():
-            self.model = LlamaModel(arch, self.dtype, self.device, max_len=self.max_model_len)
+            self.model = LlamaModel(arch, self.dtype, self.device, self.tp.rank, self.tp.size,
+                                    max_len=self.max_model_len)
             self.model.load_hf_weights(tensors)
             source = quant_source or QuantSource()
             self.quantization = resolve_quantization(cfg, self.dtype, source)
@@ -140,7 +150,7 @@ class TorchRunner(ModelRunner):
                 quantize_model(self.model, tensors, source, self.quantization, cfg.quantized_max_rows)
             self.model.eval()
             self.kv_cache = torch.zeros(
-                self.kv_spec.block_range_shape(cfg.num_kv_blocks), dtype=self.dtype, device=self.device
+                self.local_kv_spec.block_range_shape(cfg.num_kv_blocks), dtype=self.dtype, device=self.device
             )
         self._kv_layers = list(self.kv_cache)  # (2, blocks, block_size, kv_heads, hd) per layer
         self.sampler = Sampler(cfg.seed, self.device)
@@ -231,7 +241,8 @@ class TorchRunner(ModelRunner):
         ids = step.input_ids
         if step.has_futures:  # tokens the previous batch sampled: read on the device
             ids = torch.where(ids < 0, self._future[(-1 - ids).clamp_(min=0)], ids)
-        hidden = self.model(ids, step.positions, step.meta, self._kv_layers)  # (T, H)
+        hidden = self.model(ids, step.positions, step.meta, self._kv_layers,
+                            step.mm_rows, step.mm_embeds)  # (T, H)
         if not step.sample_index:
             return step, None
         return step, self.model.compute_logits(hidden[step.sample_rows])  # (N, V)
@@ -254,7 +265,7 @@ class TorchRunner(ModelRunner):
     def import_kv(self, block_ids: Sequence[int], data: torch.Tensor) -> None:
         if not isinstance(data, torch.Tensor):
             raise ValueError(f"import_kv: data must be a torch.Tensor, got {type(data).__name__}")
-        expected = self.kv_spec.block_range_shape(len(block_ids))
+        expected = self.local_kv_spec.block_range_shape(len(block_ids))
         if tuple(data.shape) != expected:
             raise ValueError(f"import_kv: KV shape {tuple(data.shape)} does not match expected {expected}")
         if data.dtype != self.kv_spec.dtype:
