@@ -439,7 +439,7 @@ class Scheduler:
         sample = end == len(toks)
         out = ScheduledSeq(seq.request_id, toks[start:end], start, seq.block_table,
                            sample, seq.sampling, len(toks) - seq.num_prompt_tokens,
-                           seq.request.images if start < seq.num_prompt_tokens else ())
+                           images=seq.request.images if start < seq.num_prompt_tokens else ())
         seq.num_computed_tokens = end
         sp = seq.sampling
         if sample and sp.processes_logits:
@@ -480,7 +480,9 @@ class Scheduler:
         shared = parent.block_table[: (n_prompt - 1) // self.block_size]
         prompt = parent.token_ids[:n_prompt]
         for i in range(1, parent.sampling.n):
-            req = GenerateRequest(parent.request_id, prompt, parent.sampling.for_choice(i))
+            # NOTE: the images too: the recomputed tail may hold image tokens.
+            req = GenerateRequest(parent.request_id, prompt, parent.sampling.for_choice(i),
+                                  images=parent.request.images)
             child = self._new_seq(req)  # with a grammar: its own matcher
             self.num_grammar_seqs += child.grammar is not None
             child.choice, child.group, child.forked = i, group, True
