@@ -99,3 +99,22 @@ def test_engine_refuses_images_without_embeddings_or_outside_the_prompt(llava):
     far = GenerateRequest("y", [1, 2, 3], images=(ImageSpan(2, 4, "a" * 64, torch.zeros(4, 64)),))
     with pytest.raises(InvalidRequestError, match="outside the prompt"):
         engine.validate(far)
+
+
+def test_n_choices_with_an_image_each_equal_the_single_answer(llava):
+    """n=2 greedy: the forked choice recomputes the prompt's tail (image tokens included
+    when they fall there) and answers like the single request."""
+    import dataclasses
+
+    _, w, enc = llava
+    short = [3, 4, 5, 6, 7, IMAGE_TOKEN, 9]  # the image near the end: inside the recomputed tail
+    req = _request("a", w, enc, short, _pixels(2), "b")
+    single, _ = _run(_engine(w), req)
+    engine = _engine(w)
+    engine.add_request(dataclasses.replace(req, request_id="m",
+                                           sampling=dataclasses.replace(req.sampling, n=2)))
+    got: dict[int, list[int]] = {0: [], 1: []}
+    while engine.has_unfinished():
+        for out in engine.step():
+            got[out.index].extend(out.token_ids)
+    assert got == {0: single, 1: single}
