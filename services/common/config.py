@@ -83,6 +83,11 @@ class EngineConfig(_Strict):
     # torch runner on CPU, where the forward already takes every core and a second thread
     # only competes with it (docs/benchmarks.md "Overlap scheduler": 0.78-0.97x there).
     overlap: bool | Literal["auto"] = "auto"
+    # Decode-only steps replay CUDA graphs captured at start-up, one per (batch size,
+    # context) bucket up to max_num_seqs x cuda_graph_max_context tokens (docs/engine.md
+    # "CUDA graphs"). "auto": on with a CUDA device; CPU has none (true there is an error).
+    cuda_graphs: bool | Literal["auto"] = "auto"
+    cuda_graph_max_context: int = Field(2048, ge=1)
     mock: MockRunnerConfig = MockRunnerConfig()
 
 
