@@ -12,7 +12,11 @@ from dataclasses import dataclass
 import torch
 
 from services.engine.batch import ScheduledBatch, ScheduledSeq
-from services.engine.layers.attention import AttentionMetadata, build_attention_metadata
+from services.engine.layers.attention import (
+    AttentionMetadata,
+    GatherBuffer,
+    build_attention_metadata,
+)
 
 
 @dataclass(slots=True)
@@ -48,7 +52,8 @@ def validate_batch(batch: ScheduledBatch, block_size: int, num_blocks: int, max_
 
 
 def build_step_inputs(
-    batch: ScheduledBatch, block_size: int, device: torch.device, dtype: torch.dtype
+    batch: ScheduledBatch, block_size: int, device: torch.device, dtype: torch.dtype,
+    gather: GatherBuffer | None = None,
 ) -> StepInputs:
     prefill_idx = [i for i, s in enumerate(batch.seqs) if len(s.token_ids) > 1]
     decode_idx = [i for i, s in enumerate(batch.seqs) if len(s.token_ids) == 1]
@@ -71,6 +76,7 @@ def build_step_inputs(
         block_size,
         device,
         dtype,
+        gather,
     )
     sample_index = [i for i, s in enumerate(batch.seqs) if s.sample]
     return StepInputs(
