@@ -35,46 +35,17 @@ class PrefillChunk:
     mask: torch.Tensor | None = None
 
 
-class GatherBuffer:
-    """Where the decode group's K/V gather lands, reused by every layer of every step.
-
-    The gather is tens of MB at 32 sequences x 256 tokens; a fresh tensor that size per
-    layer is, on CPU, an mmap, page faults on every page and an munmap each time (glibc
-    hands equal-size large blocks straight back to the OS), which cost more than the copy
-    itself. A layer's gathered K/V is dead once its attention has run, so one buffer,
-    grown to the largest gather seen, serves them all. Steps run one after another on one
-    thread (and one stream on CUDA), so no two gathers overlap.
-    """
-
-    __slots__ = ("_flat",)
-
-    def __init__(self) -> None:
-        self._flat: torch.Tensor | None = None
-
-    def take(self, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
-        """A tensor of ``shape`` with ``like``'s dtype and device, contents undefined."""
-        n = 1
-        for d in shape:
-            n *= d
-        flat = self._flat
-        if flat is None or flat.numel() < n or flat.dtype != like.dtype or flat.device != like.device:
-            flat = self._flat = torch.empty(n, dtype=like.dtype, device=like.device)
-        return flat[:n].view(shape)
-
-
 @dataclass(slots=True)
 class DecodeGroup:
     """Sequences with exactly one new token, attended together.
 
     ``block_table`` (D, nb_max) is each sequence's block table padded with block 0;
     ``mask`` (D, 1, 1, nb_max * block_size) is 0 on each sequence's real context, -inf after.
-    Gathering whole blocks (not single slots) keeps the per-layer copy a few large memcpys,
-    into ``gather`` when given (else a fresh tensor per layer).
+    Gathering whole blocks (not single slots) keeps the per-layer copy a few large memcpys.
     """
 
     block_table: torch.Tensor
     mask: torch.Tensor
-    gather: GatherBuffer | None = None
 
 
 @dataclass(slots=True)
@@ -93,10 +64,8 @@ def build_attention_metadata(
     block_size: int,
     device: torch.device,
     dtype: torch.dtype = torch.float32,
-    gather: GatherBuffer | None = None,
 ) -> AttentionMetadata:
-    """Build the metadata for one step; masks are additive (0 / -inf) in ``dtype``; the
-    decode group's K/V gather goes into ``gather`` when given.
+    """Build the metadata for one step; masks are additive (0 / -inf) in ``dtype``.
 
     ``prefills``: ``(start_pos, block_ids, num_new_tokens)`` per chunk, in flat order;
     ``decodes``: ``(position, block_ids)`` per single-token sequence, after the prefills.
@@ -129,8 +98,7 @@ def build_attention_metadata(
         ctx_len = torch.tensor([p + 1 for p, _ in decodes], dtype=torch.int64, device=device)
         pos = torch.arange(max_blocks * block_size, device=device)
         mask = pos[None, :] < ctx_len[:, None]  # (D, L_pad)
-        decode = DecodeGroup(block_table=table, mask=_additive(mask, dtype)[:, None, None, :],
-                             gather=gather)
+        decode = DecodeGroup(block_table=table, mask=_additive(mask, dtype)[:, None, None, :])
     return AttentionMetadata(
         slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
         num_prefill_tokens=row,
@@ -172,12 +140,7 @@ def paged_attention(
         group = num_heads // num_kv_heads
         blocks = d.block_table.view(-1)
         qd = q[p:].view(n, num_kv_heads, group, head_dim)  # (D, Hkv, G, hd): GQA without expand
-        if d.gather is None:
-            kvd = kv_cache.index_select(1, blocks)
-        else:
-            kvd = torch.index_select(kv_cache, 1, blocks,
-                                     out=d.gather.take((2, n * nb, *kv_cache.shape[2:]), kv_cache))
-        kvd = kvd.view(2, n, -1, num_kv_heads, head_dim)  # (2, D, L, Hkv, hd)
+        kvd = kv_cache.index_select(1, blocks).view(2, n, -1, num_kv_heads, head_dim)  # (2, D, L, Hkv, hd)
         kd, vd = kvd[0].transpose(1, 2), kvd[1].transpose(1, 2)  # (D, Hkv, L, hd) each
         od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=d.mask)  # (D, Hkv, G, hd)
         out[p:] = od.reshape(n, num_heads, head_dim)

@@ -12,11 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from services.engine.batch import ScheduledBatch, ScheduledSeq
-from services.engine.layers.attention import (
-    AttentionMetadata,
-    GatherBuffer,
-    build_attention_metadata,
-)
+from services.engine.layers.attention import AttentionMetadata, build_attention_metadata
 
 
 @dataclass(slots=True)
@@ -52,8 +48,7 @@ def validate_batch(batch: ScheduledBatch, block_size: int, num_blocks: int, max_
 
 
 def build_step_inputs(
-    batch: ScheduledBatch, block_size: int, device: torch.device, dtype: torch.dtype,
-    gather: GatherBuffer | None = None,
+    batch: ScheduledBatch, block_size: int, device: torch.device, dtype: torch.dtype
 ) -> StepInputs:
     prefill_idx = [i for i, s in enumerate(batch.seqs) if len(s.token_ids) > 1]
     decode_idx = [i for i, s in enumerate(batch.seqs) if len(s.token_ids) == 1]
@@ -76,7 +71,6 @@ def build_step_inputs(
         block_size,
         device,
         dtype,
-        gather,
     )
     sample_index = [i for i, s in enumerate(batch.seqs) if s.sample]
     return StepInputs(

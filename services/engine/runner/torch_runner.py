@@ -13,7 +13,6 @@ import torch
 
 from services.common.config import EngineConfig
 from services.engine.batch import PendingOutput, RunnerOutput, ScheduledBatch, ScheduledSeq
-from services.engine.layers.attention import GatherBuffer
 from services.engine.model import LlamaModel
 from services.engine.model_config import ModelArchConfig
 from services.engine.runner.base import KvSpec, ModelRunner
@@ -129,7 +128,6 @@ class TorchRunner(ModelRunner):
                 device=self.device,
             )
         self._kv_layers = list(self.kv_cache)  # (2, blocks, block_size, kv_heads, hd) per layer
-        self._gather = GatherBuffer()  # the decode K/V gather of every layer and step
         self.graphs: DecodeGraphs | None = None
         if use_graphs:
             from services.engine.runner.cuda_graphs import DecodeGraphs
@@ -233,7 +231,7 @@ class TorchRunner(ModelRunner):
             key = self.graphs.bucket(batch)
             if key is not None:
                 return self._graph_forward(batch, key)
-        step = build_step_inputs(batch, self.block_size, self.device, self.dtype, self._gather)
+        step = build_step_inputs(batch, self.block_size, self.device, self.dtype)
         ids = step.input_ids
         if step.has_futures:  # tokens the previous batch sampled: read on the device
             ids = torch.where(ids < 0, self._future[(-1 - ids).clamp_(min=0)], ids)
