@@ -11,16 +11,21 @@ from collections.abc import Sequence
 # subcommand path -> "module:function"; the function takes the parsed argparse.Namespace.
 _HANDLERS = {
     ("model", "pull"): "services.engine.model_store:pull_main",
+    ("model", "make-tiny-llava"): "services.engine.multimodal.tiny:main",
     ("chat",): "services.engine.chat:main",
     ("router",): "services.router.cli:main",
     ("decode",): "services.decode.serve:main",
     ("prefill",): "services.prefill.serve:main",
+    ("encode",): "services.encode.serve:main",
     ("processor",): "services.processor.serve:main",
     ("frontend",): "services.frontend.serve:main",
     ("up",): "services.launcher.up:main",
     ("bench", "engine"): "services.bench.engine:main",
+    ("bench", "tp"): "services.bench.tp:main",
     ("bench", "router"): "services.bench.router:main",
     ("bench", "kv-transfer"): "services.bench.kv_transfer:main",
+    ("bench", "mm-transfer"): "services.bench.mm_transfer:main",
+    ("bench", "mm-ttft"): "services.bench.mm_ttft:main",
     ("bench", "serve"): "services.bench.serve:main",
     ("bench", "compare"): "services.bench.compare:main",
     ("bench", "overhead"): "services.bench.overhead:main",
@@ -47,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     model_sub = model.add_subparsers(dest="model_command", required=True)
     pull = model_sub.add_parser("pull", help="fetch the default model (SmolLM2-135M-Instruct)")
     pull.set_defaults(_key=("model", "pull"))
+    tiny = model_sub.add_parser("make-tiny-llava", help="write a tiny LLaVA model with RANDOM weights (demos, tests)")
+    tiny.add_argument("dir", help="directory to write config.json, preprocessor_config.json, model.safetensors")
+    tiny.add_argument("--vision", choices=("clip", "siglip"), default="clip")
+    tiny.add_argument("--text", choices=("llama", "qwen2"), default="llama")
+    tiny.set_defaults(_key=("model", "make-tiny-llava"))
 
     chat = sub.add_parser("chat", help="chat with a single in-process engine")
     _add_config(chat)
@@ -63,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     for part, help_text in (
         ("decode", "run one decode worker (gRPC Generate and KvTransfer)"),
         ("prefill", "run one prefill worker (pulls the JetStream prefill queue)"),
+        ("encode", "run one encode worker (a LLaVA model's vision tower; gRPC embedding transfer)"),
         ("processor", "run the processor (tokenize, route, stream, detokenize)"),
         ("frontend", "run the OpenAI-compatible HTTP frontend"),
     ):
@@ -78,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config(up)
     up.add_argument("--only", default=None, metavar="PARTS",
                     help="start only these parts, comma-separated "
-                         "(nats,router,decode,prefill,processor,frontend)")
+                         "(nats,router,encode,decode,prefill,processor,frontend)")
     up.add_argument("--run-dir", default=None,
                     help="logs, pids and NATS's store (default: a fresh dir under the cache)")
     up.add_argument("--ready-timeout", type=float, default=600.0,

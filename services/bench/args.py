@@ -70,7 +70,27 @@ def _engine(sub: argparse._SubParsersAction, add_config: AddConfig) -> None:
                         "side (default: engine.overlap of the config)")
     p.add_argument("--runners", default="",
                    help="torch, mock or torch,mock (default: engine.runner of the config)")
+    p.add_argument("--structured", default="none",
+                   help="none, json or none,json: decode free, and/or with every sequence "
+                        "under a JSON schema (torch runner; reports the mask fill time)")
     p.set_defaults(_key=("bench", "engine"))
+
+
+def _tp(sub: argparse._SubParsersAction, add_config: AddConfig) -> None:
+    p = sub.add_parser("tp", help="tensor parallelism: sync vs async request broadcast under a "
+                                  "burst, decode tokens/s at TP=1 vs TP=N")
+    add_config(p)
+    add_json_arg(p)
+    p.add_argument("--tp", default="auto", help="tensor-parallel size (auto: smallest above 1 "
+                                                "that divides the model)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of the entry rank")
+    p.add_argument("--requests", type=int, default=2000, help="burst: requests arriving at once")
+    p.add_argument("--payload-kib", type=int, default=64, help="burst: raw payload per request")
+    p.add_argument("--prompt-len", type=int, default=8, help="burst: prompt tokens per request")
+    p.add_argument("--decode-seqs", type=int, default=8)
+    p.add_argument("--decode-steps", type=int, default=32)
+    p.add_argument("--decode-context", type=int, default=64)
+    p.set_defaults(_key=("bench", "tp"))
 
 
 def _router(sub: argparse._SubParsersAction) -> None:
@@ -95,6 +115,30 @@ def _kv_transfer(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--processes", type=int, default=2, choices=(1, 2),
                    help="2: decode end in a child process (as deployed); 1: all in one process")
     p.set_defaults(_key=("bench", "kv-transfer"))
+
+
+def _mm_transfer(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("mm-transfer", help="image-embedding transfer GB/s over loopback gRPC, with and without resume")
+    add_json_arg(p)
+    p.add_argument("--rows", default="576,2304", help="embedding rows per image (LLaVA-1.5: 576)")
+    p.add_argument("--hidden", type=int, default=4096, help="the text model's hidden size")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--resume-blocks", type=int, default=2,
+                   help="first-buffer blocks (128 rows each) of the resume runs")
+    p.set_defaults(_key=("bench", "mm-transfer"))
+
+
+def _mm_ttft(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("mm-ttft", help="TTFT of image requests under concurrent text load, against a server")
+    p.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000")
+    p.add_argument("--model", required=True, help="the served model name")
+    add_json_arg(p)
+    p.add_argument("--images", type=int, default=20, help="image requests, one after another")
+    p.add_argument("--image-size", type=int, default=336, help="square PNG side in pixels")
+    p.add_argument("--text-concurrency", type=int, default=4, help="text requests kept in flight meanwhile")
+    p.add_argument("--text-tokens", type=int, default=64, help="max_tokens of each text request")
+    p.add_argument("--label", default="", help="recorded in the result (e.g. remote-encode)")
+    p.set_defaults(_key=("bench", "mm-ttft"))
 
 
 def _serve(sub: argparse._SubParsersAction) -> None:
@@ -245,8 +289,11 @@ def add_bench_parsers(sub: argparse._SubParsersAction, add_config: AddConfig) ->
     bench = sub.add_parser("bench", help="benchmarks (docs/benchmarks.md)")
     bs = bench.add_subparsers(dest="bench_command", required=True)
     _engine(bs, add_config)
+    _tp(bs, add_config)
     _router(bs)
     _kv_transfer(bs)
+    _mm_transfer(bs)
+    _mm_ttft(bs)
     _serve(bs)
     _compare(bs)
     _long_prompt(bs, add_config)

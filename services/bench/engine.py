@@ -5,11 +5,16 @@ Prefill: one prompt of ``--prompt-len`` random tokens, timed from admission to i
 token (one engine step when the prompt fits the token budget). Decode: N sequences with
 distinct ``--decode-context``-token prompts are prefilled, then ``--decode-steps`` batched
 decode steps are timed; tokens/s = N * steps / time. Each figure is the median of a few
-repetitions. ``--set engine.dtype=bfloat16`` or ``engine.device=cuda`` measure those
+repetitions. ``--set engine.dtype=bfloat16``, ``engine.quantization=int4|int8|none``
+(``engine.quantized_max_rows=null``: the quantized kernels at every batch size) or
+``engine.device=cuda`` measure those
 (this replaced benchmarks/engine_forward.py, which timed the runner alone on random
 weights: the scheduler and sampler cost little next to a step's matmuls).
 
 ``--overlap on,off`` and ``--runners torch,mock`` measure each combination side by side.
+``--structured none,json`` adds decode with every sequence under a JSON schema (structured
+output: one grammar matcher per sequence, the batch's token mask filled on the scheduler
+thread each step) and reports the mask fill time per step beside it.
 Each decode figure comes with the **bubble**: the fraction of the timed wall time the
 runner was not computing (``runner.busy_seconds``: inside ``execute``, on the forward
 thread, the mock's simulated device time, or CUDA event time), and the scheduler's time
@@ -30,7 +35,18 @@ from services.bench.results import finish, header, write_json
 from services.common.config import ClusterConfig, load_config
 from services.engine.engine import LLMEngine
 from services.engine.factory import build_engine
+from services.engine.grammar.spec import StructuredOutput
 from services.engine.request import GenerateRequest, SamplingParams
+
+
+def bench_schema(steps: int) -> StructuredOutput:
+    """An array of records that cannot close within ``steps`` tokens (each item takes
+    several), so every sequence stays constrained, and alive, for the whole timed window."""
+    item = {"type": "object", "required": ["id", "name", "ok"], "additionalProperties": False,
+            "properties": {"id": {"type": "integer", "minimum": 0},
+                           "name": {"type": "string", "maxLength": 12},
+                           "ok": {"type": "boolean"}}}
+    return StructuredOutput.json_schema({"type": "array", "items": item, "minItems": steps})
 
 
 def matmul_gflops(n: int = 1024, repeats: int = 20) -> float:
@@ -72,12 +88,15 @@ def bench_prefill(engine: LLMEngine, prompt_len: int, repeats: int, gen: torch.G
 
 
 def bench_decode(engine: LLMEngine, n: int, steps: int, context: int, repeats: int,
-                 gen: torch.Generator) -> dict[str, float]:
-    """Median decode tokens/s of ``n`` sequences, with the bubble and scheduler ms/step."""
+                 gen: torch.Generator, structured: StructuredOutput | None = None) -> dict[str, float]:
+    """Median decode tokens/s of ``n`` sequences, with the bubble and scheduler ms/step
+    (and, under ``structured``, the mask fill ms/step)."""
     vocab = engine.runner.vocab_size
     runner, fence = engine.runner, engine.kv.fence
-    rates, bubbles, sched_ms = [], [], []
-    sampling = SamplingParams(temperature=0, max_tokens=steps + 4, ignore_eos=True)
+    rates, bubbles, sched_ms, fill_ms = [], [], [], []
+    fills = engine.grammar.stats.mask_fill_seconds if engine.grammar is not None else None
+    sampling = SamplingParams(temperature=0, max_tokens=steps + 4, ignore_eos=True,
+                              structured=structured)
     for r in range(repeats):
         for i in range(n):
             engine.add_request(
@@ -89,6 +108,7 @@ def bench_decode(engine: LLMEngine, n: int, steps: int, context: int, repeats: i
             started.update(o.request_id for o in engine.step() if o.token_ids)
         fence.drain()  # nothing computing when the clock starts
         busy0, sched0, steps0 = runner.busy_seconds, engine.scheduler_seconds, engine.num_steps
+        fill0 = fills.total if fills is not None else 0.0
         tokens = 0
         t0 = time.perf_counter()
         for _ in range(steps):
@@ -98,10 +118,15 @@ def bench_decode(engine: LLMEngine, n: int, steps: int, context: int, repeats: i
         rates.append(tokens / wall)
         bubbles.append(max(0.0, 1 - (runner.busy_seconds - busy0) / wall))
         sched_ms.append((engine.scheduler_seconds - sched0) / (engine.num_steps - steps0) * 1e3)
+        if fills is not None:
+            fill_ms.append((fills.total - fill0) / (engine.num_steps - steps0) * 1e3)
         _drain(engine)
-    return {"tok_s": round(statistics.median(rates), 1),
-            "bubble": round(statistics.median(bubbles), 4),
-            "sched_ms_per_step": round(statistics.median(sched_ms), 3)}
+    out = {"tok_s": round(statistics.median(rates), 1),
+           "bubble": round(statistics.median(bubbles), 4),
+           "sched_ms_per_step": round(statistics.median(sched_ms), 3)}
+    if structured is not None:
+        out["mask_fill_ms_per_step"] = round(statistics.median(fill_ms), 3)
+    return out
 
 
 def _modes(arg: str, default: str, allowed: tuple[str, ...], flag: str) -> list[str]:
@@ -113,14 +138,25 @@ def _modes(arg: str, default: str, allowed: tuple[str, ...], flag: str) -> list[
     return modes
 
 
-def _bench_one(cfg: ClusterConfig, args: argparse.Namespace, concurrency: list[int]) -> dict:
+def _bench_one(cfg: ClusterConfig, args: argparse.Namespace, concurrency: list[int],
+               structured: list[str]) -> dict:
     engine = build_engine(cfg).engine
     gen = torch.Generator().manual_seed(0)
     out: dict = {"prefill_tok_s": round(bench_prefill(engine, args.prompt_len, 3, gen), 1)}
-    out["decode"] = {
-        str(n): bench_decode(engine, n, args.decode_steps, args.decode_context, 2, gen)
-        for n in concurrency
-    }
+    if "none" in structured:
+        out["decode"] = {
+            str(n): bench_decode(engine, n, args.decode_steps, args.decode_context, 2, gen)
+            for n in concurrency
+        }
+    if "json" in structured:
+        if engine.grammar is None:
+            raise SystemExit(f"--structured json: the {cfg.engine.runner} runner (or a model "
+                             "without a tokenizer) has no structured output")
+        schema = bench_schema(args.decode_steps)
+        out["decode_json"] = {
+            str(n): bench_decode(engine, n, args.decode_steps, args.decode_context, 2, gen, schema)
+            for n in concurrency
+        }
     engine.check_integrity()
     graphs = getattr(engine.runner, "graphs", None)  # CUDA: decode steps that replayed one
     if graphs is not None:
@@ -128,6 +164,10 @@ def _bench_one(cfg: ClusterConfig, args: argparse.Namespace, concurrency: list[i
                               "steps": engine.num_steps}
     out["device"] = str(getattr(engine.runner, "device", "cpu"))
     out["dtype"] = str(getattr(engine.runner, "dtype", cfg.engine.dtype))
+    # what engine.quantization resolved to ("auto" -> none | int4); the mock has none
+    out["quantization"] = getattr(engine.runner, "quantization", "none")
+    print(f"  ran on {out['device']}, {out['dtype'].removeprefix('torch.')}, "
+          f"quantization {out['quantization']}", flush=True)
     return out
 
 
@@ -140,6 +180,7 @@ def main(args: argparse.Namespace) -> int:
     overlaps = _modes(args.overlap, "off" if cfg.engine.overlap is False else "on", ("on", "off"),
                       "--overlap")
     runners = _modes(args.runners, cfg.engine.runner, ("torch", "mock"), "--runners")
+    structured = _modes(args.structured, "none", ("none", "json"), "--structured")
     need_seqs = max(concurrency, default=1)
     # every decode sequence must stay resident, or preemption would be timed too
     need_blocks = need_seqs * -(-(args.decode_context + args.decode_steps + 4) // cfg.engine.block_size)
@@ -155,7 +196,8 @@ def main(args: argparse.Namespace) -> int:
                                                 f"engine.overlap={mode == 'on'}"])
             print(f"{runner} runner, overlap {mode}: {run_cfg.model.path} on "
                   f"{run_cfg.engine.device} with {args.threads} threads ...", flush=True)
-            results["runs"][f"{runner}/overlap-{mode}"] = _bench_one(run_cfg, args, concurrency)
+            results["runs"][f"{runner}/overlap-{mode}"] = _bench_one(run_cfg, args, concurrency,
+                                                                     structured)
     results["config"] = {
         "threads": args.threads,
         "prompt_len": args.prompt_len,
@@ -163,16 +205,21 @@ def main(args: argparse.Namespace) -> int:
         "decode_context": args.decode_context,
         "model": cfg.model.path,
     }
-    _print_table(results, concurrency, runners, overlaps)
+    _print_table(results, concurrency, runners, overlaps, structured)
     write_json(args.json_path, finish(head, results))
     return 0
 
 
+_DECODE_KEY = {"none": "decode", "json": "decode_json"}
+
+
 def _print_table(results: dict, concurrency: list[int], runners: list[str],
-                 overlaps: list[str]) -> None:
+                 overlaps: list[str], structured: list[str]) -> None:
+    """on/off: this row's tok/s over the same row with overlap off; json/none: a json
+    row's tok/s over the unconstrained row of the same runner and overlap."""
     print(f"fp32 matmul GFLOP/s: {results['matmul_gflops']}")
-    print(f"{'runner':<8}{'overlap':<9}{'seqs':>6}{'decode tok/s':>14}{'bubble':>9}"
-          f"{'sched ms/step':>15}{'on/off':>8}")
+    print(f"{'runner':<8}{'overlap':<9}{'output':<8}{'seqs':>6}{'decode tok/s':>14}{'bubble':>9}"
+          f"{'sched ms/step':>15}{'fill ms/step':>14}{'on/off':>8}{'json/none':>11}")
     runs = results["runs"]
     for runner in runners:
         for mode in overlaps:
@@ -181,12 +228,19 @@ def _print_table(results: dict, concurrency: list[int], runners: list[str],
                 g = run["cuda_graphs"]
                 print(f"{runner}, overlap {mode}: {g['captured']} decode CUDA graphs, "
                       f"replayed in {g['replays']} of {g['steps']} steps")
-            print(f"{runner:<8}{mode:<9}{'prefill':>6}{run['prefill_tok_s']:>14}")
-            for n in concurrency:
-                d = run["decode"][str(n)]
-                ratio = ""
-                if mode == "on" and f"{runner}/overlap-off" in runs:
-                    off = runs[f"{runner}/overlap-off"]["decode"][str(n)]["tok_s"]
-                    ratio = f"{d['tok_s'] / off:.3f}" if off else ""
-                print(f"{runner:<8}{mode:<9}{n:>6}{d['tok_s']:>14}{d['bubble'] * 100:>8.1f}%"
-                      f"{d['sched_ms_per_step']:>15}{ratio:>8}")
+            print(f"{runner:<8}{mode:<9}{'':<8}{'prefill':>6}{run['prefill_tok_s']:>14}")
+            for kind in structured:
+                key = _DECODE_KEY[kind]
+                for n in concurrency:
+                    d = run[key][str(n)]
+                    ratio = vs_none = ""
+                    if mode == "on" and f"{runner}/overlap-off" in runs:
+                        off = runs[f"{runner}/overlap-off"][key][str(n)]["tok_s"]
+                        ratio = f"{d['tok_s'] / off:.3f}" if off else ""
+                    if kind == "json" and "decode" in run:
+                        free = run["decode"][str(n)]["tok_s"]
+                        vs_none = f"{d['tok_s'] / free:.3f}" if free else ""
+                    fill = d.get("mask_fill_ms_per_step", "")
+                    print(f"{runner:<8}{mode:<9}{kind:<8}{n:>6}{d['tok_s']:>14}"
+                          f"{d['bubble'] * 100:>8.1f}%{d['sched_ms_per_step']:>15}{fill:>14}"
+                          f"{ratio:>8}{vs_none:>11}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from services.codec.multimodal import message_images_from_pb, message_images_to_pb
 from services.codec.request import (
     finish_from_pb,
     finish_to_pb,
@@ -11,14 +12,29 @@ from services.codec.request import (
     usage_to_pb,
 )
 from services.gen import processor_pb2
-from services.processor.types import ChatMessage, Delta, ModelInfo, ProcessRequest
+from services.processor.types import (
+    ChatMessage,
+    Delta,
+    ModelInfo,
+    ProcessRequest,
+    Tool,
+    ToolCall,
+    ToolChoice,
+)
+
+_TOOL_MODES = ("none", "auto", "required", "function")
 
 
 def request_to_pb(req: ProcessRequest) -> processor_pb2.ProcessRequest:
     msg = processor_pb2.ProcessRequest(request_id=req.request_id, model=req.model,
-                                       sampling=sampling_to_pb(req.sampling))
+                                       sampling=sampling_to_pb(req.sampling),
+                                       tool_choice=processor_pb2.ToolChoice(
+                                           mode=req.tool_choice.mode, name=req.tool_choice.name))
+    msg.tools.extend(processor_pb2.Tool(name=t.name, description=t.description,
+                                        parameters=t.parameters) for t in req.tools)
     if req.messages is not None:
-        msg.chat.messages.extend(processor_pb2.ChatMessage(role=m.role, content=m.content)
+        msg.chat.messages.extend(processor_pb2.ChatMessage(role=m.role, content=m.content,
+                                                           images=message_images_to_pb(m.images))
                                  for m in req.messages)
     elif req.prompt is not None:
         msg.prompt = req.prompt
@@ -30,10 +46,16 @@ def request_to_pb(req: ProcessRequest) -> processor_pb2.ProcessRequest:
 def request_from_pb(m: processor_pb2.ProcessRequest) -> ProcessRequest:
     """Raises ValueError naming a bad field."""
     which = m.WhichOneof("input")
+    mode = m.tool_choice.mode or "auto"
+    if mode not in _TOOL_MODES:
+        raise ValueError(f"tool_choice.mode: {mode!r} is not one of {list(_TOOL_MODES)}")
     return ProcessRequest(
+        tools=tuple(Tool(t.name, t.description, t.parameters) for t in m.tools),
+        tool_choice=ToolChoice(mode, m.tool_choice.name),  # type: ignore[arg-type]
         request_id=m.request_id, model=m.model,
         sampling=request_sampling_from_pb(m.request_id, m.sampling),
-        messages=tuple(ChatMessage(x.role, x.content) for x in m.chat.messages)
+        messages=tuple(ChatMessage(x.role, x.content, message_images_from_pb(x.images))
+                       for x in m.chat.messages)
         if which == "chat" else None,
         prompt=m.prompt if which == "prompt" else None,
         prompt_ids=tuple(m.prompt_ids.ids) if which == "prompt_ids" else None,
@@ -42,6 +64,8 @@ def request_from_pb(m: processor_pb2.ProcessRequest) -> ProcessRequest:
 
 def delta_to_pb(d: Delta) -> processor_pb2.ProcessResponse:
     msg = processor_pb2.ProcessResponse(text=d.text, finish_reason=finish_to_pb(d.finish_reason))
+    msg.tool_calls.extend(processor_pb2.ToolCall(id=c.id, name=c.name, arguments=c.arguments)
+                          for c in d.tool_calls)
     if d.usage is not None:
         msg.usage.CopyFrom(usage_to_pb(d.usage))
     return msg
@@ -49,7 +73,8 @@ def delta_to_pb(d: Delta) -> processor_pb2.ProcessResponse:
 
 def delta_from_pb(m: processor_pb2.ProcessResponse) -> Delta:
     return Delta(m.text, finish_from_pb(m.finish_reason),
-                 usage_from_pb(m.usage) if m.HasField("usage") else None)
+                 usage_from_pb(m.usage) if m.HasField("usage") else None,
+                 tuple(ToolCall(c.id, c.name, c.arguments) for c in m.tool_calls))
 
 
 def models_to_pb(models: list[ModelInfo]) -> processor_pb2.ListModelsResponse:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from services.engine.grammar.spec import StructuredKind, StructuredOutput
 from services.engine.request import FinishReason, SamplingParams, Usage
 from services.gen import request_pb2
 
@@ -23,7 +24,32 @@ def sampling_to_pb(s: SamplingParams) -> request_pb2.SamplingParams:
         msg.seed = s.seed
     if s.max_tokens is not None:
         msg.max_tokens = s.max_tokens
+    if s.structured is not None:
+        msg.structured.CopyFrom(structured_to_pb(s.structured))
     return msg
+
+
+def structured_to_pb(s: StructuredOutput) -> request_pb2.StructuredOutput:
+    k = s.kind
+    if k is StructuredKind.JSON_OBJECT:
+        return request_pb2.StructuredOutput(json_object=True)
+    if k is StructuredKind.CHOICE:
+        return request_pb2.StructuredOutput(
+            choice=request_pb2.StructuredOutput.Choices(choices=s.choices))
+    return request_pb2.StructuredOutput(**{k.value: s.spec})
+
+
+def structured_from_pb(m: request_pb2.StructuredOutput) -> StructuredOutput:
+    """Raises ValueError naming what is wrong (StructuredOutput checks its shape)."""
+    which = m.WhichOneof("kind")
+    if which is None:
+        raise ValueError("structured: no kind is set")
+    kind = StructuredKind(which)
+    if kind is StructuredKind.JSON_OBJECT:
+        return StructuredOutput(kind)
+    if kind is StructuredKind.CHOICE:
+        return StructuredOutput(kind, choices=tuple(m.choice.choices))
+    return StructuredOutput(kind, getattr(m, which))
 
 
 def sampling_from_pb(m: request_pb2.SamplingParams) -> SamplingParams:
@@ -35,7 +61,8 @@ def sampling_from_pb(m: request_pb2.SamplingParams) -> SamplingParams:
         seed=m.seed if m.HasField("seed") else None,
         max_tokens=m.max_tokens if m.HasField("max_tokens") else None,
         stop=tuple(m.stop), stop_token_ids=tuple(m.stop_token_ids), ignore_eos=m.ignore_eos,
-        seed_step_offset=m.seed_step_offset)
+        seed_step_offset=m.seed_step_offset,
+        structured=structured_from_pb(m.structured) if m.HasField("structured") else None)
 
 
 def request_sampling_from_pb(request_id: str, m: request_pb2.SamplingParams) -> SamplingParams:

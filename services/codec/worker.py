@@ -5,20 +5,29 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from services.codec.multimodal import image_from_pb, image_to_pb
 from services.codec.request import (
     finish_from_pb,
     finish_to_pb,
     request_sampling_from_pb,
     sampling_to_pb,
 )
+from services.engine.multimodal.image_input import PromptImage
 from services.engine.request import GenerateRequest, SamplingParams, TokenOutput
-from services.gen import worker_pb2
+from services.gen import multimodal_pb2, worker_pb2
 
 
-def generate_request_to_pb(request_id: str, token_ids: Sequence[int],
-                           sampling: SamplingParams) -> worker_pb2.GenerateRequest:
-    return worker_pb2.GenerateRequest(request_id=request_id, token_ids=token_ids,
-                                      sampling=sampling_to_pb(sampling))
+def generate_request_to_pb(request_id: str, token_ids: Sequence[int], sampling: SamplingParams,
+                           images: Sequence[PromptImage] = ()) -> worker_pb2.GenerateRequest:
+    return worker_pb2.GenerateRequest(
+        request_id=request_id, token_ids=token_ids, sampling=sampling_to_pb(sampling),
+        images=[multimodal_pb2.PromptImage(offset=x.offset, length=x.length, image=image_to_pb(x.image))
+                for x in images])
+
+
+def prompt_images_from_pb(m: worker_pb2.GenerateRequest) -> tuple[PromptImage, ...]:
+    """Raises ValueError for an image whose hash does not match its bytes."""
+    return tuple(PromptImage(x.offset, x.length, image_from_pb(x.image)) for x in m.images)
 
 
 def generate_request_from_pb(m: worker_pb2.GenerateRequest) -> GenerateRequest:

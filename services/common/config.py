@@ -67,6 +67,13 @@ class EngineConfig(_Strict):
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     threads: int = Field(1, ge=1)
+    # Weight-only quantized linears (docs/engine.md "Dtype and quantized weights"): int4 / int8 weights,
+    # activations in `dtype`. auto: int4 for a 4-bit GGUF with bfloat16 activations, else none.
+    quantization: Literal["auto", "none", "int8", "int4"] = "auto"
+    # With quantization on, a forward over more rows than this (prefill chunks) uses a
+    # dense copy of the weights, which a GEMM beats the int4/int8 kernels with; null keeps
+    # no dense copy (least memory; every batch on the quantized kernels).
+    quantized_max_rows: int | None = Field(16, ge=0)
     block_size: int = Field(16, ge=1)
     num_kv_blocks: int = Field(2048, ge=1)
     max_num_seqs: int = Field(64, ge=1)
@@ -83,6 +90,15 @@ class EngineConfig(_Strict):
     # torch runner on CPU, where the forward already takes every core and a second thread
     # only competes with it (docs/benchmarks.md "Overlap scheduler": 0.78-0.97x there).
     overlap: bool | Literal["auto"] = "auto"
+    # Tensor parallelism (docs/engine.md, "Tensor parallelism"): N > 1 starts N-1 extra rank
+    # processes that each hold a 1/N slice of the model and of the KV cache. Request payloads
+    # reach them on a background thread ("async") or inline on the step thread ("sync", for
+    # the comparison); every collective and control message waits at most tp_timeout_s.
+    tensor_parallel_size: int = Field(1, ge=1)
+    tp_broadcast: Literal["async", "sync"] = "async"
+    tp_timeout_s: float = Field(60.0, gt=0)
+    tp_startup_timeout_s: float = Field(300.0, gt=0)  # for every rank to load its slice
+    tp_rank_threads: int = Field(1, ge=1)  # torch threads of each extra rank on CPU
     # Decode-only steps replay CUDA graphs captured at start-up, one per (batch size,
     # context) bucket up to max_num_seqs x cuda_graph_max_context tokens (docs/engine.md
     # "CUDA graphs"). "auto": on with a CUDA device; CPU has none (true there is an error).
@@ -265,6 +281,47 @@ class LauncherConfig(_Strict):
         return self
 
 
+class MultimodalConfig(_Strict):
+    """Image inputs of a LLaVA model (docs/architecture.md, "Multimodal requests")."""
+
+    # Remote http(s) image URLs are refused (400) unless this is set; then fetched with
+    # remote_fetch_timeout_s and max_image_bytes.
+    allow_remote_urls: bool = False
+    remote_fetch_timeout_s: float = Field(10.0, gt=0)
+    # Of the decoded file, per image. NOTE: the request body (base64, 4/3 larger) must also
+    # fit frontend.max_body_bytes and the processor's 4 MiB gRPC message limit.
+    max_image_bytes: int = Field(2 << 20, ge=1)
+    max_images_per_request: int = Field(8, ge=0)
+    max_image_pixels: int = Field(16_000_000, ge=1)  # width * height, checked before decoding
+    # Embedding transfer (seed 002): rows per block, the language side's first buffer, and
+    # the buffer's size in blocks on each side.
+    block_size: int = Field(128, ge=1)
+    default_blocks: int = Field(8, ge=1)
+    num_blocks: int = Field(256, ge=1)
+    # A language side waits this long for one chunk before resuming on another encoder.
+    encode_timeout_s: float = Field(30.0, gt=0)
+    embedding_cache_entries: int = Field(256, ge=0)  # LRU of image embeddings by content hash
+
+    @model_validator(mode="after")
+    def _check_blocks(self) -> MultimodalConfig:
+        if self.default_blocks > self.num_blocks:
+            raise ValueError("multimodal.default_blocks must be at most multimodal.num_blocks")
+        return self
+
+
+class EncodeConfig(_Strict):
+    """Encode workers: the vision half of a LLaVA model, apart from the workers that prefill.
+    0 replicas: the worker that prefills encodes its requests' images itself."""
+
+    replicas: int = Field(0, ge=0)
+    port: int = Field(9600, ge=0, le=65535)  # replica i uses port + i
+    metrics_port: int = Field(9700, ge=0, le=65535)
+    advertise_host: str = "127.0.0.1"  # what discovery publishes (a service name, a pod IP)
+    # A transfer no resume touched this long is freed (its language side died).
+    stale_transfer_s: float = Field(60.0, gt=0)
+    grace_period_s: float = Field(5.0, ge=0)
+
+
 class ClusterConfig(_Strict):
     namespace: str = Field("tandem", pattern=r"^[A-Za-z0-9_-]+$")
     # The interface every part's gRPC and metrics ports listen on (the frontend's HTTP port
@@ -280,6 +337,8 @@ class ClusterConfig(_Strict):
     decode: DecodeConfig = DecodeConfig()
     prefill: PrefillConfig = PrefillConfig()
     launcher: LauncherConfig = LauncherConfig()
+    multimodal: MultimodalConfig = MultimodalConfig()
+    encode: EncodeConfig = EncodeConfig()
 
     @model_validator(mode="after")
     def _check_budget(self) -> ClusterConfig:

@@ -132,6 +132,16 @@ class Discovery:
         await lease._start()
         return lease
 
+    async def registrations(self, role: str) -> list[Registration]:
+        """Every live instance of ``role`` now (a snapshot; ``watch`` follows changes)."""
+        out = []
+        for value in (await self._current(role)).values():
+            try:
+                out.append(Registration.from_bytes(value))
+            except ValueError:
+                continue
+        return out
+
     async def _current(self, role: str) -> dict[str, bytes]:
         """key -> value of every live key of ``role`` (deleted ones left out)."""
         s = self._subjects

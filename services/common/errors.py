@@ -42,6 +42,11 @@ class InvalidRequest(ServingError):
     """Bad input: empty prompt, bad sampling parameters, prompt longer than the context."""
 
 
+class GenerationFailed(ServingError):
+    """The request failed while generating, for a reason of its own (its grammar refused
+    every token): another worker would fail it too, so it is not migrated."""
+
+
 class ModelNotFound(ServingError):
     """The request names a model this cluster does not serve."""
 
@@ -68,6 +73,8 @@ class ErrorKind:
 ERRORS: dict[type[ServingError], ErrorKind] = {
     InvalidRequest: ErrorKind("invalid_request", grpc.StatusCode.INVALID_ARGUMENT, 400,
                               "invalid_request_error"),
+    GenerationFailed: ErrorKind("generation_failed", grpc.StatusCode.FAILED_PRECONDITION, 500,
+                                "server_error", "generation_failed"),
     ModelNotFound: ErrorKind("model_not_found", grpc.StatusCode.NOT_FOUND, 404,
                              "invalid_request_error", "model_not_found", "model"),
     Overloaded: ErrorKind("overloaded", grpc.StatusCode.RESOURCE_EXHAUSTED, 429,

@@ -7,6 +7,14 @@ The contract (docs/architecture.md, "Block hashing"): tokens are u32 little-endi
     seq_hash[0]   = local_hash[0]
     seq_hash[i]   = xxh3_64(le_u64(seq_hash[i-1]) + le_u64(local_hash[i]), seed=1337)
 
+A block that holds image placeholder tokens also hashes the images it overlaps (as vLLM's
+"extra keys" do): the placeholders are the same token for every image, so without this two
+different images would share a prefix-cache entry. For each image overlapping the block,
+in order, 16 bytes of its content hash and its offset relative to the block's first
+position (i64 little-endian) are appended to the block's bytes:
+
+    local_hash[i] = xxh3_64(block_bytes[i] + image_keys[i], seed=1337)
+
 ``local_hash`` names a block's content alone (the router's tree is navigated by it);
 ``seq_hash`` names the block together with everything before it (the engine keys its
 prefix cache by it and KV events name blocks by it).
@@ -30,6 +38,16 @@ _pack_pair = struct.Struct("<QQ").pack
 
 
 @dataclass(frozen=True, slots=True)
+class ImageKey:
+    """An image's place in a prompt: ``length`` placeholder tokens from position ``offset``;
+    ``content_hash`` is the hex sha256 of its bytes."""
+
+    offset: int
+    length: int
+    content_hash: str
+
+
+@dataclass(frozen=True, slots=True)
 class BlockHash:
     """One full block's identity: its chained ``seq_hash`` and content-only ``local_hash``."""
 
@@ -48,14 +66,30 @@ def _token_bytes(tokens: Sequence[int] | np.ndarray) -> bytes:
     return np.asarray(tokens, dtype="<u4").tobytes()
 
 
-def local_block_hashes(tokens: Sequence[int] | np.ndarray, block_size: int) -> list[int]:
-    """Content hashes of every full block of ``tokens``; a partial tail is ignored."""
+def local_block_hashes(tokens: Sequence[int] | np.ndarray, block_size: int,
+                       images: Sequence[ImageKey] = (), first_pos: int = 0) -> list[int]:
+    """Content hashes of every full block of ``tokens``; a partial tail is ignored.
+
+    ``tokens[0]`` sits at prompt position ``first_pos`` (a multiple of ``block_size``);
+    ``images`` are the prompt's images at absolute positions."""
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
     data = _token_bytes(tokens)
     stride = 4 * block_size
     end = len(data) // stride * stride
-    return [_xxh3(data[i : i + stride], HASH_SEED) for i in range(0, end, stride)]
+    if not images:
+        return [_xxh3(data[i : i + stride], HASH_SEED) for i in range(0, end, stride)]
+    out = []
+    for i in range(0, end, stride):
+        start = first_pos + i // 4
+        out.append(_xxh3(data[i : i + stride] + _image_bytes(images, start, start + block_size), HASH_SEED))
+    return out
+
+
+def _image_bytes(images: Sequence[ImageKey], lo: int, hi: int) -> bytes:
+    """The extra key of a block spanning positions [lo, hi)."""
+    return b"".join(bytes.fromhex(im.content_hash[:32]) + struct.pack("<q", im.offset - lo)
+                    for im in images if im.offset < hi and im.offset + im.length > lo)
 
 
 def chain_hash(parent_seq_hash: int | None, local_hash: int) -> int:
@@ -76,10 +110,12 @@ def seq_hashes(local_hashes: Sequence[int], parent_seq_hash: int | None = None) 
 
 
 def block_hashes(
-    tokens: Sequence[int] | np.ndarray, block_size: int, parent_seq_hash: int | None = None
+    tokens: Sequence[int] | np.ndarray, block_size: int, parent_seq_hash: int | None = None,
+    images: Sequence[ImageKey] = (), first_pos: int = 0,
 ) -> list[BlockHash]:
-    """Both hashes of every full block of ``tokens``, chained after ``parent_seq_hash``."""
-    locals_ = local_block_hashes(tokens, block_size)
+    """Both hashes of every full block of ``tokens``, chained after ``parent_seq_hash``
+    (``images``, ``first_pos``: as in ``local_block_hashes``)."""
+    locals_ = local_block_hashes(tokens, block_size, images, first_pos)
     return [BlockHash(s, lh) for s, lh in zip(seq_hashes(locals_, parent_seq_hash), locals_, strict=True)]
 
 

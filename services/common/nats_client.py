@@ -120,7 +120,7 @@ class Subjects:
 # from Subjects so a renamed subject cannot leave a stale permission behind; a part that
 # starts using a new subject or JetStream call needs its role's list extended here.
 
-ROLES = ("frontend", "processor", "router", "decode", "prefill")
+ROLES = ("frontend", "processor", "router", "decode", "prefill", "encode")
 
 _JS_API = "$JS.API"
 _DEFAULT_INBOX = "_INBOX"

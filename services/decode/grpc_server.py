@@ -6,7 +6,7 @@ from contextlib import aclosing
 
 import grpc
 
-from services.codec.worker import generate_request_from_pb, output_to_pb
+from services.codec.worker import generate_request_from_pb, output_to_pb, prompt_images_from_pb
 from services.common.errors import ServingError, abort, decode_or_abort
 from services.common.grpc_server import serve_grpc
 from services.decode.worker import DecodeWorker
@@ -26,9 +26,11 @@ class DecodeWorkerServicer(worker_pb2_grpc.DecodeWorkerServicer):
     async def Generate(self, request: worker_pb2.GenerateRequest,  # noqa: N802
                        context: grpc.aio.ServicerContext):
         req = await decode_or_abort(context, generate_request_from_pb, request)
+        images = await decode_or_abort(context, prompt_images_from_pb, request)
         produced = 0
         try:
-            async with aclosing(self._worker.generate(req)) as outs:
+            async with aclosing(self._worker.generate(req, images) if images
+                                else self._worker.generate(req)) as outs:
                 async for o in outs:
                     produced += len(o.token_ids)
                     yield output_to_pb(o, produced)

@@ -15,6 +15,7 @@ import time
 
 from prometheus_client import start_http_server
 
+from services.common.address_book import AddressBook
 from services.common.config import ClusterConfig
 from services.common.discovery import Discovery, Registration
 from services.common.kv_publisher import KvEventPublisher
@@ -25,9 +26,14 @@ from services.common.wire import WorkerLoad
 from services.decode.grpc_server import serve_decode_worker
 from services.decode.metrics import DecodeMetrics
 from services.decode.worker import DecodeWorker
+from services.disagg.kv_layout import METADATA_KEY as KV_LAYOUT
+from services.disagg.kv_layout import KvLayout, refuse_incompatible_peers
 from services.disagg.prefill_queue import PrefillQueue
+from services.encode.client import EncodeDirectory
 from services.engine.async_engine import AsyncEngine
-from services.engine.factory import build_engine
+from services.engine.factory import build_embedder, build_engine
+from services.engine.multimodal.metrics import MmBlocksCollector
+from services.engine.tp import worker_hooks as tp_hooks
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +58,20 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str | None = None,
         metrics = DecodeMetrics(ae.stats, cfg.decode.disagg)
         queue = await PrefillQueue.open(nc, subjects, cfg.prefill,
                                         cfg.decode.disagg.queue_depth_cache_s, worker_id)
-        worker = DecodeWorker(ae, cfg, worker_id, queue, metrics=metrics)
+        discovery = await Discovery.open(nc, cfg.namespace, cfg.discovery)
+        encoders = EncodeDirectory(AddressBook("encode")) if cfg.encode.replicas > 0 else None
+        runner = parts.engine.runner
+        images = build_embedder(cfg, parts.model_path, str(getattr(runner, "device", "cpu")),
+                                encoders.channels if encoders is not None else None, getattr(runner, "dtype", None))
+        if images is not None:
+            metrics.registry.register(MmBlocksCollector(*images.allocators))
+            if encoders is not None:
+                encoders.book.start(discovery)
+        worker = DecodeWorker(ae, cfg, worker_id, queue, metrics=metrics,
+                              embedder=images.embedder if images is not None else None)
         # before the port opens: a part that looks ready must stop cleanly (see stop_on_signals)
         stop = stop or stop_on_signals()
+        tp_hooks.attach(parts.engine.runner, metrics.registry, stop)
         server, port = await serve_decode_worker(worker, host, cfg.decode.port + replica)
         # NOTE: peers dial what discovery says, so publish the configured reachable host
         # (a compose service name, a pod IP), not the bind address.
@@ -70,11 +87,12 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str | None = None,
 
         load = LoadPublisher(nc, subjects, sample)
         await load.start()
-        discovery = await Discovery.open(nc, cfg.namespace, cfg.discovery)
+        layout = KvLayout.of(ae.kv_spec, cfg.engine.tensor_parallel_size)
+        await refuse_incompatible_peers(discovery, "decode", layout)
         lease = await discovery.register(Registration(
             "decode", worker_id, address=address,
             metrics_address=f"{cfg.decode.advertise_host}:{metrics_port}",
-            metadata={"model": parts.model_name}))
+            metadata={"model": parts.model_name, KV_LAYOUT: layout.encode()}))
         log.info("decode worker %s: gRPC %s, metrics :%d", worker_id, address, metrics_port)
         if started is not None:
             started.set()
@@ -91,7 +109,13 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str | None = None,
             await load.close()
             await publisher.flush()
             await publisher.close()
+            if encoders is not None:
+                await encoders.book.close()
+                await encoders.close()
+            if images is not None:
+                images.close()
     await nc.close()
+    tp_hooks.close(parts.engine.runner)
 
 
 async def serve_many(cfg: ClusterConfig, first: int, count: int) -> None:

@@ -19,9 +19,10 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from dataclasses import replace
 
 from services.common.config import ClusterConfig
-from services.common.errors import Overloaded, Unavailable
+from services.common.errors import InvalidRequest, Overloaded, Unavailable
 from services.decode.disagg import PrefillDecision, decide_prefill
 from services.decode.kv_receiver import ExpectedKv, KvReceiver, KvTransferError, ReceivedKv
 from services.decode.metrics import DecodeMetrics
@@ -30,6 +31,9 @@ from services.disagg.prefill_job import FallbackReason, PrefillJob, PrefillLocat
 from services.disagg.prefill_queue import PrefillQueue
 from services.disagg.transfer_token import new_token
 from services.engine.async_engine import AsyncEngine
+from services.engine.multimodal.embedder import ImageEmbedder
+from services.engine.multimodal.image_input import PromptImage
+from services.engine.multimodal.transfer import EncodeFailedError, ReceiveBuffersFullError
 from services.engine.remote_prefill import RemoteKvError, RemotePrefillHandle
 from services.engine.request import GenerateRequest, TokenOutput
 
@@ -41,11 +45,12 @@ class DecodeWorker:
 
     def __init__(self, engine: AsyncEngine, cfg: ClusterConfig, worker_id: str,
                  queue: PrefillQueue | None = None, kv_address: str = "",
-                 metrics: DecodeMetrics | None = None) -> None:
+                 metrics: DecodeMetrics | None = None, embedder: ImageEmbedder | None = None) -> None:
         self.engine = engine
         self.cfg = cfg
         self.worker_id = worker_id
         self.queue = queue
+        self.embedder = embedder  # None: a text-only model
         self.kv_address = kv_address
         self.metrics = metrics or DecodeMetrics(engine.stats, cfg.decode.disagg)
         self.receiver = KvReceiver(on_bytes=self.metrics.kv_bytes_received.inc,
@@ -60,10 +65,15 @@ class DecodeWorker:
     def num_inflight(self) -> int:
         return self._inflight
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenOutput]:
+    async def generate(self, request: GenerateRequest, images: tuple[PromptImage, ...] = ()
+                       ) -> AsyncIterator[TokenOutput]:
         """Stream a request's outputs; this is where a request enters the worker, so it is
         checked here (InvalidRequestError) and nowhere further in. Raises Overloaded,
-        Unavailable (draining), EngineDeadError. Closing the iterator early aborts it."""
+        Unavailable (draining, or no encoder produced its images), EngineDeadError. Closing
+        the iterator early aborts it (and the encoding of its images).
+
+        ``images``: a multimodal prompt's images. They are encoded (here or by an encode
+        worker) before the request is validated, and such a request prefills here."""
         if self._draining:
             raise Unavailable(f"decode worker {self.worker_id} is shutting down")
         if self._inflight >= self.cfg.decode.max_inflight_requests:
@@ -77,10 +87,17 @@ class DecodeWorker:
                 f"decode worker {self.worker_id} has {waiting} requests waiting "
                 f"(decode.max_waiting_requests={self.cfg.decode.max_waiting_requests})",
                 code="overloaded")
-        self.engine.validate(request)
+        if images and self.embedder is None:
+            raise InvalidRequest(f"decode worker {self.worker_id}'s model does not accept images",
+                                 param="messages", code="image_input_not_supported")
+        if not images:
+            self.engine.validate(request)
         self._inflight += 1
         self._idle.clear()
         try:
+            if images:
+                request = await self._with_embeddings(request, images)
+                self.engine.validate(request)
             decision = await self._decide(request)
             self.metrics.decisions.labels(decision.reason.value).inc()
             if decision.remote:
@@ -105,12 +122,27 @@ class DecodeWorker:
             return False
         return True
 
+    async def _with_embeddings(self, request: GenerateRequest, images: tuple[PromptImage, ...]
+                               ) -> GenerateRequest:
+        assert self.embedder is not None
+        try:
+            spans = await self.embedder.embed(request.request_id, images)
+        except EncodeFailedError as e:
+            raise Unavailable(str(e)) from None
+        except ReceiveBuffersFullError as e:
+            raise Overloaded(f"decode worker {self.worker_id}: image embedding buffers full ({e})",
+                             code="overloaded") from None
+        except ValueError as e:
+            raise InvalidRequest(f"images: {e}", param="messages") from None
+        return replace(request, images=spans)
+
     # ---- decision -------------------------------------------------------------------
     async def _decide(self, request: GenerateRequest) -> PrefillDecision:
         d = self.cfg.decode.disagg
         n = len(request.prompt_token_ids)
         queue = self.queue
-        if queue is None or not d.enabled or n <= d.max_local_prefill_length:
+        # NOTE: a multimodal request prefills here: its embeddings are in this process.
+        if queue is None or not d.enabled or n <= d.max_local_prefill_length or request.images:
             # NOTE: local whatever the prefix hit: skip the step thread round trip to look it up.
             cfg = d if queue is not None else d.model_copy(update={"enabled": False})
             return decide_prefill(cfg, n, 0, 0, 0)

@@ -20,7 +20,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, TypeVar
 
-from services.common.errors import Unavailable
+from services.common.errors import GenerationFailed, Unavailable
 from services.common.kv_events import KvEvent
 from services.engine.engine import EngineStats, LLMEngine
 from services.engine.remote_prefill import RemotePrefillHandle
@@ -268,7 +268,7 @@ class AsyncEngine:
         for out in outputs:
             q = queues.get(out.request_id)
             if q is not None:
-                q.put_nowait(out)
+                q.put_nowait(out if out.error is None else GenerationFailed(out.error))
 
     def _fail_all(self, err: BaseException) -> None:
         for q in self._queues.values():

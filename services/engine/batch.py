@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Protocol
 from services.engine.request import SamplingParams
 
 if TYPE_CHECKING:
+    from services.engine.grammar.batch_mask import BatchMask
+    from services.engine.multimodal.spans import ImageSpan
     from services.engine.sequence import Sequence
 
 # Future-token slots per batch region; the scheduler rotates through FUTURE_REGIONS regions
@@ -43,6 +45,8 @@ class ScheduledSeq:
     before the forward. ``block_ids`` is the sequence's block table (the live list: it
     only ever grows in place, and the runner reads only the blocks up to ``end_pos``).
     When ``sample`` is true the last position's logits produce the sequence's next token.
+    ``images`` are the prompt's image spans; the runner puts their embeddings in place of
+    the placeholder tokens this step computes.
     """
 
     request_id: str
@@ -52,6 +56,7 @@ class ScheduledSeq:
     sample: bool
     sampling: SamplingParams
     num_generated: int = 0  # tokens generated so far; makes seeded sampling reproducible
+    images: tuple[ImageSpan, ...] = ()
 
     @property
     def end_pos(self) -> int:
@@ -68,6 +73,8 @@ class ScheduledBatch:
     seqs: list[ScheduledSeq] = field(default_factory=list)
     owners: list[Sequence] = field(default_factory=list)
     future_base: int = 0
+    # The allowed tokens of its grammar-constrained sampling rows; None: no such row.
+    grammar_mask: BatchMask | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -9,7 +9,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from services.common.config import EngineConfig
 from services.common.kv_events import KvEvent
@@ -19,7 +19,12 @@ from services.engine.kv_cache_manager import KvCacheManager
 from services.engine.remote_prefill import RemotePrefillHandle
 from services.engine.request import GenerateRequest, TokenOutput
 from services.engine.runner.base import ModelRunner
-from services.engine.scheduler import Scheduler
+from services.engine.scheduler import InvalidRequestError, Scheduler
+
+if TYPE_CHECKING:
+    from services.engine.grammar.batch_mask import BatchMask, MaskBuilder
+    from services.engine.grammar.compiler import GrammarCompiler
+    from services.engine.grammar.stats import GrammarStats
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +43,8 @@ class EngineStats:
     # cache hits (as of when they queued) and running ones' uncomputed prompt tokens (parked
     # remote prefills excluded: another worker prefills them). Scheduler.prefill_tokens_pending.
     num_prefill_tokens_pending: int = 0
+    # The grammar compiler's live counters (structured output); None without one.
+    grammar: GrammarStats | None = None
 
 
 class LLMEngine:
@@ -58,6 +65,7 @@ class LLMEngine:
         eos_token_ids: Iterable[int],
         worker_id: str = "",
         on_kv_event: Callable[[KvEvent], None] | None = None,
+        grammar: GrammarCompiler | None = None,
     ) -> None:
         spec = runner.kv_spec
         if spec.block_size != cfg.block_size:
@@ -78,7 +86,17 @@ class LLMEngine:
             eos_token_ids=eos_token_ids,
             kv_exporter=runner.export_kv,
             kv_importer=runner,
+            grammar=grammar if runner.supports_grammar else None,
         )
+        # Structured output: the compiler (None: requests with a grammar are refused) and
+        # the builder of each batch's allowed-token mask.
+        self.grammar = self.scheduler.grammar
+        self._masks: MaskBuilder | None = None
+        if self.grammar is not None:
+            from services.engine.grammar.batch_mask import MaskBuilder
+
+            self._masks = MaskBuilder(cfg.max_num_seqs, runner.vocab_size,
+                                      pin=runner.pins_host_memory)
         # Sequences the last step launched (or, launching none, read back); 0 = it did
         # nothing, so a caller may wait for new work.
         self.last_batch_size = 0
@@ -96,20 +114,36 @@ class LLMEngine:
         """Raise InvalidRequestError if the request can never be served (reads config only).
         The one check of a request: callers run it at their entry, before ``add_request``."""
         self.scheduler.validate(request)
+        spec = request.sampling.structured
+        if spec is not None:
+            if self.grammar is None:
+                raise InvalidRequestError(
+                    f"request {request.request_id!r}: structured output is not available on "
+                    "this worker (it needs the torch runner and the model's tokenizer)")
+            try:
+                self.grammar.check(spec)  # compiles once per spec, off the step thread
+            except ValueError as e:
+                raise InvalidRequestError(f"request {request.request_id!r}: {e}") from None
 
     def add_request(self, request: GenerateRequest) -> None:
         """Queue a request that passed ``validate``; InvalidRequestError if its id is live."""
         self.scheduler.add(request)
+        self.runner.request_added(request)
 
     def abort(self, request_id: str) -> TokenOutput | None:
         """Abort a live request (waiting, running or parked); its final output, or None."""
-        return self.scheduler.abort(request_id)
+        out = self.scheduler.abort(request_id)
+        self.runner.request_gone(request_id)
+        return out
 
     def step(self) -> list[TokenOutput]:
         if self.overlap:
             return self._step_overlapped()
         t0 = time.perf_counter()
         batch = self.scheduler.schedule()
+        mask = self._mask_for(batch)
+        if mask is not None:
+            self._fill(mask)
         t1 = time.perf_counter()
         self.last_batch_size = len(batch.seqs)
         result = self.runner.execute(batch) if batch.seqs else self._no_output
@@ -117,15 +151,24 @@ class LLMEngine:
         outputs = self.scheduler.update(batch, result)
         self.scheduler_seconds += (t1 - t0) + (time.perf_counter() - t2)
         self.num_steps += 1
+        self._forget_finished(outputs)
         return outputs
+
+    def _forget_finished(self, outputs: list[TokenOutput]) -> None:
+        for o in outputs:
+            if o.finished:
+                self.runner.request_gone(o.request_id)
 
     def _step_overlapped(self) -> list[TokenOutput]:
         """Schedule and launch batch N+1, then read back and apply batch N (the one sync)."""
         sched, fence = self.scheduler, self.kv.fence
         t0 = time.perf_counter()
         batch = sched.schedule()  # batch N's samples are placeholders in it
-        t1 = time.perf_counter()
         prev = self._in_flight
+        mask = self._mask_for(batch)
+        if mask is not None and prev is None:
+            self._fill(mask)  # nothing in flight: the matchers are current now
+        t1 = time.perf_counter()
         if batch.seqs:
             pending = self.runner.launch(batch)
             self._in_flight = (batch, pending, fence.launched(pending))
@@ -136,16 +179,46 @@ class LLMEngine:
         t2 = t3 = 0.0
         if prev is not None:
             prev_batch, prev_pending, ticket = prev
-            result = prev_pending.result()  # blocks until batch N is done; N+1 computes on
-            fence.completed(ticket)
-            t2 = time.perf_counter()
-            outputs = sched.update(prev_batch, result)
+            try:
+                result = prev_pending.result()  # blocks until batch N is done; N+1 computes on
+                fence.completed(ticket)
+                t2 = time.perf_counter()
+                outputs = sched.update(prev_batch, result)
+            finally:
+                if mask is not None:
+                    # Batch N's tokens advanced the matchers: N+1's sampler waits for this.
+                    self._fill(mask)
             t3 = time.perf_counter()
             if not batch.seqs:
                 self.last_batch_size = len(prev_batch.seqs)
         self.scheduler_seconds += (t1 - t0) + (t3 - t2)
         self.num_steps += 1
+        self._forget_finished(outputs)
         return outputs
+
+    def _mask_for(self, batch: ScheduledBatch) -> BatchMask | None:
+        """The (unfilled) mask of ``batch``'s grammar rows, attached to it; None when no
+        live request has a grammar or none of them samples in this batch."""
+        if not self.scheduler.num_grammar_seqs or self._masks is None:
+            return None
+        rows: list[int] = []
+        states = []
+        k = 0
+        for s, owner in zip(batch.seqs, batch.owners, strict=True):
+            if not s.sample:
+                continue
+            if owner.grammar is not None:
+                rows.append(k)
+                states.append(owner.grammar)
+            k += 1
+        if not rows:
+            return None
+        batch.grammar_mask = self._masks.build(rows, states, k)
+        return batch.grammar_mask
+
+    def _fill(self, mask: BatchMask) -> None:
+        assert self.grammar is not None
+        mask.fill(self.grammar.executor, self.grammar.stats)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or self._in_flight is not None
@@ -167,13 +240,19 @@ class LLMEngine:
 
     def begin_remote_prefill(self, request: GenerateRequest) -> RemotePrefillHandle | None:
         """Park a validated request for remote prefill; None when its blocks do not fit now."""
-        return self.scheduler.begin_remote_prefill(request)
+        handle = self.scheduler.begin_remote_prefill(request)
+        if handle is not None:
+            self.runner.request_added(request)
+        return handle
 
     def complete_remote_prefill(
         self, request_id: str, kv: Any, first_token: int
     ) -> TokenOutput | None:
         """Import remote KV and decode; None if not parked. Raises RemoteKvError on bad kv."""
-        return self.scheduler.complete_remote_prefill(request_id, kv, first_token)
+        out = self.scheduler.complete_remote_prefill(request_id, kv, first_token)
+        if out is not None:
+            self._forget_finished([out])
+        return out
 
     def fail_remote_prefill(self, request_id: str) -> bool:
         """Fall back to local prefill; False if the request is not parked."""
@@ -198,6 +277,7 @@ class LLMEngine:
             prefix_cache_hit_tokens_total=s.prefix_hit_tokens_total,
             num_preemptions_total=s.num_preemptions,
             num_prefill_tokens_pending=s.prefill_tokens_pending(),
+            grammar=self.grammar.stats if self.grammar is not None else None,
         )
 
     def check_integrity(self) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
-from services.common.hashing import BlockHash, block_hashes
+from services.common.hashing import BlockHash, ImageKey, block_hashes
 from services.engine.block_pool import BlockPool
 from services.engine.sequence import Sequence
 from services.engine.write_fence import WriteFence
@@ -57,7 +57,8 @@ class KvCacheManager:
         if len(have) < n_blocks:
             bs = self.block_size
             parent = have[-1].seq_hash if have else None
-            have.extend(block_hashes(seq.token_ids[len(have) * bs : n_blocks * bs], bs, parent))
+            have.extend(block_hashes(seq.token_ids[len(have) * bs : n_blocks * bs], bs, parent,
+                                     seq.request.images, len(have) * bs))
         return have
 
     def _longest_hit(self, hashes: Seq[BlockHash], max_blocks: int) -> list[int]:
@@ -78,13 +79,13 @@ class KvCacheManager:
         ids = self._longest_hit(self._hashes(seq, max_blocks), max_blocks)
         return PrefixHit(tuple(ids), len(ids) * self.block_size)
 
-    def prefix_hit_tokens(self, token_ids: Seq[int]) -> int:
-        """How many leading tokens of a prompt this cache would serve (pure query)."""
+    def prefix_hit_tokens(self, token_ids: Seq[int], images: Seq[ImageKey] = ()) -> int:
+        """How many leading tokens of a prompt (with ``images``) this cache would serve (pure query)."""
         bs = self.block_size
         max_blocks = (len(token_ids) - 1) // bs
         if max_blocks <= 0:
             return 0
-        hashes = block_hashes(token_ids[: max_blocks * bs], bs)
+        hashes = block_hashes(token_ids[: max_blocks * bs], bs, None, images)
         return len(self._longest_hit(hashes, max_blocks)) * bs
 
     def allocate(

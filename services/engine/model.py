@@ -2,8 +2,9 @@
 
 Weights come from a Hugging Face-named state dict (``load_hf_weights``); q/k/v and
 gate/up are fused into one matmul each. With tensor parallelism, attention heads and the
-MLP's intermediate dimension are split across ranks; the embedding, norms and LM head are
-replicated.
+MLP's intermediate dimension are split across ranks (KV heads replicated where there are
+more ranks than KV heads, tp/shard.py); the embedding, norms and LM head are replicated,
+and only the entry rank applies the head (docs/engine.md, "Tensor parallelism").
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from services.engine.layers.linear import MergedColumnParallelLinear, RowParalle
 from services.engine.layers.norm import RMSNorm
 from services.engine.layers.rotary import RotaryEmbedding, apply_rotary
 from services.engine.model_config import ModelArchConfig
+from services.engine.tp.shard import TpShard, check_tp_layout
 
 
 class DecoderLayer(nn.Module):
@@ -26,14 +28,16 @@ class DecoderLayer(nn.Module):
         super().__init__()
         tp = {"tp_rank": tp_rank, "tp_size": tp_size, "dtype": dtype, "device": device}
         h, hd = arch.hidden_size, arch.head_dim
-        if arch.num_kv_heads % tp_size:
-            raise ValueError(f"num_kv_heads ({arch.num_kv_heads}) is not divisible by tp_size ({tp_size})")
+        check_tp_layout(arch, tp_size)
+        shard = TpShard(tp_rank, tp_size)
+        kv_reps = shard.kv_replicas(arch.num_kv_heads)
         self.num_heads = arch.num_heads // tp_size
-        self.num_kv_heads = arch.num_kv_heads // tp_size
+        self.num_kv_heads = shard.local_kv_heads(arch.num_kv_heads)
         self.head_dim = hd
         self.input_layernorm = RMSNorm(h, arch.rms_norm_eps, dtype, device)
         self.qkv_proj = MergedColumnParallelLinear(
-            h, [arch.num_heads * hd, arch.num_kv_heads * hd, arch.num_kv_heads * hd], bias=arch.attention_bias, **tp
+            h, [arch.num_heads * hd, arch.num_kv_heads * hd, arch.num_kv_heads * hd], bias=arch.attention_bias,
+            replicas=[1, kv_reps, kv_reps], **tp
         )
         self.o_proj = RowParallelLinear(arch.num_heads * hd, h, **tp)
         self.post_attention_layernorm = RMSNorm(h, arch.rms_norm_eps, dtype, device)
@@ -67,7 +71,7 @@ class LlamaModel(nn.Module):
     """``forward`` maps new tokens to final hidden states; ``compute_logits`` applies the LM head.
 
     The KV cache passed to ``forward`` is ``(num_layers, 2, num_blocks, block_size,
-    num_kv_heads / tp_size, head_dim)``, owned by the runner.
+    local KV heads, head_dim)``, owned by the runner (``TpShard.local_kv_heads``).
     """
 
     def __init__(
@@ -98,6 +102,8 @@ class LlamaModel(nn.Module):
                 requires_grad=False,
             )
         )
+        # Set by quant.apply.quantize_model: a quantized head used instead of lm_head_weight.
+        self.lm_head: nn.Module | None = None
         self.rotary = RotaryEmbedding(
             arch.head_dim, max_len or arch.max_position_embeddings, arch.rope_theta, dtype, device
         )
@@ -108,14 +114,19 @@ class LlamaModel(nn.Module):
         positions: torch.Tensor,
         meta: AttentionMetadata,
         kv_cache: torch.Tensor | list[torch.Tensor],
+        mm_rows: torch.Tensor | None = None,
+        mm_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """input_ids, positions (T,) -> hidden (T, H).
 
         ``kv_cache`` is the 6-D cache or, to skip re-slicing it every step, its per-layer
-        views ``list(kv_cache)``.
+        views ``list(kv_cache)``. ``mm_embeds`` (M, H) replace the token embeddings of rows
+        ``mm_rows`` (M,): a multimodal model's image placeholders.
         """
         cos, sin = self.rotary.lookup(positions)  # (T, 1, hd) each, shared by all layers
         x = self.embed_tokens(input_ids)  # (T, H)
+        if mm_rows is not None:
+            x[mm_rows] = mm_embeds
         residual = None
         for layer, layer_cache in zip(self.layers, kv_cache, strict=True):
             x, residual = layer(x, residual, cos, sin, meta, layer_cache)
@@ -123,6 +134,8 @@ class LlamaModel(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden (N, H) -> logits (N, V). Pass only the rows that will be sampled."""
+        if self.lm_head is not None:
+            return self.lm_head(hidden)
         return F.linear(hidden, self.lm_head_weight)
 
     @torch.no_grad()

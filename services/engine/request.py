@@ -8,9 +8,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from services.common.text import lone_surrogate
+from services.engine.grammar.spec import StructuredOutput
 
 if TYPE_CHECKING:
     import torch
+
+    from services.engine.multimodal.spans import ImageSpan
 
 
 # Bounds that keep a request's cost and its numbers sane whoever builds it (the HTTP API,
@@ -45,6 +48,9 @@ class SamplingParams:
     # Seeded draws use step ``num_generated + seed_step_offset``: a request migrated with
     # its produced tokens appended to the prompt continues the same random sequence.
     seed_step_offset: int = 0
+    # Constrained decoding: what the generated text must match (engine/grammar). A migrated
+    # request's matcher replays the last ``seed_step_offset`` prompt tokens (produced before).
+    structured: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
@@ -83,6 +89,7 @@ class FinishReason(str, enum.Enum):
     STOP = "stop"  # eos, a stop token id, or (in the processor) a stop string
     LENGTH = "length"  # max_tokens or the context length was reached
     ABORT = "abort"  # aborted by the caller
+    ERROR = "error"  # the request failed (its grammar refused a token); TokenOutput.error says why
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +114,9 @@ class GenerateRequest:
     # [export_kv_from_block, ceil(prompt_len / block_size)) is exported when the request
     # finishes (before its blocks are freed) and attached to the final TokenOutput.kv.
     export_kv_from_block: int | None = None
+    # A multimodal prompt's images: their placeholder positions, content hashes (part of
+    # the prefix-cache block hashes) and embeddings (set before the request is added).
+    images: tuple[ImageSpan, ...] = ()
 
 
 @dataclass(slots=True)
@@ -123,3 +133,4 @@ class TokenOutput:
     # (layers, 2, n_blocks, block_size, kv_heads, head_dim), the runner's KV dtype, on CPU
     # or the runner's device. The only torch-typed field of the engine's API.
     kv: torch.Tensor | None = None
+    error: str | None = None  # with FinishReason.ERROR: what failed, naming the request

@@ -15,11 +15,15 @@ they fall back to the full sort only when a top-p row's nucleus does not fit the
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
 from services.engine.batch import ScheduledSeq
 from services.engine.request import SamplingParams
+
+if TYPE_CHECKING:
+    from services.engine.grammar.batch_mask import BatchMask
 
 _MASK64 = (1 << 64) - 1
 # Candidates examined for top-p rows without a top-k; realistic nuclei are far smaller.
@@ -40,15 +44,21 @@ class Sampler:
         self.generator = torch.Generator()  # CPU: see the module docstring
         self.generator.manual_seed(seed)
 
-    def sample(self, logits: torch.Tensor, seqs: Sequence[ScheduledSeq]) -> list[int]:
+    def sample(self, logits: torch.Tensor, seqs: Sequence[ScheduledSeq],
+               mask: BatchMask | None = None) -> list[int]:
         """logits (B, V), one row per seq in ``seqs`` -> one token id per row."""
-        return self.sample_tensor(logits, seqs).tolist()
+        return self.sample_tensor(logits, seqs, mask).tolist()
 
-    def sample_tensor(self, logits: torch.Tensor, seqs: Sequence[ScheduledSeq]) -> torch.Tensor:
+    def sample_tensor(self, logits: torch.Tensor, seqs: Sequence[ScheduledSeq],
+                      mask: BatchMask | None = None) -> torch.Tensor:
         """Like ``sample`` but the tokens stay on the logits' device, (B,) int64: the
-        overlapped runner feeds them to the next batch without a host round trip."""
+        overlapped runner feeds them to the next batch without a host round trip.
+        ``mask``: the grammar rows' allowed tokens (waits until it is filled); the logits
+        may be modified in place."""
         if logits.shape[0] != len(seqs):
             raise ValueError(f"logits has {logits.shape[0]} rows for {len(seqs)} sequences")
+        if mask is not None:
+            logits = mask.apply(logits)
         params = [s.sampling for s in seqs]
         greedy_rows = [p.greedy for p in params]
         if all(greedy_rows):

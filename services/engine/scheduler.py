@@ -41,7 +41,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable
 from collections.abc import Sequence as Seq
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from services.common.errors import InvalidRequest
 from services.engine.batch import (
@@ -60,6 +60,9 @@ from services.engine.remote_prefill import (
 )
 from services.engine.request import FinishReason, GenerateRequest, TokenOutput
 from services.engine.sequence import SeqStatus, Sequence
+
+if TYPE_CHECKING:
+    from services.engine.grammar.compiler import GrammarCompiler
 
 
 class InvalidRequestError(InvalidRequest, ValueError):
@@ -90,6 +93,7 @@ class Scheduler:
         eos_token_ids: Iterable[int],
         kv_exporter: Callable[[Seq[int]], Any] | None = None,
         kv_importer: KvImporter | None = None,
+        grammar: GrammarCompiler | None = None,
     ) -> None:
         self.kv = kv
         self.block_size = kv.block_size
@@ -105,6 +109,8 @@ class Scheduler:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.kv_exporter = kv_exporter
         self.kv_importer = kv_importer
+        self.grammar = grammar
+        self.num_grammar_seqs = 0  # live sequences with a grammar: 0 = no batch needs a mask
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.ready: deque[Sequence] = deque()
@@ -141,6 +147,13 @@ class Scheduler:
             bad = lo if lo < 0 else hi
             raise InvalidRequestError(
                 f"request {rid!r}: token id {bad} is outside the vocabulary [0, {self.vocab_size})")
+        if request.images:
+            from services.engine.multimodal.spans import check_spans
+
+            try:
+                check_spans(request.images, n)
+            except ValueError as e:
+                raise InvalidRequestError(f"request {rid!r}: {e}") from None
         frm = request.export_kv_from_block
         if frm is not None and not 0 <= frm < -(-n // self.block_size):
             raise InvalidRequestError(
@@ -155,12 +168,30 @@ class Scheduler:
     def add(self, request: GenerateRequest) -> Sequence:
         """Queue a validated request (see ``validate``)."""
         self._check_not_live(request.request_id)
-        seq = Sequence.from_request(request)
+        seq = self._new_seq(request)
         # NOTE: the hashes match_prefix computes stay on the sequence for its admission, so
         # this costs only the pool lookups, which a second lookup repeats at admission.
         seq.num_expected_hit_tokens = self.kv.match_prefix(seq).num_tokens
         self.seqs[request.request_id] = seq
+        self.num_grammar_seqs += seq.grammar is not None
         self.waiting.append(seq)
+        return seq
+
+    def _new_seq(self, request: GenerateRequest) -> Sequence:
+        """The request's Sequence, with its grammar's matcher when it has one: replayed over
+        the tokens it produced before a migration (the prompt's last ``seed_step_offset``)."""
+        seq = Sequence.from_request(request)
+        spec = request.sampling.structured
+        if spec is not None:
+            if self.grammar is None:
+                raise InvalidRequestError(f"request {request.request_id!r}: structured output "
+                                          "is not available on this worker")
+            n = request.sampling.seed_step_offset
+            replay = request.prompt_token_ids[len(request.prompt_token_ids) - n:] if n else []
+            try:
+                seq.grammar = self.grammar.start(spec, replay)
+            except ValueError as e:
+                raise InvalidRequestError(f"request {request.request_id!r}: {e}") from None
         return seq
 
     def abort(self, request_id: str) -> TokenOutput | None:
@@ -213,7 +244,7 @@ class Scheduler:
             raise RuntimeError("remote prefill needs a scheduler with a kv_importer")
         rid = request.request_id
         self._check_not_live(rid)
-        seq = Sequence.from_request(request)
+        seq = self._new_seq(request)
         hit = self.kv.match_prefix(seq)
         n = seq.num_tokens - hit.num_tokens
         # NOTE: blocks freed while a batch is in flight are held until it completes; wait
@@ -226,6 +257,7 @@ class Scheduler:
         seq.status = SeqStatus.PARKED
         seq.remote_fill_from = n_hit
         self.seqs[rid] = seq
+        self.num_grammar_seqs += seq.grammar is not None
         self.parked[rid] = seq
         return RemotePrefillHandle(rid, hit.num_tokens, n_hit, len(seq.block_table) - n_hit)
 
@@ -376,7 +408,8 @@ class Scheduler:
         toks = seq.token_ids
         sample = end == len(toks)
         out = ScheduledSeq(seq.request_id, toks[start:end], start, seq.block_table,
-                           sample, seq.sampling, len(toks) - seq.num_prompt_tokens)
+                           sample, seq.sampling, len(toks) - seq.num_prompt_tokens,
+                           seq.request.images if start < seq.num_prompt_tokens else ())
         seq.num_computed_tokens = end
         if sample:
             toks.append(placeholder(self._future_next))
@@ -436,12 +469,19 @@ class Scheduler:
         seq.token_ids[pos] = tok
         sp = seq.sampling
         reason: FinishReason | None = None
-        if (not sp.ignore_eos and tok in self.eos_token_ids) or tok in sp.stop_token_ids:
+        error = seq.grammar.advance(tok) if seq.grammar is not None else None
+        if error is not None:
+            reason = FinishReason.ERROR
+            if self.grammar is not None:
+                self.grammar.stats.errors += 1
+        elif (not sp.ignore_eos and tok in self.eos_token_ids) or tok in sp.stop_token_ids:
             reason = FinishReason.STOP
         elif pos + 1 >= self.max_model_len or (
                 sp.max_tokens is not None and pos + 1 - seq.num_prompt_tokens >= sp.max_tokens):
             reason = FinishReason.LENGTH
-        out = self._output(seq, [tok], reason)
+        out = self._output(seq, [tok] if error is None else [], reason)
+        if error is not None:
+            out.error = f"request {seq.request_id!r}: {error}"
         if reason is not None:
             if seq.request.export_kv_from_block is not None and self.kv_exporter is not None:
                 out.kv = self._export(seq)
@@ -462,6 +502,8 @@ class Scheduler:
                            seq.num_prompt_tokens, seq.num_cached_tokens)
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        if seq.grammar is not None:
+            self.num_grammar_seqs -= 1
         self.kv.free(seq)
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from services.common.hashing import BlockHash
 from services.engine.request import FinishReason, GenerateRequest, SamplingParams
+
+if TYPE_CHECKING:
+    from services.engine.grammar.state import GrammarState
 
 
 class SeqStatus(enum.Enum):
@@ -51,6 +55,8 @@ class Sequence:
     # The token a batch in flight samples for it reaches max_tokens or max_model_len: it
     # finishes when that result is read, so it is not scheduled again (no wasted step).
     length_capped: bool = False
+    # Its grammar's matcher (structured output), advanced by each resolved token.
+    grammar: GrammarState | None = None
 
     @property
     def request_id(self) -> str:

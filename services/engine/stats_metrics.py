@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from services.engine.engine import EngineStats
+from services.engine.grammar.stats import GrammarStats
 
 
 class EngineStatsCollector(Collector):
@@ -18,7 +19,7 @@ class EngineStatsCollector(Collector):
     def __init__(self, stats: Callable[[], EngineStats]) -> None:
         self._stats = stats
 
-    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily]:
         s = self._stats()
         for name, doc, v in (
             ("kv_blocks_used", "KV blocks referenced by a live request", s.kv_blocks_used),
@@ -34,3 +35,24 @@ class EngineStatsCollector(Collector):
         yield CounterMetricFamily("tandem_worker_prefix_cache_hit_tokens",
                                   "Prompt tokens served from the prefix cache",
                                   value=s.prefix_cache_hit_tokens_total)
+        if s.grammar is not None:
+            yield from _grammar_metrics(s.grammar)
+
+
+def _grammar_metrics(g: GrammarStats) -> Iterator[CounterMetricFamily | HistogramMetricFamily]:
+    for name, doc, h in (
+        ("grammar_compile_seconds", "Time to compile a structured-output grammar (cache misses)",
+         g.compile_seconds),
+        ("grammar_mask_fill_seconds", "Time to fill one batch's allowed-token mask",
+         g.mask_fill_seconds),
+    ):
+        yield HistogramMetricFamily(f"tandem_worker_{name}", doc, buckets=h.buckets(),
+                                    sum_value=h.total)
+    kinds = CounterMetricFamily("tandem_worker_structured_requests",
+                                "Requests with structured output, by kind", labels=["kind"])
+    for kind, n in sorted(g.requests_by_kind.items()):
+        kinds.add_metric([kind], n)
+    yield kinds
+    yield CounterMetricFamily("tandem_worker_grammar_errors",
+                              "Requests ended because their grammar refused a token",
+                              value=g.errors)

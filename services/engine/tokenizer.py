@@ -117,6 +117,15 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._tk.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    @property
+    def template_takes_tools(self) -> bool:
+        """Whether the chat template renders a ``tools`` variable itself."""
+        return self._template is not None and "tools" in self._template.source
+
+    def to_json(self) -> str:
+        """The HF ``tokenizers`` JSON (what the grammar compiler builds its tokenizer from)."""
+        return self._tk.to_str()
+
     def id_to_token(self, token_id: int) -> str | None:
         """The vocabulary entry for `token_id` (byte-level form, e.g. "Ġhello"), or None."""
         return self._tk.id_to_token(token_id)

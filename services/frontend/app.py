@@ -33,6 +33,7 @@ from services.common.errors import ServingError
 from services.frontend.body import BodyLimits, read_json
 from services.frontend.errors import APIError, ServingErrors, route_error
 from services.frontend.guard import REQUEST_ID, CatchAll
+from services.frontend.images import resolve_images
 from services.frontend.metrics import FrontendMetrics
 from services.frontend.render import Renderer
 from services.frontend.schemas import ChatCompletionRequest, CompletionRequest
@@ -94,7 +95,12 @@ def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readines
             # starts the request: asking it for the model list first would cost every
             # request another round trip.
             r = Renderer(chat, ("chatcmpl-" if chat else "cmpl-") + rid, body.model)
-            deltas = processor.generate(body.to_process(rid))
+            urls = body.image_urls() if isinstance(body, ChatCompletionRequest) else []
+            if urls:
+                images = await unless_disconnected(request, resolve_images(urls, cfg.multimodal))
+                deltas = processor.generate(body.to_process(rid, images))
+            else:
+                deltas = processor.generate(body.to_process(rid))
             first = await unless_disconnected(request, first_delta(deltas, fc.request_timeout_s))
         except (ServingError, APIError, ClientGone) as e:
             return _fail(m, t0, _api_error(e, errors, rid))
@@ -104,11 +110,11 @@ def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readines
             return StreamingResponse(gen, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
-            text, reason, usage = await unless_disconnected(
+            text, reason, usage, calls = await unless_disconnected(
                 request, collect(m, deltas, first, t0, fc.request_timeout_s))
         except (ServingError, APIError, ClientGone) as e:
             return _fail(m, t0, _api_error(e, errors, rid))
-        response = JSONResponse(r.full(text, reason, usage))
+        response = JSONResponse(r.full(text, reason, usage, calls))
         m.requests.labels("200").inc()  # after the body is built: if that fails, guard counts a 500
         m.duration.observe(time.perf_counter() - t0)
         return response

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 from services.engine.request import FinishReason, Usage
+from services.processor.types import ToolCall
 
 
 def usage_body(u: Usage | None) -> dict | None:
@@ -13,6 +15,10 @@ def usage_body(u: Usage | None) -> dict | None:
     return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
             "total_tokens": u.total_tokens,
             "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
+
+
+def tool_call_body(c: ToolCall) -> dict:
+    return {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
 
 
 class Renderer:
@@ -25,10 +31,16 @@ class Renderer:
     def _base(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def full(self, text: str, finish_reason: FinishReason, usage: Usage | None) -> dict:
+    def full(self, text: str, finish_reason: FinishReason, usage: Usage | None,
+             tool_calls: Sequence[ToolCall] = ()) -> dict:
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": None, "finish_reason": finish_reason}
+            message: dict = {"role": "assistant", "content": text}
+            reason: str = finish_reason
+            if tool_calls:
+                message = {"role": "assistant", "content": text or None,
+                           "tool_calls": [tool_call_body(c) for c in tool_calls]}
+                reason = "tool_calls"
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reason}
             body = self._base("chat.completion")
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
@@ -37,7 +49,7 @@ class Renderer:
         body["usage"] = usage_body(usage)
         return body
 
-    def _chunk(self, delta: dict | str, finish_reason: FinishReason | None,
+    def _chunk(self, delta: dict | str, finish_reason: FinishReason | str | None,
                include_usage: bool) -> dict:
         if self.chat:
             body = self._base("chat.completion.chunk")
@@ -57,8 +69,15 @@ class Renderer:
     def chunk_text(self, text: str, include_usage: bool) -> dict:
         return self._chunk({"content": text} if self.chat else text, None, include_usage)
 
-    def chunk_finish(self, reason: FinishReason, include_usage: bool) -> dict:
-        return self._chunk({} if self.chat else "", reason, include_usage)
+    def chunk_tool_calls(self, calls: Sequence[ToolCall], include_usage: bool) -> dict:
+        """Every call whole in one delta (the openai client assembles by ``index``)."""
+        return self._chunk({"tool_calls": [dict(tool_call_body(c), index=i)
+                                           for i, c in enumerate(calls)]}, None, include_usage)
+
+    def chunk_finish(self, reason: FinishReason, include_usage: bool,
+                     tool_calls: bool = False) -> dict:
+        return self._chunk({} if self.chat else "", "tool_calls" if tool_calls else reason,
+                           include_usage)
 
     def chunk_usage(self, usage: Usage) -> dict:
         obj = "chat.completion.chunk" if self.chat else "text_completion"

@@ -12,14 +12,26 @@ and token ids fit the uint32 they travel as, so nothing past this point meets ei
 from __future__ import annotations
 
 import functools
-from typing import Annotated, Literal
+import json
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, model_validator
 
 from services.common.errors import InvalidRequest
 from services.common.text import lone_surrogate
+from services.engine.grammar.spec import StructuredOutput, check
+from services.engine.multimodal.image_input import ImageData
 from services.engine.request import SamplingParams
-from services.processor.types import ChatMessage, ChatRole, ProcessRequest
+from services.frontend.structured import ResponseFormat, StructuredOutputsIn, structured_output
+from services.processor.tools import CLOSE, OPEN, call_schema
+from services.processor.types import (
+    ChatMessage,
+    ChatRole,
+    MessageImage,
+    ProcessRequest,
+    Tool,
+    ToolChoice,
+)
 
 
 def _unicode(s: str) -> str:
@@ -51,16 +63,85 @@ class TextPart(_Body):
     text: Text
 
 
+class ImageUrl(_Body):
+    url: str = Field(min_length=1)
+    detail: Literal["auto", "low", "high"] = "auto"  # accepted; the model's processor decides
+
+
+class ImageUrlPart(_Body):
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+ContentPart = TextPart | ImageUrlPart
+
+
+class FunctionCallIn(_Body):
+    name: Text
+    arguments: Text
+
+
+class ToolCallIn(_Body):
+    type: Literal["function"] = "function"
+    id: Text | None = None
+    function: FunctionCallIn
+
+
 class ChatMessageIn(_Body):
     role: ChatRole
-    content: Text | list[TextPart] | None = None
+    content: Text | list[ContentPart] | None = None
+    tool_calls: list[ToolCallIn] | None = None  # an assistant's earlier calls
 
     def text(self) -> str:
-        if self.content is None:
-            return ""
+        return self.text_and_images(0, {})[0]
+
+    def image_urls(self) -> list[tuple[int, str]]:
+        """(part index, url) of each image part."""
+        if not isinstance(self.content, list):
+            return []
+        return [(j, p.image_url.url) for j, p in enumerate(self.content) if isinstance(p, ImageUrlPart)]
+
+    def text_and_images(self, index: int, images: dict[tuple[int, int], ImageData]
+                        ) -> tuple[str, tuple[MessageImage, ...]]:
+        """The text, and each image (``images[(index, part)]``) at the character offset
+        where its part sits in the text."""
+        text: list[str] = []
+        placed: list[MessageImage] = []
         if isinstance(self.content, str):
-            return self.content
-        return "".join(p.text for p in self.content)
+            text.append(self.content)
+        elif self.content is not None:
+            at = 0
+            for j, p in enumerate(self.content):
+                if isinstance(p, TextPart):
+                    text.append(p.text)
+                    at += len(p.text)
+                else:
+                    placed.append(MessageImage(at, images[(index, j)]))
+        # NOTE: earlier calls go back to the model in the form it is asked to write them.
+        for c in self.tool_calls or ():
+            call = f'{{"name": {json.dumps(c.function.name)}, "arguments": {c.function.arguments}}}'
+            text.append(f"{OPEN}\n{call}\n{CLOSE}")
+        return "".join(text), tuple(placed)
+
+
+class FunctionDef(_Body):
+    name: Text = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    description: Text | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ToolDef(_Body):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Body):
+    name: Text
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class StreamOptions(_Body):
@@ -85,6 +166,13 @@ class _Sampling(_Body):
     # vLLM's extras
     stop_token_ids: list[TokenId] = Field(default_factory=list)
     ignore_eos: Bool = False
+    # Structured output (frontend/structured.py): OpenAI's, then vLLM's new and old extras.
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsIn | None = None
+    guided_json: dict | Text | None = None
+    guided_regex: Text | None = None
+    guided_choice: list[Text] | None = None
+    guided_grammar: Text | None = None
 
     @model_validator(mode="after")
     def _check_unsupported(self) -> _Sampling:
@@ -110,15 +198,31 @@ class _Sampling(_Body):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
+    def structured(self) -> StructuredOutput | None:
+        """The request's output constraint; InvalidRequest if several or one that does
+        not compile."""
+        forced = self.forced_call()
+        if forced is not None:
+            return forced
+        guided = {k: v for k in ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+                  if (v := getattr(self, k)) is not None}
+        return structured_output(self.response_format, self.structured_outputs, guided)
+
+    def forced_call(self) -> StructuredOutput | None:
+        """The tool-call constraint (chat with tool_choice "required" or a named tool)."""
+        return None
+
     def sampling(self, max_tokens: int | None) -> SamplingParams:
         """The request's one sampling type; InvalidRequest names a value it refuses."""
+        structured = self.structured()
         try:
             return SamplingParams(
                 max_tokens=max_tokens,
                 temperature=1.0 if self.temperature is None else self.temperature,
                 top_p=1.0 if self.top_p is None else self.top_p,
                 top_k=max(self.top_k or 0, 0), seed=self.seed, stop=tuple(self.stop_list()),
-                stop_token_ids=tuple(self.stop_token_ids), ignore_eos=self.ignore_eos)
+                stop_token_ids=tuple(self.stop_token_ids), ignore_eos=self.ignore_eos,
+                structured=structured)
         except ValueError as e:
             field = str(e).split(":", 1)[0]
             raise InvalidRequest(str(e), param=field, code="invalid_value") from None
@@ -127,15 +231,70 @@ class _Sampling(_Body):
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessageIn] = Field(min_length=1)
     max_completion_tokens: Int | None = Field(None, ge=1)
+    tools: list[ToolDef] | None = Field(None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: Bool | None = None
+
+    @model_validator(mode="after")
+    def _check_tools(self) -> ChatCompletionRequest:
+        names = [t.function.name for t in self.tools or ()]
+        if len(set(names)) != len(names):
+            raise ValueError("tools: function names must be unique")
+        tc = self.tool_choice
+        if isinstance(tc, NamedToolChoice) and tc.function.name not in names:
+            raise ValueError(f"tool_choice: names the function {tc.function.name!r}, which is "
+                             "not in tools")
+        if tc == "required" and not names:
+            raise ValueError("tool_choice: \"required\" needs tools")
+        return self
+
+    def tool_list(self) -> tuple[Tool, ...]:
+        return tuple(Tool(t.function.name, t.function.description or "",
+                          json.dumps(t.function.parameters) if t.function.parameters is not None else "")
+                     for t in self.tools or ())
+
+    def choice(self) -> ToolChoice:
+        tc = self.tool_choice
+        if isinstance(tc, NamedToolChoice):
+            return ToolChoice("function", tc.function.name)
+        if not self.tools:
+            return ToolChoice("none")
+        return ToolChoice(tc or "auto")
+
+    def forced_call(self) -> StructuredOutput | None:
+        choice = self.choice()
+        if choice.mode not in ("required", "function"):
+            return None
+        others = [n for n in ("response_format", "structured_outputs", "guided_json",
+                              "guided_regex", "guided_choice", "guided_grammar")
+                  if getattr(self, n) is not None and not (
+                      n == "response_format" and self.response_format.type == "text")]
+        if others:
+            raise InvalidRequest(f"{others[0]}: cannot be combined with a forced tool call "
+                                 f"(tool_choice {choice.mode!r})", param=others[0],
+                                 code="invalid_value")
+        spec = StructuredOutput.json_schema(call_schema(self.tool_list(), choice))
+        try:
+            check(spec)
+        except ValueError as e:
+            raise InvalidRequest(f"tools: a function's parameters schema does not compile: {e}",
+                                 param="tools", code="invalid_value") from None
+        return spec
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
-    def to_process(self, request_id: str) -> ProcessRequest:
+    def image_urls(self) -> list[tuple[int, int, str]]:
+        """(message index, part index, url) of every image part, in order."""
+        return [(i, j, url) for i, m in enumerate(self.messages) for j, url in m.image_urls()]
+
+    def to_process(self, request_id: str, images: dict[tuple[int, int], ImageData] | None = None) -> ProcessRequest:
+        """``images``: every image part's checked image by (message, part) index."""
         # max_completion_tokens is the newer name; it wins when both are given.
         limit = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-        msgs = tuple(ChatMessage(m.role, m.text()) for m in self.messages)
-        return ProcessRequest(request_id, messages=msgs, sampling=self.sampling(limit), model=self.model)
+        msgs = tuple(ChatMessage(m.role, *m.text_and_images(i, images or {})) for i, m in enumerate(self.messages))
+        return ProcessRequest(request_id, messages=msgs, sampling=self.sampling(limit), model=self.model,
+                              tools=self.tool_list(), tool_choice=self.choice())
 
 
 class CompletionRequest(_Sampling):

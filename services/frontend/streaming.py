@@ -19,7 +19,7 @@ from services.engine.request import FinishReason, Usage
 from services.frontend.errors import APIError, ServingErrors, internal_error
 from services.frontend.metrics import FrontendMetrics
 from services.frontend.render import Renderer
-from services.processor.types import Delta
+from services.processor.types import Delta, ToolCall
 
 T = TypeVar("T")
 log = logging.getLogger("tandem.frontend")
@@ -74,7 +74,7 @@ async def first_delta(deltas: AsyncIterator[Delta], timeout_s: float) -> Delta:
 
 
 async def collect(m: FrontendMetrics, deltas: AsyncIterator[Delta], first: Delta, t0: float,
-                   timeout_s: float) -> tuple[str, FinishReason, Usage | None]:
+                   timeout_s: float) -> tuple[str, FinishReason, Usage | None, tuple[ToolCall, ...]]:
     parts: list[str] = []
     last = first
     observe_first(m, t0)
@@ -95,7 +95,7 @@ async def collect(m: FrontendMetrics, deltas: AsyncIterator[Delta], first: Delta
                     await drain()
     except TimeoutError:
         raise timeout_error(timeout_s) from None
-    return "".join(parts), last.finish_reason or FinishReason.STOP, last.usage
+    return "".join(parts), last.finish_reason or FinishReason.STOP, last.usage, last.tool_calls
 
 
 def observe_first(m: FrontendMetrics, t0: float) -> None:
@@ -125,8 +125,10 @@ async def sse(m: FrontendMetrics, r: Renderer, deltas: AsyncIterator[Delta], fir
             while d is not None:
                 if d.text:
                     yield event(r.chunk_text(d.text, include_usage))
+                if d.tool_calls:
+                    yield event(r.chunk_tool_calls(d.tool_calls, include_usage))
                 if d.finish_reason is not None:
-                    yield event(r.chunk_finish(d.finish_reason, include_usage))
+                    yield event(r.chunk_finish(d.finish_reason, include_usage, bool(d.tool_calls)))
                     if include_usage and d.usage is not None:
                         yield event(r.chunk_usage(d.usage))
                     break

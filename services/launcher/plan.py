@@ -18,7 +18,7 @@ from services.common.config import ClusterConfig
 from services.launcher.nats import nats_argv, nats_endpoint
 from services.launcher.secret_overrides import env_for, split_overrides
 
-PARTS = ("nats", "router", "decode", "prefill", "processor", "frontend")
+PARTS = ("nats", "router", "encode", "decode", "prefill", "processor", "frontend")
 
 _ANY_HOST = ("0.0.0.0", "::", "")
 
@@ -126,6 +126,14 @@ def plan(
                PortUse("metrics", r.metrics_port, "router.metrics_port")),
         ready=Readiness("tcp", "127.0.0.1", r.port), env=other_env,
     ))
+    e = cfg.encode
+    for i in range(e.replicas):
+        specs.append(ProcessSpec(
+            name=f"encode-{i}", part="encode", argv=part_argv("encode", i),
+            ports=(PortUse("grpc", e.port + i, "encode.port"),
+                   PortUse("metrics", e.metrics_port + i, "encode.metrics_port")),
+            ready=Readiness("tcp", "127.0.0.1", e.port + i), env=worker_env,
+        ))
     d = cfg.decode
     k = d.replicas_per_process
     for first in range(0, d.replicas, k):

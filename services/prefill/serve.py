@@ -18,8 +18,11 @@ from services.common.discovery import Discovery, Registration
 from services.common.nats_client import connect
 from services.common.net import advertised_host
 from services.common.service import run_part, stop_on_signals
+from services.disagg.kv_layout import METADATA_KEY as KV_LAYOUT
+from services.disagg.kv_layout import KvLayout, refuse_incompatible_peers
 from services.engine.async_engine import AsyncEngine
 from services.engine.factory import build_engine
+from services.engine.tp import worker_hooks as tp_hooks
 from services.prefill.metrics import PrefillMetrics
 from services.prefill.worker import PrefillWorker
 
@@ -39,13 +42,16 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str | None = None) -
         metrics_port = cfg.prefill.metrics_port + replica
         # before the port opens: a part that looks ready must stop cleanly (see stop_on_signals)
         stop = stop_on_signals()
+        tp_hooks.attach(parts.engine.runner, metrics.registry, stop)
         start_http_server(metrics_port, registry=metrics.registry, addr=host)
         worker = PrefillWorker(ae, nc, cfg, worker_id, metrics)
         await worker.start()
         discovery = await Discovery.open(nc, cfg.namespace, cfg.discovery)
+        layout = KvLayout.of(ae.kv_spec, cfg.engine.tensor_parallel_size)
+        await refuse_incompatible_peers(discovery, "prefill", layout)
         lease = await discovery.register(Registration(
             "prefill", worker_id, metrics_address=f"{advertised_host(host)}:{metrics_port}",
-            metadata={"model": parts.model_name}))
+            metadata={"model": parts.model_name, KV_LAYOUT: layout.encode()}))
         log.info("prefill worker %s: pulling jobs, metrics :%d", worker_id, metrics_port)
         try:
             await stop.wait()
@@ -53,6 +59,7 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str | None = None) -
             await lease.close()
             await worker.close(grace_s=cfg.prefill.grace_period_s)
     await nc.close()
+    tp_hooks.close(parts.engine.runner)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -23,6 +23,7 @@ def model_context_length(model_path: Path) -> int:
         f = fields.get(f"{arch}.context_length")
         return int(f.contents()) if f is not None else 2048
     cfg = json.loads((model_path / "config.json").read_text(encoding="utf-8"))
+    cfg = cfg.get("text_config") or cfg  # a LLaVA model's context is its text model's
     return int(cfg.get("max_position_embeddings", 2048))
 
 

@@ -23,6 +23,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from services.common.errors import (
+    GenerationFailed,
     InvalidRequest,
     ModelNotFound,
     Overloaded,
@@ -31,12 +32,15 @@ from services.common.errors import (
 )
 from services.common.hashing import local_block_hashes
 from services.engine.chat_template import ChatTemplateError
+from services.engine.multimodal.image_input import PromptImage
 from services.engine.request import FinishReason, SamplingParams, TokenOutput, Usage
 from services.engine.tokenizer import Tokenizer
 from services.processor.detokenizer import IncrementalDetokenizer
+from services.processor.images import ImagePrompting
 from services.processor.metrics import ProcessorMetrics
 from services.processor.router_reports import Publish, RouterLike, RouterReports
 from services.processor.stop import StopMatcher
+from services.processor.tools import ToolCallParser, tool_dicts, with_tool_prompt
 from services.processor.types import CHAT_ROLES, Delta, ModelInfo, ProcessRequest
 from services.processor.worker_client import DecodeWorkerClient
 from services.router.types import (
@@ -50,7 +54,7 @@ log = logging.getLogger(__name__)
 
 class WorkerLike(Protocol):
     def generate(self, address: str, request_id: str, token_ids: Sequence[int],
-                 sampling: SamplingParams) -> AsyncIterator[TokenOutput]: ...
+                 sampling: SamplingParams, images: tuple[PromptImage, ...] = ()) -> AsyncIterator[TokenOutput]: ...
 
 
 class Processor:
@@ -66,6 +70,7 @@ class Processor:
         migration_limit: int = 3,
         publish_reports: Publish | None = None,
         instance: str = "processor",
+        images: ImagePrompting | None = None,
     ) -> None:
         self._tok = tokenizer
         self._router = router
@@ -76,6 +81,7 @@ class Processor:
         self._block_size = block_size
         self.metrics = metrics if metrics is not None else ProcessorMetrics()
         self.migration_limit = migration_limit
+        self._images = images  # None: a text-only model
 
     async def list_models(self) -> list[ModelInfo]:
         return [ModelInfo(self.model_name, self.context_length)]
@@ -85,13 +91,13 @@ class Processor:
         first delta for a request that cannot start; closing the iterator aborts it."""
         m = self.metrics
         try:
-            ids = self._prompt_ids(req)
+            ids, images = self._prompt(req)
             sampling = self._sampling(req, len(ids))
             try:
                 stops = StopMatcher(req.sampling.stop)
             except ValueError as e:
                 raise InvalidRequest(str(e), param="stop") from None
-            route = await self._route(req.request_id, ids)
+            route = await self._route(req.request_id, ids, images=images)
         except ServingError as e:
             m.requests.labels(e.kind).inc()
             raise
@@ -99,8 +105,14 @@ class Processor:
         m.inflight.inc()
         outcome = "cancelled"
         released = False
+        parser = (ToolCallParser(req.tools, req.tool_choice)
+                  if req.tools and req.tool_choice.mode != "none" else None)
         try:
-            async for delta in self._stream(req.request_id, ids, sampling, stops, route):
+            async for delta in self._stream(req.request_id, ids, sampling, stops, route, images):
+                if parser is not None:
+                    delta = _with_tool_calls(parser, delta)
+                    if not delta.text and delta.finish_reason is None:
+                        continue
                 if delta.finish_reason is not None:
                     outcome = delta.finish_reason.value
                     released = True
@@ -119,7 +131,27 @@ class Processor:
                 await self.reports.send(req.request_id, RequestPhase.FINISHED)
 
     # ---- steps -----------------------------------------------------------------------
-    def _prompt_ids(self, req: ProcessRequest) -> list[int]:
+    def _prompt(self, req: ProcessRequest) -> tuple[list[int], tuple[PromptImage, ...]]:
+        """The prompt's ids (image placeholders widened) and its images."""
+        if not req.messages or not any(m.images for m in req.messages):
+            ids = self._prompt_ids(req)
+            if self._images is not None and self._images.image_token_id in ids:
+                raise InvalidRequest(f"the prompt holds the image token {self._images.image_token!r} but no "
+                                     f"image; send images as image_url content parts", param="messages")
+            return ids, ()
+        if self._images is None:
+            raise InvalidRequest(f"the model {self.model_name!r} does not accept images",
+                                 param="messages", code="image_input_not_supported")
+        ids = self._prompt_ids(req, self._images)
+        try:
+            full, images = self._images.expand(ids, req.messages)
+        except ValueError as e:
+            raise InvalidRequest(f"messages: {e} (is the image token {self._images.image_token!r} "
+                                 f"written in the text?)", param="messages") from None
+        self._check_length(full, "messages")
+        return full, images
+
+    def _prompt_ids(self, req: ProcessRequest, images: ImagePrompting | None = None) -> list[int]:
         if req.model and req.model != self.model_name:
             raise ModelNotFound(f"the model {req.model!r} does not exist; this cluster serves "
                                 f"{self.model_name!r}", param="model", code="model_not_found")
@@ -133,9 +165,16 @@ class Processor:
                 if m.role not in CHAT_ROLES:
                     raise InvalidRequest(f"messages.{i}.role: {m.role!r} is not one of "
                                          f"{sorted(CHAT_ROLES)}", param=f"messages.{i}.role")
-            msgs = [{"role": x.role, "content": x.content} for x in req.messages]
+            msgs = [{"role": x.role, "content": images.render_content(x) if images else x.content}
+                    for x in req.messages]
+            extra: dict = {}
+            if req.tools and req.tool_choice.mode != "none":
+                if self._tok.template_takes_tools:
+                    extra["tools"] = tool_dicts(req.tools)
+                else:
+                    msgs = with_tool_prompt(msgs, req.tools)
             try:
-                ids = self._tok.encode_chat(msgs)
+                ids = self._tok.encode(self._tok.apply_chat_template(msgs, **extra))
             except (ChatTemplateError, ValueError, TypeError) as e:
                 # NOTE: TypeError: the tokenizer's answer to text that is not valid Unicode
                 # (a lone surrogate), which only an in-process caller can pass.
@@ -154,12 +193,15 @@ class Processor:
                                      f"[0, {self._tok.vocab_size})", param="prompt")
         if not ids:
             raise InvalidRequest("the prompt is empty", param=param)
+        self._check_length(ids, param)
+        return ids
+
+    def _check_length(self, ids: list[int], param: str) -> None:
         if len(ids) >= self.context_length:
             raise InvalidRequest(
                 f"This model's maximum context length is {self.context_length} tokens, but the "
                 f"prompt has {len(ids)} tokens (at least one token must be left to generate)",
                 param=param, code="context_length_exceeded")
-        return ids
 
     def _sampling(self, req: ProcessRequest, prompt_len: int) -> SamplingParams:
         # NOTE: a max_tokens past the context is clamped, not refused: the engine ends the
@@ -174,10 +216,11 @@ class Processor:
         return replace(s, max_tokens=room if s.max_tokens is None else min(s.max_tokens, room))
 
     async def _route(self, request_id: str, ids: list[int],
-                     exclude: tuple[str, ...] = ()) -> RouteResponse:
-        # The router is shared and processors scale out: hash the prompt here. A prompt under
-        # one block has no hashes, so it goes as its (few) token ids.
-        hashes = local_block_hashes(ids, self._block_size)
+                     exclude: tuple[str, ...] = (), images: tuple[PromptImage, ...] = ()) -> RouteResponse:
+        # The router is shared and processors scale out: hash the prompt here (image blocks
+        # with their images' hashes). A prompt under one block has no hashes, so it goes as
+        # its (few) token ids.
+        hashes = local_block_hashes(ids, self._block_size, images)
         req = RouteRequest(request_id, () if hashes else ids, hashes or None, exclude)
         route = await self._router.route(req)  # raises InvalidRequest or Unavailable
         if not route.address:
@@ -186,7 +229,8 @@ class Processor:
         return route
 
     async def _stream(self, request_id: str, ids: list[int], sampling: SamplingParams,
-                      stops: StopMatcher, route: RouteResponse) -> AsyncIterator[Delta]:
+                      stops: StopMatcher, route: RouteResponse,
+                      images: tuple[PromptImage, ...] = ()) -> AsyncIterator[Delta]:
         """Stream from ``route``'s worker; when it fails (dies, refuses, ends the stream
         without a finish or aborts), migrate: route ``ids + produced`` again excluding the
         failed workers, with ``max_tokens`` less what was produced and the seeded draws
@@ -204,7 +248,8 @@ class Processor:
             attempt_ids = ids + produced if produced else ids
             attempt_sp = replace(sampling, max_tokens=limit - len(produced),
                                  seed_step_offset=sampling.seed_step_offset + len(produced))
-            chunks = self._workers.generate(route.address, request_id, attempt_ids, attempt_sp)
+            chunks = (self._workers.generate(route.address, request_id, attempt_ids, attempt_sp, images=images)
+                      if images else self._workers.generate(route.address, request_id, attempt_ids, attempt_sp))
             failure: str | None = None
             first = True
             try:
@@ -227,8 +272,8 @@ class Processor:
                         break
                 else:
                     failure = "ended the stream unfinished"
-            except InvalidRequest:
-                raise  # the request itself is bad: another worker would refuse it too
+            except (InvalidRequest, GenerationFailed):
+                raise  # the request itself is bad: another worker would refuse or fail it too
             except Overloaded as e:
                 failure, full = e.message, full + 1
             except ServingError as e:
@@ -244,7 +289,7 @@ class Processor:
                 last = TokenOutput(request_id, [], True, FinishReason.LENGTH, len(ids))
                 break
             try:
-                route = await self._migrate(request_id, ids, produced, route, failure, failed)
+                route = await self._migrate(request_id, ids, produced, route, failure, failed, images)
             except Unavailable as e:
                 if not produced and full == len(failed):  # every worker tried was full: 429
                     raise Overloaded(e.message, code="overloaded") from None
@@ -264,7 +309,8 @@ class Processor:
         yield Delta(tail, reason, Usage(len(ids), len(produced), cached))
 
     async def _migrate(self, request_id: str, ids: list[int], produced: list[int],
-                       route: RouteResponse, failure: str, failed: list[str]) -> RouteResponse:
+                       route: RouteResponse, failure: str, failed: list[str],
+                       images: tuple[PromptImage, ...] = ()) -> RouteResponse:
         """Pick the next worker for a request whose worker failed; Unavailable when the
         migration limit is reached or no other worker is left."""
         failed.append(route.worker_id)
@@ -278,8 +324,17 @@ class Processor:
         log.warning("%s; migrating %s (attempt %d of %d)", what, request_id, len(failed),
                     self.migration_limit)
         try:
-            new = await self._route(request_id, ids + produced, exclude=tuple(failed))
+            new = await self._route(request_id, ids + produced, exclude=tuple(failed), images=images)
         except Unavailable as e:
             raise Unavailable(f"{what}; no other decode worker can continue it: {e}") from None
         self.metrics.migrations.inc()
         return new
+
+
+def _with_tool_calls(parser: ToolCallParser, d: Delta) -> Delta:
+    """``d`` with its text through the tool-call parser; the last one carries the calls."""
+    text = parser.feed(d.text)
+    if d.finish_reason is None:
+        return Delta(text)
+    rest, calls = parser.finish()
+    return Delta(text + rest, d.finish_reason, d.usage, calls)

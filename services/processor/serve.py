@@ -31,6 +31,7 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str | None = None) -
     from services.engine.tokenizer import Tokenizer
     from services.processor.context import context_length
     from services.processor.grpc_server import serve_processor
+    from services.processor.images import ImagePrompting
     from services.processor.metrics import ProcessorMetrics
     from services.processor.processor import Processor
     from services.processor.router_client import RouterClient
@@ -39,6 +40,7 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str | None = None) -
 
     model_path = resolve_model_path(cfg.model.path)
     tok = Tokenizer.from_path(model_path)
+    images = ImagePrompting.for_model(model_path, tok.id_to_token)
     ctx = context_length(cfg, model_path)
     name = cfg.model.name or served_model_name(cfg.model.path)
     pc = cfg.processor
@@ -52,7 +54,8 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str | None = None) -
         metrics = ProcessorMetrics()
         processor = Processor(tok, RouterClient(routers, pool), DecodeWorkerClient(pool), name,
                               ctx, cfg.engine.block_size, metrics, pc.migration_limit,
-                              publish_reports=inflight_publisher(nc, cfg.namespace), instance=f"processor-{replica}")
+                              publish_reports=inflight_publisher(nc, cfg.namespace), instance=f"processor-{replica}",
+                              images=images)
         # before the port opens: a part that looks ready must stop cleanly (see stop_on_signals)
         stop = stop_on_signals()
         server, port = await serve_processor(processor, host, pc.port + replica)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
+from services.engine.multimodal.image_input import ImageData
 from services.engine.request import FinishReason, SamplingParams, Usage
 
 ChatRole = Literal["system", "developer", "user", "assistant", "tool"]
@@ -14,9 +15,47 @@ CHAT_ROLES: frozenset[str] = frozenset(get_args(ChatRole))
 
 
 @dataclass(frozen=True, slots=True)
+class MessageImage:
+    """An image of a chat message, placed before ``content[char_offset]``."""
+
+    char_offset: int
+    image: ImageData
+
+
+@dataclass(frozen=True, slots=True)
 class ChatMessage:
     role: str  # one of CHAT_ROLES; the processor checks it where the request enters
     content: str
+    images: tuple[MessageImage, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    """A function the model may call (OpenAI's ``tools[].function``)."""
+
+    name: str
+    description: str = ""
+    parameters: str = ""  # its arguments' JSON schema, as JSON text; "" = any object
+
+
+ToolChoiceMode = Literal["none", "auto", "required", "function"]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolChoice:
+    """``function``: call the tool named ``name``; ``required``: call one of them;
+    ``auto``: the model decides (tools rendered in the prompt, its ``<tool_call>`` parsed);
+    ``none``: no tools."""
+
+    mode: ToolChoiceMode = "auto"
+    name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # JSON text, as OpenAI's tool_calls carry it
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +68,8 @@ class ProcessRequest:
     prompt_ids: tuple[int, ...] | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
     model: str = ""  # "" = the served model
+    tools: tuple[Tool, ...] = ()  # chat only
+    tool_choice: ToolChoice = field(default_factory=ToolChoice)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +79,8 @@ class Delta:
     text: str
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
+    # Parsed calls, on the last delta (then finish_reason is STOP, the API says "tool_calls").
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

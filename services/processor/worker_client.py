@@ -15,6 +15,7 @@ from services.codec.worker import generate_request_to_pb, output_from_pb
 from services.common.address_book import ChannelPool
 from services.common.errors import from_rpc_error
 from services.common.grpc_auth import call_metadata
+from services.engine.multimodal.image_input import PromptImage
 from services.engine.request import SamplingParams, TokenOutput
 from services.gen import worker_pb2_grpc
 
@@ -24,12 +25,13 @@ class DecodeWorkerClient:
         self._pool = pool
 
     async def generate(self, address: str, request_id: str, token_ids: Sequence[int],
-                       sampling: SamplingParams) -> AsyncIterator[TokenOutput]:
+                       sampling: SamplingParams, images: tuple[PromptImage, ...] = ()
+                       ) -> AsyncIterator[TokenOutput]:
         """Stream the worker's outputs until the finished one. Raises the worker's typed
         error (services/common/errors.py): InvalidRequest, Overloaded, Unavailable (also
         when it cannot be reached) or ServingError."""
         stub = self._pool.stub(address, worker_pb2_grpc.DecodeWorkerStub)
-        call = stub.Generate(generate_request_to_pb(request_id, token_ids, sampling),
+        call = stub.Generate(generate_request_to_pb(request_id, token_ids, sampling, images),
                              metadata=call_metadata())
         try:
             async for msg in call:

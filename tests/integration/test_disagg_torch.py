@@ -105,10 +105,15 @@ async def test_tiny_model_remote_equals_local(nats_url: str, tiny_model_dir: Pat
         assert len(r_long.tokens) == 10 and len(set(r_long.tokens + seeded.tokens)) > 3
 
 
-async def test_smollm2_remote_equals_local(nats_url: str, smollm2_path: Path) -> None:
+@pytest.mark.parametrize(("dtype", "quantization"), [("float32", "none"), ("bfloat16", "auto")],
+                         ids=["float32", "bfloat16-int4"])
+async def test_smollm2_remote_equals_local(nats_url: str, smollm2_path: Path, dtype: str,
+                                           quantization: str) -> None:
+    # bfloat16-int4: what `engine.dtype: auto` and `engine.quantization: auto` pick on a
+    # bfloat16 CPU; the KV travels as bfloat16 between the two workers.
     cfg = cluster_cfg(nats_url, model={"path": str(smollm2_path)},
                       engine=_engine(block_size=16, num_kv_blocks=64, max_num_batched_tokens=256,
-                                     max_model_len=1024),
+                                     max_model_len=1024, dtype=dtype, quantization=quantization),
                       decode={"disagg": {"max_local_prefill_length": 48}})
     long = [(i * 7919 + 17) % 49000 + 100 for i in range(100)]
     short = long[:30]
@@ -116,7 +121,44 @@ async def test_smollm2_remote_equals_local(nats_url: str, smollm2_path: Path) ->
         r_long = await generate(d, "long", long, max_tokens=8, ignore_eos=True)
         r_short = await generate(d, "short", short, max_tokens=8, ignore_eos=True)
         assert r_long.where == PrefillLocation.REMOTE and r_short.where == PrefillLocation.LOCAL
+        for w in (d, p):
+            runner = w.engine.engine.runner
+            assert (str(runner.dtype), runner.quantization) == (
+                f"torch.{dtype}", "int4" if quantization == "auto" else "none")
         await settle(d.engine, 0)
         greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
         assert r_long.tokens == await _reference(p.engine, "ref-long", long, greedy)
         assert r_short.tokens == await _reference(p.engine, "ref-short", short, greedy)
+
+
+async def test_smollm2_constrained_remote_prefill_samples_under_the_grammar(
+        nats_url: str, smollm2_path: Path) -> None:
+    """The prefill worker compiles the same spec and samples the first token under it; the
+    decode worker advances its own matcher over that token and goes on: the same JSON as a
+    local run, which parses and matches the schema."""
+    import jsonschema
+
+    from services.engine.grammar.spec import StructuredOutput
+    from services.engine.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_path(smollm2_path)
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16},
+                                               "rain": {"type": "boolean"}},
+              "required": ["city", "rain"], "additionalProperties": False}
+    structured = StructuredOutput.json_schema(schema)
+    cfg = cluster_cfg(nats_url, model={"path": str(smollm2_path)},
+                      engine=_engine(block_size=16, num_kv_blocks=64, max_num_batched_tokens=256,
+                                     max_model_len=1024),
+                      decode={"disagg": {"max_local_prefill_length": 48}})
+    long = tok.encode_chat([{"role": "user", "content": "Pick a city anywhere in the world and "
+                             "tell me, as JSON with the fields city and rain, whether it "
+                             "rains there today. Keep it short and answer only with JSON."}])
+    assert len(long) > 48
+    async with decode_worker(cfg) as d, prefill_worker(cfg) as p:
+        r = await generate(d, "json", long, max_tokens=40, structured=structured)
+        assert r.where == PrefillLocation.REMOTE
+        await settle(d.engine, 0)
+        sp = SamplingParams(temperature=0.0, max_tokens=40, structured=structured)
+        assert r.tokens == await _reference(p.engine, "ref-json", long, sp)
+    text = tok.decode(r.tokens)
+    jsonschema.validate(json.loads(text), schema)

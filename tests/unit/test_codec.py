@@ -28,6 +28,7 @@ from services.common.errors import (
 )
 from services.disagg.prefill_job import PrefillJob
 from services.engine.async_engine import EngineDeadError
+from services.engine.grammar.spec import StructuredKind, StructuredOutput
 from services.engine.request import FinishReason, SamplingParams, TokenOutput, Usage
 from services.engine.scheduler import InvalidRequestError
 from services.gen import request_pb2, worker_pb2
@@ -35,7 +36,8 @@ from services.processor.types import ChatMessage, Delta, ProcessRequest
 
 FULL = SamplingParams(temperature=0.7, top_k=40, top_p=0.9, seed=-(2**63), max_tokens=12,
                       stop=("\n\n", "END"), stop_token_ids=(7, 9), ignore_eos=True,
-                      seed_step_offset=3)
+                      seed_step_offset=3,
+                      structured=StructuredOutput.json_schema({"type": "object"}))
 
 
 def test_sampling_round_trips_every_field_and_keeps_unset_apart_from_zero() -> None:
@@ -133,3 +135,24 @@ def test_a_stop_string_that_is_not_valid_unicode_is_refused_where_it_is_built() 
     with pytest.raises(ValueError, match="^stop: .*surrogate"):
         SamplingParams(stop=("ok", "bad\ud800"))
     assert SamplingParams(stop=("naïve \U0001f600",)).stop == ("naïve \U0001f600",)
+
+
+@pytest.mark.parametrize("structured", [
+    StructuredOutput(StructuredKind.JSON_OBJECT),
+    StructuredOutput.json_schema({"type": "array", "items": {"enum": ["a", "b"]}}),
+    StructuredOutput(StructuredKind.REGEX, "[0-9]+"),
+    StructuredOutput(StructuredKind.CHOICE, choices=("yes", "no way")),
+    StructuredOutput(StructuredKind.GRAMMAR, 'start: "a" | "b"'),
+])
+def test_structured_output_round_trips_each_kind(structured: StructuredOutput) -> None:
+    sp = SamplingParams(structured=structured)
+    msg = sampling_to_pb(sp)
+    assert msg.structured.WhichOneof("kind") == structured.kind.value
+    assert sampling_from_pb(msg) == sp
+
+
+def test_structured_output_with_no_kind_is_a_value_error() -> None:
+    msg = sampling_to_pb(SamplingParams())
+    msg.structured.SetInParent()
+    with pytest.raises(ValueError, match="structured: no kind"):
+        sampling_from_pb(msg)

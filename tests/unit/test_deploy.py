@@ -35,6 +35,10 @@ CONTRACT_METRICS = {
     "tandem_worker_prompt_tokens_total",
     "tandem_worker_prefix_cache_hit_tokens_total",
     "tandem_worker_prefill_total",
+    "tandem_worker_grammar_compile_seconds",
+    "tandem_worker_grammar_mask_fill_seconds",
+    "tandem_worker_structured_requests_total",
+    "tandem_worker_grammar_errors_total",
     "tandem_router_decisions_total",
     "tandem_router_route_seconds",
 }

@@ -155,3 +155,14 @@ def test_every_tandem_process_gets_one_cluster_token_by_env_never_argv(
     monkeypatch.setenv("TANDEM_CLUSTER_TOKEN", "given")  # a cluster parts can join by hand
     assert {s.env["TANDEM_CLUSTER_TOKEN"] for s in with_cluster_token(_plan("local.yaml"))
             if s.part != "nats"} == {"given"}
+
+
+def test_multimodal_plan_starts_encode_workers_before_decode() -> None:
+    specs = _plan("multimodal.yaml", ["encode.replicas=2"])
+    assert [s.name for s in specs] == ["nats", "router", "encode-0", "encode-1", "decode-0", "processor", "frontend"]
+    assert _ports(specs)["encode-1"] == [9601, 9701]
+    enc = specs[3]
+    args = build_parser().parse_args(list(enc.argv[3:]))
+    assert args._key == ("encode",) and args._key in _HANDLERS and args.replica == 1
+    assert (enc.ready.kind, enc.ready.port) == ("tcp", 9601)
+    assert [s.name for s in select_parts(specs, ["encode"])] == ["encode-0", "encode-1"]

@@ -7,6 +7,7 @@ import torch
 
 from services.common.config import EngineConfig
 from services.engine.request import SamplingParams
+from services.engine.runner import cpu_features, torch_runner
 from services.engine.runner.torch_runner import TorchRunner, resolve_device, resolve_dtype
 from tests.unit._tiny_model import batch, hf_logits, make_runner, seq, tiny_hf_model
 
@@ -19,18 +20,31 @@ def hf_and_arch():
 PROMPT = [5, 17, 99, 3, 42, 8, 61, 77, 23, 1]
 
 
-def test_auto_resolves_to_cpu_float32_here():
+def test_auto_resolves_to_cpu_and_the_dtype_the_cpu_runs_fast(monkeypatch: pytest.MonkeyPatch):
     if torch.cuda.is_available():
         pytest.skip("auto picks cuda on this machine")
     dev = resolve_device("auto")
-    assert dev.type == "cpu" and resolve_dtype("auto", dev) == torch.float32
+    assert dev.type == "cpu"
     with pytest.raises(ValueError, match="engine.device"):
         resolve_device("cuda:0")
+    monkeypatch.setattr(torch_runner, "cpu_has_fast_bf16", lambda: True)
+    assert resolve_dtype("auto", dev) == torch.bfloat16
+    monkeypatch.setattr(torch_runner, "cpu_has_fast_bf16", lambda: False)
+    assert resolve_dtype("auto", dev) == torch.float32
+    assert resolve_dtype("float32", dev) == torch.float32  # an explicit dtype is kept
+    assert resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
+
+
+def test_cpu_bf16_probe_agrees_with_proc_cpuinfo():
+    flags = cpu_features._cpuinfo_flags()
+    if not flags:
+        pytest.skip("no /proc/cpuinfo flags here")
+    assert cpu_features.cpu_has_fast_bf16() == bool({"avx512_bf16", "amx_bf16"} & flags)
 
 
 def test_runner_builds_cache_from_config(hf_and_arch):
     hf, arch = hf_and_arch
-    r = TorchRunner(arch, hf.state_dict(), EngineConfig(block_size=8, num_kv_blocks=10), max_model_len=100)
+    r = TorchRunner(arch, hf.state_dict(), EngineConfig(dtype="float32", block_size=8, num_kv_blocks=10), max_model_len=100)
     assert r.kv_cache.shape == (2, 2, 10, 8, 2, 16)
     assert r.kv_spec.num_blocks == 10 and r.max_model_len == 100 and r.vocab_size == 128
 

@@ -3,7 +3,7 @@
 Weights follow torch/HF layout ``[out_features, in_features]``. A column-parallel layer
 keeps rows ``[rank * out/tp, (rank + 1) * out/tp)`` of the full weight (its outputs are
 split across ranks); a row-parallel layer keeps the matching columns of the input and
-all-reduces its partial sums. With ``tp_size == 1`` (the only case wired up today) every
+all-reduces its partial sums (services/engine/tp/comm.py). With ``tp_size == 1`` every
 layer holds the whole weight and no collective is issued.
 """
 
@@ -14,6 +14,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from services.engine.tp.comm import all_reduce
 
 
 def _split(size: int, tp_size: int, what: str) -> int:
@@ -56,6 +58,9 @@ class MergedColumnParallelLinear(_ShardedLinear):
     ``output_sizes`` are the full (unsharded) sizes of the parts, e.g. ``[q, k, v]`` or
     ``[gate, up]``. Each part is sharded on its own so that rank r holds rows r of every
     part, laid out ``[part0_r, part1_r, ...]``; ``split_output`` cuts the result back.
+
+    ``replicas[i]`` > 1 splits part i into ``tp_size / replicas[i]`` shards, each held by
+    that many consecutive ranks: KV heads when there are more ranks than KV heads.
     """
 
     def __init__(
@@ -68,12 +73,16 @@ class MergedColumnParallelLinear(_ShardedLinear):
         tp_size: int = 1,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        replicas: Sequence[int] | None = None,
     ) -> None:
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.full_sizes = list(output_sizes)
+        reps = list(replicas) if replicas is not None else [1] * len(output_sizes)
         self.shard_sizes = [
-            _split(s, tp_size, f"out_features of part {i}") for i, s in enumerate(output_sizes)
+            _split(s, tp_size // r, f"out_features of part {i}")
+            for i, (s, r) in enumerate(zip(output_sizes, reps, strict=True))
         ]
+        self.shard_index = [tp_rank // r for r in reps]  # which shard of each part this rank holds
         self.offsets = [sum(self.shard_sizes[:i]) for i in range(len(self.shard_sizes))]
         super().__init__(in_features, sum(self.shard_sizes), bias, dtype, device)
 
@@ -83,7 +92,8 @@ class MergedColumnParallelLinear(_ShardedLinear):
         """Copy this rank's shard of part ``part`` from its full ``[out_part, in]`` HF weight."""
         size = self.shard_sizes[part]
         _check_shape(name, weight, (self.full_sizes[part], self.in_features))
-        src = slice(self.tp_rank * size, (self.tp_rank + 1) * size)
+        shard = self.shard_index[part]
+        src = slice(shard * size, (shard + 1) * size)
         dst = slice(self.offsets[part], self.offsets[part] + size)
         self.weight[dst].copy_(weight[src])
         part_bias = self.bias[dst] if self.bias is not None else None  # a view: copies land in place
@@ -152,7 +162,7 @@ class RowParallelLinear(_ShardedLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.linear(x, self.weight)
         if self.tp_size > 1:
-            torch.distributed.all_reduce(y)
+            all_reduce(y)
         if self.bias is not None:
             y = y + self.bias
         return y

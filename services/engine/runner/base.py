@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from services.engine.batch import DoneOutput, PendingOutput, RunnerOutput, ScheduledBatch
+from services.engine.request import GenerateRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +49,10 @@ class ModelRunner(ABC):
     supports_overlap: bool = False
     # Whether overlapping pays on this runner (what engine.overlap "auto" follows).
     overlap_pays: bool = False
+    # Whether it samples from logits and honours ``batch.grammar_mask`` (structured output).
+    supports_grammar: bool = False
+    # Whether host buffers it reads (grammar masks) are best pinned (a CUDA device).
+    pins_host_memory: bool = False
     # Seconds the runner (the device) spent computing batches: the bench's bubble is the
     # rest of the wall time.
     busy_seconds: float = 0.0
@@ -58,6 +63,18 @@ class ModelRunner(ABC):
     def launch(self, batch: ScheduledBatch) -> PendingOutput:
         """Start ``batch``; its result is read with ``result()``. Default: synchronous."""
         return DoneOutput(self.execute(batch))
+
+    def request_added(self, request: GenerateRequest) -> None:
+        """A request entered the engine (tensor parallelism broadcasts its payload here)."""
+        return None
+
+    def request_gone(self, request_id: str) -> None:
+        """A request finished or was aborted; it is in no later batch."""
+        return None
+
+    def close(self) -> None:
+        """Release what outlives the object (tensor parallelism: the rank processes)."""
+        return None
 
     def reserve_future_slots(self, n: int) -> None:
         """Size the future-token map (the engine calls it once, before any launch)."""

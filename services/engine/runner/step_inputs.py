@@ -24,6 +24,8 @@ class StepInputs:
     sample_index: list[int]  # batch index of each sampled sequence, in sample_rows order
     sample_seqs: list[ScheduledSeq]
     has_futures: bool = False  # input_ids hold placeholders (< 0) for the runner to resolve
+    mm_rows: torch.Tensor | None = None  # (M,) int64: flat rows whose embedding is an image's
+    mm_embeds: torch.Tensor | None = None  # (M, H): the image embeddings for those rows
 
 
 def validate_batch(batch: ScheduledBatch, block_size: int, num_blocks: int, max_model_len: int) -> None:
@@ -73,6 +75,7 @@ def build_step_inputs(
         dtype,
     )
     sample_index = [i for i, s in enumerate(batch.seqs) if s.sample]
+    mm_rows, mm_embeds = _image_rows(batch, last_row, device, dtype)
     return StepInputs(
         input_ids=torch.tensor(ids, dtype=torch.int64, device=device),
         positions=torch.tensor(positions, dtype=torch.int64, device=device),
@@ -81,4 +84,31 @@ def build_step_inputs(
         sample_index=sample_index,
         sample_seqs=[batch.seqs[i] for i in sample_index],
         has_futures=bool(ids) and min(ids) < 0,
+        mm_rows=mm_rows,
+        mm_embeds=mm_embeds,
     )
+
+
+def _image_rows(
+    batch: ScheduledBatch, last_row: dict[int, int], device: torch.device, dtype: torch.dtype
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The flat rows this step computes that are image placeholders, and their embeddings
+    (a chunk may hold any part of an image: only the overlap is taken)."""
+    rows: list[torch.Tensor] = []
+    parts: list[torch.Tensor] = []
+    for i, s in enumerate(batch.seqs):
+        if not s.images:
+            continue
+        first_row = last_row[i] - len(s.token_ids) + 1
+        for span in s.images:
+            lo, hi = max(span.offset, s.start_pos), min(span.end, s.end_pos)
+            if lo >= hi:
+                continue
+            if span.embeds is None:
+                raise ValueError(f"sequence {s.request_id!r}: image at {span.offset} has no embeddings")
+            row0 = first_row + lo - s.start_pos
+            rows.append(torch.arange(row0, row0 + hi - lo, dtype=torch.int64))
+            parts.append(span.embeds[lo - span.offset : hi - span.offset])
+    if not rows:
+        return None, None
+    return torch.cat(rows).to(device), torch.cat([p.to(device, dtype) for p in parts])

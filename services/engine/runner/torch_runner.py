@@ -7,6 +7,7 @@ import logging
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -15,9 +16,13 @@ from services.common.config import EngineConfig
 from services.engine.batch import PendingOutput, RunnerOutput, ScheduledBatch, ScheduledSeq
 from services.engine.model import LlamaModel
 from services.engine.model_config import ModelArchConfig
+from services.engine.quant.apply import quantize_model, resolve_quantization
+from services.engine.quant.groups import QuantSource
 from services.engine.runner.base import KvSpec, ModelRunner
+from services.engine.runner.cpu_features import cpu_has_fast_bf16
 from services.engine.runner.step_inputs import build_step_inputs, validate_batch
 from services.engine.sampler import Sampler
+from services.engine.tp.shard import TpShard
 
 if TYPE_CHECKING:
     from services.engine.runner.cuda_graphs import DecodeGraphs
@@ -41,9 +46,11 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """``auto`` -> float32 on CPU (bf16 matmuls are slow there), bfloat16 on CUDA."""
+    """``auto`` -> bfloat16 on CUDA and on CPUs with native bfloat16 (AVX512-BF16, AMX),
+    float32 on other CPUs (bfloat16 matmuls are emulated, slower than float32, there)."""
     if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        fast_bf16 = device.type == "cuda" or (device.type == "cpu" and cpu_has_fast_bf16())
+        return torch.bfloat16 if fast_bf16 else torch.float32
     return _DTYPES[name]
 
 
@@ -85,10 +92,16 @@ class TorchRunner(ModelRunner):
     """Runs a LlamaModel over a KV cache ``(layers, 2, num_kv_blocks, block_size, kv_heads, head_dim)``.
 
     ``tensors`` are Hugging Face-named weights (see ``LlamaModel.load_hf_weights``); they
-    are copied, so the caller may drop them afterwards.
+    are copied, so the caller may drop them afterwards. ``quant_source`` is what the weights
+    file offers ``engine.quantization`` (exact int4 groups of GGUF blocks), if anything.
+
+    With ``tp`` (tensor parallelism) it holds that rank's slice of the model and of the KV
+    cache; ``kv_spec`` stays the whole model's layout and ``export_kv``/``import_kv`` move
+    this rank's KV heads only (tp/runner.py gathers and scatters them).
     """
 
     supports_overlap = True
+    supports_grammar = True
 
     def __init__(
         self,
@@ -96,12 +109,16 @@ class TorchRunner(ModelRunner):
         tensors: dict[str, torch.Tensor],
         cfg: EngineConfig,
         max_model_len: int | None = None,
+        quant_source: QuantSource | None = None,
+        tp: TpShard | None = None,
     ) -> None:
+        self.tp = tp or TpShard()
         self.device = resolve_device(cfg.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device)
         # NOTE: on CPU the forward's threads already take every core: a scheduler thread
         # beside them competes instead of overlapping (measured 0.78-0.97x).
         self.overlap_pays = self.device.type == "cuda"
+        self.pins_host_memory = self.device.type == "cuda"
         if self.device.type == "cpu":
             torch.set_num_threads(cfg.threads)
         self.max_model_len = max_model_len or cfg.max_model_len or arch.max_position_embeddings
@@ -115,16 +132,24 @@ class TorchRunner(ModelRunner):
             head_dim=arch.head_dim,
             dtype=self.dtype,
         )
-        if cfg.cuda_graphs is True and self.device.type != "cuda":
-            raise ValueError(f"engine.cuda_graphs: true needs a CUDA device, not {self.device}")
-        use_graphs = self.device.type == "cuda" and cfg.cuda_graphs is not False
+        self.local_kv_spec = replace(self.kv_spec, num_kv_heads=self.tp.local_kv_heads(arch.num_kv_heads))
+        # NOTE: a graph would capture the TP collectives of rank 0 alone: off under TP.
+        if cfg.cuda_graphs is True and (self.device.type != "cuda" or self.tp.size > 1):
+            raise ValueError(f"engine.cuda_graphs: true needs a CUDA device and no tensor "
+                             f"parallelism, not {self.device} with TP={self.tp.size}")
+        use_graphs = self.device.type == "cuda" and self.tp.size == 1 and cfg.cuda_graphs is not False
         with torch.inference_mode():
-            self.model = LlamaModel(arch, self.dtype, self.device, max_len=self.max_model_len)
+            self.model = LlamaModel(arch, self.dtype, self.device, self.tp.rank, self.tp.size,
+                                    max_len=self.max_model_len)
             self.model.load_hf_weights(tensors)
+            source = quant_source or QuantSource()
+            self.quantization = resolve_quantization(cfg, self.dtype, source)
+            if self.quantization != "none":
+                quantize_model(self.model, tensors, source, self.quantization, cfg.quantized_max_rows)
             self.model.eval()
             # NOTE: with CUDA graphs, one block past the pool's: the padding rows' K/V go there.
             self.kv_cache = torch.zeros(
-                self.kv_spec.block_range_shape(cfg.num_kv_blocks + use_graphs), dtype=self.dtype,
+                self.local_kv_spec.block_range_shape(cfg.num_kv_blocks + use_graphs), dtype=self.dtype,
                 device=self.device,
             )
         self._kv_layers = list(self.kv_cache)  # (2, blocks, block_size, kv_heads, hd) per layer
@@ -158,7 +183,7 @@ class TorchRunner(ModelRunner):
         with torch.inference_mode():
             sample_index, sample_seqs, logits = self._forward(batch)
             if logits is not None:
-                tokens = self.sampler.sample(logits, sample_seqs)
+                tokens = self.sampler.sample(logits, sample_seqs, mask=batch.grammar_mask)
                 for i, tok in zip(sample_index, tokens, strict=True):
                     sampled[i] = tok
         self.busy_seconds += time.perf_counter() - t0
@@ -200,7 +225,8 @@ class TorchRunner(ModelRunner):
             sample_index, sample_seqs, logits = self._forward(batch)
             host = None
             if logits is not None:
-                tokens = self.sampler.sample_tensor(logits, sample_seqs)  # (N,) on device
+                # (N,) on device; with a grammar it waits for the mask the scheduler thread fills
+                tokens = self.sampler.sample_tensor(logits, sample_seqs, mask=batch.grammar_mask)
                 base = batch.future_base
                 self._future[base : base + tokens.shape[0]] = tokens
                 host = tokens.to("cpu", non_blocking=True) if stream is not None else tokens
@@ -235,7 +261,8 @@ class TorchRunner(ModelRunner):
         ids = step.input_ids
         if step.has_futures:  # tokens the previous batch sampled: read on the device
             ids = torch.where(ids < 0, self._future[(-1 - ids).clamp_(min=0)], ids)
-        hidden = self.model(ids, step.positions, step.meta, self._kv_layers)  # (T, H)
+        hidden = self.model(ids, step.positions, step.meta, self._kv_layers,
+                            step.mm_rows, step.mm_embeds)  # (T, H)
         if not step.sample_index:
             return step.sample_index, step.sample_seqs, None
         return step.sample_index, step.sample_seqs, self.model.compute_logits(hidden[step.sample_rows])
@@ -270,7 +297,7 @@ class TorchRunner(ModelRunner):
     def import_kv(self, block_ids: Sequence[int], data: torch.Tensor) -> None:
         if not isinstance(data, torch.Tensor):
             raise ValueError(f"import_kv: data must be a torch.Tensor, got {type(data).__name__}")
-        expected = self.kv_spec.block_range_shape(len(block_ids))
+        expected = self.local_kv_spec.block_range_shape(len(block_ids))
         if tuple(data.shape) != expected:
             raise ValueError(f"import_kv: KV shape {tuple(data.shape)} does not match expected {expected}")
         if data.dtype != self.kv_spec.dtype:

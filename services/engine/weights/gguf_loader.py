@@ -10,6 +10,7 @@ Llama's q/k are un-permuted here.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,13 @@ from gguf.quants import dequantize
 from services.engine.gguf_file import open_gguf
 from services.engine.model_config import ModelArchConfig
 from services.engine.model_errors import UnsupportedModelError
+from services.engine.quant.groups import (
+    EXACT_TYPES,
+    FOUR_BIT_TYPES,
+    Int4Groups,
+    QuantSource,
+    from_gguf_blocks,
+)
 from services.engine.weights.layout import check_tensors
 from services.engine.weights.loaded import LoadedWeights
 
@@ -124,11 +132,14 @@ def arch_from_metadata(meta: dict[str, Any], tensor_shapes: dict[str, tuple[int,
 
 
 def load_gguf(path: Path) -> LoadedWeights:
-    """Load every tensor of the GGUF at `path`, dequantized to float32 (see module doc)."""
+    """Load every tensor of the GGUF at `path`, dequantized to float32 (see module doc), plus
+    the exact int4 groups of its Q4_0 / Q4_1 / Q8_0 weights for a quantized runner."""
     reader = open_gguf(path)
     shapes = {t.name: tuple(int(d) for d in reversed(t.shape.tolist())) for t in reader.tensors}
     arch = arch_from_metadata(read_metadata(reader), shapes, path)
     tensors: dict[str, torch.Tensor] = {}
+    blocks: dict[str, _Blocks] = {}  # Q4_0 / Q4_1 / Q8_0 weights, for their exact int4 form
+    four_bit = False
     for t in reader.tensors:
         name = hf_name(t.name)
         if name is None:
@@ -147,7 +158,37 @@ def load_gguf(path: Path) -> LoadedWeights:
             elif ".self_attn.k_proj." in name:
                 w = unpermute_rotary(w, arch.num_kv_heads)
         tensors[name] = w
+        if t.tensor_type in EXACT_TYPES and len(shapes[t.name]) == 2:
+            blocks[name] = (t.data, t.tensor_type, shapes[t.name])  # type: ignore[assignment]
+        four_bit |= t.tensor_type in FOUR_BIT_TYPES
     if arch.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)
+        blocks.pop("lm_head.weight", None)
     check_tensors(arch, tensors, path)
-    return LoadedWeights(arch=arch, tensors=tensors, source=path)
+    return LoadedWeights(arch=arch, tensors=tensors, source=path,
+                         quant=QuantSource(GgufGroups(blocks, arch), four_bit))
+
+
+_Blocks = tuple[np.ndarray, GGMLQuantizationType, tuple[int, int]]  # raw bytes, type, torch shape
+
+
+class GgufGroups(Mapping[str, Int4Groups]):
+    """HF name -> the exact int4 groups of a Q4_0 / Q4_1 / Q8_0 weight, rows in HF order.
+    Decoded from the file's blocks when asked: a runner without quantization never pays."""
+
+    def __init__(self, blocks: dict[str, _Blocks], arch: ModelArchConfig) -> None:
+        self._blocks, self._arch = blocks, arch
+
+    def __getitem__(self, name: str) -> Int4Groups:
+        groups = from_gguf_blocks(*self._blocks[name])
+        if self._arch.architecture == "llama" and ".self_attn.q_proj." in name:
+            return groups.map_rows(lambda w: unpermute_rotary(w, self._arch.num_heads))
+        if self._arch.architecture == "llama" and ".self_attn.k_proj." in name:
+            return groups.map_rows(lambda w: unpermute_rotary(w, self._arch.num_kv_heads))
+        return groups
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._blocks)
+
+    def __len__(self) -> int:
+        return len(self._blocks)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from services.engine.model_config import ModelArchConfig
+from services.engine.quant.groups import QuantSource
 
 
 @dataclass(frozen=True)
@@ -18,8 +19,10 @@ class LoadedWeights:
     layout); q/k rows are in Hugging Face order (GGUF's rotary permutation undone).
     ``lm_head.weight`` is absent when ``arch.tie_word_embeddings`` (use the embedding).
     The set of names and shapes is exactly `layout.expected_shapes(arch)`.
+    ``quant`` holds what a quantized runner can take from the file as stored (GGUF blocks).
     """
 
     arch: ModelArchConfig
     tensors: dict[str, torch.Tensor]
     source: Path
+    quant: QuantSource = field(default_factory=QuantSource)

@@ -1,0 +1,43 @@
+"""gRPC adapter of the encode worker (proto/encode.proto): codec and error table only."""
+
+from __future__ import annotations
+
+import grpc
+
+from services.common.errors import decode_or_abort
+from services.common.grpc_server import serve_grpc
+from services.encode.client import MAX_MESSAGE_BYTES
+from services.encode.codec import ask_from_pb, chunk_to_pb
+from services.engine.multimodal.blocks import BlocksExhaustedError
+from services.engine.multimodal.embedder import LocalEncodeChannel
+from services.gen import encode_pb2, encode_pb2_grpc
+
+
+class EncodeWorkerServicer(encode_pb2_grpc.EncodeWorkerServicer):
+    def __init__(self, channel: LocalEncodeChannel) -> None:
+        self._channel = channel
+
+    async def Transfer(self, request: encode_pb2.EmbeddingTransferRequest,  # noqa: N802
+                       context: grpc.aio.ServicerContext) -> encode_pb2.EmbeddingChunk:
+        ask = await decode_or_abort(context, ask_from_pb, request)
+        try:
+            chunk = await self._channel.transfer(ask)
+        except BlocksExhaustedError as e:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        except ValueError as e:  # a bad offset, or an image the vision model cannot read
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        return chunk_to_pb(chunk)
+
+    async def Abort(self, request: encode_pb2.AbortTransferRequest,  # noqa: N802
+                    context: grpc.aio.ServicerContext) -> encode_pb2.AbortTransferReply:
+        await self._channel.abort(request.transfer_id)
+        return encode_pb2.AbortTransferReply()
+
+
+async def serve_encode_worker(channel: LocalEncodeChannel, host: str, port: int) -> tuple[grpc.aio.Server, int]:
+    """Serve on host:port (0 = any free port); returns the server and the bound port."""
+    opts = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+    return await serve_grpc("encode worker", host, port,
+                            lambda s: encode_pb2_grpc.add_EncodeWorkerServicer_to_server(
+                                EncodeWorkerServicer(channel), s), options=opts)

@@ -1,0 +1,204 @@
+"""Seed 002's embedding transfer between an encode side and a language side.
+
+Language side (``EmbeddingReceiver.fetch``): ``alloc_default()`` a buffer, ask the encode
+side for the image; the reply carries the first ``min(capacity, true length)`` rows and the
+true length (aux). While rows remain it keeps what it got, frees, allocates the remainder
+(or, when the buffer has no run that long, as much as it has: several resumes) and resumes
+with ``sent_tokens``; it concatenates the chunks at the end. If an encode side
+fails or times out, the request resumes from ``sent_tokens`` on the next one (which encodes
+the image and skips what was already received), or fails with ``EncodeFailedError``.
+
+Encode side (``EmbeddingSender``): encodes, ``alloc``s by true length, sends from the offset
+asked, frees when the last row is sent, on ``abort``, or when the language side went quiet
+for ``stale_after_s`` (``reap``). Every block on both sides is freed on every path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from services.engine.multimodal.blocks import (
+    BlockAllocation,
+    BlocksExhaustedError,
+    EmbeddingBlockAllocator,
+)
+from services.engine.multimodal.buffers import EmbeddingBuffers
+
+
+@dataclass(frozen=True, slots=True)
+class TransferRequest:
+    """Language -> encode: the first ask (``sent_tokens == 0``) or a resume."""
+
+    req_id: str
+    image_hash: str  # hex sha256 of ``image``
+    image: bytes  # the encoded image file (PNG/JPEG/WebP)
+    sent_tokens: int  # rows the language side already holds
+    capacity_tokens: int  # rows its current allocation takes
+
+
+@dataclass(frozen=True, slots=True)
+class TransferChunk:
+    """Encode -> language: rows ``offset .. offset + len(embeds)`` of ``total_tokens``."""
+
+    embeds: torch.Tensor  # (n, hidden)
+    total_tokens: int  # the aux true length
+    offset: int
+    is_last: bool
+
+
+class EncodeChannel(Protocol):
+    """One encode worker as the language side sees it (in process, or over gRPC)."""
+
+    name: str
+
+    async def transfer(self, req: TransferRequest) -> TransferChunk: ...
+
+    async def abort(self, req_id: str) -> None: ...
+
+
+class EncodeFailedError(RuntimeError):
+    """No encode worker produced the image's embeddings (each failed or timed out)."""
+
+
+class ReceiveBuffersFullError(RuntimeError):
+    """This side's embedding buffer has no free block now (retry later)."""
+
+
+@dataclass(slots=True)
+class _Transfer:
+    allocation: BlockAllocation
+    total: int
+    image_hash: str
+    touched: float = field(default=0.0)
+
+
+class EmbeddingSender:
+    """The encode side of the protocol over its own block buffer."""
+
+    def __init__(self, allocator: EmbeddingBlockAllocator, buffers: EmbeddingBuffers,
+                 encode: Callable[[str, bytes], torch.Tensor], clock: Callable[[], float] = time.monotonic) -> None:
+        self.allocator, self.buffers, self._encode, self._clock = allocator, buffers, encode, clock
+        self._transfers: dict[str, _Transfer] = {}
+
+    def transfer(self, req: TransferRequest) -> TransferChunk:
+        if req.capacity_tokens <= 0:
+            raise ValueError(f"{req.req_id}: capacity_tokens must be positive")
+        t = self._transfers.get(req.req_id)
+        if t is not None and t.image_hash != req.image_hash:  # an id reused for another image
+            self._drop(req.req_id)
+            t = None
+        if t is None:
+            embeds = self._encode(req.image_hash, req.image)  # (true length, hidden)
+            allocation = self.allocator.alloc(embeds.shape[0], req.req_id)
+            self.buffers.write(allocation, embeds, embeds.shape[0])
+            t = self._transfers[req.req_id] = _Transfer(allocation, embeds.shape[0], req.image_hash)
+        t.touched = self._clock()
+        if not 0 <= req.sent_tokens < t.total:
+            self._drop(req.req_id)
+            raise ValueError(f"{req.req_id}: sent_tokens {req.sent_tokens} outside 0..{t.total - 1}")
+        n = min(req.capacity_tokens, t.total - req.sent_tokens)
+        rows, total = self.buffers.read(t.allocation, n, offset=req.sent_tokens)
+        last = req.sent_tokens + n == total
+        if last:
+            self._drop(req.req_id)
+        return TransferChunk(rows, total, req.sent_tokens, last)
+
+    def abort(self, req_id: str) -> None:
+        self._drop(req_id)
+
+    def reap(self, stale_after_s: float) -> list[str]:
+        """Free the transfers no resume touched for ``stale_after_s``; returns their ids."""
+        cutoff = self._clock() - stale_after_s
+        stale = [rid for rid, t in self._transfers.items() if t.touched < cutoff]
+        for rid in stale:
+            self._drop(rid)
+        return stale
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._transfers)
+
+    def _drop(self, req_id: str) -> None:
+        t = self._transfers.pop(req_id, None)
+        if t is not None:
+            self.buffers.release(t.allocation)
+            self.allocator.free(t.allocation, req_id)
+
+
+class EmbeddingReceiver:
+    """The language side of the protocol over its own block buffer."""
+
+    def __init__(self, allocator: EmbeddingBlockAllocator, buffers: EmbeddingBuffers, timeout_s: float = 30.0) -> None:
+        self.allocator, self.buffers, self.timeout_s = allocator, buffers, timeout_s
+
+    async def fetch(self, req_id: str, image_hash: str, image: bytes,
+                    channels: Sequence[EncodeChannel]) -> torch.Tensor:
+        """The image's embeddings (true length, hidden), from the first channel that
+        finishes, resuming on the next one after a failure. Raises EncodeFailedError."""
+        chunks: list[torch.Tensor] = []
+        received, total = 0, None
+        errors: list[str] = []
+        for channel in channels:
+            try:
+                while True:
+                    try:
+                        allocation = (self.allocator.alloc_default(req_id) if total is None
+                                      else self.allocator.alloc_up_to(total - received, req_id))
+                    except BlocksExhaustedError as e:
+                        if received:
+                            await _abort_quietly(channel, req_id)
+                        raise ReceiveBuffersFullError(str(e)) from None
+                    try:
+                        ask = TransferRequest(req_id, image_hash, image, received, allocation.num_tokens)
+                        reply = await asyncio.wait_for(channel.transfer(ask), self.timeout_s)
+                        n = _check_reply(reply, ask, total, self.buffers.rows.shape[1])
+                        self.buffers.write(allocation, reply.embeds, reply.total_tokens)
+                        part, total = self.buffers.read(allocation, n)
+                    finally:
+                        self.buffers.release(allocation)
+                        self.allocator.free(allocation, req_id)
+                    chunks.append(part)
+                    received += n
+                    if reply.is_last:
+                        if received != total:
+                            raise ValueError(f"last chunk at {received} of {total} rows")
+                        return torch.cat(chunks)
+            except asyncio.CancelledError:
+                await _abort_quietly(channel, req_id)
+                raise
+            except (ConnectionError, TimeoutError, OSError, ValueError, BlocksExhaustedError) as e:
+                # NOTE: a BlocksExhaustedError here is the encode side's (its buffer is full);
+                # this side's own is ReceiveBuffersFullError, which ends the fetch.
+                errors.append(f"{channel.name}: {type(e).__name__}: {e}")
+                await _abort_quietly(channel, req_id)
+        raise EncodeFailedError(f"image {image_hash[:12]}: no encode worker finished ({'; '.join(errors) or 'none'})")
+
+
+def _check_reply(reply: TransferChunk, ask: TransferRequest, total: int | None, hidden: int) -> int:
+    if reply.embeds.dim() != 2 or reply.embeds.shape[1] != hidden:
+        raise ValueError(f"chunk of shape {tuple(reply.embeds.shape)}; this model's rows have {hidden} values "
+                         f"(an encode worker serving another model?)")
+    n = int(reply.embeds.shape[0])
+    if reply.offset != ask.sent_tokens:
+        raise ValueError(f"chunk offset {reply.offset}, expected {ask.sent_tokens}")
+    if n <= 0 or n > ask.capacity_tokens:
+        raise ValueError(f"chunk of {n} rows for a buffer of {ask.capacity_tokens}")
+    if total is not None and reply.total_tokens != total:
+        raise ValueError(f"true length changed from {total} to {reply.total_tokens}")
+    if ask.sent_tokens + n > reply.total_tokens or reply.is_last != (ask.sent_tokens + n == reply.total_tokens):
+        raise ValueError(f"chunk {ask.sent_tokens}+{n} inconsistent with length {reply.total_tokens}")
+    return n
+
+
+async def _abort_quietly(channel: EncodeChannel, req_id: str) -> None:
+    """Tell the encode side to free its blocks; it may be gone (then its reaper frees them)."""
+    try:
+        await asyncio.wait_for(asyncio.shield(channel.abort(req_id)), 1.0)
+    except (ConnectionError, TimeoutError, OSError, asyncio.CancelledError):
+        pass

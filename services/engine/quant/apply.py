@@ -1,0 +1,85 @@
+"""``engine.quantization``: which mode a runner uses, and swapping a model's linears for it.
+
+``auto`` is int4 for a 4-bit GGUF (Q4_0 / Q4_1 / Q4_K linears) when the activations are
+bfloat16 (the CPU int4 kernel is slower than a dense GEMM in float32; CUDA's takes only
+bfloat16), none otherwise; with
+tensor parallelism it is always none (the quantized layers do not shard). Explicit
+``int4`` / ``int8`` quantize every linear and the LM head; the embedding lookup stays dense.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from services.common.config import EngineConfig
+from services.engine.model import LlamaModel
+from services.engine.quant import groups as g
+from services.engine.quant.groups import QuantSource
+from services.engine.quant.linear import Int4Matmul, Int8Matmul, QuantizedLinear
+
+MODES = ("none", "int8", "int4")
+# Which HF weights feed each of a decoder layer's linears, in fused order.
+_LAYER_LINEARS = {
+    "qkv_proj": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+    "o_proj": ("self_attn.o_proj.weight",),
+    "gate_up_proj": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
+    "down_proj": ("mlp.down_proj.weight",),
+}
+
+
+def resolve_quantization(cfg: EngineConfig, dtype: torch.dtype, source: QuantSource) -> str:
+    """``cfg.quantization`` -> none | int8 | int4 (see module doc). Raises ValueError for an
+    explicit mode with tensor parallelism."""
+    tp = getattr(cfg, "tensor_parallel_size", 1)  # NOTE: the key arrives with tensor parallelism
+    mode = cfg.quantization
+    if mode == "auto":
+        return "int4" if source.four_bit and tp == 1 and dtype == torch.bfloat16 else "none"
+    if mode != "none" and tp > 1:
+        raise ValueError(f"engine.quantization={mode} needs engine.tensor_parallel_size=1 "
+                         f"(got {tp}): quantized linears are not sharded")
+    return mode
+
+
+@torch.no_grad()
+def quantize_model(model: LlamaModel, tensors: Mapping[str, torch.Tensor], source: QuantSource,
+                   mode: str, dense_above_rows: int | None) -> None:
+    """Replace every decoder linear and the LM head of a loaded ``model`` by a
+    QuantizedLinear in ``mode`` (int4 | int8). ``tensors`` are the float weights the model
+    was loaded from; ``dense_above_rows`` None drops the dense weights, else keeps them for
+    batches of more rows (QuantizedLinear)."""
+    if mode not in ("int4", "int8"):
+        raise ValueError(f"quantization mode {mode!r} is not int4 | int8")
+    dtype, device = model.embed_tokens.weight.dtype, model.embed_tokens.weight.device
+    keep_dense = dense_above_rows is not None
+
+    def quantized(names: list[str], dense: torch.Tensor, bias: torch.Tensor | None,
+                  split: list[int]) -> QuantizedLinear:
+        matmul = _matmul(names, tensors, source, mode, dtype, device)
+        return QuantizedLinear(matmul, bias, split, dense if keep_dense else None, dense_above_rows or 0)
+
+    for i, layer in enumerate(model.layers):
+        for attr, parts in _LAYER_LINEARS.items():
+            dense_layer = getattr(layer, attr)
+            names = [f"model.layers.{i}.{p}" for p in parts]
+            split = list(getattr(dense_layer, "shard_sizes", [dense_layer.out_features]))
+            setattr(layer, attr, quantized(names, dense_layer.weight, dense_layer.bias, split))
+    head = "lm_head.weight" if "lm_head.weight" in tensors else "model.embed_tokens.weight"
+    model.lm_head = quantized([head], model.lm_head_weight, None, [model.arch.vocab_size])
+
+
+def _matmul(names: list[str], tensors: Mapping[str, torch.Tensor], source: QuantSource, mode: str,
+            dtype: torch.dtype, device: torch.device) -> nn.Module:
+    exact = [source.groups.get(n) for n in names]
+    if mode == "int8":
+        # Q8_0 already is 8-bit with exact int4-pair groups; other weights go per channel.
+        if all(e is not None and e.bits == 8 for e in exact):
+            return Int4Matmul(g.cat_rows(exact), dtype, device)  # type: ignore[arg-type]
+        return Int8Matmul(torch.cat([tensors[n] for n in names]), dtype, device)
+    if all(e is not None for e in exact) and g.same_layout(exact):  # type: ignore[arg-type]
+        return Int4Matmul(g.cat_rows(exact), dtype, device)  # type: ignore[arg-type]
+    # Not in the file in one exact layout (HF weights, F16, K-quants, or q/k/v stored in
+    # different types): quantize the float weights.
+    return Int4Matmul(g.cat_rows([g.from_float(tensors[n]) for n in names]), dtype, device)

@@ -1,0 +1,87 @@
+"""What crosses from the entry rank to the other ranks (pickled over a pipe per rank).
+
+Two channels, so a large payload never delays a step:
+
+* payloads (background thread): ``RequestPayload`` once per request, as it arrives -- the
+  prompt as raw int64 bytes, materialised by each rank itself;
+* steps (step thread): ``StepMessage`` per forward -- only handles, positions, token counts,
+  the tokens no payload carries (generated ones) and block-table changes -- plus the KV
+  transfer commands, in order with the steps.
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(slots=True)
+class RequestPayload:
+    handle: int
+    prompt: bytes  # int64 token ids, array("q").tobytes()
+    # The request's other inputs as raw bytes (multimodal inputs, grammar specs): sent as
+    # they came, each rank decodes what its forward needs. Empty today but for the bench.
+    extras: bytes = b""
+
+    @classmethod
+    def of(cls, handle: int, prompt_token_ids: list[int], extras: bytes = b"") -> RequestPayload:
+        return cls(handle, array("q", prompt_token_ids).tobytes(), extras)
+
+    def materialise(self) -> list[int]:
+        ids = array("q")
+        ids.frombytes(self.prompt)
+        return ids.tolist()
+
+
+@dataclass(slots=True)
+class SeqWork:
+    """One sequence's work in a step. Tokens at positions ``< num_prompt`` come from the
+    payload; ``generated`` holds the chunk's tokens at positions ``>= num_prompt``. The
+    rank's block table is cut to ``keep_blocks`` entries and extended by ``new_blocks``."""
+
+    handle: int
+    start_pos: int
+    num_tokens: int
+    num_prompt: int
+    generated: list[int]
+    keep_blocks: int
+    new_blocks: list[int]
+
+
+@dataclass(slots=True)
+class StepMessage:
+    seqs: list[SeqWork]
+    dropped: list[int] = field(default_factory=list)  # handles of requests that are gone
+
+
+@dataclass(slots=True)
+class ExportKv:
+    """Send back this rank's KV heads of ``block_ids`` (every layer)."""
+
+    block_ids: list[int]
+
+
+@dataclass(slots=True)
+class ImportKv:
+    """Write ``data`` (this rank's KV-head slice) into ``block_ids``."""
+
+    block_ids: list[int]
+    data: torch.Tensor
+
+
+@dataclass(slots=True)
+class Shutdown:
+    pass
+
+
+@dataclass(slots=True)
+class RankReady:
+    rank: int
+
+
+@dataclass(slots=True)
+class RankFailed:
+    rank: int
+    error: str

@@ -1,0 +1,121 @@
+"""Tool calling: the tools in the prompt, the constraint that forces a call, and the calls
+read back out of the model's text.
+
+``required`` and a named function constrain the output to one call's JSON,
+``{"name": ..., "arguments": {...}}`` (``call_schema``), so it always parses. ``auto``
+leaves the model free: the tools are rendered into the prompt (through the chat template
+when it takes ``tools``, else as the standard system prompt below, the Hermes/Qwen form
+many models are tuned on) and a ``<tool_call>{...}</tool_call>`` in its text becomes a call.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from services.processor.types import Tool, ToolCall, ToolChoice
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+_CALL = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*(?:" + re.escape(CLOSE) + r"|$)", re.DOTALL)
+
+
+def tool_dicts(tools: Sequence[Tool]) -> list[dict[str, Any]]:
+    """OpenAI's ``tools`` shape, what chat templates that take tools expect."""
+    return [{"type": "function", "function": {
+        "name": t.name, "description": t.description, "parameters": parameters(t)}}
+        for t in tools]
+
+
+def parameters(t: Tool) -> dict[str, Any]:
+    return json.loads(t.parameters) if t.parameters else {"type": "object"}
+
+
+def system_prompt(tools: Sequence[Tool]) -> str:
+    listing = "\n".join(json.dumps(d, ensure_ascii=False) for d in tool_dicts(tools))
+    return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+            "You are provided with function signatures within <tools></tools> XML tags:\n"
+            f"<tools>\n{listing}\n</tools>\n\n"
+            "For each function call, return a json object with function name and arguments "
+            f"within {OPEN}{CLOSE} XML tags:\n{OPEN}\n"
+            '{"name": <function-name>, "arguments": <args-json-object>}\n' + CLOSE)
+
+
+def with_tool_prompt(messages: list[dict[str, Any]], tools: Sequence[Tool]) -> list[dict[str, Any]]:
+    """``messages`` with the tools' system prompt: before the caller's system message's
+    text when there is one, else as a new first message."""
+    prompt = system_prompt(tools)
+    if messages and messages[0].get("role") in ("system", "developer"):
+        first = dict(messages[0], content=f"{messages[0].get('content') or ''}\n\n{prompt}".lstrip())
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": prompt}, *messages]
+
+
+def call_schema(tools: Sequence[Tool], choice: ToolChoice) -> dict[str, Any]:
+    """The JSON schema of one call under ``choice`` (``required`` or ``function``)."""
+    def one(t: Tool) -> dict[str, Any]:
+        return {"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
+                "properties": {"name": {"const": t.name}, "arguments": parameters(t)}}
+
+    if choice.mode == "function":
+        return one(next(t for t in tools if t.name == choice.name))
+    return one(tools[0]) if len(tools) == 1 else {"anyOf": [one(t) for t in tools]}
+
+
+def _call(obj: Any, names: set[str]) -> ToolCall | None:
+    if not isinstance(obj, Mapping) or obj.get("name") not in names:
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if not isinstance(args, Mapping):
+        return None
+    return ToolCall(f"call_{uuid.uuid4().hex[:24]}", str(obj["name"]),
+                    json.dumps(args, ensure_ascii=False))
+
+
+class ToolCallParser:
+    """Turns one request's text stream into content and calls. ``feed`` returns the
+    content that may be streamed now (none once a call may have started; with a forced
+    call, none at all); ``finish`` the rest and the calls. Without a parsable call the
+    held text comes back as content."""
+
+    def __init__(self, tools: Sequence[Tool], choice: ToolChoice) -> None:
+        self.names = {t.name for t in tools}
+        self.forced = choice.mode in ("required", "function")
+        self._held = ""
+        self._in_call = self.forced
+
+    def feed(self, text: str) -> str:
+        if self._in_call:
+            self._held += text
+            return ""
+        buf = self._held + text
+        i = buf.find(OPEN)
+        if i >= 0:
+            self._in_call, self._held = True, buf[i:]
+            return buf[:i]
+        # Hold a tail that may still become "<tool_call>".
+        keep = next((n for n in range(min(len(OPEN) - 1, len(buf)), 0, -1)
+                     if OPEN.startswith(buf[-n:])), 0)
+        self._held = buf[len(buf) - keep:] if keep else ""
+        return buf[: len(buf) - keep]
+
+    def finish(self) -> tuple[str, tuple[ToolCall, ...]]:
+        held, self._held = self._held, ""
+        if self.forced:
+            try:
+                call = _call(json.loads(held), self.names)
+            except json.JSONDecodeError:
+                call = None
+            return ("", (call,)) if call is not None else (held, ())
+        calls: list[ToolCall] = []
+        for m in _CALL.finditer(held):
+            try:
+                call = _call(json.loads(m.group(1)), self.names)
+            except json.JSONDecodeError:
+                call = None
+            if call is None:
+                return held, ()  # not a call after all: the model's text, as it wrote it
+            calls.append(call)
+        return ("", tuple(calls)) if calls else (held, ())
