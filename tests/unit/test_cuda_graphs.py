@@ -238,3 +238,59 @@ def test_smollm2_greedy_text_equals_eager(smollm2_path: Path) -> None:
         out[graphs] = _greedy(LLMEngine(runner, cfg, eos_token_ids=[]), prompts, 48)
     assert out[True] == out[False]
     assert all(len(v) == 48 for v in out[True].values())
+
+
+@needs_cuda
+@pytest.mark.parametrize("quantization", ["int4", "int8"])
+def test_smollm2_quantized_replays_equal_eager(smollm2_path: Path, quantization: str) -> None:
+    """The default CUDA path for the 4-bit GGUF (bfloat16, int4 linears) and int8: graph
+    replays of decode steps at several batch sizes against the eager step."""
+    from services.engine.weights import load_weights
+
+    loaded = load_weights(smollm2_path)
+    gen = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(1000, 30000, (int(length),), generator=gen).tolist()
+               for length in torch.randint(4, 40, (20,), generator=gen)]
+    runners = {}
+    for graphs in (False, True):
+        cfg = EngineConfig(device="cuda", dtype="bfloat16", quantization=quantization,
+                           block_size=16, num_kv_blocks=64, max_num_seqs=32, cuda_graphs=graphs,
+                           cuda_graph_max_context=256)
+        runners[graphs] = TorchRunner(loaded.arch, loaded.tensors, cfg, 256, loaded.quant)
+        assert runners[graphs].quantization == quantization
+    for n in (1, 5, 20):
+        for r in runners.values():
+            for i, p in enumerate(prompts[:n]):
+                r.execute(batch(seq(f"s{i}", p, 0, [3 * i, 3 * i + 1, 3 * i + 2])))
+        step = batch(*[seq(f"s{i}", [2000 + i], len(p), [3 * i, 3 * i + 1, 3 * i + 2])
+                       for i, p in enumerate(prompts[:n])])
+        replays = runners[True].graphs.replays
+        got, want = runners[True].logits_for(step), runners[False].logits_for(step)
+        assert runners[True].graphs.replays == replays + 1
+        torch.testing.assert_close(got, want, atol=0.25, rtol=0.02)
+        assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.9
+
+
+def test_smollm2_int4_padded_forward_equals_eager_on_cpu(smollm2_path: Path) -> None:
+    """The same with int4 linears on CPU, the padded forward standing in for the replay:
+    padding to a bucket changes nothing but rounding through the quantized kernels."""
+    from services.engine.weights import load_weights
+
+    loaded = load_weights(smollm2_path)
+    prompts = [[1000 + 7 * i + j for j in range(5 + 3 * i)] for i in range(3)]
+    cfg = EngineConfig(device="cpu", dtype="bfloat16", quantization="int4", block_size=16,
+                       num_kv_blocks=9, max_num_seqs=4)
+    runners = [TorchRunner(loaded.arch, loaded.tensors, cfg, 128, loaded.quant) for _ in range(2)]
+    assert runners[0].quantization == "int4"
+    for r in runners:
+        for i, p in enumerate(prompts):
+            r.execute(batch(seq(f"s{i}", p, 0, [2 * i, 2 * i + 1])))
+    step = batch(*[seq(f"s{i}", [2000 + i], len(p), [2 * i, 2 * i + 1]) for i, p in enumerate(prompts)])
+    graphs = DecodeGraphs(runners[1].model, runners[1]._kv_layers, 16, 4, 128,
+                          scratch_slot=8 * 16, device=runners[1].device)
+    assert graphs.bucket(step) == (4, 8)
+    with torch.inference_mode():
+        got = graphs.padded_forward(step, (4, 8), torch.zeros(0, dtype=torch.int64)).float()
+    want = runners[0].logits_for(step)
+    torch.testing.assert_close(got, want, atol=0.25, rtol=0.02)
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
