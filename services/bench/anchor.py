@@ -21,7 +21,8 @@ distinct per request, so neither server's prefix cache helps.
 The batch-1 floor: decoding one token reads every weight once, so tokens/s cannot pass
 ``memory bandwidth / weight bytes``; the bandwidth is a large torch copy on ``--threads``
 threads (bytes read + written / time). Each decode figure is also given as a fraction of
-its own floor (the GGUF's tensor bytes for llama.cpp, the loaded tensors for tandem).
+its own floor (the GGUF's bytes for llama.cpp; for tandem the weights a step reads as
+loaded: float, or packed int4/int8 with their scales).
 
 llama-server is found by ``--llama-server``, ``$TANDEM_LLAMA_SERVER`` or ``PATH``; it is a
 bench-only tool (never a test or CI dependency): ``INSTALL_HINT`` says how to get one.
@@ -124,16 +125,35 @@ def memory_bandwidth_gbs(threads: int, mib: int = 512, repeats: int = 5) -> floa
     return 2 * src.numel() * 4 / best / 1e9
 
 
-def tensor_bytes(module: object) -> int:
-    """Bytes of a torch module's weights (parameters and buffers, each storage once; the
-    rotary tables are looked up per position, not read whole, so they are left out)."""
+def decode_read_bytes(model: object) -> int:
+    """Bytes of weights one batch-1 decode step reads: every linear's weight and the LM
+    head, each storage once. A quantized linear counts its packed weights and scales, not
+    the dense copy it keeps for large batches (its ``dense`` parameter); the
+    embedding table counts only as the LM head (a step reads one row of it otherwise);
+    the rotary tables are looked up per position, not read whole."""
+    from torch import nn
+
     seen: set[int] = set()
     total = 0
-    for name, t in module.state_dict(keep_vars=True).items():  # type: ignore[attr-defined]
-        if "rotary" in name or t.data_ptr() in seen:
+
+    def add(t: object) -> None:
+        nonlocal total
+        if t is None or t.data_ptr() in seen:  # type: ignore[attr-defined]
+            return
+        seen.add(t.data_ptr())  # type: ignore[attr-defined]
+        total += t.numel() * t.element_size()  # type: ignore[attr-defined]
+
+    for name, mod in model.named_modules():  # type: ignore[attr-defined]
+        if isinstance(mod, nn.Embedding) or "rotary" in name.split("."):
             continue
-        seen.add(t.data_ptr())
-        total += t.numel() * t.element_size()
+        for pname, t in (*mod.named_parameters(recurse=False), *mod.named_buffers(recurse=False)):
+            if mod is model and pname == "lm_head_weight":  # the head: below
+                continue
+            if pname == "dense" and hasattr(mod, "matmul"):  # a quantized linear's big-batch copy
+                continue
+            add(t)
+    if getattr(model, "lm_head", None) is None:
+        add(getattr(model, "lm_head_weight", None))
     return total
 
 
@@ -234,7 +254,7 @@ def tandem_engine_figures(cfg: object, loads: Loads) -> dict[str, float]:
            "decode_tok_s": bench_decode(engine, 1, loads.decode_tokens, loads.decode_context,
                                         loads.repeats, gen)["tok_s"]}
     model = getattr(engine.runner, "model", None)
-    out["weight_bytes"] = tensor_bytes(model) if model is not None else 0
+    out["weight_bytes"] = decode_read_bytes(model) if model is not None else 0
     out["dtype"] = str(getattr(engine.runner, "dtype", ""))
     del engine, model
     gc.collect()

@@ -48,17 +48,29 @@ def test_slot_context_fits_the_longest_load() -> None:
     assert _loads(prefill_len=8, itl_prompt=300, itl_out=100).slot_context() == 512
 
 
-def test_tensor_bytes_counts_a_tied_weight_once_and_skips_rotary() -> None:
-    class M(nn.Module):
+def test_decode_read_bytes_counts_what_a_batch_1_step_reads() -> None:
+    class Quantized(nn.Module):  # as services/engine/quant: packed buffers, a dense copy aside
         def __init__(self) -> None:
             super().__init__()
+            self.matmul = nn.Module()
+            self.matmul.register_buffer("packed", torch.zeros(4, 2, dtype=torch.uint8), persistent=False)
+            self.matmul.register_buffer("scale", torch.zeros(4), persistent=False)
+            self.dense = nn.Parameter(torch.zeros(4, 4), requires_grad=False)
+
+    class M(nn.Module):
+        def __init__(self, quantized_head: bool) -> None:
+            super().__init__()
             self.embed = nn.Embedding(10, 4)
-            self.head = self.embed.weight  # tied, as SmolLM2's LM head
+            self.lm_head_weight = self.embed.weight  # tied, as SmolLM2's
+            self.lm_head = Quantized() if quantized_head else None
             self.proj = nn.Linear(4, 4, bias=False)
+            self.q = Quantized()
             self.rotary = nn.Module()
             self.rotary.register_buffer("cos_cache", torch.zeros(1000, 4))
 
-    assert anchor.tensor_bytes(M()) == (10 * 4 + 4 * 4) * 4
+    proj, quantized = 4 * 4 * 4, 8 + 4 * 4
+    assert anchor.decode_read_bytes(M(False)) == 10 * 4 * 4 + proj + quantized  # the head: the table
+    assert anchor.decode_read_bytes(M(True)) == proj + 2 * quantized  # the table: one row, not counted
     assert anchor.floor_tok_s(10.0, 100 * 10**6) == pytest.approx(100.0)
     assert anchor.floor_tok_s(10.0, 0) == 0.0
 
