@@ -7,6 +7,7 @@
 - compare.py      `bench compare`: one workload against several clusters (presets.py: the
                   documented tables' runs and workloads)
 - overhead.py     `bench overhead`: time to first token at each layer, CPU per request
+- anchor.py       `bench anchor`: tandem beside llama.cpp's llama-server, same GGUF and threads
 - report.py       `bench report`: markdown rows and CDF plots from compare results
 
 Shared: args.py (every parser), results.py (command line, machine info, JSON writing),

@@ -244,6 +244,39 @@ def _part_deaths(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(_key=("bench", "part-deaths"))
 
 
+def _anchor(sub: argparse._SubParsersAction, add_config: AddConfig) -> None:
+    p = sub.add_parser("anchor", help="tandem beside llama.cpp's llama-server on the same GGUF "
+                                      "and threads: prefill, decode, served ITL and throughput")
+    add_config(p)
+    add_json_arg(p)
+    p.add_argument("--threads", type=int, default=2, help="both servers' threads")
+    p.add_argument("--llama-server", default=None, metavar="PATH",
+                   help="the llama-server binary (default: $TANDEM_LLAMA_SERVER, then PATH)")
+    p.add_argument("--llama-port", type=int, default=18080)
+    p.add_argument("--llama-arg", dest="llama_args", action="append", default=[],
+                   metavar="ARG", help="an extra llama-server argument (repeatable; "
+                                       "--llama-arg=--flag for one starting with -)")
+    p.add_argument("--phases", default="llama,engine,served",
+                   help="run these, in this order: llama (llama-server), engine (tandem in "
+                        "process), served (tandem up)")
+    p.add_argument("--run-dir", default="/tmp/tandem-bench/anchor", help="logs of both servers")
+    p.add_argument("--ready-timeout", type=float, default=300.0)
+    p.add_argument("--bandwidth-mib", type=int, default=512,
+                   help="the memory bandwidth copy's size (far above the CPU's caches)")
+    w = p.add_argument_group("loads")
+    w.add_argument("--prefill-len", type=int, default=850, help="prefill: prompt tokens")
+    w.add_argument("--decode-context", type=int, default=32, help="decode: prompt tokens")
+    w.add_argument("--decode-tokens", type=int, default=128, help="decode: tokens timed")
+    w.add_argument("--itl-prompt", type=int, default=190, help="served: prompt tokens")
+    w.add_argument("--itl-out", type=int, default=64, help="served: output tokens")
+    w.add_argument("--itl-requests", type=int, default=8, help="served, 1 stream: requests")
+    w.add_argument("--streams", type=int, default=32, help="served under load: concurrent streams")
+    w.add_argument("--stream-requests", type=int, default=64, help="served under load: requests")
+    w.add_argument("--repeats", type=int, default=3, help="prefill/decode: median of this many")
+    w.add_argument("--seed", type=int, default=0)
+    p.set_defaults(_key=("bench", "anchor"))
+
+
 def _report(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="markdown rows and CDF plots from `bench compare` JSON files")
     p.add_argument("files", nargs="+", metavar="RESULT.json")
@@ -269,4 +302,5 @@ def add_bench_parsers(sub: argparse._SubParsersAction, add_config: AddConfig) ->
     _long_prompt(bs, add_config)
     _part_deaths(bs)
     _overhead(bs, add_config)
+    _anchor(bs, add_config)
     _report(bs)

@@ -172,6 +172,10 @@ def _bench_one(cfg: ClusterConfig, args: argparse.Namespace, concurrency: list[i
             for n in concurrency
         }
     engine.check_integrity()
+    graphs = getattr(engine.runner, "graphs", None)  # CUDA: decode steps that replayed one
+    if graphs is not None:
+        out["cuda_graphs"] = {"captured": graphs.num_graphs, "replays": graphs.replays,
+                              "steps": engine.num_steps}
     out["device"] = str(getattr(engine.runner, "device", "cpu"))
     out["dtype"] = str(getattr(engine.runner, "dtype", cfg.engine.dtype))
     # what engine.quantization resolved to ("auto" -> none | int4); the mock has none
@@ -235,6 +239,10 @@ def _print_table(results: dict, concurrency: list[int], runners: list[str],
     for runner in runners:
         for mode in overlaps:
             run = runs[f"{runner}/overlap-{mode}"]
+            if "cuda_graphs" in run:
+                g = run["cuda_graphs"]
+                print(f"{runner}, overlap {mode}: {g['captured']} decode CUDA graphs, "
+                      f"replayed in {g['replays']} of {g['steps']} steps")
             print(f"{runner:<8}{mode:<9}{'':<8}{'prefill':>6}{run['prefill_tok_s']:>14}")
             for kind in structured:
                 key = _DECODE_KEY[kind]

@@ -99,6 +99,11 @@ class EngineConfig(_Strict):
     tp_timeout_s: float = Field(60.0, gt=0)
     tp_startup_timeout_s: float = Field(300.0, gt=0)  # for every rank to load its slice
     tp_rank_threads: int = Field(1, ge=1)  # torch threads of each extra rank on CPU
+    # Decode-only steps replay CUDA graphs captured at start-up, one per (batch size,
+    # context) bucket up to max_num_seqs x cuda_graph_max_context tokens (docs/engine.md
+    # "CUDA graphs"). "auto": on with a CUDA device; CPU has none (true there is an error).
+    cuda_graphs: bool | Literal["auto"] = "auto"
+    cuda_graph_max_context: int = Field(2048, ge=1)
     mock: MockRunnerConfig = MockRunnerConfig()
 
 

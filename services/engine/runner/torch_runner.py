@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -19,9 +21,14 @@ from services.engine.quant.groups import QuantSource
 from services.engine.request import TokenLogprob
 from services.engine.runner.base import KvSpec, ModelRunner
 from services.engine.runner.cpu_features import cpu_has_fast_bf16
-from services.engine.runner.step_inputs import StepInputs, build_step_inputs, validate_batch
+from services.engine.runner.step_inputs import build_step_inputs, validate_batch
 from services.engine.sampler import Sampled, Sampler
 from services.engine.tp.shard import TpShard
+
+if TYPE_CHECKING:
+    from services.engine.runner.cuda_graphs import DecodeGraphs
+
+log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -140,6 +147,11 @@ class TorchRunner(ModelRunner):
             dtype=self.dtype,
         )
         self.local_kv_spec = replace(self.kv_spec, num_kv_heads=self.tp.local_kv_heads(arch.num_kv_heads))
+        # NOTE: a graph would capture the TP collectives of rank 0 alone: off under TP.
+        if cfg.cuda_graphs is True and (self.device.type != "cuda" or self.tp.size > 1):
+            raise ValueError(f"engine.cuda_graphs: true needs a CUDA device and no tensor "
+                             f"parallelism, not {self.device} with TP={self.tp.size}")
+        use_graphs = self.device.type == "cuda" and self.tp.size == 1 and cfg.cuda_graphs is not False
         with torch.inference_mode():
             self.model = LlamaModel(arch, self.dtype, self.device, self.tp.rank, self.tp.size,
                                     max_len=self.max_model_len)
@@ -149,10 +161,25 @@ class TorchRunner(ModelRunner):
             if self.quantization != "none":
                 quantize_model(self.model, tensors, source, self.quantization, cfg.quantized_max_rows)
             self.model.eval()
+            # NOTE: with CUDA graphs, one block past the pool's: the padding rows' K/V go there.
             self.kv_cache = torch.zeros(
-                self.local_kv_spec.block_range_shape(cfg.num_kv_blocks), dtype=self.dtype, device=self.device
+                self.local_kv_spec.block_range_shape(cfg.num_kv_blocks + use_graphs), dtype=self.dtype,
+                device=self.device,
             )
         self._kv_layers = list(self.kv_cache)  # (2, blocks, block_size, kv_heads, hd) per layer
+        self.graphs: DecodeGraphs | None = None
+        if use_graphs:
+            from services.engine.runner.cuda_graphs import DecodeGraphs
+
+            self.graphs = DecodeGraphs(
+                self.model, self._kv_layers, cfg.block_size, cfg.max_num_seqs,
+                min(cfg.cuda_graph_max_context, self.max_model_len),
+                scratch_slot=cfg.num_kv_blocks * cfg.block_size, device=self.device,
+            )
+            t0 = time.perf_counter()
+            self.graphs.capture(progress=log.info)
+            log.info("decode CUDA graphs: %d captured in %.1fs", self.graphs.num_graphs,
+                     time.perf_counter() - t0)
         self.sampler = Sampler(cfg.seed, self.device)
         # Overlap: the future-token map (device), the forward thread and, on CUDA, its
         # stream; made by reserve_future_slots / the first launch.
@@ -167,13 +194,13 @@ class TorchRunner(ModelRunner):
             return RunnerOutput([])
         t0 = time.perf_counter()
         with torch.inference_mode():
-            step, logits = self._forward(batch)
+            sample_index, sample_seqs, logits = self._forward(batch)
             host = None
             if logits is not None:
-                host = self.sampler.sample_tensor(logits, step.sample_seqs,
+                host = self.sampler.sample_tensor(logits, sample_seqs,
                                                   mask=batch.grammar_mask).to_host()
         self.busy_seconds += time.perf_counter() - t0
-        return _runner_output(len(batch.seqs), step.sample_index, step.sample_seqs, host)
+        return _runner_output(len(batch.seqs), sample_index, sample_seqs, host)
 
     def reserve_future_slots(self, n: int) -> None:
         self._future = torch.zeros(n, dtype=torch.int64, device=self.device)
@@ -208,11 +235,11 @@ class TorchRunner(ModelRunner):
                 stream.wait_event(ready)
                 timing = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                 timing[0].record()
-            step, logits = self._forward(batch)
+            sample_index, sample_seqs, logits = self._forward(batch)
             host = None
             if logits is not None:
                 # on the device; with a grammar it waits for the mask the scheduler thread fills
-                drawn = self.sampler.sample_tensor(logits, step.sample_seqs, mask=batch.grammar_mask)
+                drawn = self.sampler.sample_tensor(logits, sample_seqs, mask=batch.grammar_mask)
                 base = batch.future_base
                 self._future[base : base + drawn.tokens.shape[0]] = drawn.tokens
                 host = drawn.to_host(non_blocking=True) if stream is not None else drawn
@@ -224,19 +251,25 @@ class TorchRunner(ModelRunner):
                 done.record()
         if stream is None:
             self.busy_seconds += time.perf_counter() - t0
-        return step.sample_index, step.sample_seqs, host, done, timing
+        return sample_index, sample_seqs, host, done, timing
 
     def logits_for(self, batch: ScheduledBatch) -> torch.Tensor:
         """Run the step like ``execute`` (KV is written) but return the logits (N, V) of
         the sampling sequences, in batch order, as float32 on the CPU."""
         with torch.inference_mode():
-            _, logits = self._forward(batch)
+            _, _, logits = self._forward(batch)
         if logits is None:
             return torch.empty(0, self.vocab_size)
         return logits.float().cpu().clone()  # a normal (not inference-mode) tensor
 
-    def _forward(self, batch: ScheduledBatch) -> tuple[StepInputs, torch.Tensor | None]:
+    def _forward(self, batch: ScheduledBatch) -> tuple[list[int], list[ScheduledSeq], torch.Tensor | None]:
+        """The step's forward: the batch index and sequence of each sampled row, and their
+        logits (N, V); None when nothing is sampled."""
         validate_batch(batch, self.block_size, self.kv_spec.num_blocks, self.max_model_len)
+        if self.graphs is not None:
+            key = self.graphs.bucket(batch)
+            if key is not None:
+                return self._graph_forward(batch, key)
         step = build_step_inputs(batch, self.block_size, self.device, self.dtype)
         ids = step.input_ids
         if step.has_futures:  # tokens the previous batch sampled: read on the device
@@ -244,8 +277,20 @@ class TorchRunner(ModelRunner):
         hidden = self.model(ids, step.positions, step.meta, self._kv_layers,
                             step.mm_rows, step.mm_embeds)  # (T, H)
         if not step.sample_index:
-            return step, None
-        return step, self.model.compute_logits(hidden[step.sample_rows])  # (N, V)
+            return step.sample_index, step.sample_seqs, None
+        return step.sample_index, step.sample_seqs, self.model.compute_logits(hidden[step.sample_rows])
+
+    def _graph_forward(self, batch: ScheduledBatch, key: tuple[int, int]
+                       ) -> tuple[list[int], list[ScheduledSeq], torch.Tensor | None]:
+        assert self.graphs is not None
+        logits = self.graphs.run(batch, key, self._future)  # (n, V), batch order
+        index = [i for i, s in enumerate(batch.seqs) if s.sample]
+        seqs = [batch.seqs[i] for i in index]
+        if not index:
+            return index, seqs, None
+        if len(index) < len(batch.seqs):
+            logits = logits[torch.tensor(index, device=self.device)]
+        return index, seqs, logits
 
     # -- KV transfer -----------------------------------------------------------------------
 

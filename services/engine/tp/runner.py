@@ -25,10 +25,9 @@ from pathlib import Path
 import torch
 
 from services.common.config import EngineConfig
-from services.engine.batch import ScheduledBatch
+from services.engine.batch import ScheduledBatch, ScheduledSeq
 from services.engine.model_config import ModelArchConfig
 from services.engine.request import GenerateRequest
-from services.engine.runner.step_inputs import StepInputs
 from services.engine.runner.torch_runner import TorchRunner
 from services.engine.tp import comm
 from services.engine.tp.broadcast import PayloadBroadcaster
@@ -145,7 +144,7 @@ class TpRunner(TorchRunner):
 
     # -- forward ---------------------------------------------------------------------------
 
-    def _forward(self, batch: ScheduledBatch) -> tuple[StepInputs, torch.Tensor | None]:
+    def _forward(self, batch: ScheduledBatch) -> tuple[list[int], list[ScheduledSeq], torch.Tensor | None]:
         msg = self._encoder.encode(batch, self._handles, self._dropped)
         self._dropped = []
         self._rank0_steps += 1
