@@ -15,11 +15,15 @@ from services.engine.request import FinishReason, GenerateRequest, SamplingParam
 
 ROOT = Path(__file__).resolve().parents[2]
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+# NOTE: float32 on purpose. The answer's first token is a near-tie ("The" 25.33 against "L"
+# 25.24 in float32) that bfloat16 rounding flips on CUDA ("L'Étoile, ..."); these tests check
+# the model's knowledge and end-of-turn handling. How far bfloat16 and int4 stray from float32
+# is test_quant_smollm2's job.
 
 
 @pytest.fixture(scope="module")
 def parts(smollm2_path: Path):
-    cfg = parse_config({"engine": {"threads": 1, "num_kv_blocks": 256}})
+    cfg = parse_config({"engine": {"threads": 1, "num_kv_blocks": 256, "dtype": "float32"}})
     return build_engine(cfg)
 
 
@@ -48,7 +52,7 @@ def test_smollm2_answers_paris_and_stops_at_end_of_turn(parts) -> None:
 def test_tandem_chat_cli_one_shot(smollm2_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "services.cli", "chat", "--prompt", "What is the capital of France?",
-         "--max-tokens", "48"],
+         "--max-tokens", "48", "--set", "engine.dtype=float32"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
