@@ -141,6 +141,9 @@ def bench_decode(engine: LLMEngine, n: int, steps: int, context: int, repeats: i
     return out
 
 
+_OVERLAP_SETTING = {"on": "true", "off": "false", "auto": "auto"}
+
+
 def _modes(arg: str, default: str, allowed: tuple[str, ...], flag: str) -> list[str]:
     modes = [m.strip() for m in (arg or default).split(",") if m.strip()]
     bad = [m for m in modes if m not in allowed]
@@ -191,8 +194,9 @@ def main(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, overrides)
     torch.set_num_threads(args.threads)
     concurrency = [int(c) for c in args.concurrency.split(",") if c]
-    overlaps = _modes(args.overlap, "off" if cfg.engine.overlap is False else "on", ("on", "off"),
-                      "--overlap")
+    # NOTE: by default the engine's own choice: `auto` stays auto (off for torch on a CPU).
+    default_overlap = {True: "on", False: "off"}.get(cfg.engine.overlap, "auto")  # type: ignore[call-overload]
+    overlaps = _modes(args.overlap, default_overlap, ("on", "off", "auto"), "--overlap")
     runners = _modes(args.runners, cfg.engine.runner, ("torch", "mock"), "--runners")
     structured = _modes(args.structured, "none", ("none", "json"), "--structured")
     need_seqs = max(concurrency, default=1)
@@ -207,7 +211,7 @@ def main(args: argparse.Namespace) -> int:
     for runner in runners:
         for mode in overlaps:
             run_cfg = load_config(args.config, [*overrides, *raise_to, f"engine.runner={runner}",
-                                                f"engine.overlap={mode == 'on'}"])
+                                                f"engine.overlap={_OVERLAP_SETTING[mode]}"])
             print(f"{runner} runner, overlap {mode}: {run_cfg.model.path} on "
                   f"{run_cfg.engine.device} with {args.threads} threads ...", flush=True)
             results["runs"][f"{runner}/overlap-{mode}"] = _bench_one(run_cfg, args, concurrency,
