@@ -26,6 +26,7 @@ _HANDLERS = {
     ("bench", "kv-transfer"): "services.bench.kv_transfer:main",
     ("bench", "mm-transfer"): "services.bench.mm_transfer:main",
     ("bench", "mm-ttft"): "services.bench.mm_ttft:main",
+    ("bench", "schemas"): "services.bench.schemas:main",
     ("bench", "serve"): "services.bench.serve:main",
     ("bench", "compare"): "services.bench.compare:main",
     ("bench", "overhead"): "services.bench.overhead:main",

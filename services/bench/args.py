@@ -144,6 +144,18 @@ def _mm_ttft(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(_key=("bench", "mm-ttft"))
 
 
+def _schemas(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("schemas", help="JSON-schema answers over many generated schemas, validated, against a server")
+    p.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000")
+    p.add_argument("--model", required=True, help="the served model name")
+    add_json_arg(p)
+    p.add_argument("--n", type=int, default=50, help="schemas to generate and ask for")
+    p.add_argument("--seed", type=int, default=0, help="the schema generator's seed")
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=256, help="per answer; a cut answer is invalid")
+    p.set_defaults(_key=("bench", "schemas"))
+
+
 def _serve(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="stream a workload against an OpenAI-compatible server")
     p.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000")
@@ -297,6 +309,7 @@ def add_bench_parsers(sub: argparse._SubParsersAction, add_config: AddConfig) ->
     _kv_transfer(bs)
     _mm_transfer(bs)
     _mm_ttft(bs)
+    _schemas(bs)
     _serve(bs)
     _compare(bs)
     _long_prompt(bs, add_config)
