@@ -118,3 +118,26 @@ def test_n_choices_with_an_image_each_equal_the_single_answer(llava):
         for out in engine.step():
             got[out.index].extend(out.token_ids)
     assert got == {0: single, 1: single}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_greedy_tokens_equal_transformers_generate_on_cuda(llava):
+    """The vision tower, projector and language model on CUDA (float32, overlap and CUDA
+    graphs as `auto` picks them) give transformers' greedy tokens."""
+    hf, w, _ = llava
+    enc = ImageEncoder(w.arch, device="cuda")
+    enc.load_hf_weights(w.vision, w.projector)
+    cfg = EngineConfig(device="cuda", dtype="float32", block_size=BS, num_kv_blocks=128,
+                       max_num_batched_tokens=64)
+    engine = LLMEngine(TorchRunner(w.text.arch, w.text.tensors, cfg), cfg, [])
+    short = [3, 4, 5, IMAGE_TOKEN, 9, 10, 11, IMAGE_TOKEN, 12]
+    full, spans = expand_placeholders(short, IMAGE_TOKEN, w.arch.tokens_per_image, ["a" * 64, "b" * 64])
+    pixels = [_pixels(1), _pixels(2)]
+    spans = tuple(s.with_embeds(enc(p.cuda())[0]) for s, p in zip(spans, pixels, strict=True))
+    req = GenerateRequest("a", full, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True), images=spans)
+    tokens, _ = _run(engine, req)
+    with torch.no_grad():
+        want = hf.generate(input_ids=torch.tensor([full]), pixel_values=torch.cat(pixels),
+                           max_new_tokens=6, do_sample=False)[0, len(full):].tolist()
+    assert tokens == want
+    assert engine.stats().kv_blocks_used == 0
