@@ -4,11 +4,6 @@ by the TP=3 prefill worker, get the same greedy answers as one unsplit in-proces
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +16,7 @@ from services.engine.factory import build_engine
 from services.engine.request import GenerateRequest, SamplingParams
 from tests.e2e.test_cluster import FRANCE, LONG, MODEL, ROOT
 from tests.support.ports import free_port
+from tests.support.up import start_up
 
 TP_SETTINGS = ["engine.tensor_parallel_size=3", "engine.dtype=float32"]
 
@@ -36,33 +32,15 @@ def tp_cluster(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         f"processor.port={ports['proc']}", f"processor.metrics_port={ports['proc_m']}",
         f"frontend.port={ports['front']}", f"launcher.metrics_port={ports['launcher_m']}",
     ]
-    argv = [sys.executable, "-m", "services.cli", "up", "-c", "configs/local.yaml",
-            "--run-dir", str(tmp_path_factory.mktemp("run")), "--ready-timeout", "400", "--fail-fast"]
+    args = ["--ready-timeout", "400", "--fail-fast"]
     for o in overrides:
-        argv += ["--set", o]
-    log = tmp_path_factory.mktemp("log") / "up.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{ports['front']}"
+        args += ["--set", o]
+    up = start_up(ROOT / "configs" / "local.yaml", tmp_path_factory.mktemp("tp") / "run", args)
     try:
-        deadline = time.monotonic() + 400
-        while True:
-            assert proc.poll() is None, f"tandem up exited {proc.returncode}:\n{log.read_text()}"
-            assert time.monotonic() < deadline, f"cluster not ready:\n{log.read_text()}"
-            try:
-                if httpx.get(base + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        yield base + "/v1", f"http://127.0.0.1:{ports['decode_m']}/metrics"
+        up.wait_for(r"^tandem is ready in", timeout=420)
+        yield f"http://127.0.0.1:{ports['front']}/v1", f"http://127.0.0.1:{ports['decode_m']}/metrics"
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            assert proc.wait(timeout=120) == 0, log.read_text()
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+        assert up.stop(timeout=120) == 0, up.output()
 
 
 def _local_greedy(messages: list[dict[str, str]], max_tokens: int) -> str:

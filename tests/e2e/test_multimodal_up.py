@@ -6,11 +6,6 @@ again is a prefix hit; no embedding block stays held."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +15,7 @@ from openai import OpenAI
 
 from tests.support.llava import data_url, hf_greedy_text, image_png, make_model
 from tests.support.ports import free_port
+from tests.support.up import start_up
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "tandem-tiny-random-llava"
@@ -55,34 +51,16 @@ def cluster(request, model_dir: Path, tmp_path_factory) -> Iterator[tuple[str, s
         # 16 rows per image; remote: a 4-row first buffer, so every image resumes.
         "multimodal.block_size=4", f"multimodal.default_blocks={1 if remote else 8}",
     ]
-    argv = [sys.executable, "-m", "services.cli", "up", "-c", "configs/multimodal.yaml",
-            "--run-dir", str(tmp_path_factory.mktemp("run")), "--ready-timeout", "300", "--fail-fast"]
-    for s in sets:
-        argv += ["--set", s]
-    log = tmp_path_factory.mktemp("log") / "up.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{ports['front']}"
+    args = ["--ready-timeout", "300", "--fail-fast"]
+    for o in sets:
+        args += ["--set", o]
+    up = start_up(ROOT / "configs" / "multimodal.yaml", tmp_path_factory.mktemp("mm") / "run", args)
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert proc.poll() is None, f"tandem up exited {proc.returncode}:\n{log.read_text()}"
-            assert time.monotonic() < deadline, f"cluster not ready:\n{log.read_text()}"
-            try:
-                if httpx.get(base + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        yield (base + "/v1", f"http://127.0.0.1:{ports['decode_m']}/metrics",
+        up.wait_for(r"^tandem is ready in", timeout=320)
+        yield (f"http://127.0.0.1:{ports['front']}/v1", f"http://127.0.0.1:{ports['decode_m']}/metrics",
                f"http://127.0.0.1:{ports['encode_m']}/metrics" if remote else None)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            assert proc.wait(timeout=90) == 0, log.read_text()
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+        assert up.stop(timeout=90) == 0, up.output()
 
 
 def _ask(client: OpenAI, png: bytes):
