@@ -22,6 +22,7 @@ from services.common.config import load_config
 from services.engine.factory import build_engine
 from services.engine.request import GenerateRequest, SamplingParams
 from tests.support.ports import free_port
+from tests.support.up import metric
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "SmolLM2-135M-Instruct"
@@ -42,14 +43,6 @@ LONG = [{"role": "user", "content": "Summarise: " + "The Roman Empire built road
 class Cluster:
     base_url: str
     decode_metrics: str
-
-
-def _metric(url: str, name: str) -> float:
-    for line in httpx.get(url, timeout=10).text.splitlines():
-        key, _, value = line.rpartition(" ")
-        if key == name:
-            return float(value)
-    raise AssertionError(f"{name} not in {url}")
 
 
 def _start(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Popen, Path, dict[str, int]]:
@@ -169,9 +162,9 @@ def test_eight_concurrent_streams_all_finish(cluster: Cluster) -> None:
 def test_long_prompt_prefills_remotely_and_matches_the_local_path(
     cluster: Cluster, client: OpenAI
 ) -> None:
-    remote_before = _metric(cluster.decode_metrics, 'tandem_worker_prefill_total{where="remote"}')
+    remote_before = metric(cluster.decode_metrics, 'tandem_worker_prefill_total{where="remote"}')
     r = client.chat.completions.create(model=MODEL, messages=LONG, temperature=0, max_tokens=24)
-    remote_after = _metric(cluster.decode_metrics, 'tandem_worker_prefill_total{where="remote"}')
+    remote_after = metric(cluster.decode_metrics, 'tandem_worker_prefill_total{where="remote"}')
     assert remote_after == remote_before + 1
 
     # The local path: the same prompt through an in-process engine, greedy.
@@ -190,8 +183,8 @@ def test_long_prompt_prefills_remotely_and_matches_the_local_path(
 
 def test_frontend_metrics_have_latency_samples(cluster: Cluster) -> None:
     url = cluster.base_url.removesuffix("/v1") + "/metrics"
-    assert _metric(url, "tandem_frontend_time_to_first_token_seconds_count") > 0
-    assert _metric(url, "tandem_frontend_inter_token_latency_seconds_count") > 0
-    assert _metric(url, "tandem_frontend_request_duration_seconds_count") > 0
+    assert metric(url, "tandem_frontend_time_to_first_token_seconds_count") > 0
+    assert metric(url, "tandem_frontend_inter_token_latency_seconds_count") > 0
+    assert metric(url, "tandem_frontend_request_duration_seconds_count") > 0
     # every request has finished: no KV block is still referenced on the decode worker
-    assert _metric(cluster.decode_metrics, "tandem_worker_kv_blocks_used") == 0
+    assert metric(cluster.decode_metrics, "tandem_worker_kv_blocks_used") == 0

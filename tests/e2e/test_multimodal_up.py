@@ -9,13 +9,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from openai import OpenAI
 
 from tests.support.llava import data_url, hf_greedy_text, image_png, make_model
 from tests.support.ports import free_port
-from tests.support.up import start_up
+from tests.support.up import metric, start_up
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "tandem-tiny-random-llava"
@@ -25,14 +24,6 @@ MAX_NEW = 8
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
     return make_model(tmp_path_factory.mktemp("model") / MODEL)
-
-
-def _metric(url: str, name: str) -> float:
-    for line in httpx.get(url, timeout=10).text.splitlines():
-        key, _, value = line.rpartition(" ")
-        if key == name:
-            return float(value)
-    raise AssertionError(f"{name} not in {url}")
 
 
 @pytest.fixture(scope="module", params=["remote-encode-resume", "local-encode"])
@@ -81,8 +72,8 @@ def test_image_request_equals_transformers_and_hits_the_prefix_cache(cluster, mo
     assert again.choices[0].message.content == first.choices[0].message.content
     n = first.usage.prompt_tokens
     assert again.usage.prompt_tokens_details.cached_tokens == (n - 1) // 4 * 4
-    assert _metric(decode_metrics, "tandem_worker_mm_blocks_used") == 0
+    assert metric(decode_metrics, "tandem_worker_mm_blocks_used") == 0
     if encode_metrics is not None:  # the encode worker did the work, once (then its cache)
-        assert _metric(encode_metrics, "tandem_encode_images_total") == 1
-        assert _metric(encode_metrics, "tandem_encode_cache_hits_total") == 1
-        assert _metric(encode_metrics, "tandem_worker_mm_blocks_used") == 0
+        assert metric(encode_metrics, "tandem_encode_images_total") == 1
+        assert metric(encode_metrics, "tandem_encode_cache_hits_total") == 1
+        assert metric(encode_metrics, "tandem_worker_mm_blocks_used") == 0

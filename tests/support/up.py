@@ -119,6 +119,15 @@ class LivePoller:
             self._thread.join(timeout=10)
 
 
+def metric(url: str, name: str) -> float:
+    """The sample ``name`` (with its labels, as printed) of the /metrics at ``url``."""
+    for line in httpx.get(url, timeout=10).text.splitlines():
+        key, _, value = line.rpartition(" ")
+        if key == name:
+            return float(value)
+    raise AssertionError(f"{name} not in {url}")
+
+
 def launcher_metric(port: int, name: str, part: str) -> float:
     """One labelled sample of the launcher's /metrics."""
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
