@@ -104,6 +104,10 @@ class EngineConfig(_Strict):
     # "CUDA graphs"). "auto": on with a CUDA device; CPU has none (true there is an error).
     cuda_graphs: bool | Literal["auto"] = "auto"
     cuda_graph_max_context: int = Field(2048, ge=1)
+    # Our own AVX-512 kernels for int4 matmuls and decode-only steps on CPU (docs/engine.md
+    # "CPU decode kernels"), built with g++ at first use. "auto": on where the CPU has
+    # AVX512-BF16 and the build works, else torch's kernels; true: an error where they cannot run.
+    cpu_kernels: bool | Literal["auto"] = "auto"
     mock: MockRunnerConfig = MockRunnerConfig()
 
 

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from services.engine.cpu_kernels.decode import CpuDecode
 from services.engine.layers.attention import AttentionMetadata, paged_attention
 from services.engine.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from services.engine.layers.norm import RMSNorm
@@ -104,6 +105,9 @@ class LlamaModel(nn.Module):
         )
         # Set by quant.apply.quantize_model: a quantized head used instead of lm_head_weight.
         self.lm_head: nn.Module | None = None
+        # Set by the runner where every layer runs on our CPU int4 kernels: decode-only
+        # steps go through cpu_kernels/decode.py in one call.
+        self.cpu_decode: CpuDecode | None = None
         self.rotary = RotaryEmbedding(
             arch.head_dim, max_len or arch.max_position_embeddings, arch.rope_theta, dtype, device
         )
@@ -123,6 +127,8 @@ class LlamaModel(nn.Module):
         views ``list(kv_cache)``. ``mm_embeds`` (M, H) replace the token embeddings of rows
         ``mm_rows`` (M,): a multimodal model's image placeholders.
         """
+        if self.cpu_decode is not None and self.cpu_decode.takes(input_ids, meta, mm_rows):
+            return self.cpu_decode(input_ids, positions, meta, list(kv_cache))
         cos, sin = self.rotary.lookup(positions)  # (T, 1, hd) each, shared by all layers
         x = self.embed_tokens(input_ids)  # (T, H)
         if mm_rows is not None:

@@ -36,7 +36,7 @@ def test_auto_resolves_to_cpu_and_the_dtype_the_cpu_runs_fast(monkeypatch: pytes
 
 
 def test_cpu_bf16_probe_agrees_with_proc_cpuinfo():
-    flags = cpu_features._cpuinfo_flags()
+    flags = cpu_features.cpuinfo_flags()
     if not flags:
         pytest.skip("no /proc/cpuinfo flags here")
     assert cpu_features.cpu_has_fast_bf16() == bool({"avx512_bf16", "amx_bf16"} & flags)

@@ -41,11 +41,13 @@ class DecodeGroup:
 
     ``block_table`` (D, nb_max) is each sequence's block table padded with block 0;
     ``mask`` (D, 1, 1, nb_max * block_size) is 0 on each sequence's real context, -inf after.
+    ``ctx_len`` is what the CPU decode kernel reads instead of the mask.
     Gathering whole blocks (not single slots) keeps the per-layer copy a few large memcpys.
     """
 
     block_table: torch.Tensor
     mask: torch.Tensor
+    ctx_len: torch.Tensor | None = None  # (D,) int64: context length with the new token
 
 
 @dataclass(slots=True)
@@ -98,7 +100,7 @@ def build_attention_metadata(
         ctx_len = torch.tensor([p + 1 for p, _ in decodes], dtype=torch.int64, device=device)
         pos = torch.arange(max_blocks * block_size, device=device)
         mask = pos[None, :] < ctx_len[:, None]  # (D, L_pad)
-        decode = DecodeGroup(block_table=table, mask=_additive(mask, dtype)[:, None, None, :])
+        decode = DecodeGroup(block_table=table, mask=_additive(mask, dtype)[:, None, None, :], ctx_len=ctx_len)
     return AttentionMetadata(
         slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
         num_prefill_tokens=row,

@@ -45,11 +45,12 @@ def resolve_quantization(cfg: EngineConfig, dtype: torch.dtype, source: QuantSou
 
 @torch.no_grad()
 def quantize_model(model: LlamaModel, tensors: Mapping[str, torch.Tensor], source: QuantSource,
-                   mode: str, dense_above_rows: int | None) -> None:
+                   mode: str, dense_above_rows: int | None, cpu_kernel: bool = False) -> None:
     """Replace every decoder linear and the LM head of a loaded ``model`` by a
     QuantizedLinear in ``mode`` (int4 | int8). ``tensors`` are the float weights the model
     was loaded from; ``dense_above_rows`` None drops the dense weights, else keeps them for
-    batches of more rows (QuantizedLinear)."""
+    batches of more rows (QuantizedLinear). ``cpu_kernel``: int4 matmuls on our AVX-512
+    kernel (cpu_kernels/, loaded by the caller) where it takes the groups."""
     if mode not in ("int4", "int8"):
         raise ValueError(f"quantization mode {mode!r} is not int4 | int8")
     dtype, device = model.embed_tokens.weight.dtype, model.embed_tokens.weight.device
@@ -57,7 +58,7 @@ def quantize_model(model: LlamaModel, tensors: Mapping[str, torch.Tensor], sourc
 
     def quantized(names: list[str], dense: torch.Tensor, bias: torch.Tensor | None,
                   split: list[int]) -> QuantizedLinear:
-        matmul = _matmul(names, tensors, source, mode, dtype, device)
+        matmul = _matmul(names, tensors, source, mode, dtype, device, cpu_kernel)
         return QuantizedLinear(matmul, bias, split, dense if keep_dense else None, dense_above_rows or 0)
 
     for i, layer in enumerate(model.layers):
@@ -71,15 +72,15 @@ def quantize_model(model: LlamaModel, tensors: Mapping[str, torch.Tensor], sourc
 
 
 def _matmul(names: list[str], tensors: Mapping[str, torch.Tensor], source: QuantSource, mode: str,
-            dtype: torch.dtype, device: torch.device) -> nn.Module:
+            dtype: torch.dtype, device: torch.device, cpu_kernel: bool) -> nn.Module:
     exact = [source.groups.get(n) for n in names]
     if mode == "int8":
         # Q8_0 already is 8-bit with exact int4-pair groups; other weights go per channel.
         if all(e is not None and e.bits == 8 for e in exact):
-            return Int4Matmul(g.cat_rows(exact), dtype, device)  # type: ignore[arg-type]
+            return Int4Matmul(g.cat_rows(exact), dtype, device, cpu_kernel)  # type: ignore[arg-type]
         return Int8Matmul(torch.cat([tensors[n] for n in names]), dtype, device)
     if all(e is not None for e in exact) and g.same_layout(exact):  # type: ignore[arg-type]
-        return Int4Matmul(g.cat_rows(exact), dtype, device)  # type: ignore[arg-type]
+        return Int4Matmul(g.cat_rows(exact), dtype, device, cpu_kernel)  # type: ignore[arg-type]
     # Not in the file in one exact layout (HF weights, F16, K-quants, or q/k/v stored in
     # different types): quantize the float weights.
-    return Int4Matmul(g.cat_rows([g.from_float(tensors[n]) for n in names]), dtype, device)
+    return Int4Matmul(g.cat_rows([g.from_float(tensors[n]) for n in names]), dtype, device, cpu_kernel)

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from services.engine.cpu_kernels import pack
 from services.engine.quant.groups import Int4Groups
 
 
@@ -31,10 +32,19 @@ def _inner_k_tiles(k: int) -> int:
 class Int4Matmul(nn.Module):
     """``x (M, in) -> x @ W.T (M, out)`` for W given as int4 groups."""
 
-    def __init__(self, groups: Int4Groups, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, groups: Int4Groups, dtype: torch.dtype, device: torch.device,
+                 cpu_kernel: bool = False) -> None:
         super().__init__()
         self.group_size, self.repeat = groups.group_size, groups.input_repeat
         self.out_features = n = groups.out_features
+        self.cpu = device.type == "cpu"
+        # Our AVX-512 kernel (cpu_kernels/) where the caller loaded it: bfloat16, 32-groups.
+        self.kernel = cpu_kernel and self.cpu and dtype == torch.bfloat16 and pack.supports(groups)
+        if self.kernel:
+            codes, scale_min = pack.pack(groups)
+            self.register_buffer("codes", codes, persistent=False)
+            self.register_buffer("scale_min", scale_min, persistent=False)
+            return
         # The packers want N a multiple of 16 (CPU) / 8 (CUDA): pad with zero rows, sliced off.
         pad = -n % 16
         codes = F.pad(groups.codes, (0, 0, 0, pad), value=8)  # (N + pad, K * repeat), 0..15
@@ -42,7 +52,6 @@ class Int4Matmul(nn.Module):
         # (K * repeat / group, N, 2): the kernels' layout, one (scale, zero) pair per group and row.
         sz = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()
         self.register_buffer("scale_zero", sz.to(device=device, dtype=dtype), persistent=False)
-        self.cpu = device.type == "cpu"
         if self.cpu:
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
         else:
@@ -54,6 +63,9 @@ class Int4Matmul(nn.Module):
         self.register_buffer("packed", packed, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = self.out_features
+        if self.kernel:  # reads the input cyclically: no [x] * repeat copy
+            return torch.ops.tandem_cpu.int4_linear(x.contiguous(), self.codes, self.scale_min, n)
         if self.repeat > 1:  # a Q8_0 weight: both nibble halves read the same input
             x = torch.cat([x] * self.repeat, dim=-1)
         if self.cpu:

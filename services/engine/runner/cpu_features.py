@@ -13,7 +13,9 @@ import torch
 _BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 
 
-def _cpuinfo_flags() -> frozenset[str]:
+@functools.cache
+def cpuinfo_flags() -> frozenset[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where it cannot be read)."""
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
             for line in f:
@@ -31,4 +33,4 @@ def cpu_has_fast_bf16() -> bool:
     probes = [getattr(torch.cpu, n, None) for n in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
     if all(callable(p) for p in probes):
         return any(p() for p in probes)  # type: ignore[misc]
-    return bool(_BF16_FLAGS & _cpuinfo_flags())
+    return bool(_BF16_FLAGS & cpuinfo_flags())

@@ -14,6 +14,8 @@ import torch
 
 from services.common.config import EngineConfig
 from services.engine.batch import PendingOutput, RunnerOutput, ScheduledBatch, ScheduledSeq
+from services.engine.cpu_kernels import build as cpu_build
+from services.engine.cpu_kernels.decode import CpuDecode
 from services.engine.model import LlamaModel
 from services.engine.model_config import ModelArchConfig
 from services.engine.quant.apply import quantize_model, resolve_quantization
@@ -102,6 +104,26 @@ class _TorchPending:
         return self._out
 
 
+def _use_cpu_kernels(cfg: EngineConfig, device: torch.device, dtype: torch.dtype, tp: TpShard) -> bool:
+    """``engine.cpu_kernels`` for an int4 model: auto -> where they can run; true -> they
+    must (ValueError naming why not)."""
+    if cfg.cpu_kernels is False:
+        return False
+    why = None
+    if device.type != "cpu" or dtype != torch.bfloat16 or tp.size > 1:
+        why = f"they run on CPU in bfloat16 without tensor parallelism, not {device}, {dtype}, TP={tp.size}"
+    if cfg.cpu_kernels is True:
+        if why is None:
+            try:
+                cpu_build.load()
+            except cpu_build.KernelUnavailable as e:
+                why = str(e)
+        if why is not None:
+            raise ValueError(f"engine.cpu_kernels: true, but {why}")
+        return True
+    return why is None and cpu_build.available()
+
+
 class TorchRunner(ModelRunner):
     """Runs a LlamaModel over a KV cache ``(layers, 2, num_kv_blocks, block_size, kv_heads, head_dim)``.
 
@@ -158,8 +180,12 @@ class TorchRunner(ModelRunner):
             self.model.load_hf_weights(tensors)
             source = quant_source or QuantSource()
             self.quantization = resolve_quantization(cfg, self.dtype, source)
+            cpu_kernel = self.quantization == "int4" and _use_cpu_kernels(cfg, self.device, self.dtype, self.tp)
             if self.quantization != "none":
-                quantize_model(self.model, tensors, source, self.quantization, cfg.quantized_max_rows)
+                quantize_model(self.model, tensors, source, self.quantization, cfg.quantized_max_rows,
+                               cpu_kernel=cpu_kernel)
+            if cpu_kernel and CpuDecode.supports(self.model):
+                self.model.cpu_decode = CpuDecode(self.model)
             self.model.eval()
             # NOTE: with CUDA graphs, one block past the pool's: the padding rows' K/V go there.
             self.kv_cache = torch.zeros(

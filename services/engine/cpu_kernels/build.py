@@ -1,0 +1,99 @@
+"""Compiles decode.cpp into a torch op library once per machine and loads it.
+
+The library is built with g++ at first use (about 15 s) into a cache directory keyed by
+the source, torch's version and the compiler flags, so every later engine start on the
+machine loads it at once. Builds are atomic (a temporary file renamed into place), so
+concurrent workers starting together are safe. Where the CPU lacks AVX512-BF16, g++ is
+missing or the build fails, ``load`` says why and returns False: the engine keeps
+torch's own kernels (``engine.cpu_kernels: auto``), or refuses to start (``true``).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+from torch.utils.cpp_extension import include_paths
+
+from services.engine.runner.cpu_features import cpuinfo_flags
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("decode.cpp")
+# What decode.cpp's intrinsics need (avx512_bf16: vdpbf16ps; avx512bw: vpermw).
+REQUIRED_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "fma", "f16c"})
+CFLAGS = ["-O3", "-std=c++20", "-shared", "-fPIC", "-mavx512f", "-mavx512bw", "-mavx512vl",
+          "-mavx512dq", "-mavx512bf16", "-mfma", "-mf16c"]
+
+
+class KernelUnavailable(RuntimeError):
+    """The CPU decode kernels cannot run here; the message says why."""
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("TANDEM_KERNEL_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tandem", "kernels")
+    return Path(root)
+
+
+def _library_path() -> Path:
+    key = hashlib.sha256(SOURCE.read_bytes())
+    key.update(f"{torch.__version__} {' '.join(CFLAGS)}".encode())
+    return cache_dir() / f"tandem_cpu-{key.hexdigest()[:16]}.so"
+
+
+def _compile(out: Path) -> None:
+    cxx = os.environ.get("CXX") or shutil.which("g++")
+    if cxx is None:
+        raise KernelUnavailable("no C++ compiler (g++) on PATH")
+    torch_lib = Path(torch.__file__).parent / "lib"
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    os.close(fd)
+    cmd = [cxx, *CFLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *(f"-I{p}" for p in include_paths()),
+           str(SOURCE), f"-L{torch_lib}", "-lc10", "-ltorch_cpu", "-o", tmp]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            raise KernelUnavailable(f"g++ failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+@functools.cache
+def load() -> None:
+    """Build (once per machine) and load the ``torch.ops.tandem_cpu`` ops. Raises
+    KernelUnavailable naming the reason when they cannot run here."""
+    missing = REQUIRED_FLAGS - cpuinfo_flags()
+    if missing:
+        raise KernelUnavailable(f"the CPU lacks {', '.join(sorted(missing))}")
+    path = _library_path()
+    if not path.exists():
+        log.info("building the CPU decode kernels into %s (once per machine) ...", path)
+        _compile(path)
+    torch.ops.load_library(str(path))
+
+
+def available() -> bool:
+    """Whether the kernels are loaded or can be; logs the reason once when not."""
+    try:
+        load()
+    except KernelUnavailable as e:
+        _warn_once(str(e))
+        return False
+    return True
+
+
+@functools.cache
+def _warn_once(reason: str) -> None:
+    log.warning("CPU decode kernels unavailable (%s): using torch's kernels", reason)

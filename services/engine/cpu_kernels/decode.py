@@ -1,0 +1,80 @@
+"""A decode-only step's decoder stack in one call of decode.cpp's ``decode_forward``.
+
+Where the model runs on our int4 CPU kernels (every decoder linear an Int4Matmul on the
+kernel, bfloat16, no tensor parallelism), a step whose rows are all single decode tokens
+(at most ``MAX_ROWS``, no image rows) skips the eager per-layer forward: that is about
+2,500 small torch ops a step at one sequence, which cost more than the weights' bytes.
+The numbers differ from the eager bfloat16 forward only in rounding: the residual stream
+stays float32 and each matmul's output is not rounded to bfloat16.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from services.engine.layers.attention import AttentionMetadata
+from services.engine.quant.linear import Int4Matmul, QuantizedLinear
+
+MAX_ROWS = 16  # decode.cpp keeps this many rows' accumulators in registers
+
+
+def _kernel_matmul(linear: torch.nn.Module) -> Int4Matmul | None:
+    if isinstance(linear, QuantizedLinear) and isinstance(linear.matmul, Int4Matmul) and linear.matmul.kernel:
+        return linear.matmul
+    return None
+
+
+class CpuDecode:
+    """The weights of every layer in ``decode_forward``'s order, gathered once at load."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        arch = model.arch
+        self.dims = [arch.hidden_size, arch.num_heads, arch.num_kv_heads, arch.head_dim,
+                     arch.intermediate_size, arch.num_layers, 0]
+        self.eps = float(model.norm.eps)
+        self.embed = model.embed_tokens.weight
+        self.final_norm = model.norm.weight
+        # float32 copies of the model's (bfloat16) tables: the same angles, no per-step cast
+        self.cos = model.rotary.cos_cache.float().contiguous()
+        self.sin = model.rotary.sin_cache.float().contiguous()
+        self.weights: list[torch.Tensor] = []
+        empty = torch.empty(0)
+        for layer in model.layers:
+            qkv, o, gu, down = (_kernel_matmul(getattr(layer, a))
+                                for a in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"))
+            assert qkv and o and gu and down
+            bias = layer.qkv_proj.bias
+            self.weights += [layer.input_layernorm.weight, qkv.codes, qkv.scale_min,
+                             empty if bias is None else bias.float().contiguous(),
+                             o.codes, o.scale_min, layer.post_attention_layernorm.weight,
+                             gu.codes, gu.scale_min, down.codes, down.scale_min]
+
+    @staticmethod
+    def supports(model: torch.nn.Module) -> bool:
+        """Whether every layer runs on the kernels (and nothing decode.cpp lacks is on)."""
+        arch = model.arch
+        if model.embed_tokens.weight.dtype != torch.bfloat16 or arch.head_dim % 16:
+            return False
+        for layer in model.layers:
+            if layer.num_heads != arch.num_heads or layer.num_kv_heads != arch.num_kv_heads:
+                return False  # a tensor-parallel shard
+            if any(_kernel_matmul(getattr(layer, a)) is None
+                   for a in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")):
+                return False
+            if layer.o_proj.bias is not None or layer.gate_up_proj.bias is not None or layer.down_proj.bias is not None:
+                return False
+        return True
+
+    def takes(self, input_ids: torch.Tensor, meta: AttentionMetadata, mm_rows: torch.Tensor | None) -> bool:
+        # NOTE: CUDA graphs' padded metadata has no ctx_len (and never reaches a CPU model).
+        return (meta.num_prefill_tokens == 0 and meta.decode is not None and meta.decode.ctx_len is not None
+                and mm_rows is None and input_ids.shape[0] <= MAX_ROWS)
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                 kv_layers: list[torch.Tensor]) -> torch.Tensor:
+        d = meta.decode
+        assert d is not None and d.ctx_len is not None  # takes() checked
+        self.dims[6] = kv_layers[0].shape[2]  # (2, blocks, block_size, kv_heads, hd)
+        return torch.ops.tandem_cpu.decode_forward(
+            input_ids, positions, meta.slot_mapping, d.block_table, d.ctx_len, self.embed, kv_layers,
+            self.weights, self.cos, self.sin, self.final_norm, self.dims, self.eps)
