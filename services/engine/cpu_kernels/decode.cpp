@@ -309,18 +309,20 @@ struct Dims {
   int64_t hidden, heads, kv_heads, head_dim, inter, layers, block_size;
 };
 
+// A step's activations, kept across steps (resized, never shrunk): float32 where they
+// are summed into, bfloat16 where they feed a matmul.
 struct Scratch {
-  std::vector<float> resid, qkv, attn, gu;
-  std::vector<uint16_t> xb, ab, mb;
+  std::vector<float> resid, qkv, attn, proj, gate_up;
+  std::vector<uint16_t> normed, attn_bf16, act;
   void size(int64_t rows, const Dims& d) {
-    const int64_t qkv_w = (d.heads + 2 * d.kv_heads) * d.head_dim;
     resid.resize(rows * d.hidden);
-    qkv.resize(rows * qkv_w);
+    qkv.resize(rows * (d.heads + 2 * d.kv_heads) * d.head_dim);
     attn.resize(rows * d.heads * d.head_dim);
-    gu.resize(rows * 2 * d.inter);
-    xb.resize(rows * d.hidden);
-    ab.resize(rows * d.heads * d.head_dim);
-    mb.resize(rows * d.inter);
+    proj.resize(rows * d.hidden);
+    gate_up.resize(rows * 2 * d.inter);
+    normed.resize(rows * d.hidden);
+    attn_bf16.resize(rows * d.heads * d.head_dim);
+    act.resize(rows * d.inter);
   }
 };
 
@@ -338,9 +340,10 @@ void rotary(float* v, int64_t heads, int64_t hd, const float* cos, const float* 
 }
 
 // Attention of one new token per row over its sequence's paged context; K/V bfloat16
-// (2, blocks, block_size, kv_heads, hd), q and out float32 (rows, heads, hd). One task a
+// (2, blocks, block_size, kv_heads, hd), q float32 (rows, q_stride) with the heads first,
+// out float32 (rows, heads, hd). One task a
 // query head: a few KV heads alone would leave one of two threads idle a third of the time.
-void decode_attention(const float* q, const uint16_t* kv, int64_t kv_half, const int64_t* table,
+void decode_attention(const float* q, int64_t q_stride, const uint16_t* kv, int64_t kv_half, const int64_t* table,
                       int64_t table_w, const int64_t* ctx, int64_t rows, const Dims& d, float* out) {
   const int64_t group = d.heads / d.kv_heads, hd = d.head_dim, vecs = hd / 16;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -351,7 +354,7 @@ void decode_attention(const float* q, const uint16_t* kv, int64_t kv_half, const
       const int64_t* blocks = table + m * table_w;
       scores.resize(len);
       __m512 qv[16];
-      for (int64_t v = 0; v < vecs; ++v) qv[v] = _mm512_mul_ps(_mm512_loadu_ps(q + (m * d.heads + h) * hd + v * 16), _mm512_set1_ps(scale));
+      for (int64_t v = 0; v < vecs; ++v) qv[v] = _mm512_mul_ps(_mm512_loadu_ps(q + m * q_stride + h * hd + v * 16), _mm512_set1_ps(scale));
       float mx = -INFINITY;
       for (int64_t t = 0; t < len; ++t) {
         const uint16_t* k = kv + ((blocks[t / d.block_size] * d.block_size + t % d.block_size) * d.kv_heads + kvh) * hd;
@@ -410,76 +413,78 @@ at::Tensor decode_forward(const at::Tensor& input_ids, const at::Tensor& positio
   TORCH_CHECK(dims.size() == 7, "dims: hidden, heads, kv_heads, head_dim, intermediate, layers, block_size");
   const Dims d{dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6]};
   const int64_t rows = input_ids.size(0);
-  TORCH_CHECK(rows >= 1 && rows <= 16, "decode_forward: 1..16 rows, got ", rows);
+  TORCH_CHECK(rows >= 1, "decode_forward: no rows");
   TORCH_CHECK(d.head_dim % 16 == 0 && d.head_dim <= 256 && d.hidden % kGroup == 0 && d.inter % kGroup == 0, "decode_forward: unsupported dims");
   TORCH_CHECK(static_cast<int64_t>(kv_caches.size()) == d.layers && static_cast<int64_t>(weights.size()) == 11 * d.layers,
               "decode_forward: expected ", d.layers, " KV caches and ", 11 * d.layers, " weights");
   TORCH_CHECK(block_table.dtype() == at::kLong && block_table.is_contiguous() && block_table.size(0) == rows, "block_table");
   TORCH_CHECK(cos.dtype() == at::kFloat && sin.dtype() == at::kFloat, "cos/sin: float32");
+  for (const at::Tensor* t : {&input_ids, &positions, &slots, &ctx_lens})
+    TORCH_CHECK(t->dtype() == at::kLong && t->is_contiguous() && t->numel() == rows,
+                "decode_forward: ids, positions, slots and context lengths: int64, one per row");
   const int64_t* ids = input_ids.data_ptr<int64_t>();
   const int64_t* pos = positions.data_ptr<int64_t>();
   const int64_t* slot = slots.data_ptr<int64_t>();
   const int64_t* ctx = ctx_lens.data_ptr<int64_t>();
   const int64_t hd = d.head_dim, qw = d.heads * hd, kvw = d.kv_heads * hd, qkv_w = qw + 2 * kvw;
   const int64_t vocab = embed.size(0);
+  for (int64_t m = 0; m < rows; ++m) {
+    TORCH_CHECK(ids[m] >= 0 && ids[m] < vocab, "decode_forward: token id ", ids[m], " out of range");
+    TORCH_CHECK(pos[m] >= 0 && pos[m] < cos.size(0), "decode_forward: position ", pos[m], " past the rotary table");
+    TORCH_CHECK(ctx[m] == pos[m] + 1 && ctx[m] <= block_table.size(1) * d.block_size,
+                "decode_forward: context ", ctx[m], " does not fit position ", pos[m], " and its block table");
+  }
   thread_local Scratch s;
   s.size(rows, d);
   const uint16_t* emb = reinterpret_cast<const uint16_t*>(embed.data_ptr<at::BFloat16>());
-  for (int64_t m = 0; m < rows; ++m) {
-    TORCH_CHECK(ids[m] >= 0 && ids[m] < vocab, "decode_forward: token id ", ids[m], " out of range");
+  for (int64_t m = 0; m < rows; ++m)
     for (int64_t i = 0; i < d.hidden; ++i) s.resid[m * d.hidden + i] = bf16_to_f32(emb[ids[m] * d.hidden + i]);
-  }
   const float* cos_p = cos.data_ptr<float>();
   const float* sin_p = sin.data_ptr<float>();
+  auto bf16 = [](const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>()); };
   for (int64_t l = 0; l < d.layers; ++l) {
     const at::Tensor* w = weights.data() + 11 * l;
     const at::Tensor& kv = kv_caches[l];
-    TORCH_CHECK(kv.is_contiguous() && kv.dtype() == at::kBFloat16, "kv cache: contiguous bfloat16");
+    TORCH_CHECK(kv.is_contiguous() && kv.dtype() == at::kBFloat16 && kv.size(-1) == hd && kv.size(-2) == d.kv_heads,
+                "decode_forward: KV cache: contiguous bfloat16 (2, blocks, block_size, kv_heads, head_dim)");
     uint16_t* kvp = reinterpret_cast<uint16_t*>(kv.data_ptr<at::BFloat16>());
     const int64_t kv_half = kv.numel() / 2;
-    // attention
-    rms_norm(s.resid.data(), reinterpret_cast<const uint16_t*>(w[0].data_ptr<at::BFloat16>()), rows, d.hidden, eps, s.xb.data());
+    // attention: norm, qkv, rotary, K/V into the cache, attend, o_proj, residual
+    rms_norm(s.resid.data(), bf16(w[0]), rows, d.hidden, eps, s.normed.data());
     const float* qkv_bias = w[3].numel() ? w[3].data_ptr<float>() : nullptr;
-    int4_matmul(as_weight(w[1], w[2], qkv_w), s.xb.data(), rows, d.hidden, qkv_bias, s.qkv.data(), qkv_w);
+    int4_matmul(as_weight(w[1], w[2], qkv_w), s.normed.data(), rows, d.hidden, qkv_bias, s.qkv.data(), qkv_w);
     for (int64_t m = 0; m < rows; ++m) {
       float* r = s.qkv.data() + m * qkv_w;
       rotary(r, d.heads + d.kv_heads, hd, cos_p + pos[m] * hd, sin_p + pos[m] * hd);
-      uint16_t* kd = kvp + slot[m] * kvw;
-      to_bf16(r + qw, kvw, kd);
-      to_bf16(r + qw + kvw, kvw, kd + kv_half);
-      // q in attn's layout
-      std::memcpy(s.attn.data() + m * qw, r, qw * sizeof(float));
+      uint16_t* k = kvp + slot[m] * kvw;
+      to_bf16(r + qw, kvw, k);
+      to_bf16(r + qw + kvw, kvw, k + kv_half);
     }
-    std::vector<float>& q = s.attn;
-    thread_local std::vector<float> ao;
-    ao.resize(rows * qw);
-    decode_attention(q.data(), kvp, kv_half, block_table.data_ptr<int64_t>(), block_table.size(1), ctx, rows, d, ao.data());
-    to_bf16(ao.data(), rows * qw, s.ab.data());
-    thread_local std::vector<float> proj;
-    proj.resize(rows * d.hidden);
-    int4_matmul(as_weight(w[4], w[5], d.hidden), s.ab.data(), rows, qw, nullptr, proj.data(), d.hidden);
-    for (int64_t i = 0; i < rows * d.hidden; ++i) s.resid[i] += proj[i];
-    // MLP
-    rms_norm(s.resid.data(), reinterpret_cast<const uint16_t*>(w[6].data_ptr<at::BFloat16>()), rows, d.hidden, eps, s.xb.data());
-    int4_matmul(as_weight(w[7], w[8], 2 * d.inter), s.xb.data(), rows, d.hidden, nullptr, s.gu.data(), 2 * d.inter);
+    decode_attention(s.qkv.data(), qkv_w, kvp, kv_half, block_table.data_ptr<int64_t>(), block_table.size(1), ctx, rows,
+                     d, s.attn.data());
+    to_bf16(s.attn.data(), rows * qw, s.attn_bf16.data());
+    int4_matmul(as_weight(w[4], w[5], d.hidden), s.attn_bf16.data(), rows, qw, nullptr, s.proj.data(), d.hidden);
+    for (int64_t i = 0; i < rows * d.hidden; ++i) s.resid[i] += s.proj[i];
+    // MLP: norm, gate_up, silu(gate) * up, down, residual
+    rms_norm(s.resid.data(), bf16(w[6]), rows, d.hidden, eps, s.normed.data());
+    int4_matmul(as_weight(w[7], w[8], 2 * d.inter), s.normed.data(), rows, d.hidden, nullptr, s.gate_up.data(), 2 * d.inter);
     for (int64_t m = 0; m < rows; ++m) {
-      const float* g = s.gu.data() + m * 2 * d.inter;
+      const float* g = s.gate_up.data() + m * 2 * d.inter;
       const float* u = g + d.inter;
-      uint16_t* o = s.mb.data() + m * d.inter;
+      uint16_t* o = s.act.data() + m * d.inter;
       for (int64_t i = 0; i < d.inter; i += 16) {
         const __m512 gv = _mm512_loadu_ps(g + i);
-        const __m512 act = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), exp512(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
+        const __m512 silu = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), exp512(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
         alignas(64) float tmp[16];
-        _mm512_store_ps(tmp, _mm512_mul_ps(act, _mm512_loadu_ps(u + i)));
+        _mm512_store_ps(tmp, _mm512_mul_ps(silu, _mm512_loadu_ps(u + i)));
         to_bf16(tmp, 16, o + i);
       }
     }
-    int4_matmul(as_weight(w[9], w[10], d.hidden), s.mb.data(), rows, d.inter, nullptr, proj.data(), d.hidden);
-    for (int64_t i = 0; i < rows * d.hidden; ++i) s.resid[i] += proj[i];
+    int4_matmul(as_weight(w[9], w[10], d.hidden), s.act.data(), rows, d.inter, nullptr, s.proj.data(), d.hidden);
+    for (int64_t i = 0; i < rows * d.hidden; ++i) s.resid[i] += s.proj[i];
   }
   at::Tensor out = at::empty({rows, d.hidden}, embed.options());
-  rms_norm(s.resid.data(), reinterpret_cast<const uint16_t*>(final_norm.data_ptr<at::BFloat16>()), rows, d.hidden, eps,
-           reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()));
+  rms_norm(s.resid.data(), bf16(final_norm), rows, d.hidden, eps, reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()));
   return out;
 }
 

@@ -2,8 +2,9 @@
 
 Where the model runs on our int4 CPU kernels (every decoder linear an Int4Matmul on the
 kernel, bfloat16, no tensor parallelism), a step whose rows are all single decode tokens
-(at most ``MAX_ROWS``, no image rows) skips the eager per-layer forward: that is about
-2,500 small torch ops a step at one sequence, which cost more than the weights' bytes.
+(no image rows) skips the eager per-layer forward: about 2,500 small torch ops a step,
+which at one sequence cost more than the weights' bytes. It beats the eager forward's
+dense bfloat16 GEMMs at 32 and 64 sequences too (docs/benchmarks.md, "Engine").
 The numbers differ from the eager bfloat16 forward only in rounding: the residual stream
 stays float32 and each matmul's output is not rounded to bfloat16.
 """
@@ -14,8 +15,6 @@ import torch
 
 from services.engine.layers.attention import AttentionMetadata
 from services.engine.quant.linear import Int4Matmul, QuantizedLinear
-
-MAX_ROWS = 16  # decode.cpp keeps this many rows' accumulators in registers
 
 
 def _kernel_matmul(linear: torch.nn.Module) -> Int4Matmul | None:
@@ -68,7 +67,7 @@ class CpuDecode:
     def takes(self, input_ids: torch.Tensor, meta: AttentionMetadata, mm_rows: torch.Tensor | None) -> bool:
         # NOTE: CUDA graphs' padded metadata has no ctx_len (and never reaches a CPU model).
         return (meta.num_prefill_tokens == 0 and meta.decode is not None and meta.decode.ctx_len is not None
-                and mm_rows is None and input_ids.shape[0] <= MAX_ROWS)
+                and mm_rows is None)
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                  kv_layers: list[torch.Tensor]) -> torch.Tensor:
