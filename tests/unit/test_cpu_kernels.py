@@ -6,6 +6,7 @@ AVX512-BF16, no g++)."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -188,11 +189,13 @@ def test_cpu_kernels_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     assert fallback.model.cpu_decode is None and not fallback.model.layers[0].qkv_proj.matmul.kernel
 
 
-def test_library_is_built_once_per_source(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_library_is_built_once_per_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A fresh cache directory builds the library; the file name keys the source, torch
     and the flags, so an edited kernel cannot load a stale build."""
-    monkeypatch.setenv("TANDEM_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setenv("TANDEM_CACHE_DIR", str(tmp_path))
     path = build._library_path()
-    assert path.parent == tmp_path and path.name.startswith("tandem_cpu-")
-    build._compile(path)
-    assert path.exists() and list(tmp_path.iterdir()) == [path]  # no temporary file left
+    assert path.parent == tmp_path / "kernels" and path.name.startswith("tandem_cpu-")
+    assert build.main() == 0
+    assert path.exists() and list(path.parent.iterdir()) == [path]  # no temporary file left
+    mtime = path.stat().st_mtime_ns
+    assert build.main() == 0 and path.stat().st_mtime_ns == mtime  # built once

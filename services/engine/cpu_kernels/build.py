@@ -1,8 +1,10 @@
 """Compiles decode.cpp into a torch op library once per machine and loads it.
 
-The library is built with g++ at first use (about 15 s) into a cache directory keyed by
-the source, torch's version and the compiler flags, so every later engine start on the
-machine loads it at once. Builds are atomic (a temporary file renamed into place), so
+The library is built with g++ at first use (about 15 s) into ``$TANDEM_CACHE_DIR/kernels``
+(default ``~/.cache/tandem``), named by a hash of the source, torch's version and the
+compiler flags, so every later engine start on the machine loads it at once and an edited
+kernel never loads a stale build. ``python -m services.engine.cpu_kernels.build`` builds it
+ahead (the container image does, where the CPU need not have the flags: only running does). Builds are atomic (a temporary file renamed into place), so
 concurrent workers starting together are safe. Where the CPU lacks AVX512-BF16, g++ is
 missing or the build fails, ``load`` says why and returns False: the engine keeps
 torch's own kernels (``engine.cpu_kernels: auto``), or refuses to start (``true``).
@@ -16,12 +18,14 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import torch
 from torch.utils.cpp_extension import include_paths
 
+from services.common.env import cache_dir
 from services.engine.runner.cpu_features import cpuinfo_flags
 
 log = logging.getLogger(__name__)
@@ -37,16 +41,10 @@ class KernelUnavailable(RuntimeError):
     """The CPU decode kernels cannot run here; the message says why."""
 
 
-def cache_dir() -> Path:
-    root = os.environ.get("TANDEM_KERNEL_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tandem", "kernels")
-    return Path(root)
-
-
 def _library_path() -> Path:
     key = hashlib.sha256(SOURCE.read_bytes())
     key.update(f"{torch.__version__} {' '.join(CFLAGS)}".encode())
-    return cache_dir() / f"tandem_cpu-{key.hexdigest()[:16]}.so"
+    return cache_dir() / "kernels" / f"tandem_cpu-{key.hexdigest()[:16]}.so"
 
 
 def _compile(out: Path) -> None:
@@ -97,3 +95,20 @@ def available() -> bool:
 @functools.cache
 def _warn_once(reason: str) -> None:
     log.warning("CPU decode kernels unavailable (%s): using torch's kernels", reason)
+
+
+def main() -> int:
+    """Build the library where it is missing (whatever this CPU has); print its path."""
+    path = _library_path()
+    try:
+        if not path.exists():
+            _compile(path)
+    except KernelUnavailable as e:
+        print(f"CPU kernels not built: {e}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
