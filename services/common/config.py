@@ -86,9 +86,10 @@ class EngineConfig(_Strict):
     seed: int = 0
     # Schedule step N+1 while step N computes (docs/engine.md "The overlapped loop");
     # false runs the strictly serial loop, for debugging and for the comparison. "auto": on
-    # where it pays -- a CUDA device, the mock runner's simulated one -- and off for the
-    # torch runner on CPU, where the forward already takes every core and a second thread
-    # only competes with it (docs/benchmarks.md "Overlap scheduler": 0.78-0.97x there).
+    # where it pays -- a CUDA device, the mock runner's simulated one, the CPU decode
+    # kernels' one-call step -- and off for the eager torch forward on CPU, where the
+    # forward already takes every core and a second thread only competes with it
+    # (docs/benchmarks.md "Overlap scheduler": 0.78-0.97x there).
     overlap: bool | Literal["auto"] = "auto"
     # Tensor parallelism (docs/engine.md, "Tensor parallelism"): N > 1 starts N-1 extra rank
     # processes that each hold a 1/N slice of the model and of the KV cache. Request payloads

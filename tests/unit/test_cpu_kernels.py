@@ -173,6 +173,8 @@ def test_cpu_kernels_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     assert off.model.cpu_decode is None and not off.model.layers[0].qkv_proj.matmul.kernel
     on = TorchRunner(arch, tensors, EngineConfig(dtype="bfloat16", quantization="int4"))  # auto
     assert on.model.cpu_decode is not None and on.model.layers[0].qkv_proj.matmul.kernel
+    # engine.overlap auto: on beside the one-call step, off beside the eager forward
+    assert on.overlap_pays and not off.overlap_pays
     fp32 = TorchRunner(arch, tensors, EngineConfig(dtype="float32", quantization="int4"))
     assert fp32.model.cpu_decode is None  # auto: bfloat16 only
     with pytest.raises(ValueError, match="cpu_kernels: true"):

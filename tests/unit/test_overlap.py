@@ -370,7 +370,8 @@ def test_runner_without_launch_falls_back_to_the_serial_loop() -> None:
 
 def test_auto_overlaps_where_it_pays(tiny_llama) -> None:
     """engine.overlap "auto" (the default): on for the mock runner's simulated device (and
-    CUDA), off for the torch runner on CPU, where the measured on/off ratio is below 1."""
+    CUDA), off for the eager torch forward on CPU, where the measured on/off ratio is below
+    1 (on beside the CPU kernels' one-call step: test_cpu_kernels.py)."""
     assert EngineConfig().overlap == "auto"
     mock = mock_cfg()
     assert LLMEngine(MockRunner(mock), mock, eos_token_ids=[0]).overlap

@@ -151,8 +151,8 @@ class TorchRunner(ModelRunner):
         self.tp = tp or TpShard()
         self.device = resolve_device(cfg.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device)
-        # NOTE: on CPU the forward's threads already take every core: a scheduler thread
-        # beside them competes instead of overlapping (measured 0.78-0.97x).
+        # NOTE: on CPU the eager forward's threads already take every core: a scheduler
+        # thread beside them competes instead of overlapping (measured 0.78-0.97x).
         self.overlap_pays = self.device.type == "cuda"
         self.pins_host_memory = self.device.type == "cuda"
         if self.device.type == "cpu":
@@ -186,6 +186,10 @@ class TorchRunner(ModelRunner):
                                cpu_kernel=cpu_kernel)
             if cpu_kernel and CpuDecode.supports(self.model):
                 self.model.cpu_decode = CpuDecode(self.model)
+                # NOTE: a decode step in one C++ call holds no GIL and leaves a core's worth of
+                # gaps, so scheduling beside it pays (bench engine: 1.13x at 32 sequences,
+                # 0.96x at 1; docs/benchmarks.md "Overlap scheduler").
+                self.overlap_pays = True
             self.model.eval()
             # NOTE: with CUDA graphs, one block past the pool's: the padding rows' K/V go there.
             self.kv_cache = torch.zeros(
