@@ -11,9 +11,14 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Pytest arguments, e.g. `make test ARGS="tests/unit -x"`.
 ARGS ?=
 
-.PHONY: setup nats model run test bench lint proto clean
+.PHONY: setup nats kernels model run test bench lint proto clean
 
-setup: $(STAMP) nats
+setup: $(STAMP) nats kernels
+
+# The CPU decode kernels (docs/engine.md "Decode fast path"): built once with g++ into
+# ~/.cache/tandem/kernels; without g++ the engine keeps torch's kernels, so no failure here.
+kernels: $(STAMP)
+	@$(PY) -m services.engine.cpu_kernels.build >/dev/null || echo "CPU kernels not built: the engine uses torch's"
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
