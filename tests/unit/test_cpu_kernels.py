@@ -169,16 +169,16 @@ def test_decode_forward_refuses_bad_rows() -> None:
 def test_cpu_kernels_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     model, arch = tiny_hf_model("llama")
     tensors = model.state_dict()
-    off = TorchRunner(arch, tensors, EngineConfig(dtype="bfloat16", quantization="int4", cpu_kernels=False))
+    off = TorchRunner(arch, tensors, EngineConfig(device="cpu", dtype="bfloat16", quantization="int4", cpu_kernels=False))
     assert off.model.cpu_decode is None and not off.model.layers[0].qkv_proj.matmul.kernel
-    on = TorchRunner(arch, tensors, EngineConfig(dtype="bfloat16", quantization="int4"))  # auto
+    on = TorchRunner(arch, tensors, EngineConfig(device="cpu", dtype="bfloat16", quantization="int4"))  # auto
     assert on.model.cpu_decode is not None and on.model.layers[0].qkv_proj.matmul.kernel
     # engine.overlap auto: on beside the one-call step, off beside the eager forward
     assert on.overlap_pays and not off.overlap_pays
-    fp32 = TorchRunner(arch, tensors, EngineConfig(dtype="float32", quantization="int4"))
+    fp32 = TorchRunner(arch, tensors, EngineConfig(device="cpu", dtype="float32", quantization="int4"))
     assert fp32.model.cpu_decode is None  # auto: bfloat16 only
     with pytest.raises(ValueError, match="cpu_kernels: true"):
-        TorchRunner(arch, tensors, EngineConfig(dtype="float32", quantization="int4", cpu_kernels=True))
+        TorchRunner(arch, tensors, EngineConfig(device="cpu", dtype="float32", quantization="int4", cpu_kernels=True))
 
     def unavailable() -> None:
         raise build.KernelUnavailable("the CPU lacks avx512_bf16")
@@ -186,8 +186,8 @@ def test_cpu_kernels_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(build, "load", unavailable)
     monkeypatch.setattr(build, "available", lambda: False)
     with pytest.raises(ValueError, match="lacks avx512_bf16"):
-        TorchRunner(arch, tensors, EngineConfig(dtype="bfloat16", quantization="int4", cpu_kernels=True))
-    fallback = TorchRunner(arch, tensors, EngineConfig(dtype="bfloat16", quantization="int4"))
+        TorchRunner(arch, tensors, EngineConfig(device="cpu", dtype="bfloat16", quantization="int4", cpu_kernels=True))
+    fallback = TorchRunner(arch, tensors, EngineConfig(device="cpu", dtype="bfloat16", quantization="int4"))
     assert fallback.model.cpu_decode is None and not fallback.model.layers[0].qkv_proj.matmul.kernel
 
 

@@ -1,8 +1,8 @@
 """Compiles decode.cpp into a torch op library once per machine and loads it.
 
-The library is built with g++ at first use (about 15 s) into ``$TANDEM_CACHE_DIR/kernels``
-(default ``~/.cache/tandem``), named by a hash of the source, torch's version and the
-compiler flags, so every later engine start on the machine loads it at once and an edited
+The library is built with the ``g++`` on PATH (``$TANDEM_CXX`` overrides) at first use
+(about 15 s) into ``$TANDEM_CACHE_DIR/kernels`` (default ``~/.cache/tandem``), named by a
+hash of the source, torch's version, the compiler and its flags, so every later engine start on the machine loads it at once and an edited
 kernel never loads a stale build. ``python -m services.engine.cpu_kernels.build`` builds it
 ahead (the container image does, where the CPU need not have the flags: only running does). Builds are atomic (a temporary file renamed into place), so
 concurrent workers starting together are safe. Where the CPU lacks AVX512-BF16, g++ is
@@ -41,14 +41,21 @@ class KernelUnavailable(RuntimeError):
     """The CPU decode kernels cannot run here; the message says why."""
 
 
+def _compiler() -> str | None:
+    # NOTE: not $CXX: a compiler whose C++ runtime is not the one torch runs with (seen: a
+    # second GCC under /opt beside the system's) builds a library that crashes when an op
+    # raises. The system g++ is the one torch's wheels are built to work with.
+    return os.environ.get("TANDEM_CXX") or shutil.which("g++")
+
+
 def _library_path() -> Path:
     key = hashlib.sha256(SOURCE.read_bytes())
-    key.update(f"{torch.__version__} {' '.join(CFLAGS)}".encode())
+    key.update(f"{torch.__version__} {_compiler()} {' '.join(CFLAGS)}".encode())
     return cache_dir() / "kernels" / f"tandem_cpu-{key.hexdigest()[:16]}.so"
 
 
 def _compile(out: Path) -> None:
-    cxx = os.environ.get("CXX") or shutil.which("g++")
+    cxx = _compiler()
     if cxx is None:
         raise KernelUnavailable("no C++ compiler (g++) on PATH")
     torch_lib = Path(torch.__file__).parent / "lib"
