@@ -35,7 +35,8 @@ PROMPTS = [
     "Tell me a fun fact about octopuses.", "What is the square root of 81?", "Describe a rainbow.",
 ]
 # (dtype, quantization) -> at least this many of the 20 prompts keep their first 16 tokens.
-# Measured here (AVX512-BF16 CPU): bfloat16 14, int4 14, int8 9. A 135M model has many
+# Measured here (AVX512-BF16 CPU): bfloat16 14, int4 16 (on our CPU kernels; 14 on torch's),
+# int8 9. A 135M model has many
 # near-ties, and greedy decoding turns the first flipped one into a different text: any
 # perturbation of the weights' or activations' rounding (bfloat16 alone) flips some. int8
 # re-rounds the file's 4-bit weights to one scale a row, the largest perturbation; its
