@@ -127,7 +127,7 @@ class LlamaModel(nn.Module):
         views ``list(kv_cache)``. ``mm_embeds`` (M, H) replace the token embeddings of rows
         ``mm_rows`` (M,): a multimodal model's image placeholders.
         """
-        if self.cpu_decode is not None and self.cpu_decode.takes(input_ids, meta, mm_rows):
+        if self.cpu_decode is not None and self.cpu_decode.takes(meta, mm_rows):
             return self.cpu_decode(input_ids, positions, meta, list(kv_cache))
         cos, sin = self.rotary.lookup(positions)  # (T, 1, hd) each, shared by all layers
         x = self.embed_tokens(input_ids)  # (T, H)

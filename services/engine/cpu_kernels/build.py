@@ -2,12 +2,14 @@
 
 The library is built with the ``g++`` on PATH (``$TANDEM_CXX`` overrides) at first use
 (about 15 s) into ``$TANDEM_CACHE_DIR/kernels`` (default ``~/.cache/tandem``), named by a
-hash of the source, torch's version, the compiler and its flags, so every later engine start on the machine loads it at once and an edited
-kernel never loads a stale build. ``python -m services.engine.cpu_kernels.build`` builds it
-ahead (the container image does, where the CPU need not have the flags: only running does). Builds are atomic (a temporary file renamed into place), so
-concurrent workers starting together are safe. Where the CPU lacks AVX512-BF16, g++ is
-missing or the build fails, ``load`` says why and returns False: the engine keeps
-torch's own kernels (``engine.cpu_kernels: auto``), or refuses to start (``true``).
+hash of the source, torch's version, the compiler and its flags: every later engine start
+on the machine loads it at once, and an edited kernel never loads a stale build. Builds
+are atomic (a temporary file renamed into place), so workers starting together are safe.
+``python -m services.engine.cpu_kernels.build`` builds it ahead (``make setup`` and the
+container image do; building needs no AVX-512, only running does). Where the CPU lacks
+the flags, g++ is missing or the build fails, ``load`` raises KernelUnavailable saying
+why: the engine keeps torch's own kernels (``engine.cpu_kernels: auto``) or refuses to
+start (``true``).
 """
 
 from __future__ import annotations
@@ -54,6 +56,15 @@ def _library_path() -> Path:
     return cache_dir() / "kernels" / f"tandem_cpu-{key.hexdigest()[:16]}.so"
 
 
+def _built() -> Path:
+    """The library's path, compiling it first where it is missing."""
+    path = _library_path()
+    if not path.exists():
+        log.info("building the CPU decode kernels into %s (once per machine) ...", path)
+        _compile(path)
+    return path
+
+
 def _compile(out: Path) -> None:
     cxx = _compiler()
     if cxx is None:
@@ -82,11 +93,7 @@ def load() -> None:
     missing = REQUIRED_FLAGS - cpuinfo_flags()
     if missing:
         raise KernelUnavailable(f"the CPU lacks {', '.join(sorted(missing))}")
-    path = _library_path()
-    if not path.exists():
-        log.info("building the CPU decode kernels into %s (once per machine) ...", path)
-        _compile(path)
-    torch.ops.load_library(str(path))
+    torch.ops.load_library(str(_built()))
 
 
 def available() -> bool:
@@ -106,14 +113,11 @@ def _warn_once(reason: str) -> None:
 
 def main() -> int:
     """Build the library where it is missing (whatever this CPU has); print its path."""
-    path = _library_path()
     try:
-        if not path.exists():
-            _compile(path)
+        print(_built())
     except KernelUnavailable as e:
         print(f"CPU kernels not built: {e}", file=sys.stderr)
         return 1
-    print(path)
     return 0
 
 

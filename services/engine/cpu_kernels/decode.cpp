@@ -7,11 +7,10 @@
 // weights streamed once, the residual stream kept in float32 and no allocation after
 // the first step.
 //
-// Weight layout (cpu_kernels/pack.py): for output row n and 32-wide group g, 16 bytes
-// of codes (byte j: q[32g + j] in the low nibble, q[32g + 16 + j] in the high one, as in
-// GGUF) and a float32 (scale, min) pair: w = scale * q + min, q in 0..15. A weight whose
-// codes are wider than the input (input_repeat, Q8_0 as two nibble halves) reads the
-// input cyclically.
+// Weight layout: tiles of 16 output rows, one a vector lane (see Int4Weight and
+// cpu_kernels/pack.py), w = scale * q + min with q in 0..15. A weight whose codes are
+// wider than the input (input_repeat, Q8_0 as two nibble halves) reads the input
+// cyclically.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>  // at::get_num_threads: the pool's size
@@ -255,8 +254,8 @@ inline void gemv_tile(const Int4Weight& w, int64_t tile, const uint16_t* x, int6
 template <int MB>
 void gemv_rows(const Int4Weight& w, const uint16_t* x, int64_t kx, const float* gsum, const float* bias,
                float* y, int64_t ldy) {
+  const __m512i table = code_table();
   parallel_for(w.tiles, 4, [&](int64_t begin, int64_t end) {
-    const __m512i table = code_table();
     for (int64_t t = begin; t < end; ++t) gemv_tile<MB>(w, t, x, kx, gsum, bias, y, ldy, table);
   });
 }
@@ -276,22 +275,18 @@ void group_sums(const uint16_t* x, int64_t rows, int64_t kx, int64_t wgroups, fl
 
 // y[m, n] = sum_k x[m, k mod kx] * w[n, k] (+ bias[n]); x bfloat16 (rows, kx), y float32
 // (rows, ldy), in blocks of 4 rows (one unpack of the codes feeds every row of a block).
-void int4_gemv(const Int4Weight& w, const uint16_t* x, int64_t rows, int64_t kx, const float* gsum,
-               const float* bias, float* y, int64_t ldy) {
-  int64_t m = 0;
-  for (; m + 4 <= rows; m += 4) gemv_rows<4>(w, x + m * kx, kx, gsum + m * w.groups, bias, y + m * ldy, ldy);
-  for (; m + 2 <= rows; m += 2) gemv_rows<2>(w, x + m * kx, kx, gsum + m * w.groups, bias, y + m * ldy, ldy);
-  for (; m < rows; ++m) gemv_rows<1>(w, x + m * kx, kx, gsum + m * w.groups, bias, y + m * ldy, ldy);
-}
-
-// int4_gemv with the group sums computed here, into a buffer kept across calls.
+// The group sums go into a buffer kept across calls.
 void int4_matmul(const Int4Weight& w, const uint16_t* x, int64_t rows, int64_t kx, const float* bias, float* y,
                  int64_t ldy) {
   TORCH_CHECK((w.groups * kGroup) % kx == 0, "int4 weight: ", w.groups * kGroup, " inputs do not repeat an input of ", kx);
   thread_local std::vector<float> gsum;
   gsum.resize(rows * w.groups);
   group_sums(x, rows, kx, w.groups, gsum.data());
-  int4_gemv(w, x, rows, kx, gsum.data(), bias, y, ldy);
+  const float* gs = gsum.data();
+  int64_t m = 0;
+  for (; m + 4 <= rows; m += 4) gemv_rows<4>(w, x + m * kx, kx, gs + m * w.groups, bias, y + m * ldy, ldy);
+  for (; m + 2 <= rows; m += 2) gemv_rows<2>(w, x + m * kx, kx, gs + m * w.groups, bias, y + m * ldy, ldy);
+  for (; m < rows; ++m) gemv_rows<1>(w, x + m * kx, kx, gs + m * w.groups, bias, y + m * ldy, ldy);
 }
 
 // out (bf16) = x / rms(x) * weight, per row of width h.
@@ -394,7 +389,7 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
   y.resize(16 * w.n);
   at::Tensor out = at::empty({rows, w.n}, x.options());
   uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
-  for (int64_t r0 = 0; r0 < rows; r0 += 16) {  // the GEMV keeps 16 rows' sums in registers
+  for (int64_t r0 = 0; r0 < rows; r0 += 16) {  // 16 rows at a time: a small float32 buffer
     const int64_t r = std::min<int64_t>(16, rows - r0);
     int4_matmul(w, xp + r0 * kx, r, kx, nullptr, y.data(), w.n);
     to_bf16(y.data(), r * w.n, op + r0 * w.n);
@@ -402,7 +397,7 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
   return out;
 }
 
-// The decoder stack of a decode-only step: rows (<= 16) tokens, one per sequence.
+// The decoder stack of a decode-only step: one token per row, one row per sequence.
 // weights: 11 tensors a layer (input norm, qkv codes, qkv scale/min, qkv bias or empty,
 // o codes, o scale/min, post-attention norm, gate_up codes, gate_up scale/min, down codes,
 // down scale/min). Writes each token's K/V at its slot; returns the final-norm hidden (rows, H).

@@ -16,6 +16,8 @@ import torch
 from services.engine.layers.attention import AttentionMetadata
 from services.engine.quant.linear import Int4Matmul, QuantizedLinear
 
+_LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")  # decode_forward's order
+
 
 def _kernel_matmul(linear: torch.nn.Module) -> Int4Matmul | None:
     if isinstance(linear, QuantizedLinear) and isinstance(linear.matmul, Int4Matmul) and linear.matmul.kernel:
@@ -26,10 +28,10 @@ def _kernel_matmul(linear: torch.nn.Module) -> Int4Matmul | None:
 class CpuDecode:
     """The weights of every layer in ``decode_forward``'s order, gathered once at load."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, block_size: int) -> None:
         arch = model.arch
         self.dims = [arch.hidden_size, arch.num_heads, arch.num_kv_heads, arch.head_dim,
-                     arch.intermediate_size, arch.num_layers, 0]
+                     arch.intermediate_size, arch.num_layers, block_size]
         self.eps = float(model.norm.eps)
         self.embed = model.embed_tokens.weight
         self.final_norm = model.norm.weight
@@ -39,8 +41,7 @@ class CpuDecode:
         self.weights: list[torch.Tensor] = []
         empty = torch.empty(0)
         for layer in model.layers:
-            qkv, o, gu, down = (_kernel_matmul(getattr(layer, a))
-                                for a in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"))
+            qkv, o, gu, down = (_kernel_matmul(getattr(layer, a)) for a in _LINEARS)
             assert qkv and o and gu and down
             bias = layer.qkv_proj.bias
             self.weights += [layer.input_layernorm.weight, qkv.codes, qkv.scale_min,
@@ -50,21 +51,18 @@ class CpuDecode:
 
     @staticmethod
     def supports(model: torch.nn.Module) -> bool:
-        """Whether every layer runs on the kernels (and nothing decode.cpp lacks is on)."""
-        arch = model.arch
-        if model.embed_tokens.weight.dtype != torch.bfloat16 or arch.head_dim % 16:
+        """Whether every layer runs on the kernels (and nothing decode.cpp lacks is on). The
+        runner turns the kernels on only without tensor parallelism: every layer is whole."""
+        if model.embed_tokens.weight.dtype != torch.bfloat16 or model.arch.head_dim % 16:
             return False
         for layer in model.layers:
-            if layer.num_heads != arch.num_heads or layer.num_kv_heads != arch.num_kv_heads:
-                return False  # a tensor-parallel shard
-            if any(_kernel_matmul(getattr(layer, a)) is None
-                   for a in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")):
+            if any(_kernel_matmul(getattr(layer, a)) is None for a in _LINEARS):
                 return False
             if layer.o_proj.bias is not None or layer.gate_up_proj.bias is not None or layer.down_proj.bias is not None:
                 return False
         return True
 
-    def takes(self, input_ids: torch.Tensor, meta: AttentionMetadata, mm_rows: torch.Tensor | None) -> bool:
+    def takes(self, meta: AttentionMetadata, mm_rows: torch.Tensor | None) -> bool:
         # NOTE: CUDA graphs' padded metadata has no ctx_len (and never reaches a CPU model).
         return (meta.num_prefill_tokens == 0 and meta.decode is not None and meta.decode.ctx_len is not None
                 and mm_rows is None)
@@ -73,7 +71,6 @@ class CpuDecode:
                  kv_layers: list[torch.Tensor]) -> torch.Tensor:
         d = meta.decode
         assert d is not None and d.ctx_len is not None  # takes() checked
-        self.dims[6] = kv_layers[0].shape[2]  # (2, blocks, block_size, kv_heads, hd)
         return torch.ops.tandem_cpu.decode_forward(
             input_ids, positions, meta.slot_mapping, d.block_table, d.ctx_len, self.embed, kv_layers,
             self.weights, self.cos, self.sin, self.final_norm, self.dims, self.eps)

@@ -1,4 +1,5 @@
-"""Weight-only quantized matmuls over torch's own kernels, and the linear layer they serve.
+"""Weight-only quantized matmuls over torch's own kernels (or, on AVX512-BF16 CPUs, our
+int4 kernel: cpu_kernels/), and the linear layer they serve.
 
 - int4: ``aten._weight_int4pack_mm_for_cpu`` / ``aten._weight_int4pack_mm`` (CUDA, tinygemm)
   over ``Int4Groups`` (groups.py); the weight is packed once at load.
@@ -63,9 +64,8 @@ class Int4Matmul(nn.Module):
         self.register_buffer("packed", packed, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        n = self.out_features
         if self.kernel:  # reads the input cyclically: no [x] * repeat copy
-            return torch.ops.tandem_cpu.int4_linear(x.contiguous(), self.codes, self.scale_min, n)
+            return torch.ops.tandem_cpu.int4_linear(x.contiguous(), self.codes, self.scale_min, self.out_features)
         if self.repeat > 1:  # a Q8_0 weight: both nibble halves read the same input
             x = torch.cat([x] * self.repeat, dim=-1)
         if self.cpu:

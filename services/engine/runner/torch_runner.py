@@ -185,7 +185,7 @@ class TorchRunner(ModelRunner):
                 quantize_model(self.model, tensors, source, self.quantization, cfg.quantized_max_rows,
                                cpu_kernel=cpu_kernel)
             if cpu_kernel and CpuDecode.supports(self.model):
-                self.model.cpu_decode = CpuDecode(self.model)
+                self.model.cpu_decode = CpuDecode(self.model, cfg.block_size)
                 # NOTE: a decode step in one C++ call holds no GIL and leaves a core's worth of
                 # gaps, so scheduling beside it pays (bench engine: 1.13x at 32 sequences,
                 # 0.96x at 1; docs/benchmarks.md "Overlap scheduler").
