@@ -32,10 +32,8 @@ def tp_cluster(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         f"processor.port={ports['proc']}", f"processor.metrics_port={ports['proc_m']}",
         f"frontend.port={ports['front']}", f"launcher.metrics_port={ports['launcher_m']}",
     ]
-    args = ["--ready-timeout", "400", "--fail-fast"]
-    for o in overrides:
-        args += ["--set", o]
-    up = start_up(ROOT / "configs" / "local.yaml", tmp_path_factory.mktemp("tp") / "run", args)
+    up = start_up(ROOT / "configs" / "local.yaml", tmp_path_factory.mktemp("tp") / "run",
+                  ["--ready-timeout", "400", "--fail-fast"], overrides)
     try:
         up.wait_for(r"^tandem is ready in", timeout=420)
         yield f"http://127.0.0.1:{ports['front']}/v1", f"http://127.0.0.1:{ports['decode_m']}/metrics"

@@ -42,10 +42,8 @@ def cluster(request, model_dir: Path, tmp_path_factory) -> Iterator[tuple[str, s
         # 16 rows per image; remote: a 4-row first buffer, so every image resumes.
         "multimodal.block_size=4", f"multimodal.default_blocks={1 if remote else 8}",
     ]
-    args = ["--ready-timeout", "300", "--fail-fast"]
-    for o in sets:
-        args += ["--set", o]
-    up = start_up(ROOT / "configs" / "multimodal.yaml", tmp_path_factory.mktemp("mm") / "run", args)
+    up = start_up(ROOT / "configs" / "multimodal.yaml", tmp_path_factory.mktemp("mm") / "run",
+                  ["--ready-timeout", "300", "--fail-fast"], sets)
     try:
         up.wait_for(r"^tandem is ready in", timeout=320)
         yield (f"http://127.0.0.1:{ports['front']}/v1", f"http://127.0.0.1:{ports['decode_m']}/metrics",

@@ -63,12 +63,13 @@ class Up:
         return self.wait(timeout)
 
 
-def start_up(config: Path, run_dir: Path, args: Sequence[str] = ()) -> Up:
-    """`tandem up -c config --run-dir run_dir [args...]`, output in ``run_dir.parent/up.log``.
-    Its own session, so a test can end it and everything under it with one killpg."""
+def start_up(config: Path, run_dir: Path, args: Sequence[str] = (), overrides: Sequence[str] = ()) -> Up:
+    """`tandem up -c config --run-dir run_dir [args...] [--set override ...]`, output in
+    ``run_dir.parent/up.log``. Its own session, so a test can end it and everything under it
+    with one killpg."""
     log = run_dir.parent / f"{run_dir.name}-up.log"
     argv = [sys.executable, "-m", "services.cli", "up", "-c", str(config), "--run-dir", str(run_dir),
-            *args]
+            *args, *(a for o in overrides for a in ("--set", o))]
     with log.open("w") as out:
         proc = subprocess.Popen(argv, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)

@@ -6,8 +6,9 @@ import torch
 
 from services.common.config import EngineConfig
 from services.engine.batch import ScheduledBatch, ScheduledSeq
+from services.engine.engine import LLMEngine
 from services.engine.model_config import ModelArchConfig
-from services.engine.request import SamplingParams
+from services.engine.request import GenerateRequest, SamplingParams
 from services.engine.runner.torch_runner import TorchRunner
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -88,3 +89,45 @@ def hf_logits(model, tokens: list[int]) -> torch.Tensor:
     """Logits (len(tokens), V) of a full causal forward pass."""
     with torch.no_grad():
         return model(torch.tensor([tokens])).logits[0].float()
+
+
+MIXED_ABORTED = frozenset({"r4", "r8"})
+
+
+def mixed_workload(vocab: int = 128, seed: int = 1) -> list[GenerateRequest]:
+    """Ten greedy requests of 4-13 tokens whose prompts share a 13-token run (a prefix, or a
+    suffix for every third), with tails of 1-19 tokens: prefix hits and distinct work."""
+    g = torch.Generator().manual_seed(seed)
+    shared = torch.randint(3, vocab, (13,), generator=g).tolist()
+    reqs = []
+    for i in range(10):
+        tail = torch.randint(3, vocab, (int(torch.randint(1, 20, (1,), generator=g)),), generator=g).tolist()
+        prompt = (shared + tail) if i % 3 != 2 else tail + shared
+        sampling = SamplingParams(temperature=0, max_tokens=int(torch.randint(4, 14, (1,), generator=g)),
+                                  ignore_eos=True)
+        reqs.append(GenerateRequest(f"r{i}", prompt, sampling))
+    return reqs
+
+
+def drive_mixed(engine: LLMEngine, reqs: list[GenerateRequest]) -> tuple[dict[str, list[int]], dict[str, str]]:
+    """Six of ``reqs`` first, the rest at step 3 while those decode, ``MIXED_ABORTED`` aborted
+    at step 5; step until drained. Returns each request's tokens and finish reason."""
+    got: dict[str, list[int]] = {r.request_id: [] for r in reqs}
+    finished: dict[str, str] = {}
+    for r in reqs[:6]:
+        engine.add_request(r)
+    steps = 0
+    while engine.has_unfinished() or steps < 3:
+        if steps == 3:
+            for r in reqs[6:]:  # a second wave arrives while the first decodes
+                engine.add_request(r)
+        if steps == 5:
+            for rid in sorted(MIXED_ABORTED):
+                engine.abort(rid)
+        for out in engine.step():
+            got[out.request_id].extend(out.token_ids)
+            if out.finished:
+                finished[out.request_id] = out.finish_reason.value
+        steps += 1
+        assert steps < 2000, "engine did not drain"
+    return got, finished

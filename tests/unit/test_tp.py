@@ -16,12 +16,12 @@ from services.common.config import EngineConfig
 from services.engine.batch import ScheduledBatch
 from services.engine.engine import LLMEngine
 from services.engine.model_config import ModelArchConfig
-from services.engine.request import GenerateRequest, SamplingParams
+from services.engine.request import GenerateRequest
 from services.engine.runner.torch_runner import TorchRunner
 from services.engine.tp.runner import TpRunner
 from services.engine.tp.shard import check_tp_layout
 from services.engine.weights import load_weights
-from tests.unit._tiny_model import seq, tiny_hf_model
+from tests.unit._tiny_model import drive_mixed, mixed_workload, seq, tiny_hf_model
 
 
 def _cfg(**kw) -> EngineConfig:
@@ -107,37 +107,8 @@ def test_smollm2_tp3_logits_equal_unsplit(smollm2_path: Path) -> None:
         torch.testing.assert_close(g, w, atol=1e-4, rtol=0)
 
 
-def _workload(vocab: int = 128, n: int = 10) -> list[GenerateRequest]:
-    g = torch.Generator().manual_seed(1)
-    shared = torch.randint(3, vocab, (13,), generator=g).tolist()
-    reqs = []
-    for i in range(n):
-        tail = torch.randint(3, vocab, (int(torch.randint(1, 20, (1,), generator=g)),), generator=g).tolist()
-        prompt = (shared + tail) if i % 3 != 2 else tail + shared
-        sampling = SamplingParams(temperature=0, max_tokens=int(torch.randint(4, 14, (1,), generator=g)),
-                                  ignore_eos=True)
-        reqs.append(GenerateRequest(f"r{i}", prompt, sampling))
-    return reqs
-
-
 def _drive(engine: LLMEngine, vocab: int = 128) -> dict[str, list[int]]:
-    reqs = _workload(vocab)
-    got: dict[str, list[int]] = {r.request_id: [] for r in reqs}
-    for r in reqs[:6]:
-        engine.add_request(r)
-    steps = 0
-    while engine.has_unfinished() or steps < 3:
-        if steps == 3:
-            for r in reqs[6:]:  # a second wave arrives while the first decodes
-                engine.add_request(r)
-        if steps == 5:
-            for rid in ("r4", "r8"):
-                engine.abort(rid)
-        for out in engine.step():
-            got[out.request_id].extend(out.token_ids)
-        steps += 1
-        assert steps < 2000, "engine did not drain"
-    return got
+    return drive_mixed(engine, mixed_workload(vocab))[0]
 
 
 @pytest.mark.parametrize(("arch", "tp", "broadcast"), [
