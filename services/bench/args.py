@@ -15,6 +15,12 @@ OVERHEAD_LAYERS = "engine,decode,router,processor,http,http_raw"
 AddConfig = Callable[[argparse.ArgumentParser], None]
 
 
+def add_server_args(p: argparse.ArgumentParser) -> None:
+    """The running server a bench talks to, both required."""
+    p.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000")
+    p.add_argument("--model", required=True, help="the served model name")
+
+
 def add_json_arg(p: argparse.ArgumentParser, what: str = "results") -> None:
     p.add_argument("--json", dest="json_path", default=None, metavar="FILE",
                    help=f"write {what} to this file (with the command line and machine info)")
@@ -133,8 +139,7 @@ def _mm_transfer(sub: argparse._SubParsersAction) -> None:
 
 def _mm_ttft(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("mm-ttft", help="TTFT of image requests under concurrent text load, against a server")
-    p.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000")
-    p.add_argument("--model", required=True, help="the served model name")
+    add_server_args(p)
     add_json_arg(p)
     p.add_argument("--images", type=int, default=20, help="image requests, one after another")
     p.add_argument("--image-size", type=int, default=336, help="square PNG side in pixels")
@@ -146,8 +151,7 @@ def _mm_ttft(sub: argparse._SubParsersAction) -> None:
 
 def _schemas(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("schemas", help="JSON-schema answers over many generated schemas, validated, against a server")
-    p.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000")
-    p.add_argument("--model", required=True, help="the served model name")
+    add_server_args(p)
     add_json_arg(p)
     p.add_argument("--n", type=int, default=50, help="schemas to generate and ask for")
     p.add_argument("--seed", type=int, default=0, help="the schema generator's seed")
@@ -158,8 +162,7 @@ def _schemas(sub: argparse._SubParsersAction) -> None:
 
 def _serve(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="stream a workload against an OpenAI-compatible server")
-    p.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000")
-    p.add_argument("--model", required=True, help="the served model name")
+    add_server_args(p)
     add_workload_args(p)
     add_json_arg(p, "results and every request's row")
     p.add_argument("--plot", dest="plot_dir", default=None, help="write TTFT/ITL CDF PNGs here")
