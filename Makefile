@@ -15,9 +15,13 @@ ARGS ?=
 
 setup: $(STAMP) nats kernels
 
-# The CPU decode kernels (docs/engine.md "Decode fast path"): built once with g++ into
-# ~/.cache/tandem/kernels; without g++ the engine keeps torch's kernels, so no failure here.
+# The CPU decode kernels (docs/engine.md "Decode fast path"): built once with g++ (the
+# Debian package, installed where missing) into ~/.cache/tandem/kernels. A failed build
+# is not a failure here: the engine then keeps torch's kernels.
 kernels: $(STAMP)
+	@command -v g++ >/dev/null 2>&1 || { \
+		echo "installing g++ (Debian package)"; \
+		$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq g++; }
 	@$(PY) -m services.engine.cpu_kernels.build >/dev/null || echo "CPU kernels not built: the engine uses torch's"
 
 $(STAMP): pyproject.toml
