@@ -34,7 +34,6 @@ import argparse
 import asyncio
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -52,6 +51,7 @@ from services.bench.client import run_workload
 from services.bench.metrics import summarize
 from services.bench.results import finish, header, write_json
 from services.bench.workloads import ID_HIGH, ID_LOW, BenchRequest
+from services.common import children
 
 LLAMA_SERVER_ENV = "TANDEM_LLAMA_SERVER"
 INSTALL_HINT = """\
@@ -185,7 +185,7 @@ def running_llama_server(argv: list[str], url: str, log_path: Path,
     """llama-server from ``argv``, yielded once ``url``/health is 200; SIGTERM after."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        proc = children.spawn(argv, stop_timeout_s=30.0, stdout=log, stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + ready_timeout_s
             while True:
@@ -202,13 +202,7 @@ def running_llama_server(argv: list[str], url: str, log_path: Path,
                 time.sleep(0.3)
             yield proc
         finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            children.stop(proc)
 
 
 def _llama_timings(url: str, prompt: list[int], n_predict: int) -> dict:
