@@ -13,7 +13,7 @@ _HANDLERS = {
     ("model", "pull"): "services.engine.model_store:pull_main",
     ("model", "make-tiny-llava"): "services.engine.multimodal.tiny:main",
     ("chat",): "services.engine.chat:main",
-    ("router",): "services.router.cli:main",
+    ("router",): "services.router.serve:main",
     ("decode",): "services.decode.serve:main",
     ("prefill",): "services.prefill.serve:main",
     ("encode",): "services.encode.serve:main",

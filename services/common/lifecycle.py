@@ -147,14 +147,16 @@ Build = Callable[[Setup], Awaitable[PartSpec]]
 
 
 async def run(cfg: ClusterConfig, role: str, replica: int, build: Build, *, host: str | None = None,
-              stop: asyncio.Event | None = None, started: asyncio.Event | None = None) -> None:
+              stop: asyncio.Event | None = None, started: asyncio.Event | None = None,
+              nats_no_echo: bool = False) -> None:
     """One part until SIGTERM/SIGINT, or until ``stop`` is set when the caller owns the
-    signals (several parts in one process); ``started`` is set once it is registered."""
+    signals (several parts in one process); ``started`` is set once it is registered.
+    ``nats_no_echo``: NATS does not deliver the part's own publishes back to it."""
     host = cfg.bind_host if host is None else host
     own_signals = stop is None
     stop = asyncio.Event() if stop is None else stop
     async with AsyncExitStack() as stack:
-        nc = await connect(cfg.nats, f"{role}-{replica}")
+        nc = await connect(cfg.nats, f"{role}-{replica}", no_echo=nats_no_echo)
         stack.push_async_callback(_bounded, nc.close, "NATS close", f"{role}-{replica}")
         setup = Setup(cfg, role, replica, host, nc, stop, stack)
         spec = await build(setup)
