@@ -163,11 +163,11 @@ async def run(cfg: ClusterConfig, role: str, replica: int, build: Build, *, host
         if own_signals:
             stop_on_signals(stop)
         listener = await spec.open(host, spec.port) if spec.open is not None else None
-        if spec.metrics_port is not None and spec.registry is not None:
-            metrics, _ = start_http_server(spec.metrics_port, registry=spec.registry, addr=host)
-            setup.on_close(lambda: asyncio.to_thread(_close_http, metrics), "metrics server")
-        bound = _bound(spec, listener)
         try:
+            if spec.metrics_port is not None and spec.registry is not None:
+                metrics, _ = start_http_server(spec.metrics_port, registry=spec.registry, addr=host)
+                setup.on_close(lambda: asyncio.to_thread(_close_http, metrics), "metrics server")
+            bound = _bound(spec, listener)
             if spec.before_register is not None:
                 await spec.before_register(bound)
             disc = await setup.discovery()
