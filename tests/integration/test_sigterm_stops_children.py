@@ -1,6 +1,7 @@
-"""A bench that starts a cluster stops it when it is itself terminated: SIGTERM (what
+"""A command that starts processes stops them when it is itself terminated: SIGTERM (what
 ``timeout`` sends) to `tandem bench compare` in the middle of its workload leaves no process
-of its `tandem up` cluster running and every port it held free."""
+of its `tandem up` cluster running and every port it held free; SIGTERM to a test run leaves
+no process a fixture of tests/support started."""
 
 from __future__ import annotations
 
@@ -132,3 +133,54 @@ def test_sigterm_to_bench_compare_stops_its_cluster(tmp_path: Path, smollm2_path
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
             children.signal_group(pid, signal.SIGKILL)
+
+
+HOLDER = """
+import threading
+from pathlib import Path
+
+from tests.support.procs import NatsServer
+
+
+def test_hold(tmp_path):
+    server = NatsServer(tmp_path / "nats")
+    server.start()
+    Path({out!r}).write_text(f"{{server.proc.pid}} {{server.port}}")
+    threading.Event().wait(300)  # until the SIGTERM
+"""
+
+
+def test_sigterm_to_a_test_run_stops_what_its_fixtures_started(tmp_path: Path) -> None:
+    needs_nats_server()
+    out = tmp_path / "nats.pid"
+    (tmp_path / "holder").mkdir()
+    test_file = tmp_path / "holder" / "test_holder.py"
+    test_file.write_text(HOLDER.format(out=str(out)))
+    log = tmp_path / "pytest.log"
+    with log.open("w") as stdout:
+        run = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly",
+                                "-p", "no:cacheprovider", "--rootdir", str(test_file.parent),
+                                str(test_file)],
+                               cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                               stdout=stdout, stderr=subprocess.STDOUT)
+    pid = port = None
+    try:
+        deadline = time.monotonic() + 60
+        while not out.exists() or not out.read_text():
+            assert run.poll() is None, f"pytest exited {run.returncode}:\n{_bench_output(log)}"
+            assert time.monotonic() < deadline, f"the fixture never started:\n{_bench_output(log)}"
+            time.sleep(0.05)
+        pid, port = map(int, out.read_text().split())
+        assert _alive(pid)
+        run.send_signal(signal.SIGTERM)
+        run.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while _alive(pid) or not _port_free(port):
+            assert time.monotonic() < deadline, f"nats-server {pid} outlived the test run:\n{_bench_output(log)}"
+            time.sleep(0.05)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+        if pid is not None and _alive(pid):
+            os.kill(pid, signal.SIGKILL)
