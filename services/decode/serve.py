@@ -9,7 +9,6 @@ ones finish for up to ``decode.grace_period_s``, exit 0 (services/common/lifecyc
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import time
 
@@ -102,11 +101,8 @@ async def _build(part: Setup) -> PartSpec:
         announce=lambda b: log.info("decode worker %s: gRPC %s, metrics :%d", worker_id, b.address, b.metrics_port))
 
 
-async def serve(cfg: ClusterConfig, replica: int = 0, host: str | None = None,
-                stop: asyncio.Event | None = None, started: asyncio.Event | None = None) -> None:
-    """One decode worker until SIGTERM/SIGINT (or ``stop``, when several share a process);
-    ``started`` is set once it is registered in discovery."""
-    await lifecycle.run(cfg, "decode", replica, _build, host=host, stop=stop, started=started)
+async def serve(cfg: ClusterConfig, replica: int = 0, host: str | None = None) -> None:
+    await lifecycle.run(cfg, "decode", replica, _build, host=host)
 
 
 def main(args: argparse.Namespace) -> int:
