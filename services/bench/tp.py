@@ -1,6 +1,6 @@
 """`tandem bench tp`: tensor parallelism's two costs, side by side in one run.
 
-**Burst** (sync vs async request broadcast, seed 000): ``--requests`` short requests
+**Burst** (sync vs async request broadcast): ``--requests`` short requests
 (``--prompt-len`` tokens, one output token) each carrying ``--payload-kib`` of raw payload
 bytes (what an image would be) arrive at once at an engine at ``--tp``. The loop is the
 worker's (AsyncEngine's): apply every queued arrival, then step. Reported at the entry

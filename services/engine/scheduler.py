@@ -477,7 +477,7 @@ class Scheduler:
         group = parent.group
         assert group is not None
         n_prompt = parent.num_prompt_tokens
-        shared = parent.block_table[: (n_prompt - 1) // self.block_size]
+        n_shared = (n_prompt - 1) // self.block_size
         prompt = parent.token_ids[:n_prompt]
         for i in range(1, parent.sampling.n):
             # NOTE: the images too: the recomputed tail may hold image tokens.
@@ -486,9 +486,7 @@ class Scheduler:
             child = self._new_seq(req)  # with a grammar: its own matcher
             self.num_grammar_seqs += child.grammar is not None
             child.choice, child.group, child.forked = i, group, True
-            self.kv.pool.acquire(shared)
-            child.block_table = list(shared)
-            child.num_computed_tokens = len(shared) * self.block_size
+            self.kv.share_prefix(parent, child, n_shared)
             child.admitted = True  # the prompt is counted once, by choice 0
             child.num_cached_tokens = parent.num_cached_tokens
             child.status = SeqStatus.READY

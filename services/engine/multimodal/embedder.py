@@ -1,5 +1,5 @@
-"""The worker that prefills gets a request's image embeddings here: through seed 002's
-transfer from an encode worker, or (``encode.replicas: 0``) from the vision model in its own
+"""The worker that prefills gets a request's image embeddings here: through the
+block transfer with resume (transfer.py) from an encode worker, or (``encode.replicas: 0``) from the vision model in its own
 process, behind the same protocol (``LocalEncodeChannel``), so both paths use the same
 blocks, resume and metrics."""
 

@@ -1,4 +1,4 @@
-"""Seed 002's embedding transfer between an encode side and a language side.
+"""The image-embedding transfer between an encode side and a language side.
 
 Language side (``EmbeddingReceiver.fetch``): ``alloc_default()`` a buffer, ask the encode
 side for the image; the reply carries the first ``min(capacity, true length)`` rows and the
