@@ -38,7 +38,9 @@ def _cfg(nats_url: str) -> ClusterConfig:
                          # flip at a near-tie.
                          "engine": {"num_kv_blocks": 64, "max_model_len": 1024,
                                     "dtype": "float32", "quantization": "none"},
-                         "discovery": {"ttl_s": 2.0, "heartbeat_s": 0.5}})
+                         # a long TTL: loading the reference runner in the test's own
+                         # event loop stalls the leases' heartbeats for seconds under load
+                         "discovery": {"ttl_s": 30.0, "heartbeat_s": 0.5}})
 
 
 @pytest.fixture

@@ -124,7 +124,7 @@ async def running_cluster(cfg: ClusterConfig, tok: Tokenizer, with_decode: bool 
             await cluster.wait_ready()
         # the processor and frontend must see the router/processor before the first call
         for _ in range(500):
-            if routers.addresses() and books[0].addresses():
+            if routers.addresses() and all(b.addresses() for b in books[:2]):
                 break
             await asyncio.sleep(0.02)
         try:
