@@ -26,12 +26,7 @@ from typing import assert_never
 import nats.errors
 from nats.aio.msg import Msg
 
-from services.common.config import ClusterConfig, RouterMode
-from services.common.discovery import Discovery, Registration
-from services.common.hashing import local_block_hashes
-from services.common.nats_client import NatsClient, Subjects, connect
-from services.common.service import cancel_and_wait
-from services.common.wire import (
+from services.api.wire import (
     InflightOp,
     InflightUpdate,
     WireError,
@@ -39,6 +34,11 @@ from services.common.wire import (
     decode_load,
     encode_inflight,
 )
+from services.common.config import ClusterConfig, RouterMode
+from services.common.discovery import Discovery, Registration
+from services.common.hashing import local_block_hashes
+from services.common.nats_client import NatsClient, Subjects, connect
+from services.common.service import cancel_and_wait
 from services.router.indexer import RadixIndex
 from services.router.ingest import KvIngest
 from services.router.load import LoadTracker
