@@ -54,7 +54,8 @@ class TokenOutput:
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     # Only with GenerateRequest.export_kv_from_block, on the final output:
     # (layers, 2, n_blocks, block_size, kv_heads, head_dim), the runner's KV dtype, on CPU
-    # or the runner's device. The only torch-typed field of the engine's API.
+    # or the runner's device. The only torch-typed field here; it never goes on the wire as
+    # is (worker_codec.py drops it; the prefill worker streams it over KvTransfer).
     kv: torch.Tensor | None = None
     error: str | None = None  # with FinishReason.ERROR: what failed, naming the request
     # One per token of token_ids when the request asked for logprobs, else None.
