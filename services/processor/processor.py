@@ -25,6 +25,7 @@ from typing import Protocol
 from services.api.images import PromptImage
 from services.api.outputs import FinishReason, TokenLogprob, TokenOutput, Usage
 from services.api.processor import CHAT_ROLES, Delta, ModelInfo, ProcessRequest, TextLogprob
+from services.api.route import RequestPhase, RouteRequest, RouteResponse
 from services.api.sampling import SamplingParams
 from services.common.errors import (
     GenerationFailed,
@@ -44,11 +45,6 @@ from services.processor.router_reports import Publish, RouterLike, RouterReports
 from services.processor.stop import StopMatcher
 from services.processor.tools import ToolCallParser, tool_dicts, with_tool_prompt
 from services.processor.worker_client import DecodeWorkerClient
-from services.router.types import (
-    RequestPhase,
-    RouteRequest,
-    RouteResponse,
-)
 
 log = logging.getLogger(__name__)
 

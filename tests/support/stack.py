@@ -11,6 +11,7 @@ from typing import Any
 import grpc
 
 from services.api.outputs import TokenOutput
+from services.api.route import RequestPhase, RouteRequest, RouteResponse
 from services.common.address_book import ChannelPool
 from services.common.config import ClusterConfig, parse_config
 from services.decode.grpc_server import serve_decode_worker
@@ -24,7 +25,6 @@ from services.processor.processor import Processor
 from services.processor.router_reports import Publish, RouterLike
 from services.processor.worker_client import DecodeWorkerClient
 from services.router.router import Router
-from services.router.types import RequestPhase, RouteRequest, RouteResponse
 
 MODEL = "SmolLM2-135M-Instruct"
 

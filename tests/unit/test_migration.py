@@ -11,14 +11,15 @@ from pathlib import Path
 import pytest
 
 from services.api.processor import ChatMessage, ProcessRequest
+from services.api.route import RouteRequest
 from services.api.sampling import SamplingParams
 from services.common.address_book import ChannelPool
 from services.common.discovery import Registration
 from services.common.errors import Unavailable
 from services.common.hashing import local_block_hashes
 from services.model.tokenizer import Tokenizer
+from services.router.errors import NoWorkersAvailable
 from services.router.router import Router
-from services.router.types import NoWorkersAvailable, RouteRequest
 from tests.support.stack import (
     MODEL,
     RecordingRouter,
