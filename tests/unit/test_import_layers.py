@@ -1,7 +1,7 @@
 """The layers of services/, read from the source with ``ast`` (every import statement, the
-ones inside functions and under TYPE_CHECKING too): no import cycle between packages, the
-parts that never run a model never import the engine, and services/api (the cluster's
-messages) and services/model depend on nothing they should not."""
+ones inside functions and under TYPE_CHECKING too): no import cycle between packages, only
+the parts that run a model (the workers, bench) import the engine, and services/api (the
+cluster's messages) and services/model depend on nothing they should not."""
 
 from __future__ import annotations
 
@@ -150,7 +150,8 @@ def test_no_import_cycle_inside_the_engine() -> None:
         _describe(graph, c) for c in cycles)
 
 
-@pytest.mark.parametrize("package", ["frontend", "processor", "router", "api", "model", "common"])
+@pytest.mark.parametrize("package", ["frontend", "processor", "router", "api", "model", "common",
+                                     "disagg", "launcher"])
 def test_parts_that_run_no_model_never_import_the_engine(package: str) -> None:
     assert _importers_of("services.engine", package) == []
 
