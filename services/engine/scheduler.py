@@ -43,6 +43,8 @@ from collections.abc import Callable, Iterable
 from collections.abc import Sequence as Seq
 from typing import TYPE_CHECKING, Any
 
+from services.api.outputs import FinishReason, TokenLogprob, TokenOutput
+from services.api.sampling import SamplingParams
 from services.common.errors import InvalidRequest
 from services.engine.batch import (
     FUTURE_REGIONS,
@@ -59,13 +61,7 @@ from services.engine.remote_prefill import (
     RemotePrefillHandle,
     remote_kv_problem,
 )
-from services.engine.request import (
-    FinishReason,
-    GenerateRequest,
-    SamplingParams,
-    TokenLogprob,
-    TokenOutput,
-)
+from services.engine.request import GenerateRequest
 from services.engine.sequence import SeqStatus, Sequence
 
 if TYPE_CHECKING:
@@ -158,7 +154,7 @@ class Scheduler:
             raise InvalidRequestError(
                 f"request {rid!r}: token id {bad} is outside the vocabulary [0, {self.vocab_size})")
         if request.images:
-            from services.engine.multimodal.spans import check_spans
+            from services.model.image_spans import check_spans
 
             try:
                 check_spans(request.images, n)

@@ -22,6 +22,11 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from typing import Protocol
 
+from services.api.images import PromptImage
+from services.api.outputs import FinishReason, TokenLogprob, TokenOutput, Usage
+from services.api.processor import CHAT_ROLES, Delta, ModelInfo, ProcessRequest, TextLogprob
+from services.api.route import RequestPhase, RouteRequest, RouteResponse
+from services.api.sampling import SamplingParams
 from services.common.errors import (
     GenerationFailed,
     InvalidRequest,
@@ -31,23 +36,15 @@ from services.common.errors import (
     Unavailable,
 )
 from services.common.hashing import local_block_hashes
-from services.engine.chat_template import ChatTemplateError
-from services.engine.multimodal.image_input import PromptImage
-from services.engine.request import FinishReason, SamplingParams, TokenLogprob, TokenOutput, Usage
-from services.engine.tokenizer import Tokenizer
+from services.model.chat_template import ChatTemplateError
+from services.model.tokenizer import Tokenizer
 from services.processor.detokenizer import IncrementalDetokenizer
 from services.processor.images import ImagePrompting
 from services.processor.metrics import ProcessorMetrics
 from services.processor.router_reports import Publish, RouterLike, RouterReports
 from services.processor.stop import StopMatcher
 from services.processor.tools import ToolCallParser, tool_dicts, with_tool_prompt
-from services.processor.types import CHAT_ROLES, Delta, ModelInfo, ProcessRequest, TextLogprob
 from services.processor.worker_client import DecodeWorkerClient
-from services.router.types import (
-    RequestPhase,
-    RouteRequest,
-    RouteResponse,
-)
 
 log = logging.getLogger(__name__)
 

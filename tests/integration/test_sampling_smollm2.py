@@ -16,7 +16,7 @@ from services.common.config import ClusterConfig, parse_config
 from services.engine.batch import ScheduledBatch
 from services.engine.engine import LLMEngine
 from services.engine.runner.torch_runner import TorchRunner
-from services.engine.tokenizer import Tokenizer
+from services.model.tokenizer import Tokenizer
 from tests.support.cluster import running_cluster
 from tests.support.stack import MODEL, worker_decode_node
 from tests.unit._tiny_model import seq

@@ -13,17 +13,12 @@ from pathlib import Path
 
 import torch
 
+from services.api.embedding import TransferChunk, TransferRequest
+from services.api.images import ImageData, PromptImage
 from services.engine.multimodal.blocks import EmbeddingBlockAllocator
 from services.engine.multimodal.buffers import EmbeddingBuffers
-from services.engine.multimodal.image_input import ImageData, PromptImage
-from services.engine.multimodal.spans import ImageSpan
-from services.engine.multimodal.transfer import (
-    EmbeddingReceiver,
-    EmbeddingSender,
-    EncodeChannel,
-    TransferChunk,
-    TransferRequest,
-)
+from services.engine.multimodal.transfer import EmbeddingReceiver, EmbeddingSender, EncodeChannel
+from services.model.image_spans import ImageSpan
 
 
 class VisionEncoder:
