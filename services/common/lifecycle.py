@@ -248,7 +248,7 @@ async def _bounded(step: Callable[..., Awaitable[Any] | Any], what: str, instanc
     done, _ = await asyncio.wait([task], timeout=timeout_s)
     if not done:
         log.warning("%s: %s did not end in %.1fs; going on without it", instance, what, timeout_s)
-        with contextlib.suppress(asyncio.TimeoutError):
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(cancel_and_wait(task), STEP_TIMEOUT_S)
         return
     task.result()

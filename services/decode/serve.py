@@ -12,6 +12,7 @@ import argparse
 import logging
 import time
 
+from services.api.wire import WorkerLoad
 from services.common import lifecycle
 from services.common.address_book import AddressBook
 from services.common.config import ClusterConfig
@@ -20,7 +21,6 @@ from services.common.lifecycle import Bound, GrpcListener, PartSpec, Setup
 from services.common.load_publisher import LoadPublisher
 from services.common.nats_client import Subjects
 from services.common.service import run_part
-from services.common.wire import WorkerLoad
 from services.decode.grpc_server import serve_decode_worker
 from services.decode.metrics import DecodeMetrics
 from services.decode.worker import DecodeWorker

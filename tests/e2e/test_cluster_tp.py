@@ -11,9 +11,10 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from services.api.sampling import SamplingParams
 from services.common.config import load_config
 from services.engine.factory import build_engine
-from services.engine.request import GenerateRequest, SamplingParams
+from services.engine.request import GenerateRequest
 from tests.e2e.test_cluster import FRANCE, LONG, MODEL, ROOT
 from tests.support.ports import free_port
 from tests.support.up import start_up

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 
 from services.common.config import parse_config
-from services.engine.tokenizer import Tokenizer
+from services.model.tokenizer import Tokenizer
 from tests.support.cluster import free_port, running_cluster
 from tests.support.procs import start_part, wait_http_ok, write_config
 from tests.support.stack import MODEL, mock_cluster_cfg, worker_decode_node

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from services.api.processor import ChatMessage, ProcessRequest
+from services.api.sampling import SamplingParams
 from services.common.address_book import ChannelPool
 from services.common.config import ClusterConfig, parse_config
 from services.common.errors import Unavailable
-from services.engine.request import SamplingParams
-from services.engine.tokenizer import Tokenizer
+from services.model.tokenizer import Tokenizer
 from services.processor.processor import Processor
-from services.processor.types import ChatMessage, ProcessRequest
 from services.processor.worker_client import DecodeWorkerClient
 from services.router.router import Router
 from tests.support.ports import free_port_pair

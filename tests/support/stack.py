@@ -10,20 +10,21 @@ from typing import Any
 
 import grpc
 
+from services.api.outputs import TokenOutput
+from services.api.route import RequestPhase, RouteRequest, RouteResponse
 from services.common.address_book import ChannelPool
 from services.common.config import ClusterConfig, parse_config
 from services.decode.grpc_server import serve_decode_worker
 from services.decode.worker import DecodeWorker
 from services.engine.async_engine import AsyncEngine
 from services.engine.engine import LLMEngine
-from services.engine.request import GenerateRequest, TokenOutput
+from services.engine.request import GenerateRequest
 from services.engine.runner.mock_runner import MockRunner
-from services.engine.tokenizer import Tokenizer
+from services.model.tokenizer import Tokenizer
 from services.processor.processor import Processor
 from services.processor.router_reports import Publish, RouterLike
 from services.processor.worker_client import DecodeWorkerClient
 from services.router.router import Router
-from services.router.types import RequestPhase, RouteRequest, RouteResponse
 
 MODEL = "SmolLM2-135M-Instruct"
 

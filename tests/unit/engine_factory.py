@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from services.api.kv_events import KvEvent
+from services.api.outputs import FinishReason
+from services.api.sampling import SamplingParams
 from services.common.config import EngineConfig, MockRunnerConfig
-from services.common.kv_events import KvEvent
 from services.engine.engine import LLMEngine
-from services.engine.request import FinishReason, GenerateRequest, SamplingParams
+from services.engine.request import GenerateRequest
 from services.engine.runner.mock_runner import MockRunner
 
 EOS = 2
