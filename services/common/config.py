@@ -105,10 +105,14 @@ class EngineConfig(_Strict):
     # "CUDA graphs"). "auto": on with a CUDA device; CPU has none (true there is an error).
     cuda_graphs: bool | Literal["auto"] = "auto"
     cuda_graph_max_context: int = Field(2048, ge=1)
-    # Our own AVX-512 kernels for int4 matmuls and decode-only steps on CPU (docs/engine.md
-    # "CPU decode kernels"), built with g++ at first use. "auto": on where the CPU has
-    # AVX512-BF16 and the build works, else torch's kernels; true: an error where they cannot run.
+    # Our own kernels for int4 matmuls and decode-only steps on CPU (docs/engine.md "CPU
+    # decode kernels"), built with g++ at first use. "auto": on where the CPU has one of
+    # cpu_isa's sets and the build works, else torch's kernels; true: an error where they cannot run.
     cpu_kernels: bool | Literal["auto"] = "auto"
+    # Which instruction set's build of those kernels runs: auto = the best the CPU's flags
+    # allow; a named set the CPU lacks is a start-up error; none = torch's kernels only
+    # (cpu_kernels/isa.py; neon is reserved, not built yet).
+    cpu_isa: Literal["auto", "avx512_bf16", "avx512_vnni", "avx512", "avx2", "neon", "none"] = "auto"
     mock: MockRunnerConfig = MockRunnerConfig()
 
 
