@@ -35,6 +35,11 @@ class EngineStatsCollector(Collector):
         yield CounterMetricFamily("tandem_worker_prefix_cache_hit_tokens",
                                   "Prompt tokens served from the prefix cache",
                                   value=s.prefix_cache_hit_tokens_total)
+        info = GaugeMetricFamily("tandem_worker_engine_info", "What computes the engine's steps (value 1)",
+                                 labels=["device", "dtype", "quantization", "cpu_isa"])
+        r = s.runner
+        info.add_metric([r.device, r.dtype, r.quantization, r.cpu_isa], 1)
+        yield info
         if s.grammar is not None:
             yield from _grammar_metrics(s.grammar)
 

@@ -169,8 +169,7 @@ def _runners(architecture: str, isa: str, **cfg) -> dict[str, TorchRunner]:
     }
 
 
-def _decode_four_steps(runners: dict[str, TorchRunner], prompts: list[list[int]], vocab: int,
-                       slack: float) -> None:
+def _decode_four_steps(runners: dict[str, TorchRunner], prompts: list[list[int]], slack: float) -> None:
     """Every sequence decodes four steps together: every step's logits stay as close to the
     reference as the eager bfloat16 forward's do (within ``slack``), and the greedy tokens
     agree on 90% of the rows."""
@@ -204,7 +203,7 @@ def test_decode_step_matches_the_eager_forward(isa: str, architecture: str) -> N
     assert runners["kernels"].model.cpu_decode is not None and runners["kernels"].cpu_isa == isa
     assert runners["eager"].model.cpu_decode is None
     prompts = [[(7 * i + 3 * j) % 128 for j in range(3 + 2 * i)] for i in range(20)]
-    _decode_four_steps(runners, prompts, 128, slack=0.05)
+    _decode_four_steps(runners, prompts, slack=0.05)
 
 
 _REAL = dict(device="cpu", quantization="int4", quantized_max_rows=None, block_size=4, num_kv_blocks=256)
@@ -233,7 +232,7 @@ def test_decode_step_on_the_real_model(isa: str, real_runners: tuple) -> None:
                           quant_source=w.quant)
     assert kernels.model.cpu_decode is not None
     prompts = [[1 + (97 * i + 31 * j) % 20000 for j in range(5 + 3 * i)] for i in range(6)]
-    _decode_four_steps({**refs, "kernels": kernels}, prompts, w.arch.vocab_size, slack=0.5)
+    _decode_four_steps({**refs, "kernels": kernels}, prompts, slack=0.5)
 
 
 @EACH_ISA
@@ -366,3 +365,18 @@ def test_library_is_built_once_per_source(tmp_path: Path, monkeypatch: pytest.Mo
     mtime = path.stat().st_mtime_ns
     assert build.main() == 0 and path.stat().st_mtime_ns == mtime  # built once
     assert len({build._library_path(i) for i in isas.ISAS}) == len(isas.ISAS)  # one build a set
+
+
+def test_the_chosen_path_is_a_worker_metric_label() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from services.engine.engine import LLMEngine
+    from services.engine.stats_metrics import EngineStatsCollector
+
+    model, arch = tiny_hf_model("llama")
+    cfg = EngineConfig(device="cpu", block_size=4, num_kv_blocks=16)
+    r = TorchRunner(arch, model.state_dict(), cfg, quant_source=QuantSource(four_bit=True))
+    reg = CollectorRegistry()
+    reg.register(EngineStatsCollector(LLMEngine(r, cfg, [0]).stats))
+    labels = {"device": "cpu", "dtype": "bfloat16", "quantization": "int4", "cpu_isa": isas.best(cpuinfo_flags())}
+    assert reg.get_sample_value("tandem_worker_engine_info", labels) == 1

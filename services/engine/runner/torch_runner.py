@@ -23,7 +23,7 @@ from services.engine.model_config import ModelArchConfig
 from services.engine.quant.apply import quantize_model, resolve_quantization
 from services.engine.quant.groups import QuantSource
 from services.engine.request import TokenLogprob
-from services.engine.runner.base import KvSpec, ModelRunner
+from services.engine.runner.base import KvSpec, ModelRunner, RunnerInfo
 from services.engine.runner.cpu_features import cpu_has_fast_bf16, cpuinfo_flags
 from services.engine.runner.step_inputs import build_step_inputs, validate_batch
 from services.engine.sampler import Sampled, Sampler
@@ -59,6 +59,17 @@ def resolve_dtype(name: str, device: torch.device, four_bit: bool = False) -> to
         fast_bf16 = device.type == "cuda" or (device.type == "cpu" and cpu_has_fast_bf16())
         return torch.bfloat16 if fast_bf16 or four_bit else torch.float32
     return _DTYPES[name]
+
+
+def resolve_dense_above_rows(setting: int | None | str, device: torch.device, dtype: torch.dtype) -> int | None:
+    """``engine.quantized_max_rows`` -> the row count above which quantized linears use a
+    dense copy (None: never). ``auto`` is 16, but None for bfloat16 on a CPU without native
+    bfloat16: there the dense GEMM is emulated and the int8 kernels win at every size
+    (docs/engine.md, "Dtype and quantized weights")."""
+    if setting != "auto":
+        return setting  # type: ignore[return-value]
+    emulated_bf16 = device.type == "cpu" and dtype == torch.bfloat16 and not cpu_has_fast_bf16()
+    return None if emulated_bf16 else 16
 
 
 def stays_four_bit(cfg: EngineConfig, source: QuantSource) -> bool:
@@ -199,12 +210,15 @@ class TorchRunner(ModelRunner):
             kernels = (_cpu_kernels(cfg, self.device, self.dtype, self.tp, isa)
                        if self.quantization == "int4" else None)
             if self.quantization != "none":
-                quantize_model(self.model, tensors, source, self.quantization, cfg.quantized_max_rows,
+                quantize_model(self.model, tensors, source, self.quantization,
+                               resolve_dense_above_rows(cfg.quantized_max_rows, self.device, self.dtype),
                                kernels=kernels)
             # the instruction set whose kernels run (none: torch's), logged once and a metric label
             self.cpu_isa = kernels.isa if kernels is not None else "none"
             log.info("engine: %s, %s, quantization %s, CPU kernels %s (engine.cpu_isa %s)", self.device,
                      self.dtype, self.quantization, self.cpu_isa, cfg.cpu_isa)
+            self.info = RunnerInfo(str(self.device), str(self.dtype).removeprefix("torch."), self.quantization,
+                                   self.cpu_isa)
             if kernels is not None and CpuDecode.supports(self.model):
                 self.model.cpu_decode = CpuDecode(self.model, cfg.block_size)
                 # NOTE: a decode step in one C++ call holds no GIL and leaves a core's worth of
