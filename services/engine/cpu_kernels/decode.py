@@ -6,7 +6,8 @@ kernel, bfloat16, no tensor parallelism), a step whose rows are all single decod
 which at one sequence cost more than the weights' bytes. It beats the eager forward's
 dense bfloat16 GEMMs at 32 and 64 sequences too (docs/benchmarks.md, "Engine").
 The numbers differ from the eager bfloat16 forward only in rounding: the residual stream
-stays float32 and each matmul's output is not rounded to bfloat16.
+stays float32 and each matmul's output is not rounded to bfloat16 (on the int8 paths the
+matmuls' inputs are rounded to int8 per 32-group, as the eager forward's are there too).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """``engine.quantization``: which mode a runner uses, and swapping a model's linears for it.
 
 ``auto`` is int4 for a 4-bit GGUF (Q4_0 / Q4_1 / Q4_K linears) when the activations are
-bfloat16 (the CPU int4 kernel is slower than a dense GEMM in float32; CUDA's takes only
-bfloat16), none otherwise; with
+bfloat16 (which ``dtype: auto`` resolves to for such a file; torch's CPU int4 kernel is
+slower than a dense GEMM in float32, CUDA's takes only bfloat16), none otherwise; with
 tensor parallelism it is always none (the quantized layers do not shard). Explicit
 ``int4`` / ``int8`` quantize every linear and the LM head; the embedding lookup stays dense.
 """
