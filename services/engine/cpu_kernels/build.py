@@ -7,7 +7,8 @@ hash of the source, torch's version, the compiler and its flags: every later eng
 on the machine loads it at once, and an edited kernel never loads a stale build. Builds
 are atomic (a temporary file renamed into place), so workers starting together are safe.
 ``python -m services.engine.cpu_kernels.build`` builds the CPU's best set ahead (``make
-setup`` and the container image do; building needs no AVX-512, only running does). Each
+setup`` does; ``--all``: every set, as the container image does, which then drops g++;
+building needs no AVX-512, only running does). Each
 set's library registers its ops under its own namespace (``torch.ops.tandem_cpu_<isa>``),
 so several load side by side (the tests compare them). Where the CPU lacks the set's
 flags, g++ is missing or the build fails, ``load`` raises KernelUnavailable saying why:
@@ -53,28 +54,31 @@ def _compiler() -> str | None:
     return os.environ.get("TANDEM_CXX") or shutil.which("g++")
 
 
-def _isa_flags(isa: str) -> list[str]:
-    return [*isas.cflags(isa, cpuinfo_flags()), f"-DTANDEM_OPS={KernelSet(isa).namespace}"]
+def _flags(isa: str, target: tuple[str, ...]) -> list[str]:
+    return [*CFLAGS, *target, f"-DTANDEM_OPS={KernelSet(isa).namespace}"]
 
 
-def _library_path(isa: str) -> Path:
+def _library_path(isa: str, target: tuple[str, ...] | None = None) -> Path:
+    """Where ``isa``'s build for ``target`` (g++ target flags; default: this CPU's) lives."""
+    target = isas.cflags(isa, cpuinfo_flags()) if target is None else target
     key = hashlib.sha256(SOURCE.read_bytes())
     for h in HEADERS:
         key.update(SOURCE.with_name(h).read_bytes())
-    key.update(f"{torch.__version__} {_compiler()} {' '.join(CFLAGS + _isa_flags(isa))}".encode())
+    key.update(f"{torch.__version__} {_compiler()} {' '.join(_flags(isa, target))}".encode())
     return cache_dir() / "kernels" / f"tandem_cpu_{isa}-{key.hexdigest()[:16]}.so"
 
 
-def _built(isa: str) -> Path:
+def _built(isa: str, target: tuple[str, ...] | None = None) -> Path:
     """The library's path, compiling it first where it is missing."""
-    path = _library_path(isa)
+    target = isas.cflags(isa, cpuinfo_flags()) if target is None else target
+    path = _library_path(isa, target)
     if not path.exists():
         log.info("building the CPU kernels for %s into %s (once per machine) ...", isa, path)
-        _compile(isa, path)
+        _compile(isa, target, path)
     return path
 
 
-def _compile(isa: str, out: Path) -> None:
+def _compile(isa: str, target: tuple[str, ...], out: Path) -> None:
     cxx = _compiler()
     if cxx is None:
         raise KernelUnavailable("no C++ compiler (g++) on PATH")
@@ -83,7 +87,7 @@ def _compile(isa: str, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
-    cmd = [cxx, *CFLAGS, *_isa_flags(isa), f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+    cmd = [cxx, *_flags(isa, target), f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
            *(f"-I{p}" for p in include_paths()), str(SOURCE), f"-L{torch_lib}", "-lc10", "-ltorch_cpu", "-o", tmp]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -123,14 +127,18 @@ def _warn_once(reason: str) -> None:
     log.warning("CPU kernels unavailable (%s): using torch's kernels", reason)
 
 
-def main() -> int:
-    """Build the CPU's best set where it is missing; print its path."""
+def main(argv: list[str] | None = None) -> int:
+    """Build the CPU's best set where it is missing and print its path; with ``--all``,
+    every set's every build (an image that drops g++ and runs on other CPUs)."""
+    every = "--all" in (sys.argv[1:] if argv is None else argv)
     best = isas.best(cpuinfo_flags())
-    if best == "none":
+    if best == "none" and not every:
         print("CPU kernels not built: the CPU has none of " + ", ".join(isas.ISAS), file=sys.stderr)
         return 1
+    builds = [(i, t) for i in isas.ISAS for t in isas.every_cflags(i)] if every else [(best, None)]
     try:
-        print(_built(best))
+        for isa, target in builds:
+            print(_built(isa, target))
     except KernelUnavailable as e:
         print(f"CPU kernels not built: {e}", file=sys.stderr)
         return 1

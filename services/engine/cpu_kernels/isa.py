@@ -43,6 +43,12 @@ def cflags(isa: str, flags: Set[str]) -> tuple[str, ...]:
     raise ValueError(f"no kernel build for {isa!r}")
 
 
+def every_cflags(isa: str) -> list[tuple[str, ...]]:
+    """Every build of ``isa`` some CPU may load (avx2: with and without AVX-VNNI), for an
+    image built on one machine and run on others."""
+    return list(dict.fromkeys(cflags(isa, flags) for flags in (frozenset(), frozenset({"avx_vnni"}))))
+
+
 def best(flags: Set[str]) -> str:
     """The fastest set the CPU's flags allow, ``none`` where none does."""
     return next((isa for isa in ISAS if REQUIRED_FLAGS[isa] <= flags), "none")
