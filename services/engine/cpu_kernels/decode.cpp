@@ -40,14 +40,26 @@ using simd::bf16_to_f32;
 using simd::f32_to_bf16;
 using simd::vf;
 
-// out (bf16) = x / rms(x) * weight, per row of width h.
-void rms_norm(const float* x, const uint16_t* weight, int64_t rows, int64_t h, double eps, uint16_t* out) {
+// What the matmuls inside the step read: bfloat16 for vdpbf16ps; float32 on the int8
+// paths, which quantize it straight to int8 (no bfloat16 rounding before the int8 one).
+#if defined(__AVX512BF16__)
+using Act = uint16_t;
+#else
+using Act = float;
+#endif
+
+inline void put(float x, uint16_t* out) { *out = f32_to_bf16(x); }
+inline void put(float x, float* out) { *out = x; }
+
+// out = x / rms(x) * weight, per row of width h.
+template <class T>
+void rms_norm(const float* x, const uint16_t* weight, int64_t rows, int64_t h, double eps, T* out) {
   for (int64_t m = 0; m < rows; ++m) {
     const float* r = x + m * h;
     double ss = 0;
     for (int64_t i = 0; i < h; ++i) ss += static_cast<double>(r[i]) * r[i];
     const float inv = static_cast<float>(1.0 / std::sqrt(ss / h + eps));
-    for (int64_t i = 0; i < h; ++i) out[m * h + i] = f32_to_bf16(r[i] * inv * bf16_to_f32(weight[i]));
+    for (int64_t i = 0; i < h; ++i) put(r[i] * inv * bf16_to_f32(weight[i]), out + m * h + i);
   }
 }
 
@@ -56,10 +68,10 @@ struct Dims {
 };
 
 // A step's activations, kept across steps (resized, never shrunk): float32 where they
-// are summed into, bfloat16 where they feed a matmul.
+// are summed into, Act where they feed a matmul.
 struct Scratch {
   std::vector<float> resid, qkv, attn, proj, gate_up;
-  std::vector<uint16_t> normed, attn_bf16, act;
+  std::vector<Act> normed, attn_in, act;
   void size(int64_t rows, const Dims& d) {
     resid.resize(rows * d.hidden);
     qkv.resize(rows * (d.heads + 2 * d.kv_heads) * d.head_dim);
@@ -67,7 +79,7 @@ struct Scratch {
     proj.resize(rows * d.hidden);
     gate_up.resize(rows * 2 * d.inter);
     normed.resize(rows * d.hidden);
-    attn_bf16.resize(rows * d.heads * d.head_dim);
+    attn_in.resize(rows * d.heads * d.head_dim);
     act.resize(rows * d.inter);
   }
 };
@@ -218,8 +230,8 @@ at::Tensor decode_forward(const at::Tensor& input_ids, const at::Tensor& positio
     }
     decode_attention(s.qkv.data(), qkv_w, kvp, kv_half, block_table.data_ptr<int64_t>(), block_table.size(1), ctx, rows,
                      d, s.attn.data());
-    to_bf16(s.attn.data(), rows * qw, s.attn_bf16.data());
-    int4_matmul(as_weight(w[4], w[5], d.hidden), s.attn_bf16.data(), rows, qw, nullptr, s.proj.data(), d.hidden);
+    for (int64_t i = 0; i < rows * qw; ++i) put(s.attn[i], s.attn_in.data() + i);
+    int4_matmul(as_weight(w[4], w[5], d.hidden), s.attn_in.data(), rows, qw, nullptr, s.proj.data(), d.hidden);
     for (int64_t i = 0; i < rows * d.hidden; ++i) s.resid[i] += s.proj[i];
     // MLP: norm, gate_up, silu(gate) * up, down, residual
     rms_norm(s.resid.data(), bf16(w[6]), rows, d.hidden, eps, s.normed.data());
@@ -227,13 +239,13 @@ at::Tensor decode_forward(const at::Tensor& input_ids, const at::Tensor& positio
     for (int64_t m = 0; m < rows; ++m) {
       const float* g = s.gate_up.data() + m * 2 * d.inter;
       const float* u = g + d.inter;
-      uint16_t* o = s.act.data() + m * d.inter;
+      Act* o = s.act.data() + m * d.inter;
       for (int64_t i = 0; i < d.inter; i += 16) {
         const vf gv = simd::load(g + i);
         const vf silu = gv / (simd::set1(1.0f) + simd::exp(simd::zero() - gv));
         float tmp[16];
         simd::store(tmp, silu * simd::load(u + i));
-        to_bf16(tmp, 16, o + i);
+        for (int j = 0; j < 16; ++j) put(tmp[j], o + i + j);
       }
     }
     int4_matmul(as_weight(w[9], w[10], d.hidden), s.act.data(), rows, d.inter, nullptr, s.proj.data(), d.hidden);
