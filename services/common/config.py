@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -68,12 +68,14 @@ class EngineConfig(_Strict):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     threads: int = Field(1, ge=1)
     # Weight-only quantized linears (docs/engine.md "Dtype and quantized weights"): int4 / int8 weights,
-    # activations in `dtype`. auto: int4 for a 4-bit GGUF with bfloat16 activations, else none.
+    # activations in `dtype`. auto: int4 for a 4-bit GGUF (dtype auto is then bfloat16), else none.
     quantization: Literal["auto", "none", "int8", "int4"] = "auto"
     # With quantization on, a forward over more rows than this (prefill chunks) uses a
     # dense copy of the weights, which a GEMM beats the int4/int8 kernels with; null keeps
-    # no dense copy (least memory; every batch on the quantized kernels).
-    quantized_max_rows: int | None = Field(16, ge=0)
+    # no dense copy (least memory; every batch on the quantized kernels). auto: 16, except
+    # bfloat16 on a CPU without native bfloat16, where the int8 kernels beat the emulated
+    # dense GEMM at every size: null there.
+    quantized_max_rows: Annotated[int, Field(ge=0)] | None | Literal["auto"] = "auto"
     block_size: int = Field(16, ge=1)
     num_kv_blocks: int = Field(2048, ge=1)
     max_num_seqs: int = Field(64, ge=1)
@@ -105,10 +107,14 @@ class EngineConfig(_Strict):
     # "CUDA graphs"). "auto": on with a CUDA device; CPU has none (true there is an error).
     cuda_graphs: bool | Literal["auto"] = "auto"
     cuda_graph_max_context: int = Field(2048, ge=1)
-    # Our own AVX-512 kernels for int4 matmuls and decode-only steps on CPU (docs/engine.md
-    # "CPU decode kernels"), built with g++ at first use. "auto": on where the CPU has
-    # AVX512-BF16 and the build works, else torch's kernels; true: an error where they cannot run.
+    # Our own kernels for int4 matmuls and decode-only steps on CPU (docs/engine.md "CPU
+    # decode kernels"), built with g++ at first use. "auto": on where the CPU has one of
+    # cpu_isa's sets and the build works, else torch's kernels; true: an error where they cannot run.
     cpu_kernels: bool | Literal["auto"] = "auto"
+    # Which instruction set's build of those kernels runs: auto = the best the CPU's flags
+    # allow; a named set the CPU lacks is a start-up error; none = torch's kernels only
+    # (cpu_kernels/isa.py; neon is reserved, not built yet).
+    cpu_isa: Literal["auto", "avx512_bf16", "avx512_vnni", "avx512", "avx2", "neon", "none"] = "auto"
     mock: MockRunnerConfig = MockRunnerConfig()
 
 

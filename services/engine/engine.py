@@ -19,7 +19,7 @@ from services.engine.block_pool import BlockPool, BlockPoolIntegrityError
 from services.engine.kv_cache_manager import KvCacheManager
 from services.engine.remote_prefill import RemotePrefillHandle
 from services.engine.request import GenerateRequest
-from services.engine.runner.base import ModelRunner
+from services.engine.runner.base import ModelRunner, RunnerInfo
 from services.engine.scheduler import InvalidRequestError, Scheduler
 from services.engine.timings import EngineTimings
 
@@ -49,6 +49,8 @@ class EngineStats:
     num_prefill_tokens_pending: int = 0
     # The grammar compiler's live counters (structured output); None without one.
     grammar: GrammarStats | None = None
+    # What computes the steps (device, dtype, quantization, CPU kernel set).
+    runner: RunnerInfo = RunnerInfo()
 
 
 class LLMEngine:
@@ -294,6 +296,7 @@ class LLMEngine:
             num_prefill_tokens_pending=s.prefill_tokens_pending(),
             grammar=self.grammar.stats if self.grammar is not None else None,
             timings=self.timings,
+            runner=self.runner.info,
         )
 
     def check_integrity(self) -> None:

@@ -37,6 +37,11 @@ class EngineStatsCollector(Collector):
                                   "Prompt tokens served from the prefix cache",
                                   value=s.prefix_cache_hit_tokens_total)
         yield from _timing_metrics(s.timings)
+        info = GaugeMetricFamily("tandem_worker_engine_info", "What computes the engine's steps (value 1)",
+                                 labels=["device", "dtype", "quantization", "cpu_isa"])
+        r = s.runner
+        info.add_metric([r.device, r.dtype, r.quantization, r.cpu_isa], 1)
+        yield info
         if s.grammar is not None:
             yield from _grammar_metrics(s.grammar)
 

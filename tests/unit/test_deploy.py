@@ -29,6 +29,7 @@ CONTRACT_METRICS = {
     "tandem_frontend_request_duration_seconds",
     "tandem_worker_kv_blocks_used",
     "tandem_worker_kv_blocks_total",
+    "tandem_worker_engine_info",
     "tandem_worker_kv_blocks_cached",
     "tandem_worker_requests_running",
     "tandem_worker_requests_waiting",

@@ -1,1 +1,1 @@
-"""Our AVX-512 CPU kernels (decode.cpp): int4 matmuls and the decode-only step."""
+"""Our CPU kernels (decode.cpp, one build per instruction set: isa.py): int4 matmuls and the decode-only step."""

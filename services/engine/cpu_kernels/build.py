@@ -1,15 +1,19 @@
-"""Compiles decode.cpp into a torch op library once per machine and loads it.
+"""Compiles decode.cpp into a torch op library, once per machine and instruction set
+(isa.py), and loads it.
 
 The library is built with the ``g++`` on PATH (``$TANDEM_CXX`` overrides) at first use
 (about 15 s) into ``$TANDEM_CACHE_DIR/kernels`` (default ``~/.cache/tandem``), named by a
 hash of the source, torch's version, the compiler and its flags: every later engine start
 on the machine loads it at once, and an edited kernel never loads a stale build. Builds
 are atomic (a temporary file renamed into place), so workers starting together are safe.
-``python -m services.engine.cpu_kernels.build`` builds it ahead (``make setup`` and the
-container image do; building needs no AVX-512, only running does). Where the CPU lacks
-the flags, g++ is missing or the build fails, ``load`` raises KernelUnavailable saying
-why: the engine keeps torch's own kernels (``engine.cpu_kernels: auto``) or refuses to
-start (``true``).
+``python -m services.engine.cpu_kernels.build`` builds the CPU's best set ahead (``make
+setup`` does; ``--all``: every set, as the container image does, which then drops g++;
+building needs no AVX-512, only running does). Each
+set's library registers its ops under its own namespace (``torch.ops.tandem_cpu_<isa>``),
+so several load side by side (the tests compare them). Where the CPU lacks the set's
+flags, g++ is missing or the build fails, ``load`` raises KernelUnavailable saying why:
+the engine keeps torch's own kernels (``engine.cpu_kernels: auto``) or refuses to start
+(``true``).
 """
 
 from __future__ import annotations
@@ -28,15 +32,15 @@ import torch
 from torch.utils.cpp_extension import include_paths
 
 from services.common.env import cache_dir
+from services.engine.cpu_kernels import isa as isas
+from services.engine.cpu_kernels.isa import KernelSet
 from services.engine.runner.cpu_features import cpuinfo_flags
 
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("decode.cpp")
-# What decode.cpp's intrinsics need (avx512_bf16: vdpbf16ps; avx512bw: vpermw).
-REQUIRED_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "fma", "f16c"})
-CFLAGS = ["-O3", "-std=c++20", "-shared", "-fPIC", "-mavx512f", "-mavx512bw", "-mavx512vl",
-          "-mavx512dq", "-mavx512bf16", "-mfma", "-mf16c"]
+HEADERS = ("simd.h", "pool.h", "weight.h", "matmul_bf16.h", "matmul_int8.h")
+CFLAGS = ["-O3", "-std=c++20", "-shared", "-fPIC"]
 
 
 class KernelUnavailable(RuntimeError):
@@ -50,22 +54,31 @@ def _compiler() -> str | None:
     return os.environ.get("TANDEM_CXX") or shutil.which("g++")
 
 
-def _library_path() -> Path:
+def _flags(isa: str, target: tuple[str, ...]) -> list[str]:
+    return [*CFLAGS, *target, f"-DTANDEM_OPS={KernelSet(isa).namespace}"]
+
+
+def _library_path(isa: str, target: tuple[str, ...] | None = None) -> Path:
+    """Where ``isa``'s build for ``target`` (g++ target flags; default: this CPU's) lives."""
+    target = isas.cflags(isa, cpuinfo_flags()) if target is None else target
     key = hashlib.sha256(SOURCE.read_bytes())
-    key.update(f"{torch.__version__} {_compiler()} {' '.join(CFLAGS)}".encode())
-    return cache_dir() / "kernels" / f"tandem_cpu-{key.hexdigest()[:16]}.so"
+    for h in HEADERS:
+        key.update(SOURCE.with_name(h).read_bytes())
+    key.update(f"{torch.__version__} {_compiler()} {' '.join(_flags(isa, target))}".encode())
+    return cache_dir() / "kernels" / f"tandem_cpu_{isa}-{key.hexdigest()[:16]}.so"
 
 
-def _built() -> Path:
+def _built(isa: str, target: tuple[str, ...] | None = None) -> Path:
     """The library's path, compiling it first where it is missing."""
-    path = _library_path()
+    target = isas.cflags(isa, cpuinfo_flags()) if target is None else target
+    path = _library_path(isa, target)
     if not path.exists():
-        log.info("building the CPU decode kernels into %s (once per machine) ...", path)
-        _compile(path)
+        log.info("building the CPU kernels for %s into %s (once per machine) ...", isa, path)
+        _compile(isa, target, path)
     return path
 
 
-def _compile(out: Path) -> None:
+def _compile(isa: str, target: tuple[str, ...], out: Path) -> None:
     cxx = _compiler()
     if cxx is None:
         raise KernelUnavailable("no C++ compiler (g++) on PATH")
@@ -74,8 +87,8 @@ def _compile(out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
-    cmd = [cxx, *CFLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *(f"-I{p}" for p in include_paths()),
-           str(SOURCE), f"-L{torch_lib}", "-lc10", "-ltorch_cpu", "-o", tmp]
+    cmd = [cxx, *_flags(isa, target), f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+           *(f"-I{p}" for p in include_paths()), str(SOURCE), f"-L{torch_lib}", "-lc10", "-ltorch_cpu", "-o", tmp]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         if done.returncode != 0:
@@ -87,34 +100,45 @@ def _compile(out: Path) -> None:
 
 
 @functools.cache
-def load() -> None:
-    """Build (once per machine) and load the ``torch.ops.tandem_cpu`` ops. Raises
-    KernelUnavailable naming the reason when they cannot run here."""
-    missing = REQUIRED_FLAGS - cpuinfo_flags()
+def load(isa: str) -> KernelSet:
+    """Build (once per machine) and load ``isa``'s ops. Raises KernelUnavailable naming
+    the reason when they cannot run here."""
+    if isa not in isas.REQUIRED_FLAGS:
+        raise KernelUnavailable(f"no kernels for {isa!r}")
+    missing = isas.REQUIRED_FLAGS[isa] - cpuinfo_flags()
     if missing:
         raise KernelUnavailable(f"the CPU lacks {', '.join(sorted(missing))}")
-    torch.ops.load_library(str(_built()))
+    torch.ops.load_library(str(_built(isa)))
+    return KernelSet(isa)
 
 
-def available() -> bool:
-    """Whether the kernels are loaded or can be; logs the reason once when not."""
+def available(isa: str) -> bool:
+    """Whether ``isa``'s kernels are loaded or can be; logs the reason once when not."""
     try:
-        load()
+        load(isa)
     except KernelUnavailable as e:
-        _warn_once(str(e))
+        _warn_once(f"{isa}: {e}")
         return False
     return True
 
 
 @functools.cache
 def _warn_once(reason: str) -> None:
-    log.warning("CPU decode kernels unavailable (%s): using torch's kernels", reason)
+    log.warning("CPU kernels unavailable (%s): using torch's kernels", reason)
 
 
-def main() -> int:
-    """Build the library where it is missing (whatever this CPU has); print its path."""
+def main(argv: list[str] | None = None) -> int:
+    """Build the CPU's best set where it is missing and print its path; with ``--all``,
+    every set's every build (an image that drops g++ and runs on other CPUs)."""
+    every = "--all" in (sys.argv[1:] if argv is None else argv)
+    best = isas.best(cpuinfo_flags())
+    if best == "none" and not every:
+        print("CPU kernels not built: the CPU has none of " + ", ".join(isas.ISAS), file=sys.stderr)
+        return 1
+    builds = [(i, t) for i in isas.ISAS for t in isas.every_cflags(i)] if every else [(best, None)]
     try:
-        print(_built())
+        for isa, target in builds:
+            print(_built(isa, target))
     except KernelUnavailable as e:
         print(f"CPU kernels not built: {e}", file=sys.stderr)
         return 1

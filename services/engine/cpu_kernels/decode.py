@@ -6,7 +6,8 @@ kernel, bfloat16, no tensor parallelism), a step whose rows are all single decod
 which at one sequence cost more than the weights' bytes. It beats the eager forward's
 dense bfloat16 GEMMs at 32 and 64 sequences too (docs/benchmarks.md, "Engine").
 The numbers differ from the eager bfloat16 forward only in rounding: the residual stream
-stays float32 and each matmul's output is not rounded to bfloat16.
+stays float32 and each matmul's output is not rounded to bfloat16 (on the int8 paths the
+matmuls' inputs are rounded to int8 per 32-group, as the eager forward's are there too).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ _LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")  # decode_forward
 
 
 def _kernel_matmul(linear: torch.nn.Module) -> Int4Matmul | None:
-    if isinstance(linear, QuantizedLinear) and isinstance(linear.matmul, Int4Matmul) and linear.matmul.kernel:
+    if isinstance(linear, QuantizedLinear) and isinstance(linear.matmul, Int4Matmul) and linear.matmul.kernels:
         return linear.matmul
     return None
 
@@ -30,6 +31,9 @@ class CpuDecode:
 
     def __init__(self, model: torch.nn.Module, block_size: int) -> None:
         arch = model.arch
+        first = _kernel_matmul(model.layers[0].qkv_proj)
+        assert first is not None and first.kernels is not None  # supports() checked
+        self._decode_forward = getattr(torch.ops, first.kernels.namespace).decode_forward
         self.dims = [arch.hidden_size, arch.num_heads, arch.num_kv_heads, arch.head_dim,
                      arch.intermediate_size, arch.num_layers, block_size]
         self.eps = float(model.norm.eps)
@@ -71,6 +75,6 @@ class CpuDecode:
                  kv_layers: list[torch.Tensor]) -> torch.Tensor:
         d = meta.decode
         assert d is not None and d.ctx_len is not None  # takes() checked
-        return torch.ops.tandem_cpu.decode_forward(
+        return self._decode_forward(
             input_ids, positions, meta.slot_mapping, d.block_table, d.ctx_len, self.embed, kv_layers,
             self.weights, self.cos, self.sin, self.final_norm, self.dims, self.eps)

@@ -1,8 +1,8 @@
 """``engine.quantization``: which mode a runner uses, and swapping a model's linears for it.
 
 ``auto`` is int4 for a 4-bit GGUF (Q4_0 / Q4_1 / Q4_K linears) when the activations are
-bfloat16 (the CPU int4 kernel is slower than a dense GEMM in float32; CUDA's takes only
-bfloat16), none otherwise; with
+bfloat16 (which ``dtype: auto`` resolves to for such a file; torch's CPU int4 kernel is
+slower than a dense GEMM in float32, CUDA's takes only bfloat16), none otherwise; with
 tensor parallelism it is always none (the quantized layers do not shard). Explicit
 ``int4`` / ``int8`` quantize every linear and the LM head; the embedding lookup stays dense.
 """
@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from services.common.config import EngineConfig
+from services.engine.cpu_kernels.isa import KernelSet
 from services.engine.model import LlamaModel
 from services.engine.quant import groups as g
 from services.engine.quant.groups import QuantSource
@@ -45,12 +46,12 @@ def resolve_quantization(cfg: EngineConfig, dtype: torch.dtype, source: QuantSou
 
 @torch.no_grad()
 def quantize_model(model: LlamaModel, tensors: Mapping[str, torch.Tensor], source: QuantSource,
-                   mode: str, dense_above_rows: int | None, cpu_kernel: bool = False) -> None:
+                   mode: str, dense_above_rows: int | None, kernels: KernelSet | None = None) -> None:
     """Replace every decoder linear and the LM head of a loaded ``model`` by a
     QuantizedLinear in ``mode`` (int4 | int8). ``tensors`` are the float weights the model
     was loaded from; ``dense_above_rows`` None drops the dense weights, else keeps them for
-    batches of more rows (QuantizedLinear). ``cpu_kernel``: int4 matmuls on our AVX-512
-    kernel (cpu_kernels/, loaded by the caller) where it takes the groups."""
+    batches of more rows (QuantizedLinear). ``kernels``: int4 matmuls on our CPU kernels
+    (cpu_kernels/, loaded by the caller) where they take the groups."""
     if mode not in ("int4", "int8"):
         raise ValueError(f"quantization mode {mode!r} is not int4 | int8")
     dtype, device = model.embed_tokens.weight.dtype, model.embed_tokens.weight.device
@@ -58,7 +59,7 @@ def quantize_model(model: LlamaModel, tensors: Mapping[str, torch.Tensor], sourc
 
     def quantized(names: list[str], dense: torch.Tensor, bias: torch.Tensor | None,
                   split: list[int]) -> QuantizedLinear:
-        matmul = _matmul(names, tensors, source, mode, dtype, device, cpu_kernel)
+        matmul = _matmul(names, tensors, source, mode, dtype, device, kernels)
         return QuantizedLinear(matmul, bias, split, dense if keep_dense else None, dense_above_rows or 0)
 
     for i, layer in enumerate(model.layers):
@@ -72,15 +73,15 @@ def quantize_model(model: LlamaModel, tensors: Mapping[str, torch.Tensor], sourc
 
 
 def _matmul(names: list[str], tensors: Mapping[str, torch.Tensor], source: QuantSource, mode: str,
-            dtype: torch.dtype, device: torch.device, cpu_kernel: bool) -> nn.Module:
+            dtype: torch.dtype, device: torch.device, kernels: KernelSet | None) -> nn.Module:
     exact = [source.groups.get(n) for n in names]
     if mode == "int8":
         # Q8_0 already is 8-bit with exact int4-pair groups; other weights go per channel.
         if all(e is not None and e.bits == 8 for e in exact):
-            return Int4Matmul(g.cat_rows(exact), dtype, device, cpu_kernel)  # type: ignore[arg-type]
+            return Int4Matmul(g.cat_rows(exact), dtype, device, kernels)  # type: ignore[arg-type]
         return Int8Matmul(torch.cat([tensors[n] for n in names]), dtype, device)
     if all(e is not None for e in exact) and g.same_layout(exact):  # type: ignore[arg-type]
-        return Int4Matmul(g.cat_rows(exact), dtype, device, cpu_kernel)  # type: ignore[arg-type]
+        return Int4Matmul(g.cat_rows(exact), dtype, device, kernels)  # type: ignore[arg-type]
     # Not in the file in one exact layout (HF weights, F16, K-quants, or q/k/v stored in
     # different types): quantize the float weights.
-    return Int4Matmul(g.cat_rows([g.from_float(tensors[n]) for n in names]), dtype, device, cpu_kernel)
+    return Int4Matmul(g.cat_rows([g.from_float(tensors[n]) for n in names]), dtype, device, kernels)

@@ -1,5 +1,5 @@
-"""Weight-only quantized matmuls over torch's own kernels (or, on AVX512-BF16 CPUs, our
-int4 kernel: cpu_kernels/), and the linear layer they serve.
+"""Weight-only quantized matmuls over torch's own kernels (or, on x86 CPUs with AVX2 or
+better, our int4 kernels: cpu_kernels/), and the linear layer they serve.
 
 - int4: ``aten._weight_int4pack_mm_for_cpu`` / ``aten._weight_int4pack_mm`` (CUDA, tinygemm)
   over ``Int4Groups`` (groups.py); the weight is packed once at load.
@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from services.engine.cpu_kernels import pack
+from services.engine.cpu_kernels.isa import KernelSet
 from services.engine.quant.groups import Int4Groups
 
 
@@ -34,15 +35,18 @@ class Int4Matmul(nn.Module):
     """``x (M, in) -> x @ W.T (M, out)`` for W given as int4 groups."""
 
     def __init__(self, groups: Int4Groups, dtype: torch.dtype, device: torch.device,
-                 cpu_kernel: bool = False) -> None:
+                 kernels: KernelSet | None = None) -> None:
         super().__init__()
         self.group_size, self.repeat = groups.group_size, groups.input_repeat
         self.out_features = n = groups.out_features
         self.cpu = device.type == "cpu"
-        # Our AVX-512 kernel (cpu_kernels/) where the caller loaded it: bfloat16, 32-groups.
-        self.kernel = cpu_kernel and self.cpu and dtype == torch.bfloat16 and pack.supports(groups)
-        if self.kernel:
-            codes, scale_min = pack.pack(groups)
+        # Our kernel (cpu_kernels/) where the caller loaded one: 32-groups, bfloat16
+        # activations (float32 too on the int8 paths).
+        takes_dtype = dtype == torch.bfloat16 or (dtype == torch.float32 and kernels is not None and kernels.float_input)
+        self.kernels = kernels if kernels is not None and self.cpu and takes_dtype and pack.supports(groups) else None
+        if self.kernels is not None:
+            self._int4_linear = getattr(torch.ops, self.kernels.namespace).int4_linear
+            codes, scale_min = pack.pack(groups, self.kernels.layout)
             self.register_buffer("codes", codes, persistent=False)
             self.register_buffer("scale_min", scale_min, persistent=False)
             return
@@ -64,8 +68,8 @@ class Int4Matmul(nn.Module):
         self.register_buffer("packed", packed, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kernel:  # reads the input cyclically: no [x] * repeat copy
-            return torch.ops.tandem_cpu.int4_linear(x.contiguous(), self.codes, self.scale_min, self.out_features)
+        if self.kernels is not None:  # reads the input cyclically: no [x] * repeat copy
+            return self._int4_linear(x.contiguous(), self.codes, self.scale_min, self.out_features)
         if self.repeat > 1:  # a Q8_0 weight: both nibble halves read the same input
             x = torch.cat([x] * self.repeat, dim=-1)
         if self.cpu:

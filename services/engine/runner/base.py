@@ -29,6 +29,16 @@ class KvSpec:
         return (self.num_layers, 2, n, self.block_size, self.num_kv_heads, self.head_dim)
 
 
+@dataclass(frozen=True, slots=True)
+class RunnerInfo:
+    """What computes a runner's steps: the labels of the workers' ``tandem_worker_engine_info``."""
+
+    device: str = "none"
+    dtype: str = "none"
+    quantization: str = "none"
+    cpu_isa: str = "none"  # the instruction set of our CPU kernels that runs (none: torch's kernels)
+
+
 class ModelRunner(ABC):
     """Computes scheduled batches against a paged KV cache it owns.
 
@@ -58,6 +68,8 @@ class ModelRunner(ABC):
     # Seconds the runner (the device) spent computing batches: the bench's bubble is the
     # rest of the wall time.
     busy_seconds: float = 0.0
+    # What computes the steps (the workers' tandem_worker_engine_info labels).
+    info: RunnerInfo = RunnerInfo()
 
     @abstractmethod
     def execute(self, batch: ScheduledBatch) -> RunnerOutput: ...

@@ -31,7 +31,7 @@ import xxhash
 from services.api.outputs import TokenLogprob
 from services.common.config import EngineConfig
 from services.engine.batch import PendingOutput, RunnerOutput, ScheduledBatch
-from services.engine.runner.base import KvSpec, ModelRunner
+from services.engine.runner.base import KvSpec, ModelRunner, RunnerInfo
 
 _MOCK_SEED = 7
 
@@ -71,6 +71,7 @@ class MockRunner(ModelRunner):
     """Configured by ``cfg.mock``; ``num_kv_blocks`` and ``block_size`` size its cache."""
 
     supports_overlap = True
+    info = RunnerInfo(device="mock")
     overlap_pays = True  # its simulated device runs while the scheduler works
 
     def __init__(self, cfg: EngineConfig, sleep: Callable[[float], None] = time.sleep) -> None:

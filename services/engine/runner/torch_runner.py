@@ -16,13 +16,15 @@ from services.api.outputs import TokenLogprob
 from services.common.config import EngineConfig
 from services.engine.batch import PendingOutput, RunnerOutput, ScheduledBatch, ScheduledSeq
 from services.engine.cpu_kernels import build as cpu_build
+from services.engine.cpu_kernels import isa as cpu_isa
 from services.engine.cpu_kernels.decode import CpuDecode
+from services.engine.cpu_kernels.isa import KernelSet
 from services.engine.model import LlamaModel
 from services.engine.parallel.shard import TpShard
 from services.engine.quant.apply import quantize_model, resolve_quantization
 from services.engine.quant.groups import QuantSource
-from services.engine.runner.base import KvSpec, ModelRunner
-from services.engine.runner.cpu_features import cpu_has_fast_bf16
+from services.engine.runner.base import KvSpec, ModelRunner, RunnerInfo
+from services.engine.runner.cpu_features import cpu_has_fast_bf16, cpuinfo_flags
 from services.engine.runner.step_inputs import build_step_inputs, validate_batch
 from services.engine.sampler import Sampled, Sampler
 from services.model.arch import ModelArchConfig
@@ -48,13 +50,33 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """``auto`` -> bfloat16 on CUDA and on CPUs with native bfloat16 (AVX512-BF16, AMX),
-    float32 on other CPUs (bfloat16 matmuls are emulated, slower than float32, there)."""
+def resolve_dtype(name: str, device: torch.device, four_bit: bool = False) -> torch.dtype:
+    """``auto`` -> bfloat16 on CUDA, on CPUs with native bfloat16 (AVX512-BF16, AMX) and
+    for a ``four_bit`` model (a 4-bit GGUF that stays int4: its linears run on the int4
+    kernels, which take bfloat16, so it never inflates to dense float32); float32 on other
+    CPUs (bfloat16 dense matmuls are emulated, slower than float32, there)."""
     if name == "auto":
         fast_bf16 = device.type == "cuda" or (device.type == "cpu" and cpu_has_fast_bf16())
-        return torch.bfloat16 if fast_bf16 else torch.float32
+        return torch.bfloat16 if fast_bf16 or four_bit else torch.float32
     return _DTYPES[name]
+
+
+def resolve_dense_above_rows(setting: int | None | str, device: torch.device, dtype: torch.dtype) -> int | None:
+    """``engine.quantized_max_rows`` -> the row count above which quantized linears use a
+    dense copy (None: never). ``auto`` is 16, but None for bfloat16 on a CPU without native
+    bfloat16: there the dense GEMM is emulated and the int8 kernels win at every size
+    (docs/engine.md, "Dtype and quantized weights")."""
+    if setting != "auto":
+        return setting  # type: ignore[return-value]
+    emulated_bf16 = device.type == "cpu" and dtype == torch.bfloat16 and not cpu_has_fast_bf16()
+    return None if emulated_bf16 else 16
+
+
+def stays_four_bit(cfg: EngineConfig, source: QuantSource) -> bool:
+    """Whether a 4-bit weights file keeps its int4 weights under ``engine.quantization``
+    (auto or int4, without tensor parallelism: the quantized linears do not shard)."""
+    tp = getattr(cfg, "tensor_parallel_size", 1)
+    return source.four_bit and cfg.quantization in ("auto", "int4") and tp == 1
 
 
 # What the forward thread hands back for one batch: the batch index of each sampled row,
@@ -104,24 +126,27 @@ class _TorchPending:
         return self._out
 
 
-def _use_cpu_kernels(cfg: EngineConfig, device: torch.device, dtype: torch.dtype, tp: TpShard) -> bool:
-    """``engine.cpu_kernels`` for an int4 model: auto -> where they can run; true -> they
-    must (ValueError naming why not)."""
+def _cpu_kernels(cfg: EngineConfig, device: torch.device, dtype: torch.dtype, tp: TpShard,
+                 isa: str) -> KernelSet | None:
+    """``engine.cpu_kernels`` for an int4 model, on ``isa``'s build: auto -> where they can
+    run; true -> they must (ValueError naming why not)."""
     if cfg.cpu_kernels is False:
-        return False
+        return None
+    dtypes = (torch.bfloat16,) if isa == "avx512_bf16" else (torch.bfloat16, torch.float32)
     why = None
-    if device.type != "cpu" or dtype != torch.bfloat16 or tp.size > 1:
-        why = f"they run on CPU in bfloat16 without tensor parallelism, not {device}, {dtype}, TP={tp.size}"
+    if isa == "none":
+        why = "engine.cpu_isa resolved to none (torch's kernels only)"
+    elif device.type != "cpu" or dtype not in dtypes or tp.size > 1:
+        why = (f"{isa}'s run on CPU in {' or '.join(map(str, dtypes))} without tensor parallelism, "
+               f"not {device}, {dtype}, TP={tp.size}")
     if cfg.cpu_kernels is True:
         if why is None:
             try:
-                cpu_build.load()
+                return cpu_build.load(isa)
             except cpu_build.KernelUnavailable as e:
                 why = str(e)
-        if why is not None:
-            raise ValueError(f"engine.cpu_kernels: true, but {why}")
-        return True
-    return why is None and cpu_build.available()
+        raise ValueError(f"engine.cpu_kernels: true, but {why}")
+    return cpu_build.load(isa) if why is None and cpu_build.available(isa) else None
 
 
 class TorchRunner(ModelRunner):
@@ -150,7 +175,10 @@ class TorchRunner(ModelRunner):
     ) -> None:
         self.tp = tp or TpShard()
         self.device = resolve_device(cfg.device)
-        self.dtype = resolve_dtype(cfg.dtype, self.device)
+        source = quant_source or QuantSource()
+        # NOTE: a forced set the CPU lacks fails here, at start-up, naming the missing flags.
+        isa = cpu_isa.resolve(cfg.cpu_isa, cpuinfo_flags()) if self.device.type == "cpu" else "none"
+        self.dtype = resolve_dtype(cfg.dtype, self.device, stays_four_bit(cfg, source))
         # NOTE: on CPU the eager forward's threads already take every core: a scheduler
         # thread beside them competes instead of overlapping (measured 0.78-0.97x).
         self.overlap_pays = self.device.type == "cuda"
@@ -178,13 +206,20 @@ class TorchRunner(ModelRunner):
             self.model = LlamaModel(arch, self.dtype, self.device, self.tp.rank, self.tp.size,
                                     max_len=self.max_model_len)
             self.model.load_hf_weights(tensors)
-            source = quant_source or QuantSource()
             self.quantization = resolve_quantization(cfg, self.dtype, source)
-            cpu_kernel = self.quantization == "int4" and _use_cpu_kernels(cfg, self.device, self.dtype, self.tp)
+            kernels = (_cpu_kernels(cfg, self.device, self.dtype, self.tp, isa)
+                       if self.quantization == "int4" else None)
             if self.quantization != "none":
-                quantize_model(self.model, tensors, source, self.quantization, cfg.quantized_max_rows,
-                               cpu_kernel=cpu_kernel)
-            if cpu_kernel and CpuDecode.supports(self.model):
+                quantize_model(self.model, tensors, source, self.quantization,
+                               resolve_dense_above_rows(cfg.quantized_max_rows, self.device, self.dtype),
+                               kernels=kernels)
+            # the instruction set whose kernels run (none: torch's), logged once and a metric label
+            self.cpu_isa = kernels.isa if kernels is not None else "none"
+            log.info("engine: %s, %s, quantization %s, CPU kernels %s (engine.cpu_isa %s)", self.device,
+                     self.dtype, self.quantization, self.cpu_isa, cfg.cpu_isa)
+            self.info = RunnerInfo(str(self.device), str(self.dtype).removeprefix("torch."), self.quantization,
+                                   self.cpu_isa)
+            if kernels is not None and CpuDecode.supports(self.model):
                 self.model.cpu_decode = CpuDecode(self.model, cfg.block_size)
                 # NOTE: a decode step in one C++ call holds no GIL and leaves a core's worth of
                 # gaps, so scheduling beside it pays (bench engine: 1.13x at 32 sequences,

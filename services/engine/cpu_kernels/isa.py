@@ -1,0 +1,91 @@
+"""The instruction sets our CPU kernels are built for, and ``engine.cpu_isa``.
+
+One build of decode.cpp per set (build.py), each loaded only where the CPU's flags have
+it, so no path ever executes an instruction the CPU lacks:
+
+| set           | int4 matmul                                             | code layout |
+|---------------|---------------------------------------------------------|-------------|
+| avx512_bf16   | bfloat16 activations, ``vdpbf16ps``                     | pairs       |
+| avx512_vnni   | int8 activations per 32-group, ``vpdpbusd`` (zmm)       | quads       |
+| avx512        | int8 activations, ``vpmaddubsw`` + ``vpmaddwd`` (zmm)   | quads       |
+| avx2          | int8 activations, ``vpdpbusd`` ymm with AVX-VNNI, else ``vpmaddubsw`` + ``vpmaddwd`` | quads |
+
+``none`` is torch's kernels only; ``neon`` is reserved for ARM (not built yet).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Set
+from dataclasses import dataclass
+
+ISAS = ("avx512_bf16", "avx512_vnni", "avx512", "avx2")  # best first
+CHOICES = ("auto", *ISAS, "neon", "none")
+_AVX512 = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma", "f16c"})
+REQUIRED_FLAGS: dict[str, frozenset[str]] = {
+    "avx512_bf16": _AVX512 | {"avx512_bf16"},
+    "avx512_vnni": _AVX512 | {"avx512_vnni"},
+    "avx512": _AVX512,
+    "avx2": frozenset({"avx2", "fma", "f16c"}),
+}
+_AVX512_CFLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c")
+
+
+def cflags(isa: str, flags: Set[str]) -> tuple[str, ...]:
+    """The g++ target flags of ``isa``'s build on a CPU with ``flags``."""
+    if isa == "avx512_bf16":
+        return (*_AVX512_CFLAGS, "-mavx512bf16")
+    if isa == "avx512_vnni":
+        return (*_AVX512_CFLAGS, "-mavx512vnni")
+    if isa == "avx512":
+        return _AVX512_CFLAGS
+    if isa == "avx2":
+        return ("-mavx2", "-mfma", "-mf16c", *(("-mavxvnni",) if "avx_vnni" in flags else ()))
+    raise ValueError(f"no kernel build for {isa!r}")
+
+
+def every_cflags(isa: str) -> list[tuple[str, ...]]:
+    """Every build of ``isa`` some CPU may load (avx2: with and without AVX-VNNI), for an
+    image built on one machine and run on others."""
+    return list(dict.fromkeys(cflags(isa, flags) for flags in (frozenset(), frozenset({"avx_vnni"}))))
+
+
+def best(flags: Set[str]) -> str:
+    """The fastest set the CPU's flags allow, ``none`` where none does."""
+    return next((isa for isa in ISAS if REQUIRED_FLAGS[isa] <= flags), "none")
+
+
+def resolve(name: str, flags: Set[str]) -> str:
+    """``engine.cpu_isa`` -> one of ISAS or ``none``. Raises ValueError for a set the CPU
+    lacks (naming the missing flags) or one not built here."""
+    if name == "auto":
+        return best(flags)
+    if name == "none":
+        return name
+    if name not in REQUIRED_FLAGS:
+        raise ValueError(f"engine.cpu_isa={name}: no kernels are built for it on this machine "
+                         f"(x86 only: {', '.join(ISAS)})")
+    missing = REQUIRED_FLAGS[name] - flags
+    if missing:
+        raise ValueError(f"engine.cpu_isa={name}: the CPU lacks {', '.join(sorted(missing))}")
+    return name
+
+
+@dataclass(frozen=True)
+class KernelSet:
+    """The kernels one instruction set's build offers: its op namespace and code layout."""
+
+    isa: str
+
+    @property
+    def namespace(self) -> str:
+        return f"tandem_cpu_{self.isa}"
+
+    @property
+    def layout(self) -> str:
+        """pack.py's code layout: ``pairs`` for vdpbf16ps, ``quads`` for the int8 dot products."""
+        return "pairs" if self.isa == "avx512_bf16" else "quads"
+
+    @property
+    def float_input(self) -> bool:
+        """Whether ``int4_linear`` takes float32 activations (the int8 paths quantize any)."""
+        return self.isa != "avx512_bf16"

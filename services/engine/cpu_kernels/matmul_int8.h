@@ -1,0 +1,221 @@
+// The int4 matmul over int8 activations, for CPUs without AVX512-BF16 (the way llama.cpp's
+// Q4 x Q8 dot products reach their speed): each row of the input is quantized per 32-wide
+// group to int8 (one float scale per group, and the group's sum for the weights' min
+// term), the 4-bit codes (0..15, unsigned) times the int8 inputs summed in int32 by
+// vpdpbusd (AVX512-VNNI, or AVX-VNNI on 256 bits) or vpmaddubsw + vpmaddwd, then per group
+//   y += scale_w * scale_x * dot + min_w * scale_x * sum(xq).
+//
+// Codes ("quads" layout in pack.py): per tile and group, 4 chunks of 64 bytes; in chunk j
+// the 4 bytes of lane i (output row i) hold that row's inputs 4j..4j+3 in their low
+// nibbles and 16+4j..16+4j+3 in their high nibbles. One AND (and one shift) gives a
+// vector whose every 32-bit lane is a row's 4 codes: vpdpbusd's operand as loaded, with
+// one broadcast of 4 int8 inputs. Under AVX2 a chunk's two halves are rows 0-7 and 8-15.
+#pragma once
+
+#include "pool.h"
+#include "simd.h"
+#include "weight.h"
+
+#include <immintrin.h>
+
+#include <cmath>
+#include <vector>
+
+namespace {
+
+constexpr bool kFloatInput = true;  // bfloat16 or float32 activations
+
+// Rows of int8 inputs: q (rows, kx), per row and group its scale d and d * sum(q).
+struct QuantX {
+  const int8_t* q;
+  const float* d;
+  const float* ds;
+  int64_t kx, groups;
+};
+
+#if defined(__AVX512F__)
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const uint16_t* p) { return simd::load_bf16(p).v; }
+
+// One 32-wide group: 32 int8 at q, returns (scale, sum of q).
+template <class T>
+inline void quantize_group(const T* x, int8_t* q, float& d, int32_t& sum) {
+  const __m512 a = load16(x), b = load16(x + 16);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+  d = amax / 127.0f;
+  const __m512 inv = _mm512_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+  const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, inv));  // round to nearest even
+  const __m512i qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, inv));
+  sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtsepi32_epi8(qa));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtsepi32_epi8(qb));
+}
+
+inline __m512i dot4(__m512i acc, __m512i codes, __m512i x) {
+#if defined(__AVX512VNNI__)
+  return _mm512_dpbusd_epi32(acc, codes, x);
+#else
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(codes, x), _mm512_set1_epi16(1)));
+#endif
+}
+
+// One tile (16 output rows, one a lane) for MB input rows starting at row m0.
+template <int MB>
+inline void gemv_tile(const Int4Weight& w, int64_t tile, const QuantX& x, int64_t m0, const float* bias, float* y,
+                      int64_t ldy) {
+  const uint8_t* c = w.codes + tile * w.groups * 256;
+  const uint16_t* sm = w.sm + tile * w.groups * 32;
+  const __m512i nib = _mm512_set1_epi8(0x0f);
+  __m512 acc[MB];
+  for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
+  for (int64_t g = 0, xg = 0; g < w.groups; ++g, xg = xg + 1 == x.groups ? 0 : xg + 1) {
+    const uint8_t* cg = c + g * 256;
+    _mm_prefetch(reinterpret_cast<const char*>(cg + 1024), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(cg + 1088), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(cg + 1152), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(cg + 1216), _MM_HINT_T0);
+    __m512i lo[MB], hi[MB];
+    for (int m = 0; m < MB; ++m) lo[m] = hi[m] = _mm512_setzero_si512();
+    for (int j = 0; j < 4; ++j) {
+      const __m512i v = _mm512_loadu_si512(cg + 64 * j);
+      const __m512i cl = _mm512_and_si512(v, nib), ch = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+      for (int m = 0; m < MB; ++m) {
+        const int32_t* xq = reinterpret_cast<const int32_t*>(x.q + (m0 + m) * x.kx + xg * kGroup);
+        lo[m] = dot4(lo[m], cl, _mm512_set1_epi32(xq[j]));
+        hi[m] = dot4(hi[m], ch, _mm512_set1_epi32(xq[4 + j]));
+      }
+    }
+    const __m512 scale = simd::load_f16(sm + g * 32).v, mins = simd::load_f16(sm + g * 32 + 16).v;
+    for (int m = 0; m < MB; ++m) {
+      const int64_t i = (m0 + m) * x.groups + xg;
+      const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(lo[m], hi[m]));
+      acc[m] = _mm512_fmadd_ps(dot, _mm512_mul_ps(scale, _mm512_set1_ps(x.d[i])), acc[m]);
+      acc[m] = _mm512_fmadd_ps(mins, _mm512_set1_ps(x.ds[i]), acc[m]);
+    }
+  }
+  const int64_t n0 = tile * 16, left = w.n - n0;
+  const __mmask16 k = left >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << left) - 1);
+  const __m512 b = bias ? _mm512_maskz_loadu_ps(k, bias + n0) : _mm512_setzero_ps();
+  for (int m = 0; m < MB; ++m) _mm512_mask_storeu_ps(y + (m0 + m) * ldy + n0, k, _mm512_add_ps(acc[m], b));
+}
+#else
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) { return simd::bf16x8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+
+inline float hmax(__m256 v) {
+  __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+  x = _mm_max_ss(x, _mm_movehdup_ps(x));
+  return _mm_cvtss_f32(x);
+}
+
+template <class T>
+inline void quantize_group(const T* x, int8_t* q, float& d, int32_t& sum) {
+  __m256 v[4];
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 m = _mm256_setzero_ps();
+  for (int i = 0; i < 4; ++i) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i] = load8(x + 8 * i)));
+  const float amax = hmax(m);
+  d = amax / 127.0f;
+  const __m256 inv = _mm256_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+  __m256i n[4];
+  for (int i = 0; i < 4; ++i) n[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));  // round to nearest even
+  const __m256i s = _mm256_add_epi32(_mm256_add_epi32(n[0], n[1]), _mm256_add_epi32(n[2], n[3]));
+  __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+  s4 = _mm_hadd_epi32(s4, s4);
+  sum = _mm_cvtsi128_si32(_mm_hadd_epi32(s4, s4));
+  // packs interleave 128-bit lanes: the permute restores the inputs' order
+  const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(n[0], n[1]), _mm256_packs_epi32(n[2], n[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+
+inline __m256i dot4(__m256i acc, __m256i codes, __m256i x) {
+#if defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(acc, codes, x);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(codes, x), _mm256_set1_epi16(1)));
+#endif
+}
+
+// One tile (16 output rows) for MB input rows starting at row m0, in two halves of 8 rows.
+template <int MB>
+inline void gemv_tile(const Int4Weight& w, int64_t tile, const QuantX& x, int64_t m0, const float* bias, float* y,
+                      int64_t ldy) {
+  const uint8_t* c = w.codes + tile * w.groups * 256;
+  const uint16_t* sm = w.sm + tile * w.groups * 32;
+  const __m256i nib = _mm256_set1_epi8(0x0f);
+  for (int h = 0; h < 2; ++h) {
+    const int64_t n0 = tile * 16 + 8 * h, left = w.n - n0;
+    if (left <= 0) return;
+    __m256 acc[MB];
+    for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
+    for (int64_t g = 0, xg = 0; g < w.groups; ++g, xg = xg + 1 == x.groups ? 0 : xg + 1) {
+      const uint8_t* cg = c + g * 256 + 32 * h;
+      __m256i lo[MB], hi[MB];
+      for (int m = 0; m < MB; ++m) lo[m] = hi[m] = _mm256_setzero_si256();
+      for (int j = 0; j < 4; ++j) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cg + 64 * j));
+        const __m256i cl = _mm256_and_si256(v, nib), ch = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+        for (int m = 0; m < MB; ++m) {
+          const int32_t* xq = reinterpret_cast<const int32_t*>(x.q + (m0 + m) * x.kx + xg * kGroup);
+          lo[m] = dot4(lo[m], cl, _mm256_set1_epi32(xq[j]));
+          hi[m] = dot4(hi[m], ch, _mm256_set1_epi32(xq[4 + j]));
+        }
+      }
+      const uint16_t* s = sm + g * 32 + 8 * h;
+      const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
+      const __m256 mins = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16)));
+      for (int m = 0; m < MB; ++m) {
+        const int64_t i = (m0 + m) * x.groups + xg;
+        const __m256 dot = _mm256_cvtepi32_ps(_mm256_add_epi32(lo[m], hi[m]));
+        acc[m] = _mm256_fmadd_ps(dot, _mm256_mul_ps(scale, _mm256_set1_ps(x.d[i])), acc[m]);
+        acc[m] = _mm256_fmadd_ps(mins, _mm256_set1_ps(x.ds[i]), acc[m]);
+      }
+    }
+    for (int m = 0; m < MB; ++m) {
+      alignas(32) float out[8];
+      _mm256_store_ps(out, acc[m]);
+      float* row = y + (m0 + m) * ldy + n0;
+      for (int64_t i = 0; i < std::min<int64_t>(8, left); ++i) row[i] = out[i] + (bias ? bias[n0 + i] : 0.0f);
+    }
+  }
+}
+#endif
+
+// Quantizes rows (rows, kx) of x into buffers kept across calls (one set a thread).
+template <class T>
+QuantX quantize_rows(const T* x, int64_t rows, int64_t kx) {
+  thread_local std::vector<int8_t> q;
+  thread_local std::vector<float> d, ds;
+  const int64_t groups = kx / kGroup;
+  q.resize(rows * kx);
+  d.resize(rows * groups);
+  ds.resize(rows * groups);
+  for (int64_t i = 0; i < rows * groups; ++i) {
+    int32_t sum;
+    quantize_group(x + i * kGroup, q.data() + i * kGroup, d[i], sum);
+    ds[i] = d[i] * static_cast<float>(sum);
+  }
+  return {q.data(), d.data(), ds.data(), kx, groups};
+}
+
+// y[m, n] = sum_k x[m, k mod kx] * w[n, k] (+ bias[n]); x bfloat16 or float32 (rows, kx),
+// y float32 (rows, ldy). Parallel over tiles; each task runs all rows over its tiles in
+// blocks of 4 (one unpack of the codes feeds every row of a block), so a prefill reads
+// each weight tile once, from L1, for every row.
+template <class T>
+void int4_matmul(const Int4Weight& w, const T* x, int64_t rows, int64_t kx, const float* bias, float* y,
+                 int64_t ldy) {
+  TORCH_CHECK((w.groups * kGroup) % kx == 0, "int4 weight: ", w.groups * kGroup, " inputs do not repeat an input of ", kx);
+  const QuantX xq = quantize_rows(x, rows, kx);
+  parallel_for(w.tiles, rows >= 8 ? 1 : 4, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      int64_t m = 0;
+      for (; m + 4 <= rows; m += 4) gemv_tile<4>(w, t, xq, m, bias, y, ldy);
+      for (; m + 2 <= rows; m += 2) gemv_tile<2>(w, t, xq, m, bias, y, ldy);
+      for (; m < rows; ++m) gemv_tile<1>(w, t, xq, m, bias, y, ldy);
+    }
+  });
+}
+
+}  // namespace

@@ -1,0 +1,117 @@
+// 16 float32 lanes for the kernels' elementwise work (norms, rotary, attention, SiLU), on
+// whatever vector width the translation unit is compiled for: one zmm under AVX-512, two
+// ymm under AVX2. bfloat16 <-> float32 is integer shifts, so no path needs AVX512-BF16
+// outside the bf16 matmul.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace simd {
+
+#if defined(__AVX512F__)
+struct vf {
+  __m512 v;
+};
+inline vf zero() { return {_mm512_setzero_ps()}; }
+inline vf set1(float x) { return {_mm512_set1_ps(x)}; }
+inline vf load(const float* p) { return {_mm512_loadu_ps(p)}; }
+inline void store(float* p, vf a) { _mm512_storeu_ps(p, a.v); }
+inline vf operator+(vf a, vf b) { return {_mm512_add_ps(a.v, b.v)}; }
+inline vf operator-(vf a, vf b) { return {_mm512_sub_ps(a.v, b.v)}; }
+inline vf operator*(vf a, vf b) { return {_mm512_mul_ps(a.v, b.v)}; }
+inline vf operator/(vf a, vf b) { return {_mm512_div_ps(a.v, b.v)}; }
+inline vf fmadd(vf a, vf b, vf c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+inline vf max(vf a, vf b) { return {_mm512_max_ps(a.v, b.v)}; }
+inline vf min(vf a, vf b) { return {_mm512_min_ps(a.v, b.v)}; }
+inline vf round(vf a) { return {_mm512_roundscale_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)}; }
+inline vf ldexp(vf a, vf n) { return {_mm512_scalef_ps(a.v, n.v)}; }  // a * 2^n, n integral
+inline float sum(vf a) { return _mm512_reduce_add_ps(a.v); }
+inline vf load_bf16(const uint16_t* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))};
+}
+inline vf load_f16(const uint16_t* p) { return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))}; }
+#else
+struct vf {
+  __m256 lo, hi;
+};
+inline vf zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+inline vf set1(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
+inline vf load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+inline void store(float* p, vf a) {
+  _mm256_storeu_ps(p, a.lo);
+  _mm256_storeu_ps(p + 8, a.hi);
+}
+inline vf operator+(vf a, vf b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+inline vf operator-(vf a, vf b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
+inline vf operator*(vf a, vf b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+inline vf operator/(vf a, vf b) { return {_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)}; }
+inline vf fmadd(vf a, vf b, vf c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
+inline vf max(vf a, vf b) { return {_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)}; }
+inline vf min(vf a, vf b) { return {_mm256_min_ps(a.lo, b.lo), _mm256_min_ps(a.hi, b.hi)}; }
+inline vf round(vf a) {
+  constexpr int mode = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  return {_mm256_round_ps(a.lo, mode), _mm256_round_ps(a.hi, mode)};
+}
+// a * 2^n for integral n in [-126, 127]: n becomes the exponent field of a float.
+inline __m256 pow2(__m256 n) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+}
+inline vf ldexp(vf a, vf n) { return {_mm256_mul_ps(a.lo, pow2(n.lo)), _mm256_mul_ps(a.hi, pow2(n.hi))}; }
+inline float sum(vf a) {
+  const __m256 s = _mm256_add_ps(a.lo, a.hi);
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  x = _mm_add_ss(x, _mm_movehdup_ps(x));
+  return _mm_cvtss_f32(x);
+}
+inline __m256 bf16x8(__m128i h) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); }
+inline vf load_bf16(const uint16_t* p) {
+  return {bf16x8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+          bf16x8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)))};
+}
+inline vf load_f16(const uint16_t* p) {
+  return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)))};
+}
+#endif
+
+// exp(x) for the SiLU: 2^(x log2 e) by range reduction and a degree-6 polynomial
+// (relative error ~2e-7, well below bfloat16's).
+inline vf exp(vf x) {
+  x = max(min(x, set1(88.0f)), set1(-88.0f));
+  const vf y = x * set1(1.4426950408889634f);
+  const vf n = round(y);
+  const vf f = (y - n) * set1(0.6931471805599453f);  // in [-ln2/2, ln2/2]
+  vf p = set1(1.0f / 720);
+  p = fmadd(p, f, set1(1.0f / 120));
+  p = fmadd(p, f, set1(1.0f / 24));
+  p = fmadd(p, f, set1(1.0f / 6));
+  p = fmadd(p, f, set1(0.5f));
+  p = fmadd(p, f, set1(1.0f));
+  p = fmadd(p, f, set1(1.0f));
+  return ldexp(p, n);
+}
+
+inline float bf16_to_f32(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even, as torch does
+  return static_cast<uint16_t>(u >> 16);
+}
+
+inline float to_f32(float x) { return x; }
+inline float to_f32(uint16_t x) { return bf16_to_f32(x); }
+
+}  // namespace simd
