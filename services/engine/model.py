@@ -13,12 +13,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from services.engine.cpu_kernels.decode import CpuDecode
 from services.engine.layers.attention import AttentionMetadata, paged_attention
 from services.engine.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from services.engine.layers.norm import RMSNorm
 from services.engine.layers.rotary import RotaryEmbedding, apply_rotary
 from services.engine.parallel.shard import TpShard, check_tp_layout
+from services.engine.runner.cpu_decode import CpuDecode
 from services.model.arch import ModelArchConfig
 
 
@@ -106,7 +106,7 @@ class LlamaModel(nn.Module):
         # Set by quant.apply.quantize_model: a quantized head used instead of lm_head_weight.
         self.lm_head: nn.Module | None = None
         # Set by the runner where every layer runs on our CPU int4 kernels: decode-only
-        # steps go through cpu_kernels/decode.py in one call.
+        # steps go through runner/cpu_decode.py in one call.
         self.cpu_decode: CpuDecode | None = None
         self.rotary = RotaryEmbedding(
             arch.head_dim, max_len or arch.max_position_embeddings, arch.rope_theta, dtype, device

@@ -15,13 +15,14 @@ import pytest
 import torch
 
 from services.common.config import EngineConfig
-from services.engine.cpu_kernels import build, pack
+from services.engine.cpu_kernels import build
 from services.engine.cpu_kernels import isa as isas
-from services.engine.cpu_kernels.decode import CpuDecode
+from services.engine.cpu_kernels.cpu_features import cpuinfo_flags
 from services.engine.cpu_kernels.isa import KernelSet
+from services.engine.quant import pack
 from services.engine.quant.groups import Int4Groups, QuantSource, from_float
 from services.engine.runner import torch_runner
-from services.engine.runner.cpu_features import cpuinfo_flags
+from services.engine.runner.cpu_decode import CpuDecode
 from services.engine.runner.torch_runner import TorchRunner
 from tests.unit._tiny_model import batch, seq, tiny_hf_model
 

@@ -7,7 +7,8 @@ import torch
 
 from services.api.sampling import SamplingParams
 from services.common.config import EngineConfig
-from services.engine.runner import cpu_features, torch_runner
+from services.engine.cpu_kernels import cpu_features
+from services.engine.runner import torch_runner
 from services.engine.runner.torch_runner import TorchRunner, resolve_device, resolve_dtype
 from tests.unit._tiny_model import batch, hf_logits, make_runner, seq, tiny_hf_model
 

@@ -33,8 +33,8 @@ from torch.utils.cpp_extension import include_paths
 
 from services.common.env import cache_dir
 from services.engine.cpu_kernels import isa as isas
+from services.engine.cpu_kernels.cpu_features import cpuinfo_flags
 from services.engine.cpu_kernels.isa import KernelSet
-from services.engine.runner.cpu_features import cpuinfo_flags
 
 log = logging.getLogger(__name__)
 

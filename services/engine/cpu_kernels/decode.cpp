@@ -10,7 +10,7 @@
 //
 // The matmul: matmul_bf16.h (AVX512-BF16: bfloat16 activations) or matmul_int8.h (every
 // other set: int8 activations per 32-wide group). Weight layout: tiles of 16 output rows,
-// one a vector lane (weight.h, pack.py), w = scale * q + min with q in 0..15. A weight
+// one a vector lane (weight.h, quant/pack.py), w = scale * q + min with q in 0..15. A weight
 // whose codes are wider than the input (input_repeat, Q8_0 as two nibble halves) reads
 // the input cyclically.
 

@@ -82,7 +82,7 @@ class KernelSet:
 
     @property
     def layout(self) -> str:
-        """pack.py's code layout: ``pairs`` for vdpbf16ps, ``quads`` for the int8 dot products."""
+        """quant/pack.py's code layout: ``pairs`` for vdpbf16ps, ``quads`` for the int8 dot products."""
         return "pairs" if self.isa == "avx512_bf16" else "quads"
 
     @property

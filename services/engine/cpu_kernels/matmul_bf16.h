@@ -1,5 +1,5 @@
 // The int4 matmul for CPUs with AVX512-BF16: bfloat16 activations, vdpbf16ps over the
-// codes unpacked to bfloat16 pairs ("pairs" layout in pack.py), no activation rounding.
+// codes unpacked to bfloat16 pairs ("pairs" layout in quant/pack.py), no activation rounding.
 #pragma once
 
 #include "pool.h"

@@ -5,7 +5,7 @@
 // vpdpbusd (AVX512-VNNI, or AVX-VNNI on 256 bits) or vpmaddubsw + vpmaddwd, then per group
 //   y += scale_w * scale_x * dot + min_w * scale_x * sum(xq).
 //
-// Codes ("quads" layout in pack.py): per tile and group, 4 chunks of 64 bytes; in chunk j
+// Codes ("quads" layout in quant/pack.py): per tile and group, 4 chunks of 64 bytes; in chunk j
 // the 4 bytes of lane i (output row i) hold that row's inputs 4j..4j+3 in their low
 // nibbles and 16+4j..16+4j+3 in their high nibbles. One AND (and one shift) gives a
 // vector whose every 32-bit lane is a row's 4 codes: vpdpbusd's operand as loaded, with

@@ -1,4 +1,4 @@
-// An int4 weight in pack.py's layout, as the matmul kernels read it.
+// An int4 weight in quant/pack.py's layout, as the matmul kernels read it.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -10,7 +10,7 @@ namespace {
 constexpr int64_t kGroup = 32;
 
 // Tiles of 16 output rows; per tile and 32-wide input group 256 bytes of codes (their
-// order is the ISA's layout: pack.py) and, in the scale/min tensor, 16 float16 scales and
+// order is the ISA's layout: quant/pack.py) and, in the scale/min tensor, 16 float16 scales and
 // 16 float16 mins (w = scale * q + min, q in 0..15).
 struct Int4Weight {
   const uint8_t* codes;  // (tiles, groups * 256)

@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from services.engine.cpu_kernels import pack
 from services.engine.cpu_kernels.isa import KernelSet
+from services.engine.quant import pack
 from services.engine.quant.groups import Int4Groups
 
 

@@ -17,14 +17,14 @@ from services.common.config import EngineConfig
 from services.engine.batch import PendingOutput, RunnerOutput, ScheduledBatch, ScheduledSeq
 from services.engine.cpu_kernels import build as cpu_build
 from services.engine.cpu_kernels import isa as cpu_isa
-from services.engine.cpu_kernels.decode import CpuDecode
+from services.engine.cpu_kernels.cpu_features import cpu_has_fast_bf16, cpuinfo_flags
 from services.engine.cpu_kernels.isa import KernelSet
 from services.engine.model import LlamaModel
 from services.engine.parallel.shard import TpShard
 from services.engine.quant.apply import quantize_model, resolve_quantization
 from services.engine.quant.groups import QuantSource
 from services.engine.runner.base import KvSpec, ModelRunner, RunnerInfo
-from services.engine.runner.cpu_features import cpu_has_fast_bf16, cpuinfo_flags
+from services.engine.runner.cpu_decode import CpuDecode
 from services.engine.runner.step_inputs import build_step_inputs, validate_batch
 from services.engine.sampler import Sampled, Sampler
 from services.model.arch import ModelArchConfig
