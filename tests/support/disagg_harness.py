@@ -6,7 +6,6 @@ prefill workers send KV only to addresses listed there."""
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -16,7 +15,7 @@ import grpc
 
 from services.codec.request import logprob_from_pb
 from services.codec.worker import generate_request_to_pb
-from services.common.config import ClusterConfig, parse_config
+from services.common.config import ClusterConfig
 from services.common.discovery import Discovery, Registration
 from services.common.nats_client import Subjects, connect
 from services.decode.grpc_server import serve_decode_worker
@@ -28,25 +27,6 @@ from services.engine.factory import build_engine
 from services.engine.request import SamplingParams, TokenLogprob
 from services.gen import request_pb2, worker_pb2_grpc
 from services.prefill.worker import PrefillWorker
-
-
-def cluster_cfg(nats_url: str, **sections: Any) -> ClusterConfig:
-    """A config in a fresh namespace (each test gets its own stream and consumer)."""
-    data: dict[str, Any] = {"namespace": f"t{uuid.uuid4().hex[:10]}",
-                            "nats": {"url": nats_url, "embedded": False}}
-    if sections.get("engine", {}).get("runner") == "mock":
-        # NOTE: no tokenizer to load: the mock engine then uses its own eos token.
-        data["model"] = {"path": "/nonexistent/tandem-test-model.gguf"}
-    data.update(sections)
-    return parse_config(data)
-
-
-def mock_engine_section(**kw: Any) -> dict[str, Any]:
-    mock = {"step_base_s": 0, "per_prefill_token_s": 0, "per_decode_seq_s": 0,
-            "vocab_size": 1000, "eos_token_id": 2}
-    mock.update(kw.pop("mock", {}))
-    return {"runner": "mock", "block_size": 4, "num_kv_blocks": 128, "max_num_seqs": 8,
-            "max_num_batched_tokens": 64, "max_model_len": 512, "mock": mock, **kw}
 
 
 @dataclass

@@ -1,12 +1,14 @@
-"""Factories for engine tests: tiny mock-runner engines and the brute-force token oracle."""
+"""Factories for engine tests: tiny mock-runner engines, the brute-force token oracle and a
+toy router index over KV events."""
 
 from __future__ import annotations
 
-from services.common.config import EngineConfig, MockRunnerConfig
-from services.common.kv_events import KvEvent
+from services.common.config import EngineConfig
+from services.common.kv_events import KvCleared, KvEvent, KvStored
 from services.engine.engine import LLMEngine
 from services.engine.request import FinishReason, GenerateRequest, SamplingParams
 from services.engine.runner.mock_runner import MockRunner
+from tests.support.mock_cluster import MOCK_ENGINE, merged
 
 EOS = 2
 
@@ -22,14 +24,13 @@ def mock_cfg(
     eos_probability: float = 0.0,
     long_prefill_token_threshold: int = 512,
 ) -> EngineConfig:
-    return EngineConfig(
-        runner="mock", block_size=block_size, num_kv_blocks=num_kv_blocks,
-        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-        max_model_len=max_model_len, long_prefill_token_threshold=long_prefill_token_threshold,
-        mock=MockRunnerConfig(step_base_s=0, per_prefill_token_s=0, per_decode_seq_s=0,
-                              vocab_size=vocab_size, eos_token_id=EOS,
-                              eos_probability=eos_probability),
-    )
+    """The mock-cluster engine (``MOCK_ENGINE``) sized for exact block-id tests: free steps."""
+    return EngineConfig(**merged(MOCK_ENGINE, {
+        "block_size": block_size, "num_kv_blocks": num_kv_blocks, "max_num_seqs": max_num_seqs,
+        "max_num_batched_tokens": max_num_batched_tokens, "max_model_len": max_model_len,
+        "long_prefill_token_threshold": long_prefill_token_threshold,
+        "mock": {"step_base_s": 0, "vocab_size": vocab_size, "eos_token_id": EOS,
+                 "eos_probability": eos_probability}}))
 
 
 def make_engine(
@@ -73,3 +74,20 @@ def run_all(engine: LLMEngine, max_steps: int = 10_000) -> dict[str, list[int]]:
     else:
         raise AssertionError("engine did not finish")
     return got
+
+
+def replay(events: list[KvEvent]) -> dict[int, int | None]:
+    """A toy router index: seq_hash -> parent seq_hash."""
+    index: dict[int, int | None] = {}
+    for e in events:
+        if isinstance(e, KvCleared):
+            index.clear()
+        elif isinstance(e, KvStored):
+            parent = e.parent_seq_hash
+            for b in e.blocks:
+                index[b.seq_hash] = parent
+                parent = b.seq_hash
+        else:
+            for h in e.seq_hashes:
+                index.pop(h, None)
+    return index

@@ -22,7 +22,8 @@ from services.processor.client import ProcessorClient
 from services.processor.grpc_server import serve_processor
 from services.processor.types import Delta, ModelInfo, ProcessRequest
 from services.router.router import Router
-from tests.support.stack import MODEL, make_processor, mock_cluster_cfg, worker_decode_node
+from tests.support.mock_cluster import MODEL, mock_cluster_cfg
+from tests.support.stack import make_processor, worker_decode_node
 
 JSON = {"content-type": "application/json"}
 

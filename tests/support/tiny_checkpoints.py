@@ -12,7 +12,8 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import quantize
-from k_quants import quantize_q4_k, quantize_q6_k
+
+from tests.support.k_quants import quantize_q4_k, quantize_q6_k
 
 Q = GGMLQuantizationType
 TINY = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,

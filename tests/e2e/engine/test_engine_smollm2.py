@@ -13,7 +13,7 @@ from services.common.config import parse_config
 from services.engine.factory import build_engine
 from services.engine.request import FinishReason, GenerateRequest, SamplingParams
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 # NOTE: float32 on purpose. The answer's first token is a near-tie ("The" 25.33 against "L"
 # 25.24 in float32) that bfloat16 rounding flips on CUDA ("L'Étoile, ..."); these tests check

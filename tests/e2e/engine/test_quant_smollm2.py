@@ -21,9 +21,9 @@ from services.engine.request import GenerateRequest, SamplingParams
 from services.engine.runner.step_inputs import build_step_inputs
 from services.engine.runner.torch_runner import TorchRunner
 from services.engine.weights import LoadedWeights, load_weights
-from tests.unit._tiny_model import batch, seq
+from tests.support.tiny_model import batch, seq
 
-TEXT = Path(__file__).resolve().parents[1] / "data" / "gettysburg.txt"
+TEXT = Path(__file__).resolve().parents[2] / "data" / "gettysburg.txt"
 TOKENS = 16
 PROMPTS = [
     "What is the capital of France?", "Name three primary colours.", "How many legs does a spider have?",

@@ -21,21 +21,17 @@ from openai import AsyncOpenAI, OpenAI
 from services.common.config import load_config
 from services.engine.factory import build_engine
 from services.engine.request import GenerateRequest, SamplingParams
+from tests.support.mock_cluster import MODEL
 from tests.support.ports import free_port
-from tests.support.up import metric
+from tests.support.up import FRANCE, LONG, metric
 
-ROOT = Path(__file__).resolve().parents[2]
-MODEL = "SmolLM2-135M-Instruct"
-FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
-# Long enough (~500 tokens) to pass decode.disagg.max_local_prefill_length (256).
+ROOT = Path(__file__).resolve().parents[3]
 # NOTE: float32 (so no quantization): the tests assert greedy text, and a repeated prompt
 # prefills partly from the prefix cache. In bfloat16 + int4 a cached prefix (computed by a
 # long prefill's dense weights) and a short remainder (on the int4 kernels) round
 # differently, enough to flip SmolLM2's near-tie first token here ("The" 25.33 vs "L" 25.24
 # in float32). The default path is covered by test_engine_smollm2 and test_quant_smollm2.
 FLOAT32 = ["engine.dtype=float32"]
-LONG = [{"role": "user", "content": "Summarise: " + "The Roman Empire built roads, aqueducts "
-         "and cities across Europe, and its law shaped later states. " * 30}]
 
 
 

@@ -14,9 +14,9 @@ from openai import OpenAI
 from services.common.config import load_config
 from services.engine.factory import build_engine
 from services.engine.request import GenerateRequest, SamplingParams
-from tests.e2e.test_cluster import FRANCE, LONG, MODEL, ROOT
+from tests.support.mock_cluster import MODEL
 from tests.support.ports import free_port
-from tests.support.up import start_up
+from tests.support.up import FRANCE, LONG, REPO, start_up
 
 TP_SETTINGS = ["engine.tensor_parallel_size=3", "engine.dtype=float32"]
 
@@ -32,7 +32,7 @@ def tp_cluster(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         f"processor.port={ports['proc']}", f"processor.metrics_port={ports['proc_m']}",
         f"frontend.port={ports['front']}", f"launcher.metrics_port={ports['launcher_m']}",
     ]
-    up = start_up(ROOT / "configs" / "local.yaml", tmp_path_factory.mktemp("tp") / "run",
+    up = start_up(REPO / "configs" / "local.yaml", tmp_path_factory.mktemp("tp") / "run",
                   ["--ready-timeout", "400", "--fail-fast"], overrides)
     try:
         up.wait_for(r"^tandem is ready in", timeout=420)
@@ -43,7 +43,7 @@ def tp_cluster(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 
 def _local_greedy(messages: list[dict[str, str]], max_tokens: int) -> str:
     """The unsplit answer: one in-process engine at TP=1, same dtype."""
-    parts = build_engine(load_config(ROOT / "configs" / "local.yaml",
+    parts = build_engine(load_config(REPO / "configs" / "local.yaml",
                                      ["engine.num_kv_blocks=128", "engine.dtype=float32"]))
     tok, engine = parts.tokenizer, parts.engine
     engine.add_request(GenerateRequest("local", tok.encode_chat(messages), SamplingParams(

@@ -16,7 +16,7 @@ from tests.support.llava import data_url, hf_greedy_text, image_png, make_model
 from tests.support.ports import free_port
 from tests.support.up import metric, start_up
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MODEL = "tandem-tiny-random-llava"
 MAX_NEW = 8
 

@@ -12,7 +12,7 @@ import pytest
 from services.cli import main as tandem
 from services.engine.tokenizer import Tokenizer
 from tests.support.cluster import running_cluster
-from tests.support.stack import MODEL, mock_cluster_cfg
+from tests.support.mock_cluster import MODEL, mock_cluster_cfg
 
 
 @pytest.fixture(scope="module")

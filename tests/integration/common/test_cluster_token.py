@@ -15,7 +15,8 @@ from services.common.grpc_auth import TOKEN_KEY, call_metadata
 from services.engine.request import SamplingParams
 from services.gen import request_pb2, worker_pb2, worker_pb2_grpc
 from services.processor.worker_client import DecodeWorkerClient
-from tests.support.stack import mock_cluster_cfg, worker_decode_node
+from tests.support.mock_cluster import mock_cluster_cfg
+from tests.support.stack import worker_decode_node
 
 
 @pytest.fixture

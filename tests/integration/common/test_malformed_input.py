@@ -23,14 +23,13 @@ from services.gen import processor_pb2, router_pb2, worker_pb2
 from services.processor.grpc_server import serve_processor
 from services.router.grpc_server import RouterServicer
 from services.router.router import Router
-from tests.integration.disagg_harness import (
-    cluster_cfg,
+from tests.support.disagg_harness import (
     decode_worker,
     generate,
-    mock_engine_section,
     prefill_worker,
 )
-from tests.support.stack import make_processor, mock_cluster_cfg
+from tests.support.mock_cluster import mock_cluster_cfg
+from tests.support.stack import make_processor
 
 pytestmark = pytest.mark.asyncio
 
@@ -76,7 +75,7 @@ REFUSED = {grpc.StatusCode.INTERNAL, grpc.StatusCode.INVALID_ARGUMENT}
 
 async def test_garbage_to_every_grpc_method_is_refused_and_the_service_stays_up(
         nats_url: str, smollm2_path: Path) -> None:
-    cfg = cluster_cfg(nats_url, engine=mock_engine_section())
+    cfg = mock_cluster_cfg(nats_url, small=True)
     async with decode_worker(cfg) as d:
         router = Router(cfg)
         await router.start()
@@ -133,9 +132,9 @@ async def test_garbage_to_every_grpc_method_is_refused_and_the_service_stays_up(
 
 
 async def test_garbage_on_every_nats_subject_is_counted_and_the_parts_stay_up(nats_url: str) -> None:
-    cfg = cluster_cfg(nats_url, engine=mock_engine_section(),
-                      decode={"disagg": {"max_local_prefill_length": 16}},
-                      prefill={"ack_wait_s": 2.0, "in_progress_interval_s": 0.5})
+    cfg = mock_cluster_cfg(nats_url, small=True,
+                           decode={"disagg": {"max_local_prefill_length": 16}},
+                           prefill={"ack_wait_s": 2.0, "in_progress_interval_s": 0.5})
     subjects = Subjects(cfg.namespace)
     nc = await connect(cfg.nats, "test-garbage")
     router = Router(cfg)

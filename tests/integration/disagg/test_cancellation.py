@@ -13,23 +13,21 @@ import pytest
 
 from services.common.nats_client import Subjects, connect
 from services.gen import request_pb2, worker_pb2
-from tests.integration.disagg_harness import (
-    cluster_cfg,
+from tests.support.disagg_harness import (
     decode_worker,
     metric,
-    mock_engine_section,
     prefill_worker,
     settle,
 )
+from tests.support.mock_cluster import mock_cluster_cfg
 
 pytestmark = pytest.mark.asyncio
 
 
 def _cfg(nats_url: str):
-    return cluster_cfg(
-        nats_url,
-        engine=mock_engine_section(num_kv_blocks=256, mock={"step_base_s": 0.002,
-                                                             "per_prefill_token_s": 0.0001}),
+    return mock_cluster_cfg(
+        nats_url, small=True,
+        engine={"num_kv_blocks": 256, "mock": {"step_base_s": 0.002, "per_prefill_token_s": 0.0001}},
         decode={"disagg": {"max_local_prefill_length": 16, "remote_prefill_timeout_s": 10.0,
                            "max_prefill_queue_size": 64}},
         prefill={"ack_wait_s": 2.0, "in_progress_interval_s": 0.5})

@@ -12,15 +12,14 @@ import pytest
 from services.common.config import parse_config
 from services.common.nats_client import Subjects, connect
 from services.disagg.prefill_job import PrefillLocation
-from tests.integration.disagg_harness import (
-    cluster_cfg,
+from tests.support.disagg_harness import (
     decode_worker,
     generate,
     metric,
-    mock_engine_section,
     prefill_worker,
     settle,
 )
+from tests.support.mock_cluster import merged, mock_cluster_cfg
 from tests.support.procs import start_part, write_config
 
 pytestmark = pytest.mark.asyncio
@@ -32,14 +31,13 @@ async def test_killed_prefill_worker_job_is_redelivered_and_completes(
         nats_url: str, tmp_path: Path) -> None:
     # The subprocess' engine is slow (simulated 0.2 s per prompt token): it is mid-job
     # for ~10 s when it is killed. The in-process replacement is instant.
-    slow = mock_engine_section(mock={"per_prefill_token_s": 0.2})
-    cfg = cluster_cfg(nats_url, engine=mock_engine_section(),
-                      decode={"disagg": {"max_local_prefill_length": 16,
-                                         "remote_prefill_timeout_s": 30.0}},
-                      prefill={"ack_wait_s": 1.0, "in_progress_interval_s": 0.3,
-                               "metrics_port": 0})
-    cfg_file = write_config(parse_config({**cfg.model_dump(mode="json"), "engine": slow}),
-                            tmp_path / "cluster.yaml")
+    cfg = mock_cluster_cfg(nats_url, small=True,
+                           decode={"disagg": {"max_local_prefill_length": 16,
+                                              "remote_prefill_timeout_s": 30.0}},
+                           prefill={"ack_wait_s": 1.0, "in_progress_interval_s": 0.3,
+                                    "metrics_port": 0})
+    slow = merged(cfg.model_dump(mode="json"), {"engine": {"mock": {"per_prefill_token_s": 0.2}}})
+    cfg_file = write_config(parse_config(slow), tmp_path / "cluster.yaml")
     proc = start_part("prefill", cfg_file, tmp_path)
     subjects = Subjects(cfg.namespace)
     nc = await connect(cfg.nats, "observer")
@@ -99,10 +97,10 @@ async def _local_tokens(cfg) -> list[int]:
 async def test_a_long_remote_prefill_that_reports_progress_is_waited_for(nats_url: str) -> None:
     """No wall-clock cliff: the decode worker gives up only on silence (1 s here), so a
     prefill that takes ~3.8 s but reports every 0.2 s runs once, remotely."""
-    cfg = cluster_cfg(nats_url, engine=mock_engine_section(),
-                      decode={"disagg": {"max_local_prefill_length": 16,
-                                         "remote_prefill_timeout_s": 1.0}},
-                      prefill={"metrics_port": 0, "in_progress_interval_s": 0.2})
+    cfg = mock_cluster_cfg(nats_url, small=True,
+                           decode={"disagg": {"max_local_prefill_length": 16,
+                                              "remote_prefill_timeout_s": 1.0}},
+                           prefill={"metrics_port": 0, "in_progress_interval_s": 0.2})
     async with prefill_worker(_slow(cfg), "prefill-slow") as p, decode_worker(cfg) as d:
         r = await asyncio.wait_for(generate(d, "slow", PROMPT, max_tokens=6), 20)
         assert r.where == PrefillLocation.REMOTE and len(r.tokens) == 6
@@ -117,10 +115,10 @@ async def test_a_silent_prefill_falls_back_and_its_job_is_withdrawn(nats_url: st
     """A prefill worker that took the job and then goes silent: the decode worker prefills
     locally after 1 s of silence and withdraws the job, which the prefill worker drops
     (no KV is sent, and no other worker retries it)."""
-    cfg = cluster_cfg(nats_url, engine=mock_engine_section(),
-                      decode={"disagg": {"max_local_prefill_length": 16,
-                                         "remote_prefill_timeout_s": 1.0}},
-                      prefill={"metrics_port": 0, "in_progress_interval_s": 0.2})
+    cfg = mock_cluster_cfg(nats_url, small=True,
+                           decode={"disagg": {"max_local_prefill_length": 16,
+                                              "remote_prefill_timeout_s": 1.0}},
+                           prefill={"metrics_port": 0, "in_progress_interval_s": 0.2})
     # NOTE: it reports once, when it takes the job, then not for 30 s.
     silent = _slow(cfg.model_copy(update={"decode": cfg.decode.model_copy(update={
         "disagg": cfg.decode.disagg.model_copy(update={"remote_prefill_timeout_s": 60.0})})}),

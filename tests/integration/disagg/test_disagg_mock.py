@@ -9,15 +9,14 @@ import pytest
 
 from services.disagg.prefill_job import PrefillLocation
 from services.gen import request_pb2, worker_pb2
-from tests.integration.disagg_harness import (
-    cluster_cfg,
+from tests.support.disagg_harness import (
     decode_worker,
     generate,
     metric,
-    mock_engine_section,
     prefill_worker,
     settle,
 )
+from tests.support.mock_cluster import mock_cluster_cfg
 
 pytestmark = pytest.mark.asyncio
 
@@ -27,8 +26,8 @@ SHORT = LONG[:6]
 
 def _cfg(nats_url: str, **disagg):
     d = {"max_local_prefill_length": 16, "remote_prefill_timeout_s": 10.0, **disagg}
-    return cluster_cfg(nats_url, engine=mock_engine_section(), decode={"disagg": d},
-                       prefill={"ack_wait_s": 2.0, "in_progress_interval_s": 0.5})
+    return mock_cluster_cfg(nats_url, small=True, decode={"disagg": d},
+                            prefill={"ack_wait_s": 2.0, "in_progress_interval_s": 0.5})
 
 
 async def test_remote_equals_local_and_both_paths_are_counted(nats_url: str) -> None:

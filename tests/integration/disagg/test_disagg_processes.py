@@ -14,7 +14,8 @@ import pytest
 from services.common.discovery import Discovery
 from services.common.nats_client import connect
 from services.gen import worker_pb2_grpc
-from tests.integration.disagg_harness import cluster_cfg, generate, mock_engine_section
+from tests.support.disagg_harness import generate
+from tests.support.mock_cluster import mock_cluster_cfg
 from tests.support.ports import free_port
 from tests.support.procs import start_part, stop_parts, write_config
 
@@ -24,11 +25,11 @@ pytestmark = pytest.mark.asyncio
 
 async def test_decode_and_prefill_processes_serve_and_exit_cleanly(nats_url: str, tmp_path: Path) -> None:
     dport, mport, pport = free_port(), free_port(), free_port()
-    cfg = cluster_cfg(nats_url, engine=mock_engine_section(),
-                      decode={"port": dport, "metrics_port": mport, "grace_period_s": 2,
-                              "disagg": {"max_local_prefill_length": 16}},
-                      prefill={"metrics_port": pport},
-                      discovery={"ttl_s": 5, "heartbeat_s": 1})
+    cfg = mock_cluster_cfg(nats_url, small=True,
+                           decode={"port": dport, "metrics_port": mport, "grace_period_s": 2,
+                                   "disagg": {"max_local_prefill_length": 16}},
+                           prefill={"metrics_port": pport},
+                           discovery={"ttl_s": 5, "heartbeat_s": 1})
     cfg_file = write_config(cfg, tmp_path / "cluster.yaml")
     parts = [start_part(part, cfg_file, tmp_path) for part in ("decode", "prefill")]
     nc = await connect(cfg.nats, "observer")

@@ -15,14 +15,14 @@ from services.decode import worker as decode_worker_module
 from services.disagg.prefill_job import PrefillLocation
 from services.engine.request import GenerateRequest, SamplingParams
 from services.prefill import kv_sender
-from tests.integration.disagg_harness import (
-    cluster_cfg,
+from tests.support.disagg_harness import (
     decode_worker,
     generate,
     metric,
     prefill_worker,
     settle,
 )
+from tests.support.mock_cluster import cluster_cfg
 
 pytestmark = pytest.mark.asyncio
 

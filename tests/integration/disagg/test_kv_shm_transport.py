@@ -19,7 +19,8 @@ from services.disagg import kv_shm
 from services.disagg.transfer_token import new_token
 from services.prefill import kv_sender
 from services.prefill.kv_sender import KvSender
-from tests.support.stack import mock_cluster_cfg, worker_decode_node
+from tests.support.mock_cluster import mock_cluster_cfg
+from tests.support.stack import worker_decode_node
 
 pytestmark = pytest.mark.asyncio
 

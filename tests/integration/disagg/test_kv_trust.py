@@ -22,19 +22,18 @@ from services.disagg.transfer_token import new_token
 from services.engine.request import SamplingParams
 from services.gen import worker_pb2
 from services.prefill.kv_sender import KvSender
-from tests.integration.disagg_harness import (
-    cluster_cfg,
+from tests.support.disagg_harness import (
     decode_worker,
     generate,
     metric,
-    mock_engine_section,
     prefill_worker,
     settle,
 )
+from tests.support.mock_cluster import mock_cluster_cfg
 
 pytestmark = pytest.mark.asyncio
 
-BS = 4  # mock_engine_section's block size
+BS = 4  # SMALL_ENGINE's block size
 PROMPT = [(i * 17 + 11) % 983 + 3 for i in range(42)]  # 10 full blocks and a partial one
 MORE = [(i * 5 + 1) % 977 + 3 for i in range(8)]  # a later request: PROMPT's blocks + these
 
@@ -53,8 +52,8 @@ def _poisoned(job: PrefillJob, shape: tuple[int, ...]) -> torch.Tensor:
 
 
 async def test_forged_kv_transfers_are_refused_and_the_real_one_lands_unpoisoned(nats_url: str) -> None:
-    cfg = cluster_cfg(nats_url, engine=mock_engine_section(),
-                      decode={"disagg": {"max_local_prefill_length": 16}})
+    cfg = mock_cluster_cfg(nats_url, small=True,
+                           decode={"disagg": {"max_local_prefill_length": 16}})
     subjects = Subjects(cfg.namespace)
     spy = await connect(cfg.nats, "queue-reader")
     jobs: asyncio.Queue[PrefillJob] = asyncio.Queue()
@@ -153,8 +152,8 @@ def _job(rid: str, decode_worker_id: str, address: str, token: bytes | None = No
 
 async def test_prefill_worker_sends_kv_only_to_the_listed_address_of_the_jobs_decode_worker(
         nats_url: str, wait_for) -> None:
-    cfg = cluster_cfg(nats_url, engine=mock_engine_section(),
-                      prefill={"discovery_wait_s": 1.5, "nak_delay_s": 0.05})
+    cfg = mock_cluster_cfg(nats_url, small=True,
+                           prefill={"discovery_wait_s": 1.5, "nak_delay_s": 0.05})
     subjects = Subjects(cfg.namespace)
     nc = await connect(cfg.nats, "job-forger")
     js = nc.jetstream()

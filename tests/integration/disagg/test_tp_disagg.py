@@ -13,14 +13,14 @@ from services.disagg.prefill_job import PrefillLocation
 from services.engine.request import GenerateRequest, SamplingParams
 from services.engine.tp.runner import TpRunner
 from services.prefill.worker import PrefillWorker
-from tests.integration.disagg_harness import (
+from tests.support.disagg_harness import (
     DecodeHandle,
-    cluster_cfg,
     decode_worker,
     generate,
     prefill_worker,
     settle,
 )
+from tests.support.mock_cluster import cluster_cfg
 
 pytestmark = pytest.mark.asyncio
 

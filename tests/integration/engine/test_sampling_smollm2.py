@@ -18,8 +18,9 @@ from services.engine.engine import LLMEngine
 from services.engine.runner.torch_runner import TorchRunner
 from services.engine.tokenizer import Tokenizer
 from tests.support.cluster import running_cluster
-from tests.support.stack import MODEL, worker_decode_node
-from tests.unit._tiny_model import seq
+from tests.support.mock_cluster import MODEL
+from tests.support.stack import worker_decode_node
+from tests.support.tiny_model import seq
 
 pytestmark = pytest.mark.model
 

@@ -14,7 +14,8 @@ import pytest
 from services.common.config import parse_config
 from services.engine.tokenizer import Tokenizer
 from tests.support.cluster import running_cluster
-from tests.support.stack import MODEL, mock_cluster_cfg, worker_decode_node
+from tests.support.mock_cluster import MODEL, mock_cluster_cfg
+from tests.support.stack import worker_decode_node
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,8 @@ import pytest
 from services.common.config import NatsConfig
 from services.engine.tokenizer import Tokenizer
 from tests.support.cluster import running_cluster
-from tests.support.stack import MODEL, mock_cluster_cfg, worker_decode_node
+from tests.support.mock_cluster import MODEL, mock_cluster_cfg
+from tests.support.stack import worker_decode_node
 
 PROMPT = "my-secret-prompt-zebra-quartz"
 KEY = "sk-tandem-test-key-8f3e2a"

@@ -27,7 +27,7 @@ from services.launcher.supervisor import Supervisor, is_ready
 from tests.support.ports import free_port
 from tests.support.procs import needs_nats_server
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(autouse=True)

@@ -22,9 +22,9 @@ from nats.js.errors import KeyNotFoundError
 
 from services.common.config import ClusterConfig
 from services.common.nats_client import Subjects, connect
+from tests.support.mock_cluster import MODEL, mock_cluster_cfg
 from tests.support.ports import free_port
 from tests.support.procs import needs_nats_server, write_config
-from tests.support.stack import MODEL, mock_cluster_cfg
 from tests.support.up import LivePoller, Up, gone, launcher_metric, nats_login, start_up
 
 # Longer than decode.disagg.max_local_prefill_length (16 tokens): prefilled remotely.

@@ -41,7 +41,7 @@ pytestmark = pytest.mark.asyncio
 NS = "lockns"
 S = Subjects(NS)
 DISC = DiscoveryConfig(ttl_s=10, heartbeat_s=3)
-DEPLOY_CONF = Path(__file__).resolve().parents[2] / "deploy" / "nats" / "nats-server.conf"
+DEPLOY_CONF = Path(__file__).resolve().parents[3] / "deploy" / "nats" / "nats-server.conf"
 
 
 @dataclass

@@ -19,9 +19,9 @@ import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
 
 from services.common.config import ClusterConfig
+from tests.support.mock_cluster import MODEL, mock_cluster_cfg
 from tests.support.ports import free_port
 from tests.support.procs import needs_nats_server, write_config
-from tests.support.stack import MODEL, mock_cluster_cfg
 from tests.support.up import gone, start_up
 
 

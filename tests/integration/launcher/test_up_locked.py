@@ -23,7 +23,7 @@ from services.common.nats_client import NatsAuthError, connect
 from tests.support.ports import free_port, free_port_pair
 from tests.support.procs import needs_nats_server
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 API_KEY = "k-up-locked-test"
 VIOLATION = re.compile(r"(publish|subscription|permissions) violation", re.IGNORECASE)
 

@@ -13,7 +13,8 @@ from services.engine.tokenizer import Tokenizer
 from services.gen import processor_pb2, processor_pb2_grpc, request_pb2, worker_pb2, worker_pb2_grpc
 from services.processor.grpc_server import serve_processor
 from services.router.router import Router
-from tests.support.stack import MODEL, make_processor, mock_cluster_cfg, worker_decode_node
+from tests.support.mock_cluster import MODEL, mock_cluster_cfg
+from tests.support.stack import make_processor, worker_decode_node
 
 pytestmark = pytest.mark.asyncio
 

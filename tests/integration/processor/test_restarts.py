@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from services.common.address_book import AddressBook, ChannelPool
-from services.common.config import ClusterConfig, parse_config
+from services.common.config import ClusterConfig
 from services.common.errors import ServingError, Unavailable
 from services.engine.request import SamplingParams
 from services.engine.tokenizer import Tokenizer
@@ -24,9 +24,9 @@ from services.processor.router_client import RouterClient
 from services.processor.types import ProcessRequest
 from services.processor.worker_client import DecodeWorkerClient
 from services.router.types import RequestPhase, RouteRequest
+from tests.support.mock_cluster import MODEL, NO_MODEL, mock_cluster_cfg
 from tests.support.ports import free_port_pair
 from tests.support.procs import NatsServer, Part, free_port, start_part, write_config
-from tests.support.stack import MODEL
 
 pytestmark = pytest.mark.asyncio
 
@@ -35,21 +35,13 @@ DEADLINE_S = 20.0  # every request here must end (either way) within this
 
 
 def restart_cfg(nats_url: str) -> ClusterConfig:
-    return parse_config({
-        "namespace": f"t{uuid.uuid4().hex[:10]}",
-        "nats": {"url": nats_url, "embedded": False},
-        "model": {"name": MODEL, "path": "/nonexistent/tandem-test-model.gguf"},
-        "engine": {"runner": "mock", "block_size": 16, "num_kv_blocks": 256, "max_model_len": 512,
-                   "max_num_seqs": 8, "max_num_batched_tokens": 512,
-                   "mock": {"step_base_s": 0.005, "per_prefill_token_s": 0, "per_decode_seq_s": 0,
-                            "vocab_size": 49152, "eos_token_id": 2}},
-        "decode": {"port": free_port_pair(), "metrics_port": free_port_pair(),
-                   "grace_period_s": 1,
-                   "disagg": {"max_local_prefill_length": 16, "remote_prefill_timeout_s": 5}},
-        "prefill": {"metrics_port": free_port(), "grace_period_s": 1},
-        "router": {"port": free_port(), "metrics_port": free_port(), "dump_timeout_s": 2},
-        "discovery": {"ttl_s": 2, "heartbeat_s": 0.5},
-    })
+    return mock_cluster_cfg(
+        nats_url, model={"path": NO_MODEL},
+        engine={"max_num_seqs": 8, "mock": {"step_base_s": 0.005}},
+        decode={"port": free_port_pair(), "metrics_port": free_port_pair(), "grace_period_s": 1,
+                "disagg": {"max_local_prefill_length": 16, "remote_prefill_timeout_s": 5}},
+        prefill={"metrics_port": free_port(), "grace_period_s": 1},
+        router={"port": free_port(), "metrics_port": free_port(), "dump_timeout_s": 2})
 
 
 def remote_prefills(cfg: ClusterConfig) -> float:

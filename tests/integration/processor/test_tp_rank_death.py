@@ -7,35 +7,33 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
 from services.common.address_book import ChannelPool
-from services.common.config import ClusterConfig, parse_config
+from services.common.config import ClusterConfig
 from services.processor.processor import Processor
 from services.processor.worker_client import DecodeWorkerClient
 from services.router.router import Router
-from tests.integration.test_worker_death import chat, decode_procs, wait_workers
+from tests.support.mock_cluster import MODEL, cluster_cfg
 from tests.support.ports import free_port_pair
-from tests.support.stack import MODEL
+from tests.support.procs import decode_procs, wait_workers
+from tests.support.stack import chat
 
 pytestmark = pytest.mark.asyncio
 
 
 def _cfg(nats_url: str, model: Path) -> ClusterConfig:
-    return parse_config({
-        "namespace": f"t{uuid.uuid4().hex[:10]}",
-        "nats": {"url": nats_url, "embedded": False},
-        "model": {"name": MODEL, "path": str(model)},
-        "engine": {"runner": "torch", "device": "cpu", "dtype": "float32", "block_size": 16,
-                   "num_kv_blocks": 128, "max_model_len": 512, "max_num_seqs": 8,
-                   "max_num_batched_tokens": 256, "tensor_parallel_size": 3, "tp_timeout_s": 20},
-        "decode": {"port": free_port_pair(), "metrics_port": free_port_pair(),
-                   "grace_period_s": 1, "disagg": {"enabled": False}},
-        "discovery": {"ttl_s": 2, "heartbeat_s": 0.5},
-    })
+    return cluster_cfg(
+        nats_url,
+        model={"name": MODEL, "path": str(model)},
+        engine={"runner": "torch", "device": "cpu", "dtype": "float32", "block_size": 16,
+                "num_kv_blocks": 128, "max_model_len": 512, "max_num_seqs": 8,
+                "max_num_batched_tokens": 256, "tensor_parallel_size": 3, "tp_timeout_s": 20},
+        decode={"port": free_port_pair(), "metrics_port": free_port_pair(),
+                "grace_period_s": 1, "disagg": {"enabled": False}},
+        discovery={"ttl_s": 2, "heartbeat_s": 0.5})
 
 
 def _rank_pids(worker_pid: int) -> list[int]:

@@ -6,74 +6,33 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 
 from services.common.address_book import ChannelPool
-from services.common.config import ClusterConfig, parse_config
 from services.common.errors import Unavailable
-from services.engine.request import SamplingParams
 from services.engine.tokenizer import Tokenizer
 from services.processor.processor import Processor
-from services.processor.types import ChatMessage, ProcessRequest
+from services.processor.types import ProcessRequest
 from services.processor.worker_client import DecodeWorkerClient
 from services.router.router import Router
+from tests.support.mock_cluster import MODEL, NO_MODEL, mock_cluster_cfg
 from tests.support.ports import free_port_pair
-from tests.support.procs import Part, start_part, write_config
-from tests.support.stack import MODEL
+from tests.support.procs import decode_procs, wait_workers
+from tests.support.stack import chat
 
 pytestmark = pytest.mark.asyncio
 
 
 
-def decode_cluster_cfg(nats_url: str, step_s: float = 0.03) -> ClusterConfig:
-    return parse_config({
-        "namespace": f"t{uuid.uuid4().hex[:10]}",
-        "nats": {"url": nats_url, "embedded": False},
-        "model": {"name": MODEL, "path": "/nonexistent/tandem-test-model.gguf"},
-        "engine": {"runner": "mock", "block_size": 16, "num_kv_blocks": 256, "max_model_len": 512,
-                   "max_num_seqs": 8, "max_num_batched_tokens": 512,
-                   "mock": {"step_base_s": step_s, "per_prefill_token_s": 0, "per_decode_seq_s": 0,
-                            "vocab_size": 49152, "eos_token_id": 2}},
-        "decode": {"port": free_port_pair(), "metrics_port": free_port_pair(),
-                   "grace_period_s": 1, "disagg": {"enabled": False}},
-        "discovery": {"ttl_s": 2, "heartbeat_s": 0.5},
-    })
-
-
-@asynccontextmanager
-async def decode_procs(cfg: ClusterConfig, tmp_path: Path, n: int = 2) -> AsyncIterator[list[Part]]:
-    cfg_file = write_config(cfg, tmp_path / "cluster.yaml")
-    parts = [start_part("decode", cfg_file, tmp_path, replica=i) for i in range(n)]
-    try:
-        yield parts
-    finally:
-        for p in parts:
-            p.kill9()
-
-
-async def wait_workers(router: Router, ids: set[str], parts: list[Part], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not ids <= set(router.workers):
-        for p in parts:
-            assert p.alive() or p.name not in ids, f"{p.name} died: {p.output()}"
-        assert time.monotonic() < deadline, f"workers never registered: {set(router.workers)}"
-        await asyncio.sleep(0.1)
-
-
-def chat(rid: str, **sampling) -> ProcessRequest:
-    return ProcessRequest(rid, messages=(ChatMessage("user", "Tell me a story"),), model=MODEL,
-                          sampling=SamplingParams(**sampling))
-
-
 async def test_kill9_decode_worker_mid_stream_migrates(nats_url: str, smollm2_path: Path,
                                                        tmp_path: Path) -> None:
     tok = Tokenizer.from_path(smollm2_path)
-    cfg = decode_cluster_cfg(nats_url)
+    cfg = mock_cluster_cfg(nats_url, model={"path": NO_MODEL},
+                           engine={"max_num_seqs": 8, "mock": {"step_base_s": 0.03}},
+                           decode={"port": free_port_pair(), "metrics_port": free_port_pair(),
+                                   "grace_period_s": 1, "disagg": {"enabled": False}})
     pool = ChannelPool()
     async with decode_procs(cfg, tmp_path) as parts, Router(cfg) as router:
         await wait_workers(router, {"decode-0", "decode-1"}, parts)

@@ -17,7 +17,7 @@ from services.bench import anchor
 from services.cli import build_parser, main
 from tests.support.ports import free_port
 
-FAKE = Path(__file__).parents[1] / "support" / "fake_llama_server.py"
+FAKE = Path(__file__).parents[2] / "support" / "fake_llama_server.py"
 
 
 def _loads(**kw: int) -> anchor.Loads:

@@ -12,7 +12,7 @@ from services.common.config import EngineConfig, parse_config
 from services.engine.engine import LLMEngine
 from services.engine.tp.runner import TpRunner
 from services.engine.weights import load_weights
-from tests.unit._tiny_model import tiny_hf_model
+from tests.support.tiny_model import tiny_hf_model
 
 
 @pytest.fixture(scope="module")

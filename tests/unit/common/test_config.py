@@ -4,7 +4,7 @@ import pytest
 
 from services.common.config import ConfigError, load_config, parse_config
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_local_yaml_validates_with_design_keys() -> None:

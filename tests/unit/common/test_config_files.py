@@ -7,7 +7,7 @@ import yaml
 
 from services.common.config import ConfigError, load_config
 
-CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
+CONFIGS = sorted((Path(__file__).resolve().parents[3] / "configs").glob("*.yaml"))
 
 
 def test_the_shipped_configs_are_there() -> None:

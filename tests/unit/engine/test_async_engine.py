@@ -15,7 +15,7 @@ from services.engine.engine import LLMEngine
 from services.engine.request import FinishReason, GenerateRequest, SamplingParams, TokenOutput
 from services.engine.runner.mock_runner import MockRunner
 from services.engine.scheduler import InvalidRequestError
-from tests.unit.engine_factory import EOS, make_engine, mock_cfg, oracle, req
+from tests.support.engine_factory import EOS, make_engine, mock_cfg, oracle, req
 
 
 async def drain(ae: AsyncEngine, r: GenerateRequest) -> list[TokenOutput]:

@@ -7,6 +7,7 @@ import pytest
 from services.common.hashing import block_hashes
 from services.common.kv_events import KvCleared, KvEvent, KvRemoved, KvStored, StoredBlock
 from services.engine.block_pool import BlockPool, BlockPoolIntegrityError
+from tests.support.engine_factory import replay
 
 BS = 4
 
@@ -25,23 +26,6 @@ def stored(p: BlockPool, ids: list[int], first: int = 0, start: int = 0) -> None
     hs = chain(first + len(ids), start)
     parent = hs[first - 1].seq_hash if first else None
     p.cache(ids, hs[first:], parent, first)
-
-
-def replay(events: list[KvEvent]) -> dict[int, int | None]:
-    """A toy router index: seq_hash -> parent seq_hash."""
-    index: dict[int, int | None] = {}
-    for e in events:
-        if isinstance(e, KvCleared):
-            index.clear()
-        elif isinstance(e, KvStored):
-            parent = e.parent_seq_hash
-            for b in e.blocks:
-                index[b.seq_hash] = parent
-                parent = b.seq_hash
-        else:
-            for h in e.seq_hashes:
-                index.pop(h, None)
-    return index
 
 
 def test_allocate_hands_out_exact_ids_and_reuses_freed_last() -> None:

@@ -8,8 +8,7 @@ from hypothesis import strategies as st
 
 from services.common.kv_events import KvStored
 from services.engine.request import FinishReason, TokenOutput
-from tests.unit.engine_factory import make_engine, mock_cfg, oracle, req, run_all
-from tests.unit.test_block_pool import replay
+from tests.support.engine_factory import make_engine, mock_cfg, oracle, replay, req, run_all
 
 
 def test_prefix_hits_across_requests_are_block_accurate_and_counted() -> None:

@@ -13,7 +13,7 @@ from services.common.config import EngineConfig
 from services.engine.engine import LLMEngine
 from services.engine.runner.torch_runner import TorchRunner
 from services.engine.weights import load_weights
-from tests.unit._tiny_model import MIXED_ABORTED, drive_mixed, mixed_workload, tiny_hf_model
+from tests.support.tiny_model import MIXED_ABORTED, drive_mixed, mixed_workload, tiny_hf_model
 
 
 def _hf_model(arch: str, out: Path):

@@ -19,7 +19,7 @@ from services.engine.request import FinishReason, GenerateRequest, SamplingParam
 from services.engine.runner.torch_runner import TorchRunner
 from services.engine.sampler import Sampler
 from services.engine.weights import load_weights
-from tests.unit._tiny_model import seq, tiny_hf_model
+from tests.support.tiny_model import seq, tiny_hf_model
 
 V = 32
 
@@ -316,7 +316,7 @@ async def test_closing_an_n_stream_early_aborts_every_choice() -> None:
 
     from services.engine.async_engine import AsyncEngine
     from services.engine.runner.mock_runner import MockRunner
-    from tests.support.stack import mock_cluster_cfg
+    from tests.support.mock_cluster import mock_cluster_cfg
 
     # 20 ms steps: choices left running would hold their blocks for seconds.
     cfg = mock_cluster_cfg(engine={"mock": {"step_base_s": 0.02}})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.unit._tiny_model import batch, hf_logits, make_runner, seq, tiny_hf_model
+from tests.support.tiny_model import batch, hf_logits, make_runner, seq, tiny_hf_model
 
 TOL = 1e-4
 CASES = [("llama", False), ("llama", True), ("qwen2", False), ("qwen2", True)]

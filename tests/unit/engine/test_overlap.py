@@ -17,9 +17,8 @@ from services.engine.request import FinishReason, GenerateRequest, SamplingParam
 from services.engine.runner.base import ModelRunner
 from services.engine.runner.mock_runner import MockRunner
 from services.engine.runner.torch_runner import TorchRunner
-from tests.unit._tiny_model import tiny_hf_model
-from tests.unit.engine_factory import EOS, mock_cfg, oracle, req
-from tests.unit.test_block_pool import replay
+from tests.support.engine_factory import EOS, mock_cfg, oracle, replay, req
+from tests.support.tiny_model import tiny_hf_model
 
 Result = dict[str, tuple[list[int], FinishReason | None]]
 

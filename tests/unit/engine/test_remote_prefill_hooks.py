@@ -14,7 +14,7 @@ from services.engine.remote_prefill import RemoteKvError
 from services.engine.request import FinishReason, GenerateRequest, SamplingParams, TokenOutput
 from services.engine.runner.mock_runner import MockRunner
 from services.engine.scheduler import Scheduler
-from tests.unit.engine_factory import make_engine, mock_cfg, oracle, req, run_all
+from tests.support.engine_factory import make_engine, mock_cfg, oracle, req, run_all
 
 BASE = list(range(100, 114))  # 14 tokens: blocks 0..2 full, block 3 holds 2
 

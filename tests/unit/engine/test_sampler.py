@@ -13,7 +13,7 @@ import torch
 
 from services.engine.request import SamplingParams
 from services.engine.sampler import Sampler, filter_top_k_top_p
-from tests.unit._tiny_model import seq
+from tests.support.tiny_model import seq
 
 V = 64
 

@@ -9,7 +9,7 @@ from services.engine.engine import LLMEngine
 from services.engine.request import FinishReason, TokenOutput
 from services.engine.runner.mock_runner import MockRunner
 from services.engine.scheduler import InvalidRequestError
-from tests.unit.engine_factory import EOS, make_engine, mock_cfg, oracle, req, run_all
+from tests.support.engine_factory import EOS, make_engine, mock_cfg, oracle, req, run_all
 
 
 def step(eng: LLMEngine, runner: MockRunner) -> tuple[ScheduledBatch, list[TokenOutput]]:

@@ -16,7 +16,7 @@ from services.engine.tokenizer import Tokenizer
 from services.frontend.app import create_app
 from services.frontend.body import MAX_JSON_DEPTH
 from tests.support.http_edge import JSON, Echo, chat, error, grpc_api, metric, raw, stub_api
-from tests.support.stack import mock_cluster_cfg
+from tests.support.mock_cluster import mock_cluster_cfg
 
 
 @pytest.fixture

@@ -34,7 +34,8 @@ from services.frontend.app import create_app
 from services.processor.client import ProcessorClient
 from services.processor.grpc_server import serve_processor
 from services.router.router import Router
-from tests.support.stack import MODEL, make_processor, mock_cluster_cfg, worker_decode_node
+from tests.support.mock_cluster import MODEL, mock_cluster_cfg
+from tests.support.stack import make_processor, worker_decode_node
 
 CFG = mock_cluster_cfg(frontend={"max_tokens_limit": 16, "max_body_bytes": 65536},
                        decode={"max_waiting_requests": 64})

@@ -18,8 +18,8 @@ from services.common.config import ClusterConfig
 from services.frontend.app import create_app
 from services.frontend.serve import _Server, http_config
 from tests.support.http_edge import Echo, Failing, chat, error, frontend_lines, raw
+from tests.support.mock_cluster import mock_cluster_cfg
 from tests.support.ports import free_port
-from tests.support.stack import mock_cluster_cfg
 
 
 @asynccontextmanager

@@ -18,7 +18,8 @@ from services.common.discovery import Registration
 from services.engine.tokenizer import Tokenizer
 from services.frontend.app import create_app
 from services.router.router import Router
-from tests.support.stack import MODEL, make_processor, mock_cluster_cfg, worker_decode_node
+from tests.support.mock_cluster import MODEL, mock_cluster_cfg
+from tests.support.stack import make_processor, worker_decode_node
 
 
 @pytest.fixture(scope="module")

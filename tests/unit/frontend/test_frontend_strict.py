@@ -12,7 +12,7 @@ import pytest
 
 from services.engine.tokenizer import Tokenizer
 from tests.support.http_edge import JSON, chat, error, grpc_api, raw
-from tests.support.stack import MODEL
+from tests.support.mock_cluster import MODEL
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from services.engine.grammar.spec import StructuredKind, StructuredOutput
 from services.engine.request import FinishReason, Usage
 from services.frontend.app import create_app
 from services.processor.types import Delta, ModelInfo, ProcessRequest
-from tests.support.stack import MODEL, mock_cluster_cfg
+from tests.support.mock_cluster import MODEL, mock_cluster_cfg
 
 
 class Recorder:

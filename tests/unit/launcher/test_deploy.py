@@ -16,7 +16,7 @@ from services.launcher.nats import NatsServerNotFoundError, find_nats_server
 from services.launcher.nats_auth import deploy_users, password_var, render_conf
 from services.launcher.plan import plan
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DEPLOY = ROOT / "deploy"
 TANDEM_PARTS = ("router", "decode", "prefill", "processor", "frontend")
 

@@ -10,7 +10,7 @@ from services.common.config import load_config, parse_config
 from services.launcher.plan import check_port_conflicts, plan, select_parts
 from services.launcher.preflight import PreflightError, check_ports_free, port_is_free
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 
 
 def _plan(name: str, overrides: list[str] = ()) -> list:

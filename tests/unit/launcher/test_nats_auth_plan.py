@@ -18,7 +18,7 @@ from services.launcher.secret_overrides import split_overrides
 
 NS = "tandem"
 S = Subjects(NS)
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 
 
 def matches(pattern: str, subject: str) -> bool:

@@ -19,13 +19,8 @@ from services.engine.tokenizer import Tokenizer
 from services.processor.types import ChatMessage, ProcessRequest
 from services.router.router import Router
 from services.router.types import NoWorkersAvailable, RouteRequest
-from tests.support.stack import (
-    MODEL,
-    RecordingRouter,
-    make_processor,
-    mock_cluster_cfg,
-    worker_decode_node,
-)
+from tests.support.mock_cluster import MODEL, mock_cluster_cfg
+from tests.support.stack import RecordingRouter, make_processor, worker_decode_node
 
 CTX = 512
 BS = 16  # mock_cluster_cfg's engine.block_size
@@ -158,8 +153,8 @@ def test_continuation_on_a_fresh_engine_reproduces_the_tail(sampling) -> None:
     from services.common.config import EngineConfig
     from services.engine.engine import LLMEngine
     from services.engine.request import GenerateRequest, SamplingParams
-    from tests.unit._tiny_model import make_runner, tiny_hf_model
-    from tests.unit.engine_factory import run_all
+    from tests.support.engine_factory import run_all
+    from tests.support.tiny_model import make_runner, tiny_hf_model
 
     hf, arch = tiny_hf_model("llama")
     prompt, k, n = [5, 17, 99, 3, 42, 8, 61, 77, 23, 1], 4, 10
@@ -186,7 +181,7 @@ class _SlowTorchRunner:
 
         from services.common.config import EngineConfig
         from services.engine.runner.torch_runner import TorchRunner
-        from tests.unit._tiny_model import tiny_hf_model
+        from tests.support.tiny_model import tiny_hf_model
 
         hf, arch = tiny_hf_model("llama")
 

@@ -17,13 +17,8 @@ from services.engine.tokenizer import Tokenizer
 from services.processor.types import ChatMessage, ProcessRequest
 from services.router.router import Router
 from services.router.types import RequestPhase, RouteRequest
-from tests.support.stack import (
-    MODEL,
-    RecordingRouter,
-    make_processor,
-    mock_cluster_cfg,
-    worker_decode_node,
-)
+from tests.support.mock_cluster import MODEL, mock_cluster_cfg
+from tests.support.stack import RecordingRouter, make_processor, worker_decode_node
 
 CTX = 512
 

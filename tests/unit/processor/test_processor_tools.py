@@ -17,7 +17,7 @@ from services.engine.tokenizer import Tokenizer
 from services.processor.processor import Processor
 from services.processor.types import ChatMessage, Delta, ProcessRequest, Tool, ToolChoice
 from services.router.router import Router
-from tests.support.stack import MODEL, mock_cluster_cfg
+from tests.support.mock_cluster import MODEL, mock_cluster_cfg
 
 WEATHER = Tool("get_weather", "Weather of a city", json.dumps(
     {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}))

@@ -8,7 +8,8 @@ from services.common.discovery import Registration
 from services.common.wire import InflightOp, InflightUpdate
 from services.processor.router_reports import RouterReports
 from services.router.types import RequestPhase, RouteRequest
-from tests.support.stack import RecordingRouter, mock_cluster_cfg
+from tests.support.mock_cluster import mock_cluster_cfg
+from tests.support.stack import RecordingRouter
 
 
 def _router() -> RecordingRouter:

@@ -18,7 +18,7 @@ from services.engine.request import FinishReason, Usage
 from services.frontend.app import create_app
 from services.processor.tools import ToolCallParser, call_schema, with_tool_prompt
 from services.processor.types import Delta, ModelInfo, ProcessRequest, Tool, ToolCall, ToolChoice
-from tests.support.stack import MODEL, mock_cluster_cfg
+from tests.support.mock_cluster import MODEL, mock_cluster_cfg
 
 WEATHER = Tool("get_weather", "Weather of a city", json.dumps(
     {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}))

@@ -16,7 +16,7 @@ from services.engine.cpu_kernels import build, pack
 from services.engine.cpu_kernels.decode import CpuDecode
 from services.engine.quant.groups import Int4Groups, from_float
 from services.engine.runner.torch_runner import TorchRunner
-from tests.unit._tiny_model import batch, seq, tiny_hf_model
+from tests.support.tiny_model import batch, seq, tiny_hf_model
 
 pytestmark = pytest.mark.skipif(not build.available(), reason="the CPU kernels cannot run here")
 

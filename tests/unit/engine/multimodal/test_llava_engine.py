@@ -15,7 +15,7 @@ from services.engine.multimodal.weights import load_llava_dir
 from services.engine.request import GenerateRequest, SamplingParams
 from services.engine.runner.torch_runner import TorchRunner
 from services.engine.scheduler import InvalidRequestError
-from tests.unit._tiny_llava import IMAGE_TOKEN, save_tiny_llava, tiny_llava
+from tests.support.tiny_llava import IMAGE_TOKEN, save_tiny_llava, tiny_llava
 
 BS = 4
 

@@ -10,8 +10,8 @@ import torch
 from services.engine.multimodal.spans import expand_placeholders
 from services.engine.multimodal.vision_tower import ImageEncoder
 from services.engine.multimodal.weights import load_llava_dir
-from tests.unit._tiny_llava import IMAGE_TOKEN, image_prompt, save_tiny_llava, tiny_llava
-from tests.unit._tiny_model import batch, make_runner, seq
+from tests.support.tiny_llava import IMAGE_TOKEN, image_prompt, save_tiny_llava, tiny_llava
+from tests.support.tiny_model import batch, make_runner, seq
 
 TOL = 1e-4
 CASES = [

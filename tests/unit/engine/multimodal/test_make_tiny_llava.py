@@ -14,7 +14,7 @@ from services.engine.multimodal.image_processor import load_processor_config, pr
 from services.engine.multimodal.spans import expand_placeholders
 from services.engine.multimodal.vision_tower import ImageEncoder
 from services.engine.multimodal.weights import load_llava_dir
-from tests.unit._tiny_model import batch, make_runner, seq
+from tests.support.tiny_model import batch, make_runner, seq
 
 
 @pytest.mark.parametrize("vision,text", [("clip", "llama"), ("siglip", "qwen2")])

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 from gguf import GGMLQuantizationType
-from tiny_checkpoints import make_hf_model, write_gguf
 
 from services.common.config import EngineConfig
 from services.engine.quant.linear import Int4Matmul, Int8Matmul, QuantizedLinear
 from services.engine.runner.torch_runner import TorchRunner
 from services.engine.weights import LoadedWeights, load_weights
-from tests.unit._tiny_model import batch, seq
+from tests.support.tiny_checkpoints import make_hf_model, write_gguf
+from tests.support.tiny_model import batch, seq
 
 Q = GGMLQuantizationType
 PROMPT = [5, 17, 99, 3, 42, 8, 61, 77, 23, 1, 64, 2]

@@ -18,7 +18,7 @@ from services.engine.engine import LLMEngine
 from services.engine.request import GenerateRequest, SamplingParams
 from services.engine.runner.cuda_graphs import DecodeGraphs, batch_buckets, context_buckets
 from services.engine.runner.torch_runner import TorchRunner
-from tests.unit._tiny_model import batch, seq, tiny_hf_model
+from tests.support.tiny_model import batch, seq, tiny_hf_model
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 BS = 4

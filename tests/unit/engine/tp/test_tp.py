@@ -21,7 +21,7 @@ from services.engine.runner.torch_runner import TorchRunner
 from services.engine.tp.runner import TpRunner
 from services.engine.tp.shard import check_tp_layout
 from services.engine.weights import load_weights
-from tests.unit._tiny_model import drive_mixed, mixed_workload, seq, tiny_hf_model
+from tests.support.tiny_model import drive_mixed, mixed_workload, seq, tiny_hf_model
 
 
 def _cfg(**kw) -> EngineConfig:

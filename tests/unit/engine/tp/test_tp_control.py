@@ -14,7 +14,7 @@ from services.engine.sequence import Sequence
 from services.engine.tp.broadcast import PayloadBroadcaster, PayloadReceiver
 from services.engine.tp.messages import RequestPayload
 from services.engine.tp.step_plan import StepDecoder, StepEncoder
-from tests.unit._tiny_model import seq
+from tests.support.tiny_model import seq
 
 
 class _GatedConn:
