@@ -20,6 +20,7 @@ from tests.support.disagg_harness import (
     settle,
 )
 from tests.support.mock_cluster import mock_cluster_cfg
+from tests.support.waits import eventually
 
 pytestmark = pytest.mark.asyncio
 
@@ -42,13 +43,6 @@ async def _queued_jobs(cfg) -> int:
         await nc.close()
 
 
-async def _eventually(check, what: str, timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not await check():
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
-
-
 async def test_cancelled_parked_request_takes_its_job_off_the_queue(nats_url: str) -> None:
     cfg = _cfg(nats_url)
     async with decode_worker(cfg) as d:  # no prefill worker: the job stays queued
@@ -60,7 +54,7 @@ async def test_cancelled_parked_request_takes_its_job_off_the_queue(nats_url: st
         async def parked() -> bool:
             return d.worker.receiver.is_waiting("parked") and await _queued_jobs(cfg) == 1
 
-        await _eventually(parked, "the job to be queued")
+        await eventually(parked, what="the job to be queued")
         call.cancel()
         with pytest.raises(asyncio.CancelledError):
             await reader
@@ -68,7 +62,7 @@ async def test_cancelled_parked_request_takes_its_job_off_the_queue(nats_url: st
         async def retracted() -> bool:
             return await _queued_jobs(cfg) == 0
 
-        await _eventually(retracted, "the job to be deleted from the queue")
+        await eventually(retracted, what="the job to be deleted from the queue")
         await settle(d.engine, 0)
         assert d.worker.num_inflight == 0 and d.worker.receiver.num_waiting == 0
 
@@ -121,7 +115,7 @@ async def test_100_streams_cancelled_at_random_points_free_every_block(nats_url:
         async def drained() -> bool:
             return p.num_running == 0 and await _queued_jobs(cfg) == 0
 
-        await _eventually(drained, "the prefill queue and worker to drain")
+        await eventually(drained, what="the prefill queue and worker to drain")
         await settle(p.engine, 0)
         # The gauges an operator watches say the same, on both workers.
         for registry in (d.worker.metrics.registry, p.metrics.registry):

@@ -162,16 +162,17 @@ async def test_the_token_is_held_by_one_transfer_at_a_time_and_handed_back_if_it
     fut = rx.expect("r", EXPECT)
     kv = torch.randn(SHAPE)
     chunks = _chunks(kv)
-    gate = asyncio.Event()
+    gate, holding = asyncio.Event(), asyncio.Event()
 
     async def stalled() -> AsyncIterator[worker_pb2.KvChunk]:
         yield chunks[0]
+        holding.set()  # asked for the payload: past the token check, holding it
         await gate.wait()
         for c in chunks[1:]:
             yield c
 
     first = asyncio.create_task(rx.receive(stalled()))
-    await asyncio.sleep(0.01)
+    await asyncio.wait_for(holding.wait(), 5)
     second = await rx.receive(_stream(chunks))  # the token, while the first holds it
     assert not second.accepted and "already being received" in second.error
     assert refused == [KvRefusal.TOKEN_IN_USE]
