@@ -1,4 +1,4 @@
-"""Helpers for the HTTP edge tests (tests/unit/test_frontend_{strict,body,failures,http}.py):
+"""Helpers for the HTTP edge tests (tests/unit/frontend/test_frontend_{strict,body,failures,http}.py):
 the frontend in front of the processor's real gRPC hop, stub processors, request bodies as
 a buggy client writes them, and checks of OpenAI's error shape."""
 
