@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from services.common.config import NatsConfig, parse_config
+from services.common.config import ClusterConfig, NatsConfig
 from services.common.discovery import Discovery, Registration
 from services.common.nats_client import connect
 from services.disagg.kv_layout import METADATA_KEY, KvLayout
+from tests.support.mock_cluster import NO_MODEL, mock_cluster_cfg
 from tests.support.ports import free_port
 from tests.support.procs import start_part, write_config
 
@@ -24,12 +25,11 @@ pytestmark = pytest.mark.asyncio
 MOCK = KvLayout(layers=1, kv_heads=1, head_dim=1, block_size=16, dtype="float32", tp=1)
 
 
-def _cfg(nats_url: str, ns: str):
-    return parse_config({}, [
-        f"nats.url={nats_url}", f"namespace={ns}", "model.path=/nonexistent/m.gguf",
-        "engine.runner=mock", "engine.block_size=16", "engine.num_kv_blocks=64",
-        "engine.max_model_len=256", f"decode.port={free_port()}", f"decode.metrics_port={free_port()}",
-        f"prefill.metrics_port={free_port()}", "discovery.ttl_s=30", "discovery.heartbeat_s=0.5"])
+def _cfg(nats_url: str, ns: str) -> ClusterConfig:
+    return mock_cluster_cfg(nats_url, namespace=ns, model={"path": NO_MODEL},
+                            engine={"num_kv_blocks": 64, "max_model_len": 256},
+                            decode={"port": free_port(), "metrics_port": free_port()},
+                            prefill={"metrics_port": free_port()}, discovery={"ttl_s": 30})
 
 
 @pytest.mark.parametrize(("part", "peer_role"), [("decode", "prefill"), ("prefill", "decode")])

@@ -13,8 +13,9 @@ import httpx
 
 from services.common.config import parse_config
 from services.engine.tokenizer import Tokenizer
-from tests.support.cluster import free_port, running_cluster
+from tests.support.cluster import running_cluster
 from tests.support.mock_cluster import MODEL, mock_cluster_cfg
+from tests.support.ports import free_port
 from tests.support.procs import start_part, wait_http_ok, write_config
 from tests.support.stack import worker_decode_node
 

@@ -11,7 +11,7 @@ import pytest
 
 from services.common.config import parse_config
 from services.launcher.nats import tcp_accepts
-from tests.support.cluster import free_port
+from tests.support.ports import free_port
 from tests.support.procs import start_part, stop_parts, wait_http_ok, write_config
 
 

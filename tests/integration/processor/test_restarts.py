@@ -25,8 +25,8 @@ from services.processor.types import ProcessRequest
 from services.processor.worker_client import DecodeWorkerClient
 from services.router.types import RequestPhase, RouteRequest
 from tests.support.mock_cluster import MODEL, NO_MODEL, mock_cluster_cfg
-from tests.support.ports import free_port_pair
-from tests.support.procs import NatsServer, Part, free_port, start_part, write_config
+from tests.support.ports import free_port, free_port_pair
+from tests.support.procs import NatsServer, Part, start_part, write_config
 
 pytestmark = pytest.mark.asyncio
 
