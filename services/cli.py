@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 # subcommand path -> "module:function"; the function takes the parsed argparse.Namespace.
 _HANDLERS = {
-    ("model", "pull"): "services.engine.model_store:pull_main",
+    ("model", "pull"): "services.model.store:pull_main",
     ("model", "make-tiny-llava"): "services.engine.multimodal.tiny:main",
     ("chat",): "services.engine.chat:main",
     ("router",): "services.router.cli:main",

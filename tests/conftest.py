@@ -17,7 +17,7 @@ def smollm2_path() -> Path:
     """The real SmolLM2 GGUF, where `tandem model pull` puts it. Skips when it is not
     pulled, except under CI, where a missing model is a failure."""
     from services.common.env import in_ci
-    from services.engine.model_store import ModelNotFoundError, resolve_model_path
+    from services.model.store import ModelNotFoundError, resolve_model_path
 
     try:
         return resolve_model_path("auto")
@@ -30,6 +30,6 @@ def smollm2_path() -> Path:
 @pytest.fixture(scope="session")
 def smollm2_tokenizer(smollm2_path: Path):
     """The real SmolLM2 tokenizer, loaded once per test run."""
-    from services.engine.tokenizer import Tokenizer
+    from services.model.tokenizer import Tokenizer
 
     return Tokenizer.from_path(smollm2_path)

@@ -339,7 +339,7 @@ def _floor(bandwidth: float, weight_bytes: int, decode_tok_s: float | None) -> d
 def main(args: argparse.Namespace) -> int:
     from services.bench.cluster import running_cluster
     from services.common.config import load_config
-    from services.engine.model_store import resolve_model_path, served_model_name
+    from services.model.store import resolve_model_path, served_model_name
 
     head = header(args)
     loads = Loads.from_args(args)

@@ -35,12 +35,13 @@ import time
 
 import torch
 
+from services.api.sampling import SamplingParams
+from services.api.structured import StructuredOutput
 from services.bench.results import finish, header, write_json
 from services.common.config import ClusterConfig, load_config
 from services.engine.engine import LLMEngine
 from services.engine.factory import build_engine
-from services.engine.grammar.spec import StructuredOutput
-from services.engine.request import GenerateRequest, SamplingParams
+from services.engine.request import GenerateRequest
 
 
 def bench_schema(steps: int) -> StructuredOutput:

@@ -1,6 +1,6 @@
 """`tandem bench mm-transfer [--json FILE]`: image-embedding transfer GB/s over loopback gRPC.
 
-The real seed 002 path: an ``EmbeddingReceiver`` (the worker that prefills) fetches one
+The real transfer path: an ``EmbeddingReceiver`` (the worker that prefills) fetches one
 image's embeddings from a real encode worker servicer (``EncodeWorkerServicer`` over an
 ``EmbeddingSender``) through ``GrpcEncodeChannel``. The encoder is replaced by a fixed
 tensor of ``--rows`` x ``--hidden`` float32 (LLaVA-1.5-7B: 576 x 4096), so only the

@@ -34,19 +34,21 @@ import grpc
 import numpy as np
 import torch
 
+from services.api.processor import ProcessRequest
+from services.api.processor_codec import request_to_pb
+from services.api.sampling import SamplingParams
+from services.api.worker_codec import generate_request_to_pb
 from services.bench.args import OVERHEAD_LAYERS
 from services.bench.client import RequestRecord, send
 from services.bench.cluster import cluster_if_asked, cluster_processes
 from services.bench.results import finish, header, write_json
 from services.bench.workloads import ID_HIGH, ID_LOW
-from services.codec.processor import request_to_pb
-from services.codec.worker import generate_request_to_pb
 from services.common.config import ClusterConfig, load_config
 from services.common.grpc_auth import call_metadata
 from services.common.service import event_loop_factory
 from services.engine.async_engine import AsyncEngine
 from services.engine.factory import build_engine
-from services.engine.request import GenerateRequest, SamplingParams
+from services.engine.request import GenerateRequest
 from services.gen import (
     processor_pb2_grpc,
     router_pb2,
@@ -54,7 +56,6 @@ from services.gen import (
     worker_pb2_grpc,
 )
 from services.launcher.up import served_name
-from services.processor.types import ProcessRequest
 
 
 def _prompts(n: int, length: int, seed: int) -> list[list[int]]:

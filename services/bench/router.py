@@ -26,14 +26,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from services.api.kv_events import KvStored, StoredBlock
+from services.api.route import RequestPhase, RouteRequest
+from services.api.wire import decode_event_batch_raw, encode_event_batch
 from services.bench.results import finish, header, write_json
 from services.common.config import ClusterConfig
 from services.common.discovery import Registration
 from services.common.hashing import block_hashes, local_block_hashes
-from services.common.kv_events import KvStored, StoredBlock
-from services.common.wire import decode_event_batch_raw, encode_event_batch
 from services.router.router import Router, tune_gc_for_index
-from services.router.types import RequestPhase, RouteRequest
 
 FAMILIES = 32
 EVENTS_PER_BATCH = 8

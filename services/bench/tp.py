@@ -1,6 +1,6 @@
 """`tandem bench tp`: tensor parallelism's two costs, side by side in one run.
 
-**Burst** (sync vs async request broadcast, seed 000): ``--requests`` short requests
+**Burst** (sync vs async request broadcast): ``--requests`` short requests
 (``--prompt-len`` tokens, one output token) each carrying ``--payload-kib`` of raw payload
 bytes (what an image would be) arrive at once at an engine at ``--tp``. The loop is the
 worker's (AsyncEngine's): apply every queued arrival, then step. Reported at the entry
@@ -23,12 +23,13 @@ import time
 
 import torch
 
+from services.api.sampling import SamplingParams
 from services.bench.engine import bench_decode
 from services.bench.results import finish, header, write_json
 from services.common.config import ClusterConfig, load_config
 from services.engine.engine import LLMEngine
 from services.engine.factory import build_engine
-from services.engine.request import GenerateRequest, SamplingParams
+from services.engine.request import GenerateRequest
 from services.engine.tp.runner import TpRunner
 from services.engine.tp.shard import check_tp_layout
 
@@ -36,8 +37,8 @@ from services.engine.tp.shard import check_tp_layout
 def pick_tp(cfg: ClusterConfig, arg: str) -> int:
     if arg != "auto":
         return int(arg)
-    from services.engine.model_store import resolve_model_path
     from services.engine.weights import load_weights
+    from services.model.store import resolve_model_path
 
     arch = load_weights(resolve_model_path(cfg.model.path)).arch
     for n in range(2, arch.num_heads + 1):

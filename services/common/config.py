@@ -298,7 +298,7 @@ class MultimodalConfig(_Strict):
     max_image_bytes: int = Field(2 << 20, ge=1)
     max_images_per_request: int = Field(8, ge=0)
     max_image_pixels: int = Field(16_000_000, ge=1)  # width * height, checked before decoding
-    # Embedding transfer (seed 002): rows per block, the language side's first buffer, and
+    # Embedding transfer (engine/multimodal/transfer.py): rows per block, the language side's first buffer, and
     # the buffer's size in blocks on each side.
     block_size: int = Field(128, ge=1)
     default_blocks: int = Field(8, ge=1)

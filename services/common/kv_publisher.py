@@ -23,10 +23,10 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from nats.aio.msg import Msg
 
-from services.common.kv_events import KvEvent
+from services.api.kv_events import KvEvent
+from services.api.wire import encode_dump, encode_event_batch
 from services.common.nats_client import NatsClient, Subjects
 from services.common.service import cancel_and_wait
-from services.common.wire import encode_dump, encode_event_batch
 
 log = logging.getLogger(__name__)
 

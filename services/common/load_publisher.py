@@ -8,9 +8,9 @@ from collections.abc import Callable
 
 import nats.errors
 
+from services.api.wire import WorkerLoad, encode_load
 from services.common.nats_client import NatsClient, Subjects
 from services.common.service import cancel_and_wait
-from services.common.wire import WorkerLoad, encode_load
 
 log = logging.getLogger(__name__)
 

@@ -6,10 +6,11 @@ from contextlib import aclosing
 
 import grpc
 
-from services.codec.worker import generate_request_from_pb, output_to_pb, prompt_images_from_pb
+from services.api.worker_codec import generate_request_from_pb, output_to_pb
 from services.common.errors import ServingError, abort, decode_or_abort
 from services.common.grpc_server import serve_grpc
 from services.decode.worker import DecodeWorker
+from services.engine.request import GenerateRequest
 from services.gen import worker_pb2, worker_pb2_grpc
 
 
@@ -25,8 +26,8 @@ class DecodeWorkerServicer(worker_pb2_grpc.DecodeWorkerServicer):
 
     async def Generate(self, request: worker_pb2.GenerateRequest,  # noqa: N802
                        context: grpc.aio.ServicerContext):
-        req = await decode_or_abort(context, generate_request_from_pb, request)
-        images = await decode_or_abort(context, prompt_images_from_pb, request)
+        wreq = await decode_or_abort(context, generate_request_from_pb, request)
+        req, images = GenerateRequest(wreq.request_id, wreq.prompt_token_ids, wreq.sampling), wreq.images
         produced = 0
         try:
             async with aclosing(self._worker.generate(req, images) if images

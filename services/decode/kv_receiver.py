@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 import torch
 from google.protobuf.message import DecodeError
 
-from services.codec.request import logprob_from_pb
+from services.api.outputs import TokenLogprob
+from services.api.request_codec import logprob_from_pb
 from services.decode.kv_buffers import KvBufferPool
 from services.disagg.kv_shm import (
     SHM_UNAVAILABLE,
@@ -42,7 +43,6 @@ from services.disagg.kv_shm import (
 )
 from services.disagg.kv_wire import dtype_from_name, split_kv_chunk
 from services.disagg.transfer_token import matches, well_formed
-from services.engine.request import TokenLogprob
 from services.gen import worker_pb2
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from services.common.config import DisaggConfig
 from services.decode.kv_receiver import KvRefusal
-from services.disagg.prefill_job import PrefillLocation
+from services.disagg.prefill_outcome import PrefillLocation
 from services.engine.engine import EngineStats
 from services.engine.stats_metrics import EngineStatsCollector
 

@@ -15,6 +15,7 @@ import time
 
 from prometheus_client import start_http_server
 
+from services.api.wire import WorkerLoad
 from services.common.address_book import AddressBook
 from services.common.config import ClusterConfig
 from services.common.discovery import Discovery, Registration
@@ -22,7 +23,6 @@ from services.common.kv_publisher import KvEventPublisher
 from services.common.load_publisher import LoadPublisher
 from services.common.nats_client import Subjects, connect
 from services.common.service import run_part, stop_on_signals
-from services.common.wire import WorkerLoad
 from services.decode.grpc_server import serve_decode_worker
 from services.decode.metrics import DecodeMetrics
 from services.decode.worker import DecodeWorker

@@ -21,21 +21,23 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import replace
 
+from services.api.images import PromptImage
+from services.api.outputs import TokenOutput
+from services.api.prefill import PrefillJob
 from services.common.config import ClusterConfig
 from services.common.errors import InvalidRequest, Overloaded, Unavailable
 from services.decode.disagg import PrefillDecision, decide_prefill
 from services.decode.kv_receiver import ExpectedKv, KvReceiver, KvTransferError, ReceivedKv
 from services.decode.metrics import DecodeMetrics
 from services.disagg.kv_shm import host_id
-from services.disagg.prefill_job import FallbackReason, PrefillJob, PrefillLocation
+from services.disagg.prefill_outcome import FallbackReason, PrefillLocation
 from services.disagg.prefill_queue import PrefillQueue
 from services.disagg.transfer_token import new_token
 from services.engine.async_engine import AsyncEngine
 from services.engine.multimodal.embedder import ImageEmbedder
-from services.engine.multimodal.image_input import PromptImage
 from services.engine.multimodal.transfer import EncodeFailedError, ReceiveBuffersFullError
 from services.engine.remote_prefill import RemoteKvError, RemotePrefillHandle
-from services.engine.request import GenerateRequest, TokenOutput
+from services.engine.request import GenerateRequest
 
 log = logging.getLogger(__name__)
 

@@ -11,13 +11,27 @@ is everything that shapes a block: layers, KV heads, head size, block size and d
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Protocol
 
 from services.common.discovery import Discovery
 from services.disagg.kv_wire import dtype_name
-from services.engine.runner.base import KvSpec
+
+if TYPE_CHECKING:
+    import torch
 
 METADATA_KEY = "kv_layout"
 PEER_ROLE = {"decode": "prefill", "prefill": "decode"}
+
+
+class KvShape(Protocol):
+    """What shapes a KV block: the engine's ``KvSpec`` has these fields (disagg stays
+    apart from the engine; the workers pass their engine's spec)."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    dtype: torch.dtype
 
 
 class KvLayoutError(RuntimeError):
@@ -34,7 +48,7 @@ class KvLayout:
     tp: int = 1
 
     @classmethod
-    def of(cls, spec: KvSpec, tp: int) -> KvLayout:
+    def of(cls, spec: KvShape, tp: int) -> KvLayout:
         return cls(spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.block_size,
                    dtype_name(spec.dtype), tp)
 

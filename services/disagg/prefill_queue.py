@@ -23,10 +23,10 @@ import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
 
-from services.codec.prefill import job_to_pb
+from services.api.prefill import PrefillJob
+from services.api.prefill_codec import job_to_pb
 from services.common.config import PrefillConfig
 from services.common.nats_client import NatsClient, Subjects
-from services.disagg.prefill_job import PrefillJob
 
 log = logging.getLogger(__name__)
 

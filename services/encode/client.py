@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import grpc
 
+from services.api.embedding import TransferChunk, TransferRequest
+from services.api.embedding_codec import ask_to_pb, chunk_from_pb
 from services.common.address_book import AddressBook
 from services.common.grpc_auth import call_metadata
-from services.encode.codec import ask_to_pb, chunk_from_pb
 from services.engine.multimodal.blocks import BlocksExhaustedError
-from services.engine.multimodal.transfer import TransferChunk, TransferRequest
 from services.gen import encode_pb2, encode_pb2_grpc
 
 # An image is at most multimodal.max_image_bytes (10 MiB by default) plus a small header.

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import grpc
 
+from services.api.embedding_codec import ask_from_pb, chunk_to_pb
 from services.common.errors import decode_or_abort
 from services.common.grpc_server import serve_grpc
 from services.encode.client import MAX_MESSAGE_BYTES
-from services.encode.codec import ask_from_pb, chunk_to_pb
 from services.engine.multimodal.blocks import BlocksExhaustedError
 from services.engine.multimodal.embedder import LocalEncodeChannel
 from services.gen import encode_pb2, encode_pb2_grpc

@@ -31,12 +31,12 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str | None = None) -
     from services.encode.grpc_server import serve_encode_worker
     from services.encode.metrics import encode_registry
     from services.engine.factory import is_llava_dir
-    from services.engine.model_store import resolve_model_path
     from services.engine.multimodal.blocks import EmbeddingBlockAllocator
     from services.engine.multimodal.buffers import EmbeddingBuffers
     from services.engine.multimodal.embedder import LocalEncodeChannel, VisionEncoder
     from services.engine.multimodal.transfer import EmbeddingSender
     from services.engine.runner.torch_runner import resolve_device, resolve_dtype
+    from services.model.store import resolve_model_path
 
     torch.set_num_threads(cfg.engine.threads)
     instance = f"encode-{replica}"

@@ -20,11 +20,12 @@ import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, TypeVar
 
+from services.api.kv_events import KvEvent
+from services.api.outputs import FinishReason, TokenLogprob, TokenOutput
 from services.common.errors import GenerationFailed, Unavailable
-from services.common.kv_events import KvEvent
 from services.engine.engine import EngineStats, LLMEngine
 from services.engine.remote_prefill import RemotePrefillHandle
-from services.engine.request import FinishReason, GenerateRequest, TokenLogprob, TokenOutput
+from services.engine.request import GenerateRequest
 from services.engine.runner.base import KvSpec
 from services.engine.scheduler import InvalidRequestError
 

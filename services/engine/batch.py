@@ -10,12 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from services.engine.request import SamplingParams, TokenLogprob
+from services.api.outputs import TokenLogprob
+from services.api.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from services.engine.grammar.batch_mask import BatchMask
-    from services.engine.multimodal.spans import ImageSpan
     from services.engine.sequence import Sequence
+    from services.model.image_spans import ImageSpan
 
 # Future-token slots per batch region; the scheduler rotates through FUTURE_REGIONS regions
 # of max_num_seqs slots. Two would do (a placeholder of batch N is resolved by the runner

@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 
+from services.api.kv_events import KvCleared, KvEvent, KvRemoved, KvStored, StoredBlock
 from services.common.hashing import BlockHash
-from services.common.kv_events import KvCleared, KvEvent, KvRemoved, KvStored, StoredBlock
 
 
 class BlockPoolIntegrityError(AssertionError):

@@ -10,11 +10,12 @@ import argparse
 import sys
 import uuid
 
+from services.api.sampling import SamplingParams
 from services.common.config import load_config
 from services.engine.engine import LLMEngine
 from services.engine.factory import build_engine
-from services.engine.request import GenerateRequest, SamplingParams
-from services.engine.tokenizer import Tokenizer
+from services.engine.request import GenerateRequest
+from services.model.tokenizer import Tokenizer
 
 
 def stream_reply(

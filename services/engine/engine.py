@@ -11,13 +11,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from services.api.kv_events import KvEvent
+from services.api.outputs import TokenLogprob, TokenOutput
 from services.common.config import EngineConfig
-from services.common.kv_events import KvEvent
 from services.engine.batch import PendingOutput, RunnerOutput, ScheduledBatch
 from services.engine.block_pool import BlockPool, BlockPoolIntegrityError
 from services.engine.kv_cache_manager import KvCacheManager
 from services.engine.remote_prefill import RemotePrefillHandle
-from services.engine.request import GenerateRequest, TokenLogprob, TokenOutput
+from services.engine.request import GenerateRequest
 from services.engine.runner.base import ModelRunner
 from services.engine.scheduler import InvalidRequestError, Scheduler
 

@@ -9,12 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from services.api.kv_events import KvEvent
 from services.common.config import ClusterConfig
-from services.common.kv_events import KvEvent
 from services.engine.engine import LLMEngine
-from services.engine.model_store import resolve_model_path, served_model_name
 from services.engine.runner.base import ModelRunner
-from services.engine.tokenizer import Tokenizer
+from services.model.store import resolve_model_path, served_model_name
+from services.model.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
     import torch
@@ -42,7 +42,7 @@ def is_llava_dir(model_path: Path | None) -> bool:
         return False
     import json
 
-    from services.engine.multimodal.config import is_llava_config
+    from services.model.llava_config import is_llava_config
 
     return is_llava_config(json.loads((model_path / "config.json").read_text(encoding="utf-8")))
 

@@ -142,6 +142,14 @@ class KvCacheManager:
         self.pool.cache(seq.block_table[start:n_full], hashes[start:n_full], parent, start)
         seq.num_cached_blocks = n_full
 
+    def share_prefix(self, parent: Sequence, child: Sequence, n_blocks: int) -> None:
+        """Give ``child`` the first ``n_blocks`` of ``parent``'s blocks, one more reference
+        each (the n-choices fork: the prompt's full blocks are computed once)."""
+        shared = parent.block_table[:n_blocks]
+        self.pool.acquire(shared)
+        child.block_table = list(shared)
+        child.num_computed_tokens = n_blocks * self.block_size
+
     def truncate(self, seq: Sequence, n_blocks: int) -> None:
         """Release every block after the first ``n_blocks`` (tail first)."""
         table = seq.block_table

@@ -18,8 +18,8 @@ from services.engine.layers.attention import AttentionMetadata, paged_attention
 from services.engine.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from services.engine.layers.norm import RMSNorm
 from services.engine.layers.rotary import RotaryEmbedding, apply_rotary
-from services.engine.model_config import ModelArchConfig
 from services.engine.tp.shard import TpShard, check_tp_layout
+from services.model.arch import ModelArchConfig
 
 
 class DecoderLayer(nn.Module):

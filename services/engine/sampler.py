@@ -28,9 +28,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from services.api.outputs import TokenLogprob
+from services.api.sampling import SamplingParams
 from services.engine.batch import ScheduledSeq
 from services.engine.logits_process import LogitsProcessor
-from services.engine.request import SamplingParams, TokenLogprob
 
 if TYPE_CHECKING:
     from services.engine.grammar.batch_mask import BatchMask

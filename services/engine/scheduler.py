@@ -43,6 +43,8 @@ from collections.abc import Callable, Iterable
 from collections.abc import Sequence as Seq
 from typing import TYPE_CHECKING, Any
 
+from services.api.outputs import FinishReason, TokenLogprob, TokenOutput
+from services.api.sampling import SamplingParams
 from services.common.errors import InvalidRequest
 from services.engine.batch import (
     FUTURE_REGIONS,
@@ -59,13 +61,7 @@ from services.engine.remote_prefill import (
     RemotePrefillHandle,
     remote_kv_problem,
 )
-from services.engine.request import (
-    FinishReason,
-    GenerateRequest,
-    SamplingParams,
-    TokenLogprob,
-    TokenOutput,
-)
+from services.engine.request import GenerateRequest
 from services.engine.sequence import SeqStatus, Sequence
 
 if TYPE_CHECKING:
@@ -158,7 +154,7 @@ class Scheduler:
             raise InvalidRequestError(
                 f"request {rid!r}: token id {bad} is outside the vocabulary [0, {self.vocab_size})")
         if request.images:
-            from services.engine.multimodal.spans import check_spans
+            from services.model.image_spans import check_spans
 
             try:
                 check_spans(request.images, n)
@@ -477,7 +473,7 @@ class Scheduler:
         group = parent.group
         assert group is not None
         n_prompt = parent.num_prompt_tokens
-        shared = parent.block_table[: (n_prompt - 1) // self.block_size]
+        n_shared = (n_prompt - 1) // self.block_size
         prompt = parent.token_ids[:n_prompt]
         for i in range(1, parent.sampling.n):
             # NOTE: the images too: the recomputed tail may hold image tokens.
@@ -486,9 +482,7 @@ class Scheduler:
             child = self._new_seq(req)  # with a grammar: its own matcher
             self.num_grammar_seqs += child.grammar is not None
             child.choice, child.group, child.forked = i, group, True
-            self.kv.pool.acquire(shared)
-            child.block_table = list(shared)
-            child.num_computed_tokens = len(shared) * self.block_size
+            self.kv.share_prefix(parent, child, n_shared)
             child.admitted = True  # the prompt is counted once, by choice 0
             child.num_cached_tokens = parent.num_cached_tokens
             child.status = SeqStatus.READY

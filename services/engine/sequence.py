@@ -6,8 +6,10 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from services.api.outputs import FinishReason
+from services.api.sampling import SamplingParams
 from services.common.hashing import BlockHash
-from services.engine.request import FinishReason, GenerateRequest, SamplingParams
+from services.engine.request import GenerateRequest
 
 if TYPE_CHECKING:
     from services.engine.grammar.state import GrammarState

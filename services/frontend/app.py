@@ -28,6 +28,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
+from services.api.processor import Delta, ModelInfo, ProcessRequest
 from services.common.config import ClusterConfig
 from services.common.errors import ServingError
 from services.frontend.body import BodyLimits, read_json
@@ -39,7 +40,6 @@ from services.frontend.render import Renderer
 from services.frontend.schemas import ChatCompletionRequest, CompletionRequest
 from services.frontend.streaming import ClientGone, collect, first_delta, sse, unless_disconnected
 from services.frontend.validation import validate
-from services.processor.types import Delta, ModelInfo, ProcessRequest
 
 
 class ProcessorLike(Protocol):

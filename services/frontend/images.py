@@ -1,4 +1,4 @@
-"""The image parts of a chat request -> checked images (services/engine/multimodal/image_input.py).
+"""The image parts of a chat request -> checked images (services/api/images.py).
 
 A data URL is decoded; a remote http(s) URL is refused unless ``multimodal.allow_remote_urls``
 (then fetched within ``remote_fetch_timeout_s`` and ``max_image_bytes``: an open fetcher is a
@@ -8,17 +8,15 @@ part (``messages.{i}.content.{j}.image_url.url``)."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
+import re
 
 import httpx
 
+from services.api.images import ImageData, ImageInputError
 from services.common.config import MultimodalConfig
 from services.common.errors import InvalidRequest
-from services.engine.multimodal.image_input import (
-    ImageData,
-    ImageInputError,
-    data_url_bytes,
-    is_remote,
-)
 
 ImagesByPart = dict[tuple[int, int], ImageData]
 
@@ -67,3 +65,23 @@ async def fetch_image(url: str, max_bytes: int, timeout_s: float,
         raise ImageInputError(f"fetching the image took over {timeout_s}s") from None
     except httpx.HTTPError as e:
         raise ImageInputError(f"cannot fetch the image: {type(e).__name__}: {e}") from None
+
+
+_DATA_URL = re.compile(r"data:(image/[A-Za-z0-9.+-]+)?(;[^,]*)?,", re.ASCII)
+
+
+def data_url_bytes(url: str) -> bytes:
+    """The bytes of a ``data:image/...;base64,...`` URL; ImageInputError if it is not one."""
+    m = _DATA_URL.match(url)
+    if m is None:
+        raise ImageInputError("the url must be a data:image/...;base64,... URL or an http(s) URL")
+    if m.group(2) is None or "base64" not in m.group(2).split(";"):
+        raise ImageInputError("a data URL must be base64-encoded (data:image/png;base64,...)")
+    try:
+        return base64.b64decode(url[m.end():], validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise ImageInputError(f"the data URL's base64 is invalid: {e}") from None
+
+
+def is_remote(url: str) -> bool:
+    return url.startswith(("http://", "https://"))

@@ -6,8 +6,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from services.engine.request import FinishReason, Usage
-from services.processor.types import TextLogprob, ToolCall
+from services.api.outputs import FinishReason, Usage
+from services.api.processor import TextLogprob, ToolCall
 
 
 def usage_body(u: Usage | None) -> dict | None:

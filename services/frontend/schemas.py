@@ -17,14 +17,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, model_validator
 
-from services.common.errors import InvalidRequest
-from services.common.text import lone_surrogate
-from services.engine.grammar.spec import StructuredOutput, check
-from services.engine.multimodal.image_input import ImageData
-from services.engine.request import MAX_N, MAX_TOP_LOGPROBS, SamplingParams
-from services.frontend.structured import ResponseFormat, StructuredOutputsIn, structured_output
-from services.processor.tools import CLOSE, OPEN, call_schema
-from services.processor.types import (
+from services.api.images import ImageData
+from services.api.processor import (
     ChatMessage,
     ChatRole,
     MessageImage,
@@ -32,6 +26,12 @@ from services.processor.types import (
     Tool,
     ToolChoice,
 )
+from services.api.sampling import MAX_N, MAX_TOP_LOGPROBS, SamplingParams
+from services.api.structured import StructuredOutput, check
+from services.api.text import lone_surrogate
+from services.common.errors import InvalidRequest
+from services.frontend.structured import ResponseFormat, StructuredOutputsIn, structured_output
+from services.processor.tools import CLOSE, OPEN, call_schema
 
 
 def _unicode(s: str) -> str:

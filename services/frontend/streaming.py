@@ -14,12 +14,12 @@ from typing import TypeVar
 
 from fastapi import Request
 
+from services.api.outputs import FinishReason, Usage
+from services.api.processor import Delta
 from services.common.errors import ServingError
-from services.engine.request import FinishReason, Usage
 from services.frontend.errors import APIError, ServingErrors, internal_error
 from services.frontend.metrics import FrontendMetrics
 from services.frontend.render import Choice, Renderer
-from services.processor.types import Delta
 
 T = TypeVar("T")
 log = logging.getLogger("tandem.frontend")

@@ -9,8 +9,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict
 
+from services.api.structured import StructuredKind, StructuredOutput, check
 from services.common.errors import InvalidRequest
-from services.engine.grammar.spec import StructuredKind, StructuredOutput, check
 
 Str = Annotated[str, Strict()]
 

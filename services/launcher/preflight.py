@@ -52,7 +52,7 @@ def check_model(cfg: ClusterConfig) -> None:
     """Workers running the torch runner need the model on disk (``tandem model pull``)."""
     if cfg.engine.runner != "torch" or (cfg.decode.replicas == 0 and cfg.prefill.replicas == 0):
         return
-    from services.engine.model_store import ModelNotFoundError, resolve_model_path
+    from services.model.store import ModelNotFoundError, resolve_model_path
 
     try:
         resolve_model_path(cfg.model.path)

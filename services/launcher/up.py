@@ -46,7 +46,7 @@ def _display_host(host: str) -> str:
 
 
 def served_name(cfg: ClusterConfig) -> str:
-    from services.engine.model_store import served_model_name
+    from services.model.store import served_model_name
 
     return cfg.model.name or served_model_name(cfg.model.path)
 

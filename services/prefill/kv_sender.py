@@ -13,7 +13,8 @@ from typing import Literal
 import grpc
 import torch
 
-from services.codec.request import logprob_to_pb
+from services.api.outputs import TokenLogprob
+from services.api.request_codec import logprob_to_pb
 from services.common.grpc_auth import call_metadata
 from services.disagg.kv_shm import (
     SHM_UNAVAILABLE,
@@ -23,7 +24,6 @@ from services.disagg.kv_shm import (
     write_segment,
 )
 from services.disagg.kv_wire import chunk_ranges, dtype_name, tensor_bytes
-from services.engine.request import TokenLogprob
 from services.gen import worker_pb2
 
 log = logging.getLogger(__name__)

@@ -25,14 +25,14 @@ import time
 import nats.errors
 from nats.aio.msg import Msg
 
-from services.codec.prefill import job_from_bytes
+from services.api.prefill import PrefillJob
+from services.api.prefill_codec import job_from_bytes
 from services.common.config import ClusterConfig
 from services.common.discovery import Discovery
 from services.common.errors import InvalidRequest
 from services.common.nats_client import NatsClient, Subjects
 from services.common.service import cancel_and_wait
 from services.disagg.kv_shm import host_id
-from services.disagg.prefill_job import PrefillJob
 from services.disagg.prefill_queue import ensure_prefill_queue
 from services.disagg.transfer_token import well_formed
 from services.engine.async_engine import AsyncEngine

@@ -7,12 +7,12 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from services.codec.processor import delta_from_pb, models_from_pb, request_to_pb
+from services.api.processor import Delta, ModelInfo, ProcessRequest
+from services.api.processor_codec import delta_from_pb, models_from_pb, request_to_pb
 from services.common.address_book import AddressBook, ChannelPool
 from services.common.errors import Unavailable, from_rpc_error
 from services.common.grpc_auth import call_metadata
 from services.gen import processor_pb2, processor_pb2_grpc
-from services.processor.types import Delta, ModelInfo, ProcessRequest
 
 
 class ProcessorClient:

@@ -16,7 +16,7 @@ def model_context_length(model_path: Path) -> int:
     """The model's trained context: GGUF ``{arch}.context_length`` or config.json's
     ``max_position_embeddings`` (2048 when absent, as the weight loaders assume)."""
     if model_path.is_file():
-        from services.engine.gguf_file import open_gguf
+        from services.model.gguf_file import open_gguf
 
         fields = open_gguf(model_path).fields
         arch = fields["general.architecture"].contents()

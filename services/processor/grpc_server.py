@@ -11,7 +11,7 @@ from contextlib import aclosing
 
 import grpc
 
-from services.codec.processor import delta_to_pb, models_to_pb, request_from_pb
+from services.api.processor_codec import delta_to_pb, models_to_pb, request_from_pb
 from services.common.errors import ServingError, abort, decode_or_abort
 from services.common.grpc_server import serve_grpc
 from services.gen import processor_pb2, processor_pb2_grpc

@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.engine.multimodal.image_input import PromptImage
-from services.engine.multimodal.spans import expand_placeholders
-from services.processor.types import ChatMessage
+from services.api.images import PromptImage
+from services.api.processor import ChatMessage
+from services.model.image_spans import expand_placeholders
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +25,7 @@ class ImagePrompting:
         """None for a text-only model. ``token_text``: the tokenizer's id -> token text."""
         if model_path is None or not model_path.is_dir():
             return None
-        from services.engine.multimodal.config import is_llava_config, llava_from_config
+        from services.model.llava_config import is_llava_config, llava_from_config
 
         cfg_path = model_path / "config.json"
         cfg = json.loads(cfg_path.read_text(encoding="utf-8"))

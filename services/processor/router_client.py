@@ -5,21 +5,12 @@ from __future__ import annotations
 
 import grpc
 
+from services.api.route import RequestPhase, RouteRequest, RouteResponse
+from services.api.route_codec import route_request_to_pb, route_response_from_pb, update_to_pb
 from services.common.address_book import AddressBook, ChannelPool
 from services.common.errors import ServingError, Unavailable, from_rpc_error
 from services.common.grpc_auth import call_metadata
-from services.gen import router_pb2, router_pb2_grpc
-from services.router.types import (
-    NoWorkersAvailable,
-    RequestPhase,
-    RouteRequest,
-    RouteResponse,
-)
-
-_PHASES = {
-    RequestPhase.PREFILLED: router_pb2.RequestUpdate.PREFILLED,
-    RequestPhase.FINISHED: router_pb2.RequestUpdate.FINISHED,
-}
+from services.gen import router_pb2_grpc
 
 
 class RouterClient:
@@ -33,23 +24,20 @@ class RouterClient:
     def _stub(self) -> tuple[str, router_pb2_grpc.RouterStub]:
         addr = self._book.pick()
         if addr is None:
-            raise NoWorkersAvailable("no router is registered in discovery")
+            raise Unavailable("no router is registered in discovery")
         return addr, self._pool.stub(addr, router_pb2_grpc.RouterStub)
 
     async def route(self, req: RouteRequest) -> RouteResponse:
-        msg = router_pb2.RouteRequest(request_id=req.request_id, token_ids=req.token_ids,
-                                      local_hashes=req.local_hashes or (),
-                                      exclude_workers=req.exclude_workers)
+        msg = route_request_to_pb(req)
         addr, stub = self._stub()
         try:
             r = await stub.Route(msg, timeout=self._timeout, metadata=call_metadata())
         except grpc.aio.AioRpcError as e:
             raise _translate(addr, e) from None
-        return RouteResponse(r.worker_id, r.overlap_blocks, r.request_blocks,
-                             r.prefix_hit_rate, r.address)
+        return route_response_from_pb(r)
 
     async def update(self, request_id: str, phase: RequestPhase) -> None:
-        msg = router_pb2.RequestUpdate(request_id=request_id, phase=_PHASES[phase])
+        msg = update_to_pb(request_id, phase)
         addr, stub = self._stub()
         try:
             await stub.Update(msg, timeout=self._timeout, metadata=call_metadata())

@@ -20,9 +20,9 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+from services.api.route import RequestPhase, RouteRequest, RouteResponse
+from services.api.wire import InflightOp, InflightUpdate, encode_inflight
 from services.common.nats_client import NatsClient, Subjects
-from services.common.wire import InflightOp, InflightUpdate, encode_inflight
-from services.router.types import RequestPhase, RouteRequest, RouteResponse
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,8 @@ log = logging.getLogger("tandem.processor")
 
 async def serve(cfg: ClusterConfig, replica: int = 0, host: str | None = None) -> None:
     host = cfg.bind_host if host is None else host
-    from services.engine.model_store import resolve_model_path, served_model_name
-    from services.engine.tokenizer import Tokenizer
+    from services.model.store import resolve_model_path, served_model_name
+    from services.model.tokenizer import Tokenizer
     from services.processor.context import context_length
     from services.processor.grpc_server import serve_processor
     from services.processor.images import ImagePrompting

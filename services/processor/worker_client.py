@@ -11,12 +11,13 @@ from collections.abc import AsyncIterator, Sequence
 
 import grpc
 
-from services.codec.worker import generate_request_to_pb, output_from_pb
+from services.api.images import PromptImage
+from services.api.outputs import FinishReason, TokenOutput
+from services.api.sampling import SamplingParams
+from services.api.worker_codec import generate_request_to_pb, output_from_pb
 from services.common.address_book import ChannelPool
 from services.common.errors import from_rpc_error
 from services.common.grpc_auth import call_metadata
-from services.engine.multimodal.image_input import PromptImage
-from services.engine.request import FinishReason, SamplingParams, TokenOutput
 from services.gen import worker_pb2_grpc
 
 

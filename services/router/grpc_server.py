@@ -7,6 +7,7 @@ import logging
 import grpc
 from prometheus_client import start_http_server
 
+from services.api.route_codec import phase_from_pb, route_request_from_pb, route_response_to_pb
 from services.common.config import ClusterConfig
 from services.common.discovery import Registration
 from services.common.errors import InvalidRequest, ServingError, abort
@@ -15,15 +16,8 @@ from services.common.net import advertised_host
 from services.common.service import stop_on_signals
 from services.gen import router_pb2, router_pb2_grpc
 from services.router.router import Router, tune_gc_for_index
-from services.router.types import RequestPhase, RouteRequest
 
 log = logging.getLogger(__name__)
-
-_PHASES = {
-    router_pb2.RequestUpdate.PREFILLED: RequestPhase.PREFILLED,
-    router_pb2.RequestUpdate.FINISHED: RequestPhase.FINISHED,
-}
-
 
 class RouterServicer(router_pb2_grpc.RouterServicer):
     """Translates messages and errors; all logic lives in ``Router``."""
@@ -36,23 +30,14 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         router_pb2_grpc.add_RouterServicer_to_server(self, server)
 
     async def Route(self, request: router_pb2.RouteRequest, context: grpc.aio.ServicerContext):  # noqa: N802
-        req = RouteRequest(
-            request_id=request.request_id,
-            token_ids=request.token_ids,
-            local_hashes=list(request.local_hashes) or None,
-            exclude_workers=tuple(request.exclude_workers),
-        )
         try:
-            r = await self._router.route(req)
+            r = await self._router.route(route_request_from_pb(request))
         except ServingError as e:
             await abort(context, e)
-        return router_pb2.RouteResponse(
-            worker_id=r.worker_id, overlap_blocks=r.overlap_blocks, request_blocks=r.request_blocks,
-            prefix_hit_rate=r.prefix_hit_rate, address=r.address,
-        )
+        return route_response_to_pb(r)
 
     async def Update(self, request: router_pb2.RequestUpdate, context: grpc.aio.ServicerContext):  # noqa: N802
-        phase = _PHASES.get(request.phase)
+        phase = phase_from_pb(request)
         if phase is None:
             await abort(context, InvalidRequest("RequestUpdate.phase is unspecified"))
         try:

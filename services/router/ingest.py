@@ -36,9 +36,7 @@ from dataclasses import dataclass, field
 import nats.errors
 from nats.aio.msg import Msg
 
-from services.common.config import RouterConfig
-from services.common.nats_client import NatsClient, Subjects
-from services.common.wire import (
+from services.api.wire import (
     CLEARED,
     REMOVED,
     STORED,
@@ -47,6 +45,8 @@ from services.common.wire import (
     decode_dump_raw,
     decode_event_batch_raw,
 )
+from services.common.config import RouterConfig
+from services.common.nats_client import NatsClient, Subjects
 from services.router.indexer import RadixIndex, UnknownParentError
 from services.router.metrics import RouterMetrics
 

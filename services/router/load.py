@@ -24,7 +24,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from services.common.wire import WorkerLoad
+from services.api.wire import WorkerLoad
 
 
 @dataclass(slots=True)

@@ -26,12 +26,8 @@ from typing import assert_never
 import nats.errors
 from nats.aio.msg import Msg
 
-from services.common.config import ClusterConfig, RouterMode
-from services.common.discovery import Discovery, Registration
-from services.common.hashing import local_block_hashes
-from services.common.nats_client import NatsClient, Subjects, connect
-from services.common.service import cancel_and_wait
-from services.common.wire import (
+from services.api.route import RequestPhase, RouteRequest, RouteResponse
+from services.api.wire import (
     InflightOp,
     InflightUpdate,
     WireError,
@@ -39,18 +35,17 @@ from services.common.wire import (
     decode_load,
     encode_inflight,
 )
+from services.common.config import ClusterConfig, RouterMode
+from services.common.discovery import Discovery, Registration
+from services.common.hashing import local_block_hashes
+from services.common.nats_client import NatsClient, Subjects, connect
+from services.common.service import cancel_and_wait
+from services.router.errors import InvalidRouteRequest, NoWorkersAvailable
 from services.router.indexer import RadixIndex
 from services.router.ingest import KvIngest
 from services.router.load import LoadTracker
 from services.router.metrics import RouterMetrics
 from services.router.selection import Candidate, select_worker
-from services.router.types import (
-    InvalidRouteRequest,
-    NoWorkersAvailable,
-    RequestPhase,
-    RouteRequest,
-    RouteResponse,
-)
 
 log = logging.getLogger(__name__)
 

@@ -17,10 +17,10 @@ from services.common.config import ClusterConfig
 from services.common.discovery import Discovery, Lease, Registration
 from services.common.grpc_server import serve_grpc
 from services.common.nats_client import connect
-from services.engine.tokenizer import Tokenizer
 from services.frontend.app import create_app
 from services.frontend.readiness import ClusterReadiness
 from services.frontend.serve import _Server
+from services.model.tokenizer import Tokenizer
 from services.processor.client import ProcessorClient
 from services.processor.context import context_length
 from services.processor.grpc_server import serve_processor
@@ -124,7 +124,7 @@ async def running_cluster(cfg: ClusterConfig, tok: Tokenizer, with_decode: bool 
             await cluster.wait_ready()
         # the processor and frontend must see the router/processor before the first call
         for _ in range(500):
-            if routers.addresses() and books[0].addresses():
+            if routers.addresses() and all(b.addresses() for b in books[:2]):
                 break
             await asyncio.sleep(0.02)
         try:

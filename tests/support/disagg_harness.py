@@ -13,18 +13,19 @@ from typing import Any
 
 import grpc
 
-from services.codec.request import logprob_from_pb
-from services.codec.worker import generate_request_to_pb
+from services.api.outputs import TokenLogprob
+from services.api.request_codec import logprob_from_pb
+from services.api.sampling import SamplingParams
+from services.api.worker_codec import generate_request_to_pb
 from services.common.config import ClusterConfig
 from services.common.discovery import Discovery, Registration
 from services.common.nats_client import Subjects, connect
 from services.decode.grpc_server import serve_decode_worker
 from services.decode.worker import DecodeWorker
-from services.disagg.prefill_job import PrefillLocation
+from services.disagg.prefill_outcome import PrefillLocation
 from services.disagg.prefill_queue import PrefillQueue
 from services.engine.async_engine import AsyncEngine
 from services.engine.factory import build_engine
-from services.engine.request import SamplingParams, TokenLogprob
 from services.gen import request_pb2, worker_pb2_grpc
 from services.prefill.worker import PrefillWorker
 

@@ -3,10 +3,12 @@ toy router index over KV events."""
 
 from __future__ import annotations
 
+from services.api.kv_events import KvCleared, KvEvent, KvStored
+from services.api.outputs import FinishReason
+from services.api.sampling import SamplingParams
 from services.common.config import EngineConfig
-from services.common.kv_events import KvCleared, KvEvent, KvStored
 from services.engine.engine import LLMEngine
-from services.engine.request import FinishReason, GenerateRequest, SamplingParams
+from services.engine.request import GenerateRequest
 from services.engine.runner.mock_runner import MockRunner
 from tests.support.mock_cluster import MOCK_ENGINE, merged
 

@@ -13,14 +13,14 @@ from typing import Any
 import httpx
 import pytest
 
+from services.api.outputs import FinishReason
+from services.api.processor import Delta, ModelInfo, ProcessRequest
 from services.common.address_book import AddressBook, ChannelPool
 from services.common.discovery import Registration
-from services.engine.request import FinishReason
-from services.engine.tokenizer import Tokenizer
 from services.frontend.app import create_app
+from services.model.tokenizer import Tokenizer
 from services.processor.client import ProcessorClient
 from services.processor.grpc_server import serve_processor
-from services.processor.types import Delta, ModelInfo, ProcessRequest
 from services.router.router import Router
 from tests.support.mock_cluster import MODEL, mock_cluster_cfg
 from tests.support.stack import make_processor, worker_decode_node

@@ -19,8 +19,8 @@ from services.engine.multimodal.embedder import LocalEncodeChannel, VisionEncode
 from services.engine.multimodal.image_processor import load_processor_config, preprocess
 from services.engine.multimodal.tiny import make_tiny_llava
 from services.engine.multimodal.transfer import EmbeddingSender
-from services.engine.tokenizer import Tokenizer
 from services.gen import encode_pb2_grpc
+from services.model.tokenizer import Tokenizer
 
 
 def image_png(color: tuple[int, int, int], size: tuple[int, int] = (30, 20)) -> bytes:

@@ -10,21 +10,23 @@ from typing import Any
 
 import grpc
 
+from services.api.outputs import TokenOutput
+from services.api.processor import ChatMessage, ProcessRequest
+from services.api.route import RequestPhase, RouteRequest, RouteResponse
+from services.api.sampling import SamplingParams
 from services.common.address_book import ChannelPool
 from services.common.config import ClusterConfig
 from services.decode.grpc_server import serve_decode_worker
 from services.decode.worker import DecodeWorker
 from services.engine.async_engine import AsyncEngine
 from services.engine.engine import LLMEngine
-from services.engine.request import GenerateRequest, SamplingParams, TokenOutput
+from services.engine.request import GenerateRequest
 from services.engine.runner.mock_runner import MockRunner
-from services.engine.tokenizer import Tokenizer
+from services.model.tokenizer import Tokenizer
 from services.processor.processor import Processor
 from services.processor.router_reports import Publish, RouterLike
-from services.processor.types import ChatMessage, ProcessRequest
 from services.processor.worker_client import DecodeWorkerClient
 from services.router.router import Router
-from services.router.types import RequestPhase, RouteRequest, RouteResponse
 from tests.support.mock_cluster import MODEL
 
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import torch
 
+from services.api.sampling import SamplingParams
 from services.common.config import EngineConfig
 from services.engine.batch import ScheduledBatch, ScheduledSeq
 from services.engine.engine import LLMEngine
-from services.engine.model_config import ModelArchConfig
-from services.engine.request import GenerateRequest, SamplingParams
+from services.engine.request import GenerateRequest
 from services.engine.runner.torch_runner import TorchRunner
+from services.model.arch import ModelArchConfig
 
 GREEDY = SamplingParams(temperature=0.0)
 

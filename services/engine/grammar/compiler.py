@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import llguidance as llg
 
-from services.engine.grammar.spec import StructuredOutput, to_grammar
+from services.api.structured import StructuredOutput, to_grammar
 from services.engine.grammar.state import GrammarState
 from services.engine.grammar.stats import GrammarStats
 

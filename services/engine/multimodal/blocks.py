@@ -1,4 +1,4 @@
-"""Contiguous block allocation for image-embedding buffers (seed 002).
+"""Contiguous block allocation for image-embedding buffers (transfer.py).
 
 The buffer holds ``num_blocks * block_size`` embedding rows. An allocation is always a run
 of contiguous blocks ``[start_block, start_block + num_blocks)``, so a transfer writes one

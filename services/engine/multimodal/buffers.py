@@ -1,5 +1,6 @@
 """The embedding rows an allocator's blocks index: one (num_blocks * block_size, hidden)
-tensor, plus each allocation's aux true length (seed 002's aux_data[0])."""
+tensor, plus each allocation's aux true length (what the transfer's reply
+carries beside the rows)."""
 
 from __future__ import annotations
 

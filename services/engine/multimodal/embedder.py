@@ -1,5 +1,5 @@
-"""The worker that prefills gets a request's image embeddings here: through seed 002's
-transfer from an encode worker, or (``encode.replicas: 0``) from the vision model in its own
+"""The worker that prefills gets a request's image embeddings here: through the
+block transfer with resume (transfer.py) from an encode worker, or (``encode.replicas: 0``) from the vision model in its own
 process, behind the same protocol (``LocalEncodeChannel``), so both paths use the same
 blocks, resume and metrics."""
 
@@ -13,17 +13,12 @@ from pathlib import Path
 
 import torch
 
+from services.api.embedding import TransferChunk, TransferRequest
+from services.api.images import ImageData, PromptImage
 from services.engine.multimodal.blocks import EmbeddingBlockAllocator
 from services.engine.multimodal.buffers import EmbeddingBuffers
-from services.engine.multimodal.image_input import ImageData, PromptImage
-from services.engine.multimodal.spans import ImageSpan
-from services.engine.multimodal.transfer import (
-    EmbeddingReceiver,
-    EmbeddingSender,
-    EncodeChannel,
-    TransferChunk,
-    TransferRequest,
-)
+from services.engine.multimodal.transfer import EmbeddingReceiver, EmbeddingSender, EncodeChannel
+from services.model.image_spans import ImageSpan
 
 
 class VisionEncoder:

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from services.engine.model_errors import UnsupportedModelError
+from services.model.errors import UnsupportedModelError
 
 _CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 _CLIP_STD = (0.26862954, 0.26130258, 0.27577711)

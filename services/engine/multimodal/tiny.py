@@ -47,9 +47,9 @@ def tiny_llava_config(vision: str, text: str, vocab_size: int, image_size: int, 
 
 def random_tensors(cfg: dict, seed: int) -> dict[str, torch.Tensor]:
     """Every tensor transformers' LlavaForConditionalGeneration saves, in its checkpoint names."""
-    from services.engine.multimodal.config import llava_from_config
     from services.engine.multimodal.vision_tower import ImageEncoder
     from services.engine.weights.layout import expected_shapes
+    from services.model.llava_config import llava_from_config
 
     g = torch.Generator().manual_seed(seed)
     arch = llava_from_config(cfg, Path("config.json"))

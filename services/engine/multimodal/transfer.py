@@ -1,4 +1,4 @@
-"""Seed 002's embedding transfer between an encode side and a language side.
+"""The image-embedding transfer between an encode side and a language side.
 
 Language side (``EmbeddingReceiver.fetch``): ``alloc_default()`` a buffer, ask the encode
 side for the image; the reply carries the first ``min(capacity, true length)`` rows and the
@@ -23,33 +23,13 @@ from typing import Protocol
 
 import torch
 
+from services.api.embedding import TransferChunk, TransferRequest
 from services.engine.multimodal.blocks import (
     BlockAllocation,
     BlocksExhaustedError,
     EmbeddingBlockAllocator,
 )
 from services.engine.multimodal.buffers import EmbeddingBuffers
-
-
-@dataclass(frozen=True, slots=True)
-class TransferRequest:
-    """Language -> encode: the first ask (``sent_tokens == 0``) or a resume."""
-
-    req_id: str
-    image_hash: str  # hex sha256 of ``image``
-    image: bytes  # the encoded image file (PNG/JPEG/WebP)
-    sent_tokens: int  # rows the language side already holds
-    capacity_tokens: int  # rows its current allocation takes
-
-
-@dataclass(frozen=True, slots=True)
-class TransferChunk:
-    """Encode -> language: rows ``offset .. offset + len(embeds)`` of ``total_tokens``."""
-
-    embeds: torch.Tensor  # (n, hidden)
-    total_tokens: int  # the aux true length
-    offset: int
-    is_last: bool
 
 
 class EncodeChannel(Protocol):

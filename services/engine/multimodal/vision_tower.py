@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from services.engine.multimodal.config import LlavaArchConfig, VisionTowerConfig
+from services.model.llava_config import LlavaArchConfig, VisionTowerConfig
 
 
 def activation(name: str, x: torch.Tensor) -> torch.Tensor:

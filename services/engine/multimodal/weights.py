@@ -10,11 +10,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from services.engine.model_errors import UnsupportedModelError
-from services.engine.multimodal.config import LlavaArchConfig, llava_from_config
 from services.engine.weights.hf_loader import safetensors_files
 from services.engine.weights.layout import check_tensors
 from services.engine.weights.loaded import LoadedWeights
+from services.model.errors import UnsupportedModelError
+from services.model.llava_config import LlavaArchConfig, llava_from_config
 
 # Checkpoint prefix -> (part, prefix in that part's naming). Older checkpoints (and
 # transformers' save_pretrained) write the first form of each, newer the ``model.`` one.

@@ -28,9 +28,9 @@ import numpy as np
 import torch
 import xxhash
 
+from services.api.outputs import TokenLogprob
 from services.common.config import EngineConfig
 from services.engine.batch import PendingOutput, RunnerOutput, ScheduledBatch
-from services.engine.request import TokenLogprob
 from services.engine.runner.base import KvSpec, ModelRunner
 
 _MOCK_SEED = 7

@@ -12,20 +12,20 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from services.api.outputs import TokenLogprob
 from services.common.config import EngineConfig
 from services.engine.batch import PendingOutput, RunnerOutput, ScheduledBatch, ScheduledSeq
 from services.engine.cpu_kernels import build as cpu_build
 from services.engine.cpu_kernels.decode import CpuDecode
 from services.engine.model import LlamaModel
-from services.engine.model_config import ModelArchConfig
 from services.engine.quant.apply import quantize_model, resolve_quantization
 from services.engine.quant.groups import QuantSource
-from services.engine.request import TokenLogprob
 from services.engine.runner.base import KvSpec, ModelRunner
 from services.engine.runner.cpu_features import cpu_has_fast_bf16
 from services.engine.runner.step_inputs import build_step_inputs, validate_batch
 from services.engine.sampler import Sampled, Sampler
 from services.engine.tp.shard import TpShard
+from services.model.arch import ModelArchConfig
 
 if TYPE_CHECKING:
     from services.engine.runner.cuda_graphs import DecodeGraphs

@@ -1,9 +1,9 @@
-"""Request payloads from the entry rank to the others (seed 000).
+"""Request payloads from the entry rank to the others, off the step thread.
 
 Entry side (``PayloadBroadcaster``): ``async`` queues the payload for a background thread
 that serialises and sends it, so the step thread never waits on a slow rank or a large
 prompt; ``sync`` sends on the caller's thread and waits for every rank's acknowledgement
-(the synchronous broadcast the seed measures against). ``cancel`` drops a payload that has
+(the synchronous broadcast, kept to measure the asynchronous one against). ``cancel`` drops a payload that has
 not left yet (an abort).
 
 Rank side (``PayloadReceiver``): a thread receives payloads, materialises the prompt and

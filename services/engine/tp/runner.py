@@ -26,7 +26,6 @@ import torch
 
 from services.common.config import EngineConfig
 from services.engine.batch import ScheduledBatch, ScheduledSeq
-from services.engine.model_config import ModelArchConfig
 from services.engine.request import GenerateRequest
 from services.engine.runner.torch_runner import TorchRunner
 from services.engine.tp import comm
@@ -41,6 +40,7 @@ from services.engine.tp.rank_main import (
 )
 from services.engine.tp.shard import TpShard, check_tp_layout
 from services.engine.tp.step_plan import StepEncoder
+from services.model.arch import ModelArchConfig
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.engine.model_config import ModelArchConfig
+from services.model.arch import ModelArchConfig
 
 
 @dataclass(frozen=True, slots=True)

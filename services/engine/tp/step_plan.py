@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from services.api.sampling import SamplingParams
 from services.engine.batch import ScheduledBatch, ScheduledSeq
-from services.engine.request import SamplingParams
 from services.engine.tp.messages import SeqWork, StepMessage
 
 _NO_SAMPLING = SamplingParams(temperature=0.0)  # other ranks never sample

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from services.engine.model_errors import UnsupportedModelError
 from services.engine.weights.loaded import LoadedWeights
+from services.model.errors import UnsupportedModelError
 
 __all__ = ["LoadedWeights", "UnsupportedModelError", "load_weights"]
 

@@ -19,9 +19,6 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
-from services.engine.gguf_file import open_gguf
-from services.engine.model_config import ModelArchConfig
-from services.engine.model_errors import UnsupportedModelError
 from services.engine.quant.groups import (
     EXACT_TYPES,
     FOUR_BIT_TYPES,
@@ -31,6 +28,9 @@ from services.engine.quant.groups import (
 )
 from services.engine.weights.layout import check_tensors
 from services.engine.weights.loaded import LoadedWeights
+from services.model.arch import ModelArchConfig
+from services.model.errors import UnsupportedModelError
+from services.model.gguf_file import open_gguf
 
 SUPPORTED_ARCHS = ("llama", "qwen2")
 # Types gguf.quants can dequantize and that we test; others are refused by name rather

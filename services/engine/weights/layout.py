@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 
-from services.engine.model_config import ModelArchConfig
-from services.engine.model_errors import UnsupportedModelError
+from services.model.arch import ModelArchConfig
+from services.model.errors import UnsupportedModelError
 
 
 def expected_shapes(arch: ModelArchConfig) -> dict[str, tuple[int, ...]]:

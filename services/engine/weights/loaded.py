@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
-from services.engine.model_config import ModelArchConfig
 from services.engine.quant.groups import QuantSource
+from services.model.arch import ModelArchConfig
 
 
 @dataclass(frozen=True)

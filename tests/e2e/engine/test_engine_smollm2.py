@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from services.api.outputs import FinishReason
+from services.api.sampling import SamplingParams
 from services.common.config import parse_config
 from services.engine.factory import build_engine
-from services.engine.request import FinishReason, GenerateRequest, SamplingParams
+from services.engine.request import GenerateRequest
 
 ROOT = Path(__file__).resolve().parents[3]
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]

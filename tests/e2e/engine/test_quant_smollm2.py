@@ -15,9 +15,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from services.api.sampling import SamplingParams
 from services.common.config import EngineConfig
 from services.engine.engine import LLMEngine
-from services.engine.request import GenerateRequest, SamplingParams
+from services.engine.request import GenerateRequest
 from services.engine.runner.step_inputs import build_step_inputs
 from services.engine.runner.torch_runner import TorchRunner
 from services.engine.weights import LoadedWeights, load_weights

@@ -11,9 +11,10 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from services.api.sampling import SamplingParams
 from services.common.config import load_config
 from services.engine.factory import build_engine
-from services.engine.request import GenerateRequest, SamplingParams
+from services.engine.request import GenerateRequest
 from tests.support.mock_cluster import MODEL
 from tests.support.ports import free_port
 from tests.support.up import FRANCE, LONG, REPO, start_up

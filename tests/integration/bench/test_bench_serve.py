@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from services.cli import main as tandem
-from services.engine.tokenizer import Tokenizer
+from services.model.tokenizer import Tokenizer
 from tests.support.cluster import running_cluster
 from tests.support.mock_cluster import MODEL, mock_cluster_cfg
 

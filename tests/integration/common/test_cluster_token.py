@@ -9,10 +9,10 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
+from services.api.sampling import SamplingParams
 from services.common.address_book import ChannelPool
 from services.common.env import CLUSTER_TOKEN
 from services.common.grpc_auth import TOKEN_KEY, call_metadata
-from services.engine.request import SamplingParams
 from services.gen import request_pb2, worker_pb2, worker_pb2_grpc
 from services.processor.worker_client import DecodeWorkerClient
 from tests.support.mock_cluster import mock_cluster_cfg

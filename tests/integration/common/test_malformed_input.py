@@ -11,15 +11,15 @@ from pathlib import Path
 import grpc
 import pytest
 
+from services.api.wire import decode_dump
 from services.common.address_book import ChannelPool
 from services.common.discovery import Registration
 from services.common.grpc_server import serve_grpc
 from services.common.kv_publisher import KvEventPublisher
 from services.common.nats_client import Subjects, connect
-from services.common.wire import decode_dump
-from services.disagg.prefill_job import PrefillLocation
-from services.engine.tokenizer import Tokenizer
+from services.disagg.prefill_outcome import PrefillLocation
 from services.gen import processor_pb2, router_pb2, worker_pb2
+from services.model.tokenizer import Tokenizer
 from services.processor.grpc_server import serve_processor
 from services.router.grpc_server import RouterServicer
 from services.router.router import Router

@@ -11,7 +11,7 @@ import pytest
 
 from services.common.config import parse_config
 from services.common.nats_client import Subjects, connect
-from services.disagg.prefill_job import PrefillLocation
+from services.disagg.prefill_outcome import PrefillLocation
 from tests.support.disagg_harness import (
     decode_worker,
     generate,

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from services.disagg.prefill_job import PrefillLocation
+from services.disagg.prefill_outcome import PrefillLocation
 from services.gen import request_pb2, worker_pb2
 from tests.support.disagg_harness import (
     decode_worker,

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from services.codec.worker import generate_request_to_pb
+from services.api.sampling import SamplingParams
+from services.api.worker_codec import generate_request_to_pb
 from services.decode import worker as decode_worker_module
-from services.disagg.prefill_job import PrefillLocation
-from services.engine.request import GenerateRequest, SamplingParams
+from services.disagg.prefill_outcome import PrefillLocation
+from services.engine.request import GenerateRequest
 from services.prefill import kv_sender
 from tests.support.disagg_harness import (
     decode_worker,
@@ -195,8 +196,8 @@ async def test_smollm2_constrained_remote_prefill_samples_under_the_grammar(
     local run, which parses and matches the schema."""
     import jsonschema
 
-    from services.engine.grammar.spec import StructuredOutput
-    from services.engine.tokenizer import Tokenizer
+    from services.api.structured import StructuredOutput
+    from services.model.tokenizer import Tokenizer
 
     tok = Tokenizer.from_path(smollm2_path)
     schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16},

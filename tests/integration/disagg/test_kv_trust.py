@@ -14,12 +14,13 @@ import grpc
 import pytest
 import torch
 
-from services.codec.prefill import job_from_bytes, job_to_pb
+from services.api.prefill import PrefillJob
+from services.api.prefill_codec import job_from_bytes, job_to_pb
+from services.api.sampling import SamplingParams
 from services.common.discovery import Discovery, Registration
 from services.common.nats_client import Subjects, connect
-from services.disagg.prefill_job import PrefillJob, PrefillLocation
+from services.disagg.prefill_outcome import PrefillLocation
 from services.disagg.transfer_token import new_token
-from services.engine.request import SamplingParams
 from services.gen import worker_pb2
 from services.prefill.kv_sender import KvSender
 from tests.support.disagg_harness import (

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from services.disagg.prefill_job import PrefillLocation
-from services.engine.request import GenerateRequest, SamplingParams
+from services.api.sampling import SamplingParams
+from services.disagg.prefill_outcome import PrefillLocation
+from services.engine.request import GenerateRequest
 from services.engine.tp.runner import TpRunner
 from services.prefill.worker import PrefillWorker
 from tests.support.disagg_harness import (

@@ -16,7 +16,7 @@ from services.common.config import ClusterConfig, parse_config
 from services.engine.batch import ScheduledBatch
 from services.engine.engine import LLMEngine
 from services.engine.runner.torch_runner import TorchRunner
-from services.engine.tokenizer import Tokenizer
+from services.model.tokenizer import Tokenizer
 from tests.support.cluster import running_cluster
 from tests.support.mock_cluster import MODEL
 from tests.support.stack import worker_decode_node
@@ -39,7 +39,9 @@ def _cfg(nats_url: str) -> ClusterConfig:
                          # flip at a near-tie.
                          "engine": {"num_kv_blocks": 64, "max_model_len": 1024,
                                     "dtype": "float32", "quantization": "none"},
-                         "discovery": {"ttl_s": 2.0, "heartbeat_s": 0.5}})
+                         # a long TTL: loading the reference runner in the test's own
+                         # event loop stalls the leases' heartbeats for seconds under load
+                         "discovery": {"ttl_s": 30.0, "heartbeat_s": 0.5}})
 
 
 @pytest.fixture
@@ -102,7 +104,12 @@ async def test_logprobs_equal_the_reference_and_stream_agrees(
     async for chunk in stream:
         if chunk.choices and chunk.choices[0].logprobs is not None:
             streamed.extend(chunk.choices[0].logprobs.content or [])
-    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content]
+    # The streamed request hits the first one's prefix cache and computes only the tail: the
+    # matmuls' shapes differ, and on some CPUs (an Intel Xeon without AVX512-BF16) float32
+    # rounds differently by ~1e-5. Same tokens; logprobs equal to well within that.
+    assert [e.token for e in streamed] == [e.token for e in content]
+    for s, c in zip(streamed, content, strict=True):
+        assert s.logprob == pytest.approx(c.logprob, abs=1e-4)
 
 
 async def test_penalties_bias_and_min_tokens_change_the_answer(client: openai.AsyncOpenAI,

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 
 from services.common.config import parse_config
-from services.engine.tokenizer import Tokenizer
+from services.model.tokenizer import Tokenizer
 from tests.support.cluster import running_cluster
 from tests.support.mock_cluster import MODEL, mock_cluster_cfg
 from tests.support.ports import free_port

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.engine.tokenizer import Tokenizer
+from services.model.tokenizer import Tokenizer
 from tests.support.cluster import running_cluster
 from tests.support.mock_cluster import MODEL, mock_cluster_cfg
 from tests.support.stack import worker_decode_node

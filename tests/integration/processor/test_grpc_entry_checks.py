@@ -9,8 +9,8 @@ import pytest
 
 from services.common.address_book import ChannelPool
 from services.common.discovery import Registration
-from services.engine.tokenizer import Tokenizer
 from services.gen import processor_pb2, processor_pb2_grpc, request_pb2, worker_pb2, worker_pb2_grpc
+from services.model.tokenizer import Tokenizer
 from services.processor.grpc_server import serve_processor
 from services.router.router import Router
 from tests.support.mock_cluster import MODEL, mock_cluster_cfg

@@ -15,18 +15,18 @@ import openai
 import pytest
 from prometheus_client import CollectorRegistry
 
+from services.api.kv_events import KvStored
 from services.common.address_book import ChannelPool
 from services.common.config import parse_config
 from services.common.discovery import Registration
-from services.common.kv_events import KvStored
 from services.decode.grpc_server import serve_decode_worker
 from services.decode.worker import DecodeWorker
 from services.engine.async_engine import AsyncEngine
 from services.engine.factory import build_embedder, build_engine
 from services.engine.multimodal.embedder import LocalEncodeChannel
 from services.engine.multimodal.metrics import MmBlocksCollector
-from services.engine.tokenizer import Tokenizer
 from services.frontend.app import create_app
+from services.model.tokenizer import Tokenizer
 from services.processor.images import ImagePrompting
 from services.processor.processor import Processor
 from services.processor.worker_client import DecodeWorkerClient

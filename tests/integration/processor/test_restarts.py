@@ -14,16 +14,16 @@ from pathlib import Path
 
 import pytest
 
+from services.api.processor import ProcessRequest
+from services.api.route import RequestPhase, RouteRequest
+from services.api.sampling import SamplingParams
 from services.common.address_book import AddressBook, ChannelPool
 from services.common.config import ClusterConfig
 from services.common.errors import ServingError, Unavailable
-from services.engine.request import SamplingParams
-from services.engine.tokenizer import Tokenizer
+from services.model.tokenizer import Tokenizer
 from services.processor.processor import Processor
 from services.processor.router_client import RouterClient
-from services.processor.types import ProcessRequest
 from services.processor.worker_client import DecodeWorkerClient
-from services.router.types import RequestPhase, RouteRequest
 from tests.support.mock_cluster import MODEL, NO_MODEL, mock_cluster_cfg
 from tests.support.ports import free_port, free_port_pair
 from tests.support.procs import NatsServer, Part, start_part, write_config

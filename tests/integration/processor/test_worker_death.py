@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from services.api.processor import ProcessRequest
 from services.common.address_book import ChannelPool
 from services.common.errors import Unavailable
-from services.engine.tokenizer import Tokenizer
+from services.model.tokenizer import Tokenizer
 from services.processor.processor import Processor
-from services.processor.types import ProcessRequest
 from services.processor.worker_client import DecodeWorkerClient
 from services.router.router import Router
 from tests.support.mock_cluster import MODEL, NO_MODEL, mock_cluster_cfg

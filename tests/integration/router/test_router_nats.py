@@ -8,16 +8,16 @@ import logging
 
 import pytest
 
+from services.api.kv_events import KvCleared, KvEvent, KvStored, StoredBlock
+from services.api.route import RequestPhase, RouteRequest
+from services.api.wire import WorkerLoad, encode_dump, encode_event_batch, encode_load
 from services.common.config import parse_config
 from services.common.discovery import Discovery, Lease, Registration
 from services.common.hashing import block_hashes, local_block_hashes
-from services.common.kv_events import KvCleared, KvEvent, KvStored, StoredBlock
 from services.common.kv_publisher import KvEventPublisher
 from services.common.nats_client import NatsClient, Subjects, connect
-from services.common.wire import WorkerLoad, encode_dump, encode_event_batch, encode_load
 from services.processor.router_reports import RouterReports, inflight_publisher
 from services.router.router import Router
-from services.router.types import RequestPhase, RouteRequest
 
 BS = 4  # small blocks keep prompts short
 

@@ -1,4 +1,4 @@
-"""The codecs of services/codec and the error table: each message survives its proto both
+"""The codecs of services/api and the error table: each message survives its proto both
 ways, a bad value is refused where a process reads it, and an error keeps its kind, code
 and param across gRPC."""
 
@@ -7,10 +7,15 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from services.codec.prefill import job_from_bytes, job_to_pb
-from services.codec.processor import delta_from_pb, delta_to_pb, request_from_pb, request_to_pb
-from services.codec.request import sampling_from_pb, sampling_to_pb
-from services.codec.worker import (
+from services.api.outputs import FinishReason, TokenLogprob, TokenOutput, Usage
+from services.api.prefill import PrefillJob
+from services.api.prefill_codec import job_from_bytes, job_to_pb
+from services.api.processor import ChatMessage, Delta, ProcessRequest, TextLogprob
+from services.api.processor_codec import delta_from_pb, delta_to_pb, request_from_pb, request_to_pb
+from services.api.request_codec import sampling_from_pb, sampling_to_pb
+from services.api.sampling import SamplingParams
+from services.api.structured import StructuredKind, StructuredOutput
+from services.api.worker_codec import (
     generate_request_from_pb,
     generate_request_to_pb,
     output_from_pb,
@@ -26,13 +31,9 @@ from services.common.errors import (
     from_rpc_error,
     kind_of,
 )
-from services.disagg.prefill_job import PrefillJob
 from services.engine.async_engine import EngineDeadError
-from services.engine.grammar.spec import StructuredKind, StructuredOutput
-from services.engine.request import FinishReason, SamplingParams, TokenLogprob, TokenOutput, Usage
 from services.engine.scheduler import InvalidRequestError
 from services.gen import request_pb2, worker_pb2
-from services.processor.types import ChatMessage, Delta, ProcessRequest, TextLogprob
 
 FULL = SamplingParams(temperature=0.7, top_k=40, top_p=0.9, seed=-(2**63), max_tokens=12,
                       stop=("\n\n", "END"), stop_token_ids=(7, 9), ignore_eos=True,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.kv_events import KvCleared
+from services.api.kv_events import KvCleared
 from services.common.kv_publisher import KvEventPublisher
 from services.common.nats_client import Subjects
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from services.common.kv_events import KvCleared, KvRemoved, KvStored, StoredBlock
-from services.common.wire import (
+from services.api.kv_events import KvCleared, KvRemoved, KvStored, StoredBlock
+from services.api.wire import (
     InflightOp,
     InflightUpdate,
     WireError,

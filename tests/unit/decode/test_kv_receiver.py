@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Iterable
 import pytest
 import torch
 
+from services.api.outputs import TokenLogprob
 from services.decode.kv_receiver import (
     NOT_WAITING,
     ExpectedKv,
@@ -18,7 +19,6 @@ from services.decode.kv_receiver import (
     KvTransferError,
 )
 from services.disagg.transfer_token import new_token
-from services.engine.request import TokenLogprob
 from services.gen import worker_pb2
 from services.prefill.kv_sender import kv_chunks
 

@@ -8,11 +8,13 @@ import threading
 
 import pytest
 
+from services.api.outputs import FinishReason, TokenOutput
+from services.api.sampling import SamplingParams
 from services.common.config import EngineConfig
 from services.engine.async_engine import AsyncEngine, EngineDeadError
 from services.engine.batch import RunnerOutput, ScheduledBatch
 from services.engine.engine import LLMEngine
-from services.engine.request import FinishReason, GenerateRequest, SamplingParams, TokenOutput
+from services.engine.request import GenerateRequest
 from services.engine.runner.mock_runner import MockRunner
 from services.engine.scheduler import InvalidRequestError
 from tests.support.engine_factory import EOS, make_engine, mock_cfg, oracle, req

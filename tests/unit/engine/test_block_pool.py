@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from services.api.kv_events import KvCleared, KvEvent, KvRemoved, KvStored, StoredBlock
 from services.common.hashing import block_hashes
-from services.common.kv_events import KvCleared, KvEvent, KvRemoved, KvStored, StoredBlock
 from services.engine.block_pool import BlockPool, BlockPoolIntegrityError
 from tests.support.engine_factory import replay
 

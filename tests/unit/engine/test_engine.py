@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.common.kv_events import KvStored
-from services.engine.request import FinishReason, TokenOutput
+from services.api.kv_events import KvStored
+from services.api.outputs import FinishReason, TokenOutput
 from tests.support.engine_factory import make_engine, mock_cfg, oracle, replay, req, run_all
 
 

@@ -11,11 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from services.api.outputs import FinishReason, TokenLogprob
+from services.api.sampling import SamplingParams
 from services.common.config import EngineConfig
 from services.engine.batch import PenaltyInit
 from services.engine.engine import LLMEngine
 from services.engine.logits_process import LogitsProcessor
-from services.engine.request import FinishReason, GenerateRequest, SamplingParams, TokenLogprob
+from services.engine.request import GenerateRequest
 from services.engine.runner.torch_runner import TorchRunner
 from services.engine.sampler import Sampler
 from services.engine.weights import load_weights

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from services.engine import model_store as ms
+from services.model import store as ms
 
 
 @pytest.fixture

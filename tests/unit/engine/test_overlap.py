@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from services.api.outputs import FinishReason, TokenOutput
+from services.api.sampling import SamplingParams
 from services.common.config import EngineConfig
 from services.engine.engine import LLMEngine
-from services.engine.request import FinishReason, GenerateRequest, SamplingParams, TokenOutput
+from services.engine.request import GenerateRequest
 from services.engine.runner.base import ModelRunner
 from services.engine.runner.mock_runner import MockRunner
 from services.engine.runner.torch_runner import TorchRunner

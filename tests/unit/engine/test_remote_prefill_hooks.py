@@ -5,13 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+from services.api.kv_events import KvStored
+from services.api.outputs import FinishReason, TokenOutput
+from services.api.sampling import SamplingParams
 from services.common.hashing import block_hashes
-from services.common.kv_events import KvStored
 from services.engine.block_pool import BlockPool
 from services.engine.engine import LLMEngine
 from services.engine.kv_cache_manager import KvCacheManager
 from services.engine.remote_prefill import RemoteKvError
-from services.engine.request import FinishReason, GenerateRequest, SamplingParams, TokenOutput
+from services.engine.request import GenerateRequest
 from services.engine.runner.mock_runner import MockRunner
 from services.engine.scheduler import Scheduler
 from tests.support.engine_factory import make_engine, mock_cfg, oracle, req, run_all

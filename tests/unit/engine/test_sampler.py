@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from services.engine.request import SamplingParams
+from services.api.sampling import SamplingParams
 from services.engine.sampler import Sampler, filter_top_k_top_p
 from tests.support.tiny_model import seq
 

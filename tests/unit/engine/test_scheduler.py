@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from services.api.outputs import FinishReason, TokenOutput
 from services.engine.batch import ScheduledBatch
 from services.engine.engine import LLMEngine
-from services.engine.request import FinishReason, TokenOutput
 from services.engine.runner.mock_runner import MockRunner
 from services.engine.scheduler import InvalidRequestError
 from tests.support.engine_factory import EOS, make_engine, mock_cfg, oracle, req, run_all

@@ -12,7 +12,7 @@ from gguf import GGUFWriter
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from services.engine.tokenizer import Tokenizer
+from services.model.tokenizer import Tokenizer
 
 CHATML = (
     "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>' + '\n' }}"

@@ -15,8 +15,8 @@ import pytest
 from services.common.address_book import ChannelPool
 from services.common.config import ClusterConfig
 from services.common.discovery import Registration
-from services.engine.tokenizer import Tokenizer
 from services.frontend.app import create_app
+from services.model.tokenizer import Tokenizer
 from services.router.router import Router
 from tests.support.mock_cluster import MODEL, mock_cluster_cfg
 from tests.support.stack import make_processor, worker_decode_node

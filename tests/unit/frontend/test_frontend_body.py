@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from services.engine.tokenizer import Tokenizer
 from services.frontend.app import create_app
 from services.frontend.body import MAX_JSON_DEPTH
+from services.model.tokenizer import Tokenizer
 from tests.support.http_edge import JSON, Echo, chat, error, grpc_api, metric, raw, stub_api
 from tests.support.mock_cluster import mock_cluster_cfg
 

@@ -28,9 +28,9 @@ from starlette.testclient import TestClient
 
 from services.common.address_book import AddressBook, ChannelPool
 from services.common.discovery import Registration
-from services.engine.model_store import resolve_model_path
-from services.engine.tokenizer import Tokenizer
 from services.frontend.app import create_app
+from services.model.store import resolve_model_path
+from services.model.tokenizer import Tokenizer
 from services.processor.client import ProcessorClient
 from services.processor.grpc_server import serve_processor
 from services.router.router import Router

@@ -12,11 +12,11 @@ import httpx
 import pytest
 from PIL import Image
 
+from services.api.outputs import FinishReason, Usage
+from services.api.processor import Delta, ModelInfo, ProcessRequest
 from services.common.config import ClusterConfig, MultimodalConfig
-from services.engine.request import FinishReason, Usage
 from services.frontend.app import create_app
 from services.frontend.images import resolve_images
-from services.processor.types import Delta, ModelInfo, ProcessRequest
 
 
 class FakeProcessor:

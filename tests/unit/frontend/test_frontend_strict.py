@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from services.engine.tokenizer import Tokenizer
+from services.model.tokenizer import Tokenizer
 from tests.support.http_edge import JSON, chat, error, grpc_api, raw
 from tests.support.mock_cluster import MODEL
 

@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from services.engine.grammar.spec import StructuredKind, StructuredOutput
-from services.engine.request import FinishReason, Usage
+from services.api.outputs import FinishReason, Usage
+from services.api.processor import Delta, ModelInfo, ProcessRequest
+from services.api.structured import StructuredKind, StructuredOutput
 from services.frontend.app import create_app
-from services.processor.types import Delta, ModelInfo, ProcessRequest
 from tests.support.mock_cluster import MODEL, mock_cluster_cfg
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from services.engine.tokenizer import Tokenizer
+from services.model.tokenizer import Tokenizer
 from services.processor.detokenizer import IncrementalDetokenizer
 
 TEXTS = [

@@ -10,15 +10,16 @@ from pathlib import Path
 
 import pytest
 
+from services.api.processor import ChatMessage, ProcessRequest
+from services.api.route import RouteRequest
+from services.api.sampling import SamplingParams
 from services.common.address_book import ChannelPool
 from services.common.discovery import Registration
 from services.common.errors import Unavailable
 from services.common.hashing import local_block_hashes
-from services.engine.request import SamplingParams
-from services.engine.tokenizer import Tokenizer
-from services.processor.types import ChatMessage, ProcessRequest
+from services.model.tokenizer import Tokenizer
+from services.router.errors import NoWorkersAvailable
 from services.router.router import Router
-from services.router.types import NoWorkersAvailable, RouteRequest
 from tests.support.mock_cluster import MODEL, mock_cluster_cfg
 from tests.support.stack import RecordingRouter, make_processor, worker_decode_node
 
@@ -150,9 +151,10 @@ def test_continuation_on_a_fresh_engine_reproduces_the_tail(sampling) -> None:
     max_tokens - k and seed_step_offset k, yields exactly the remaining tokens of the whole
     run (tiny random llama, real sampler; a different engine generator seed stands for
     another worker)."""
+    from services.api.sampling import SamplingParams
     from services.common.config import EngineConfig
     from services.engine.engine import LLMEngine
-    from services.engine.request import GenerateRequest, SamplingParams
+    from services.engine.request import GenerateRequest
     from tests.support.engine_factory import run_all
     from tests.support.tiny_model import make_runner, tiny_hf_model
 

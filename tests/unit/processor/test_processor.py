@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
+from services.api.processor import ChatMessage, ProcessRequest
+from services.api.route import RequestPhase, RouteRequest
+from services.api.sampling import SamplingParams
 from services.common.address_book import ChannelPool
 from services.common.discovery import Registration
 from services.common.errors import InvalidRequest, ModelNotFound, Unavailable
 from services.common.hashing import block_hashes, local_block_hashes
-from services.engine.request import SamplingParams
-from services.engine.tokenizer import Tokenizer
-from services.processor.types import ChatMessage, ProcessRequest
+from services.model.tokenizer import Tokenizer
 from services.router.router import Router
-from services.router.types import RequestPhase, RouteRequest
 from tests.support.mock_cluster import MODEL, mock_cluster_cfg
 from tests.support.stack import RecordingRouter, make_processor, worker_decode_node
 

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from services.api.outputs import FinishReason, TokenOutput
+from services.api.processor import ChatMessage, Delta, ProcessRequest, Tool, ToolChoice
+from services.api.sampling import SamplingParams
 from services.common.discovery import Registration
-from services.engine.request import FinishReason, SamplingParams, TokenOutput
-from services.engine.tokenizer import Tokenizer
+from services.model.tokenizer import Tokenizer
 from services.processor.processor import Processor
-from services.processor.types import ChatMessage, Delta, ProcessRequest, Tool, ToolChoice
 from services.router.router import Router
 from tests.support.mock_cluster import MODEL, mock_cluster_cfg
 

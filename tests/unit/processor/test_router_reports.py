@@ -4,10 +4,10 @@ returns; a failed report is logged and dropped, never raised into the request.""
 
 from __future__ import annotations
 
+from services.api.route import RequestPhase, RouteRequest
+from services.api.wire import InflightOp, InflightUpdate
 from services.common.discovery import Registration
-from services.common.wire import InflightOp, InflightUpdate
 from services.processor.router_reports import RouterReports
-from services.router.types import RequestPhase, RouteRequest
 from tests.support.mock_cluster import mock_cluster_cfg
 from tests.support.stack import RecordingRouter
 

@@ -13,11 +13,11 @@ import openai
 import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
 
-from services.engine.grammar.spec import StructuredKind
-from services.engine.request import FinishReason, Usage
+from services.api.outputs import FinishReason, Usage
+from services.api.processor import Delta, ModelInfo, ProcessRequest, Tool, ToolCall, ToolChoice
+from services.api.structured import StructuredKind
 from services.frontend.app import create_app
 from services.processor.tools import ToolCallParser, call_schema, with_tool_prompt
-from services.processor.types import Delta, ModelInfo, ProcessRequest, Tool, ToolCall, ToolChoice
 from tests.support.mock_cluster import MODEL, mock_cluster_cfg
 
 WEATHER = Tool("get_weather", "Weather of a city", json.dumps(

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from services.api.kv_events import KvCleared, KvRemoved, KvStored, StoredBlock
+from services.api.wire import decode_event_batch_raw, encode_event_batch
 from services.common.hashing import block_hashes
-from services.common.kv_events import KvCleared, KvRemoved, KvStored, StoredBlock
 from services.common.nats_client import Subjects
-from services.common.wire import decode_event_batch_raw, encode_event_batch
 from services.router.indexer import RadixIndex
 from services.router.ingest import KvIngest
 from services.router.metrics import RouterMetrics

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from services.api.route import RouteRequest
 from services.common.config import ConfigError, RouterMode, parse_config
 from services.common.discovery import Registration
 from services.router.router import Router
-from services.router.types import RouteRequest
 
 
 def test_an_unknown_mode_is_refused_by_the_config_and_by_the_router() -> None:

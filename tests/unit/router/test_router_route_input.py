@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import pytest
 
+from services.api.route import RequestPhase, RouteRequest
 from services.common.config import parse_config
 from services.common.discovery import Registration
 from services.common.hashing import block_hashes, local_block_hashes
+from services.router.errors import InvalidRouteRequest
 from services.router.router import MAX_ROUTE_BLOCKS, Router
-from services.router.types import InvalidRouteRequest, RequestPhase, RouteRequest
 
 BS = 16
 

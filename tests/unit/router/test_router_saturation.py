@@ -7,11 +7,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from services.api.route import RouteRequest
+from services.api.wire import WorkerLoad, encode_load
 from services.common.config import parse_config
 from services.common.discovery import Registration
-from services.common.wire import WorkerLoad, encode_load
 from services.router.router import Router
-from services.router.types import RouteRequest
 
 
 @dataclass

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from services.common.wire import WorkerLoad
+from services.api.wire import WorkerLoad
 from services.router.load import LoadTracker
 from services.router.selection import Candidate, cost, select_worker
 

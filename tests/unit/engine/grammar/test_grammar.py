@@ -13,19 +13,21 @@ import jsonschema
 import pytest
 import torch
 
+from services.api.outputs import FinishReason
+from services.api.sampling import SamplingParams
+from services.api.structured import StructuredKind, StructuredOutput
 from services.common.config import EngineConfig
 from services.common.errors import GenerationFailed
 from services.engine.async_engine import AsyncEngine
 from services.engine.engine import LLMEngine
 from services.engine.grammar.batch_mask import BatchMask, unpack_allowed
 from services.engine.grammar.compiler import GrammarCompiler
-from services.engine.grammar.spec import StructuredKind, StructuredOutput
 from services.engine.grammar.state import GrammarState
 from services.engine.grammar.stats import GrammarStats
-from services.engine.request import FinishReason, GenerateRequest, SamplingParams
+from services.engine.request import GenerateRequest
 from services.engine.runner.torch_runner import TorchRunner
 from services.engine.scheduler import InvalidRequestError
-from services.engine.tokenizer import Tokenizer
+from services.model.tokenizer import Tokenizer
 
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 12},

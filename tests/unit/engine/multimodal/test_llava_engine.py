@@ -6,15 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 
+from services.api.sampling import SamplingParams
 from services.common.config import EngineConfig
 from services.common.hashing import ImageKey, block_hashes
 from services.engine.engine import LLMEngine
-from services.engine.multimodal.spans import ImageSpan, expand_placeholders
 from services.engine.multimodal.vision_tower import ImageEncoder
 from services.engine.multimodal.weights import load_llava_dir
-from services.engine.request import GenerateRequest, SamplingParams
+from services.engine.request import GenerateRequest
 from services.engine.runner.torch_runner import TorchRunner
 from services.engine.scheduler import InvalidRequestError
+from services.model.image_spans import ImageSpan, expand_placeholders
 from tests.support.tiny_llava import IMAGE_TOKEN, save_tiny_llava, tiny_llava
 
 BS = 4

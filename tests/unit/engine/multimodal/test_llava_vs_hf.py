@@ -7,9 +7,9 @@ import hashlib
 import pytest
 import torch
 
-from services.engine.multimodal.spans import expand_placeholders
 from services.engine.multimodal.vision_tower import ImageEncoder
 from services.engine.multimodal.weights import load_llava_dir
+from services.model.image_spans import expand_placeholders
 from tests.support.tiny_llava import IMAGE_TOKEN, image_prompt, save_tiny_llava, tiny_llava
 from tests.support.tiny_model import batch, make_runner, seq
 

@@ -11,9 +11,9 @@ from PIL import Image
 
 from services.cli import main as cli_main
 from services.engine.multimodal.image_processor import load_processor_config, preprocess
-from services.engine.multimodal.spans import expand_placeholders
 from services.engine.multimodal.vision_tower import ImageEncoder
 from services.engine.multimodal.weights import load_llava_dir
+from services.model.image_spans import expand_placeholders
 from tests.support.tiny_model import batch, make_runner, seq
 
 
@@ -44,7 +44,7 @@ def test_sparse_config_takes_transformers_defaults(tmp_path):
     """llava-hf/llava-1.5-7b-hf's config.json leaves defaults out; we read it as transformers does."""
     from transformers import LlavaConfig
 
-    from services.engine.multimodal.config import llava_from_config
+    from services.model.llava_config import llava_from_config
 
     cfg = {"architectures": ["LlavaForConditionalGeneration"], "model_type": "llava", "image_token_index": 32000,
            "vision_config": {"model_type": "clip_vision_model", "hidden_size": 1024, "image_size": 336,

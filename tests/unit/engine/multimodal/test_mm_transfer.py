@@ -10,14 +10,13 @@ import asyncio
 import pytest
 import torch
 
+from services.api.embedding import TransferChunk, TransferRequest
 from services.engine.multimodal.blocks import EmbeddingBlockAllocator
 from services.engine.multimodal.buffers import EmbeddingBuffers
 from services.engine.multimodal.transfer import (
     EmbeddingReceiver,
     EmbeddingSender,
     EncodeFailedError,
-    TransferChunk,
-    TransferRequest,
 )
 
 HIDDEN = 4

@@ -72,7 +72,7 @@ def test_q8_0_splits_into_two_nibbles_over_a_repeated_input() -> None:
 
 
 def test_real_smollm2_q4_1_tensor_repacks_exactly(smollm2_path) -> None:
-    from services.engine.gguf_file import open_gguf
+    from services.model.gguf_file import open_gguf
 
     t = next(t for t in open_gguf(smollm2_path).tensors if t.name == "blk.0.attn_k.weight")
     assert t.tensor_type == Q.Q4_1  # what the default model's linears are stored in

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from services.api.sampling import SamplingParams
 from services.common.config import EngineConfig
 from services.engine.batch import ScheduledBatch
 from services.engine.engine import LLMEngine
-from services.engine.request import GenerateRequest, SamplingParams
+from services.engine.request import GenerateRequest
 from services.engine.runner.cuda_graphs import DecodeGraphs, batch_buckets, context_buckets
 from services.engine.runner.torch_runner import TorchRunner
 from tests.support.tiny_model import batch, seq, tiny_hf_model
@@ -222,8 +223,8 @@ def test_greedy_tokens_equal_eager(tiny, overlap: bool) -> None:
 
 @needs_cuda
 def test_smollm2_greedy_text_equals_eager(smollm2_path: Path) -> None:
-    from services.engine.tokenizer import Tokenizer
     from services.engine.weights import load_weights
+    from services.model.tokenizer import Tokenizer
 
     loaded = load_weights(smollm2_path)
     tok = Tokenizer.from_path(smollm2_path)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from services.api.sampling import SamplingParams
 from services.common.config import EngineConfig
-from services.engine.request import SamplingParams
 from services.engine.runner import cpu_features, torch_runner
 from services.engine.runner.torch_runner import TorchRunner, resolve_device, resolve_dtype
 from tests.support.tiny_model import batch, hf_logits, make_runner, seq, tiny_hf_model

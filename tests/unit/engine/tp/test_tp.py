@@ -15,12 +15,12 @@ import torch
 from services.common.config import EngineConfig
 from services.engine.batch import ScheduledBatch
 from services.engine.engine import LLMEngine
-from services.engine.model_config import ModelArchConfig
 from services.engine.request import GenerateRequest
 from services.engine.runner.torch_runner import TorchRunner
 from services.engine.tp.runner import TpRunner
 from services.engine.tp.shard import check_tp_layout
 from services.engine.weights import load_weights
+from services.model.arch import ModelArchConfig
 from tests.support.tiny_model import drive_mixed, mixed_workload, seq, tiny_hf_model
 
 

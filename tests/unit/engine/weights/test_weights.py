@@ -10,9 +10,9 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFReader
 
-from services.engine.model_errors import UnsupportedModelError
 from services.engine.weights import load_weights
 from services.engine.weights.gguf_loader import unpermute_rotary
+from services.model.errors import UnsupportedModelError
 from tests.support.tiny_checkpoints import TINY, llama_cpp_permute, make_hf_model, write_gguf
 
 Q = GGMLQuantizationType

@@ -1,12 +1,12 @@
-"""proto/multimodal.proto <-> the image types of services/engine/multimodal and the processor."""
+"""proto/multimodal.proto <-> images.py and the processor's MessageImage (processor.py)."""
 
 from __future__ import annotations
 
 import hashlib
 
-from services.engine.multimodal.image_input import ImageData
+from services.api.images import ImageData
+from services.api.processor import MessageImage
 from services.gen import multimodal_pb2
-from services.processor.types import MessageImage
 
 
 def image_to_pb(im: ImageData) -> multimodal_pb2.ImageInput:

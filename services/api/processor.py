@@ -1,14 +1,15 @@
 """The processor's API: a request in (chat messages, a prompt or token ids, with the
-engine's SamplingParams), text deltas out. The frontend renders ``Delta`` as it comes;
-proto/processor.proto carries both (services/codec/processor.py)."""
+SamplingParams), text deltas out. The frontend renders ``Delta`` as it comes;
+proto/processor.proto carries both (processor_codec.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from services.engine.multimodal.image_input import ImageData
-from services.engine.request import FinishReason, SamplingParams, Usage
+from services.api.images import ImageData
+from services.api.outputs import FinishReason, Usage
+from services.api.sampling import SamplingParams
 
 ChatRole = Literal["system", "developer", "user", "assistant", "tool"]
 CHAT_ROLES: frozenset[str] = frozenset(get_args(ChatRole))

@@ -1,12 +1,14 @@
-"""proto/worker.proto's Generate <-> services/engine/request.py: the engine's request and
-outputs cross the processor -> decode worker hop unchanged in meaning."""
+"""proto/worker.proto's Generate <-> WorkerRequest (worker.py) and the TokenOutputs
+(outputs.py) a decode worker streams back to the processor."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from services.codec.multimodal import image_from_pb, image_to_pb
-from services.codec.request import (
+from services.api.images import PromptImage
+from services.api.images_codec import image_from_pb, image_to_pb
+from services.api.outputs import TokenOutput
+from services.api.request_codec import (
     finish_from_pb,
     finish_to_pb,
     logprob_from_pb,
@@ -14,8 +16,8 @@ from services.codec.request import (
     request_sampling_from_pb,
     sampling_to_pb,
 )
-from services.engine.multimodal.image_input import PromptImage
-from services.engine.request import GenerateRequest, SamplingParams, TokenOutput
+from services.api.sampling import SamplingParams
+from services.api.worker import WorkerRequest
 from services.gen import multimodal_pb2, worker_pb2
 
 
@@ -27,15 +29,12 @@ def generate_request_to_pb(request_id: str, token_ids: Sequence[int], sampling: 
                 for x in images])
 
 
-def prompt_images_from_pb(m: worker_pb2.GenerateRequest) -> tuple[PromptImage, ...]:
-    """Raises ValueError for an image whose hash does not match its bytes."""
-    return tuple(PromptImage(x.offset, x.length, image_from_pb(x.image)) for x in m.images)
-
-
-def generate_request_from_pb(m: worker_pb2.GenerateRequest) -> GenerateRequest:
-    """Raises ValueError naming a bad field."""
-    return GenerateRequest(m.request_id, list(m.token_ids),
-                           request_sampling_from_pb(m.request_id, m.sampling))
+def generate_request_from_pb(m: worker_pb2.GenerateRequest) -> WorkerRequest:
+    """Raises ValueError naming a bad field (an image whose hash does not match its bytes,
+    too)."""
+    sampling = request_sampling_from_pb(m.request_id, m.sampling)
+    images = tuple(PromptImage(x.offset, x.length, image_from_pb(x.image)) for x in m.images)
+    return WorkerRequest(m.request_id, list(m.token_ids), sampling, images)
 
 
 def output_to_pb(out: TokenOutput, completion_tokens: int) -> worker_pb2.GenerateResponse:

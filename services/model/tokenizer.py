@@ -13,8 +13,8 @@ from typing import Any
 
 from tokenizers import Tokenizer as HFTokenizer
 
-from services.engine.chat_template import ChatTemplate, ChatTemplateError
-from services.engine.model_errors import UnsupportedModelError
+from services.model.chat_template import ChatTemplate, ChatTemplateError
+from services.model.errors import UnsupportedModelError
 
 # End-of-turn markers of common chat formats (ChatML, Llama 3, Phi-3, Gemma). One counts as a
 # stop token when the vocabulary has it and the model's chat template emits it.
@@ -75,7 +75,7 @@ class Tokenizer:
         """Build from a .gguf file or an HF directory holding tokenizer.json."""
         p = Path(path)
         if p.is_file() and p.suffix == ".gguf":
-            from services.engine.tokenizer_gguf import load_gguf_tokenizer
+            from services.model.tokenizer_gguf import load_gguf_tokenizer
 
             d = load_gguf_tokenizer(p)
             return cls(d.tokenizer, bos_token_id=d.bos_token_id, eos_token_id=d.eos_token_id,

@@ -1,11 +1,11 @@
-"""The prefill queue's message: what a decode worker asks a prefill worker to compute."""
+"""The prefill queue's message: what a decode worker asks a prefill worker to compute
+(proto/prefill.proto; codec: prefill_codec.py)."""
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 
-from services.engine.request import SamplingParams
+from services.api.sampling import SamplingParams
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,20 +31,3 @@ class PrefillJob:
     # The one-time token the decode worker accepts this request's KV with
     # (services/disagg/transfer_token.py); out of repr so it never reaches a log line.
     transfer_token: bytes = field(default=b"", repr=False)
-
-
-class PrefillLocation(str, enum.Enum):
-    """Where a request's prompt KV was computed (the ``where`` label of
-    tandem_worker_prefill_total)."""
-
-    LOCAL = "local"
-    REMOTE = "remote"
-
-
-class FallbackReason(str, enum.Enum):
-    """Why a remote prefill ended as a local one (tandem_worker_remote_prefill_fallbacks_total)."""
-
-    NO_BLOCKS = "no_blocks"  # its blocks did not fit when parking: the scheduler waits for room
-    PUBLISH_FAILED = "publish_failed"  # NATS down or the stream missing
-    TIMEOUT = "timeout"  # no KV before decode.disagg.remote_prefill_timeout_s
-    BAD_KV = "bad_kv"  # the KV that came does not match what was asked

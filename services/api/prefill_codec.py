@@ -1,11 +1,11 @@
-"""proto/prefill.proto <-> services/disagg/prefill_job.py: the prefill queue's message."""
+"""proto/prefill.proto <-> prefill.py: the prefill queue's message."""
 
 from __future__ import annotations
 
 from google.protobuf.message import DecodeError
 
-from services.codec.request import request_sampling_from_pb, sampling_to_pb
-from services.disagg.prefill_job import PrefillJob
+from services.api.prefill import PrefillJob
+from services.api.request_codec import request_sampling_from_pb, sampling_to_pb
 from services.gen import prefill_pb2
 
 

@@ -2,7 +2,7 @@
 
 Shapes fixed by docs/architecture.md, "KV events". ``event_id`` is monotonic per worker, starting
 at 1, so a consumer that sees a gap knows it missed something and asks for a full dump.
-The engine produces these objects; the wire encoding lives with the router's ingest.
+The engine produces these objects; their msgpack encoding on NATS is wire.py.
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ from pathlib import Path
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
 
-from services.engine.gguf_file import open_gguf
-from services.engine.model_errors import UnsupportedModelError
+from services.model.errors import UnsupportedModelError
+from services.model.gguf_file import open_gguf
 
 # llama.cpp token types (llama_token_type): 3 = control (special), 4 = user-defined.
 _CONTROL, _USER_DEFINED = 3, 4

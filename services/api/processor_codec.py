@@ -1,18 +1,9 @@
-"""proto/processor.proto <-> services/processor/types.py: the frontend -> processor hop."""
+"""proto/processor.proto <-> processor.py: the frontend -> processor hop."""
 
 from __future__ import annotations
 
-from services.codec.multimodal import message_images_from_pb, message_images_to_pb
-from services.codec.request import (
-    finish_from_pb,
-    finish_to_pb,
-    request_sampling_from_pb,
-    sampling_to_pb,
-    usage_from_pb,
-    usage_to_pb,
-)
-from services.gen import processor_pb2
-from services.processor.types import (
+from services.api.images_codec import message_images_from_pb, message_images_to_pb
+from services.api.processor import (
     ChatMessage,
     Delta,
     ModelInfo,
@@ -22,6 +13,15 @@ from services.processor.types import (
     ToolCall,
     ToolChoice,
 )
+from services.api.request_codec import (
+    finish_from_pb,
+    finish_to_pb,
+    request_sampling_from_pb,
+    sampling_to_pb,
+    usage_from_pb,
+    usage_to_pb,
+)
+from services.gen import processor_pb2
 
 _TOOL_MODES = ("none", "auto", "required", "function")
 

@@ -21,7 +21,7 @@ from enum import IntEnum
 
 import msgpack
 
-from services.common.kv_events import KvCleared, KvEvent, KvRemoved, KvStored, StoredBlock
+from services.api.kv_events import KvCleared, KvEvent, KvRemoved, KvStored, StoredBlock
 
 VERSION = 1
 STORED, REMOVED, CLEARED = 0, 1, 2  # event kinds in the compact (raw) form

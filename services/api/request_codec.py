@@ -1,9 +1,10 @@
-"""proto/request.proto <-> services/engine/request.py: sampling, finish reason, usage."""
+"""proto/request.proto <-> sampling.py, structured.py, outputs.py: sampling, finish, usage."""
 
 from __future__ import annotations
 
-from services.engine.grammar.spec import StructuredKind, StructuredOutput
-from services.engine.request import FinishReason, SamplingParams, TokenLogprob, Usage
+from services.api.outputs import FinishReason, TokenLogprob, Usage
+from services.api.sampling import SamplingParams
+from services.api.structured import StructuredKind, StructuredOutput
 from services.gen import request_pb2
 
 _FINISH_TO_PB = {

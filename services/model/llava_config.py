@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from services.engine.model_config import ModelArchConfig
-from services.engine.model_errors import UnsupportedModelError
+from services.model.arch import ModelArchConfig
+from services.model.errors import UnsupportedModelError
 
 VISION_KINDS = {"clip_vision_model": "clip", "siglip_vision_model": "siglip"}
 
@@ -136,7 +136,7 @@ def vision_from_config(cfg: dict[str, Any], where: Path) -> VisionTowerConfig:
 
 def llava_from_config(cfg: dict[str, Any], where: Path) -> LlavaArchConfig:
     """Build LlavaArchConfig from a LlavaForConditionalGeneration config.json dict."""
-    from services.engine.weights.hf_loader import arch_from_config
+    from services.model.hf_config import arch_from_config
 
     text_cfg = dict(cfg.get("text_config") or {})
     text_type = text_cfg.get("model_type", "llama")

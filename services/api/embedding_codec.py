@@ -1,12 +1,11 @@
-"""proto/encode.proto <-> services/engine/multimodal/transfer.py's messages."""
+"""proto/encode.proto <-> embedding.py: the embedding transfer's ask and chunks."""
 
 from __future__ import annotations
 
 import numpy as np
-import torch
 
-from services.codec.multimodal import image_from_pb
-from services.engine.multimodal.transfer import TransferChunk, TransferRequest
+from services.api.embedding import TransferChunk, TransferRequest
+from services.api.images_codec import image_from_pb
 from services.gen import encode_pb2, multimodal_pb2
 
 
@@ -27,7 +26,7 @@ def ask_from_pb(m: encode_pb2.EmbeddingTransferRequest) -> TransferRequest:
 
 
 def chunk_to_pb(c: TransferChunk) -> encode_pb2.EmbeddingChunk:
-    rows = c.embeds.to(torch.float32).contiguous()
+    rows = c.embeds.float().contiguous()
     return encode_pb2.EmbeddingChunk(data=rows.numpy().astype("<f4", copy=False).tobytes(), rows=rows.shape[0],
                                      hidden=rows.shape[1], total_tokens=c.total_tokens, offset=c.offset,
                                      is_last=c.is_last)
@@ -37,5 +36,8 @@ def chunk_from_pb(m: encode_pb2.EmbeddingChunk) -> TransferChunk:
     """Raises ValueError when the payload is not rows x hidden float32."""
     if len(m.data) != 4 * m.rows * m.hidden:
         raise ValueError(f"chunk of {len(m.data)} bytes is not {m.rows}x{m.hidden} float32")
+    import torch  # NOTE: here, not at the top: api stays importable without torch
+
+
     arr = np.frombuffer(m.data, dtype="<f4").reshape(m.rows, m.hidden)
     return TransferChunk(torch.from_numpy(arr.copy()), m.total_tokens, m.offset, m.is_last)

@@ -1,20 +1,11 @@
-"""The router's in-process API types; the gRPC messages in proto/router.proto mirror them."""
+"""What the processor asks a router and what it answers: the route of a request and the
+updates that free its load (proto/router.proto; codec: route_codec.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
-
-from services.common.errors import InvalidRequest, Unavailable
-
-
-class InvalidRouteRequest(InvalidRequest, ValueError):
-    """The request cannot be routed as given."""
-
-
-class NoWorkersAvailable(Unavailable, RuntimeError):
-    """No decode worker (or no router) is registered in discovery."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,18 +4,14 @@ encodes turns it into pixels."""
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import io
-import re
 import warnings
 from dataclasses import dataclass
 
 from PIL import Image, UnidentifiedImageError
 
 FORMATS = ("PNG", "JPEG", "WEBP")
-_DATA_URL = re.compile(r"data:(image/[A-Za-z0-9.+-]+)?(;[^,]*)?,", re.ASCII)
 
 
 class ImageInputError(ValueError):
@@ -55,23 +51,6 @@ class ImageData:
 
     def to_pil(self) -> Image.Image:
         return Image.open(io.BytesIO(self.data))
-
-
-def data_url_bytes(url: str) -> bytes:
-    """The bytes of a ``data:image/...;base64,...`` URL; ImageInputError if it is not one."""
-    m = _DATA_URL.match(url)
-    if m is None:
-        raise ImageInputError("the url must be a data:image/...;base64,... URL or an http(s) URL")
-    if m.group(2) is None or "base64" not in m.group(2).split(";"):
-        raise ImageInputError("a data URL must be base64-encoded (data:image/png;base64,...)")
-    try:
-        return base64.b64decode(url[m.end():], validate=True)
-    except (binascii.Error, ValueError) as e:
-        raise ImageInputError(f"the data URL's base64 is invalid: {e}") from None
-
-
-def is_remote(url: str) -> bool:
-    return url.startswith(("http://", "https://"))
 
 
 @dataclass(frozen=True, slots=True)

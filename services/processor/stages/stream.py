@@ -1,0 +1,118 @@
+"""Stage 4, one choice: the decode worker's tokens as text deltas, moved to another worker
+when the one streaming fails, so the client sees one uninterrupted stream.
+
+Greedy requests continue exactly; seeded ones too (the worker continues the seeded draw
+sequence at the produced count). The detokenizer and stop matcher live here, across
+workers, so the text continues with nothing repeated or lost."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+from services.api.outputs import FinishReason, TokenOutput, Usage
+from services.api.processor import Delta, TextLogprob
+from services.api.route import RequestPhase, RouteResponse
+from services.api.sampling import SamplingParams
+from services.common.errors import GenerationFailed, InvalidRequest, Overloaded, ServingError
+from services.model.tokenizer import Tokenizer
+from services.processor.detokenizer import IncrementalDetokenizer
+from services.processor.metrics import ProcessorMetrics
+from services.processor.router_reports import RouterReports
+from services.processor.stages.logprobs import text_logprob
+from services.processor.stages.migrate import Migration
+from services.processor.stages.prompt import Prompt
+from services.processor.stages.route import RouteStage, routed_cached_tokens
+from services.processor.stages.workers import WorkerLike, worker_stream
+from services.processor.stop import StopMatcher
+
+
+class StreamStage:
+    def __init__(self, tokenizer: Tokenizer, workers: WorkerLike, routes: RouteStage,
+                 reports: RouterReports, metrics: ProcessorMetrics, migration_limit: int) -> None:
+        self._tok = tokenizer
+        self._workers = workers
+        self._routes = routes
+        self._reports = reports
+        self._metrics = metrics
+        self._migration_limit = migration_limit
+
+    async def stream(self, request_id: str, prompt: Prompt, sampling: SamplingParams,
+                     stops: StopMatcher, route: RouteResponse) -> AsyncIterator[Delta]:
+        """Stream from ``route``'s worker; when it fails (dies, refuses, ends the stream
+        without a finish or aborts), migrate: route ``ids + produced`` again excluding the
+        failed workers, with ``max_tokens`` less what was produced and the seeded draws
+        continued. The last delta carries the finish reason and the usage."""
+        ids = prompt.ids
+        limit = sampling.max_tokens
+        assert limit is not None  # resolved by the sampling stage
+        migration = Migration(self._routes, self._reports, self._metrics, self._migration_limit,
+                              request_id, prompt)
+        detok = IncrementalDetokenizer(self._tok)
+        produced: list[int] = []
+        tail = ""  # text that goes out with the finish reason
+        lps: list[TextLogprob] = []  # logprobs not sent yet: they go with the next delta
+        last: TokenOutput | None = None
+        while True:
+            attempt_ids = ids + produced if produced else ids
+            attempt_sp = replace(sampling, max_tokens=limit - len(produced),
+                                 seed_step_offset=sampling.seed_step_offset + len(produced))
+            chunks = worker_stream(self._workers, route.address, request_id, prompt, attempt_ids, attempt_sp)
+            failure: str | None = None
+            overloaded = False
+            first = True
+            try:
+                async for chunk in chunks:
+                    if chunk.token_ids:
+                        if first:
+                            first = False
+                            await self._reports.send(request_id, RequestPhase.PREFILLED)
+                        produced.extend(chunk.token_ids)
+                        self._metrics.completion_tokens.inc(len(chunk.token_ids))
+                        if chunk.logprobs:
+                            lps.extend(text_logprob(self._tok, x) for x in chunk.logprobs)
+                        text = stops.feed(detok.add(chunk.token_ids))
+                        if stops.stopped or chunk.finish_reason is not None:
+                            tail = text
+                        elif text:
+                            yield Delta(text, logprobs=tuple(lps))
+                            lps.clear()
+                    if stops.stopped:
+                        break
+                    if chunk.finish_reason is not None:
+                        last = chunk
+                        break
+                else:
+                    failure = "ended the stream unfinished"
+            except (InvalidRequest, GenerationFailed):
+                raise  # the request itself is bad: another worker would refuse or fail it too
+            except Overloaded as e:
+                failure, overloaded = e.message, True
+            except ServingError as e:
+                failure = e.message
+            finally:
+                await chunks.aclose()  # cancels the worker call when we stopped early
+            if failure is None and last is not None and last.finish_reason is FinishReason.ABORT:
+                failure, last = "aborted the request", None
+            if failure is None:
+                break
+            if len(produced) >= limit:
+                # NOTE: the worker died after its last token but before the finish message.
+                last = TokenOutput(request_id, [], True, FinishReason.LENGTH, len(ids))
+                break
+            route = await migration.move(route, produced, failure, overloaded)
+        if stops.stopped:
+            # NOTE: we cancelled the worker before its final usage: the cached count is the
+            # router's view of the prefix this worker held.
+            cached = routed_cached_tokens(route, self._routes.block_size, prompt)
+            yield Delta(tail, FinishReason.STOP, Usage(len(ids), len(produced), cached),
+                        logprobs=tuple(lps))
+            return
+        assert last is not None
+        tail += stops.feed(detok.flush())
+        tail += stops.flush()
+        reason = (FinishReason.STOP if stops.stopped or last.finish_reason is FinishReason.STOP
+                  else FinishReason.LENGTH)
+        cached = (routed_cached_tokens(route, self._routes.block_size, prompt) if migration.moved
+                  else last.num_cached_tokens)
+        yield Delta(tail, reason, Usage(len(ids), len(produced), cached), logprobs=tuple(lps))

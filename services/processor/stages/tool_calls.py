@@ -1,0 +1,37 @@
+"""Stage 5: a request's deltas read for tool calls, one parser per choice (made as the
+choice's first delta comes). The text of a call is held back; the choice's last delta
+carries the calls."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from services.api.processor import Delta, ProcessRequest, Tool, ToolChoice
+from services.processor.tools import ToolCallParser
+
+
+class ToolCallStage:
+    def __init__(self, tools: tuple[Tool, ...], choice: ToolChoice) -> None:
+        self._tools = tools
+        self._choice = choice
+        self._parsers: dict[int, ToolCallParser] = {}
+
+    @classmethod
+    def for_request(cls, req: ProcessRequest) -> ToolCallStage | None:
+        """None where the request offers no tools to call."""
+        return cls(req.tools, req.tool_choice) if req.tools and req.tool_choice.mode != "none" else None
+
+    def apply(self, d: Delta) -> Delta | None:
+        """``d`` with its text through its choice's parser; None when nothing is left to send."""
+        parser = self._parsers.get(d.index)
+        if parser is None:
+            parser = self._parsers[d.index] = ToolCallParser(self._tools, self._choice)
+        text = parser.feed(d.text)
+        if d.finish_reason is None:
+            d = replace(d, text=text)
+        else:
+            rest, calls = parser.finish()
+            d = replace(d, text=text + rest, tool_calls=calls)
+        if not d.text and not d.logprobs and d.finish_reason is None and d.usage is None:
+            return None
+        return d
