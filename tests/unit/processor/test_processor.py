@@ -124,7 +124,7 @@ async def test_errors_are_typed(tok: Tokenizer) -> None:
     with pytest.raises(InvalidRequest, match="empty"):
         await collect(p, ProcessRequest("x", prompt="", model=MODEL))
     # NOTE: a bad sampling value cannot be built: SamplingParams refuses it where the
-    # request enters a process (tests/unit/codec/test_codec.py checks the gRPC entries).
+    # request enters a process (tests/unit/api/test_codec.py checks the gRPC entries).
     with pytest.raises(InvalidRequest, match="stop_token_ids") as e:
         await collect(p, chat("x", stop_token_ids=(1 << 20,)))
     with pytest.raises(ModelNotFound, match="nope"):
