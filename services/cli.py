@@ -13,7 +13,7 @@ _HANDLERS = {
     ("model", "pull"): "services.model.store:pull_main",
     ("model", "make-tiny-llava"): "services.engine.multimodal.tiny:main",
     ("chat",): "services.engine.chat:main",
-    ("router",): "services.router.cli:main",
+    ("router",): "services.router.serve:main",
     ("decode",): "services.decode.serve:main",
     ("prefill",): "services.prefill.serve:main",
     ("encode",): "services.encode.serve:main",
@@ -113,6 +113,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     # the exact command line, for the result files of `tandem bench` (services/bench/results.py)
     args._argv = list(sys.argv[1:] if argv is None else argv)
     module, func = _HANDLERS[args._key].split(":")
+    if args._key[0] == "bench":
+        # a bench terminated by SIGTERM (what `timeout` sends) unwinds like Ctrl-C: the
+        # clusters, servers and TP ranks it started are stopped on the way out
+        from services.common.children import interrupt_on_sigterm
+
+        interrupt_on_sigterm()
     handler = getattr(importlib.import_module(module), func)
     try:
         return int(handler(args) or 0)

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     import torch
 
 
-class FinishReason(str, enum.Enum):
+class FinishReason(enum.StrEnum):
     STOP = "stop"  # eos, a stop token id, or (in the processor) a stop string
     LENGTH = "length"  # max_tokens or the context length was reached
     ABORT = "abort"  # aborted by the caller

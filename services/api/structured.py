@@ -21,7 +21,7 @@ MAX_CHOICES = 256
 _JSON_OPTIONS = {"whitespace_flexible": False}
 
 
-class StructuredKind(str, enum.Enum):
+class StructuredKind(enum.StrEnum):
     JSON_OBJECT = "json_object"  # any JSON object
     JSON_SCHEMA = "json_schema"  # ``spec``: the schema, as JSON text
     REGEX = "regex"  # ``spec``: a regular expression (Rust regex syntax)

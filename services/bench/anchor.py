@@ -34,12 +34,11 @@ import argparse
 import asyncio
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -52,6 +51,7 @@ from services.bench.client import run_workload
 from services.bench.metrics import summarize
 from services.bench.results import finish, header, write_json
 from services.bench.workloads import ID_HIGH, ID_LOW, BenchRequest
+from services.common import children
 
 LLAMA_SERVER_ENV = "TANDEM_LLAMA_SERVER"
 INSTALL_HINT = """\
@@ -185,7 +185,7 @@ def running_llama_server(argv: list[str], url: str, log_path: Path,
     """llama-server from ``argv``, yielded once ``url``/health is 200; SIGTERM after."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        proc = children.spawn(argv, stop_timeout_s=30.0, stdout=log, stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + ready_timeout_s
             while True:
@@ -202,13 +202,7 @@ def running_llama_server(argv: list[str], url: str, log_path: Path,
                 time.sleep(0.3)
             yield proc
         finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            children.stop(proc)
 
 
 def _llama_timings(url: str, prompt: list[int], n_predict: int) -> dict:
@@ -263,9 +257,27 @@ def tandem_engine_figures(cfg: object, loads: Loads) -> dict[str, float]:
 
 # -- served loads (both servers) ----------------------------------------------------------------
 
-def served_figures(base_url: str, model: str, loads: Loads, prompts: _Prompts) -> dict[str, float]:
+def decode_step_seconds(metrics_url: str) -> tuple[float, float]:
+    """(sum, count) of a tandem worker's decode steps so far (its
+    ``tandem_worker_engine_step_seconds{kind="decode"}``)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    got = {"sum": 0.0, "count": 0.0}
+    for fam in text_string_to_metric_families(httpx.get(metrics_url, timeout=10).text):
+        if fam.name == "tandem_worker_engine_step_seconds":
+            for smp in fam.samples:
+                end = smp.name.rsplit("_", 1)[1]
+                if smp.labels.get("kind") == "decode" and end in got:
+                    got[end] = smp.value
+    return got["sum"], got["count"]
+
+
+def served_figures(base_url: str, model: str, loads: Loads, prompts: _Prompts,
+                   steps: Callable[[], tuple[float, float]] | None = None) -> dict[str, float]:
     """1 stream: mean ITL and TTFT; ``streams`` streams: output tok/s and mean TTFT. A warm-up
-    request first; a failed request fails the bench (a ratio over errors means nothing)."""
+    request first; a failed request fails the bench (a ratio over errors means nothing).
+    With ``steps`` (a worker's decode-step (sum, count)): also the mean decode step during
+    the 1-stream run, the floor its ITL is measured against (``step_ms_1``)."""
 
     def run(reqs: list[BenchRequest], concurrency: int) -> dict:
         spec = ArrivalSpec("concurrency", concurrency=concurrency)
@@ -277,12 +289,17 @@ def served_figures(base_url: str, model: str, loads: Loads, prompts: _Prompts) -
         return summarize(result.records, result.duration_s, {}).to_dict()
 
     run(prompts.requests(1, loads.itl_prompt, loads.itl_out), 1)
+    before = steps() if steps is not None else None
     one = run(prompts.requests(loads.itl_requests, loads.itl_prompt, loads.itl_out), 1)
+    after = steps() if steps is not None else None
     many = run(prompts.requests(loads.stream_requests, loads.itl_prompt, loads.itl_out),
                loads.streams)
-    return {"itl_ms_1": round(one["itl"]["mean"], 2), "ttft_ms_1": round(one["ttft"]["mean"], 1),
-            "out_tok_s_n": round(many["output_throughput"], 1),
-            "ttft_ms_n": round(many["ttft"]["mean"], 1)}
+    out = {"itl_ms_1": round(one["itl"]["mean"], 2), "ttft_ms_1": round(one["ttft"]["mean"], 1),
+           "out_tok_s_n": round(many["output_throughput"], 1),
+           "ttft_ms_n": round(many["ttft"]["mean"], 1)}
+    if before is not None and after is not None and after[1] > before[1]:
+        out["step_ms_1"] = round((after[0] - before[0]) / (after[1] - before[1]) * 1e3, 2)
+    return out
 
 
 # -- the run -----------------------------------------------------------------------------------
@@ -311,7 +328,9 @@ def ratio_rows(llama: dict, tandem: dict, loads: Loads) -> list[dict]:
     return rows
 
 
-def format_table(rows: list[dict], floor: dict) -> str:
+def format_table(rows: list[dict], floor: dict, step_ms: float | None = None) -> str:
+    """The ratio table, the served ITL over ``step_ms`` (tandem's own decode step, measured
+    in the same run), and the batch-1 floors."""
     def cell(v: object) -> str:
         return "-" if v is None else str(v)
 
@@ -320,6 +339,10 @@ def format_table(rows: list[dict], floor: dict) -> str:
         ok = {True: "yes", False: "NO", None: "-"}[r["meets"]]
         lines.append(f"{r['label']:<46}{cell(r['llama']):>13}{cell(r['tandem']):>10}"
                      f"{cell(r['ratio']):>14}{r['target']:>9}  {ok}")
+    itl = next((r["tandem"] for r in rows if r["key"] == "itl_ms_1"), None)
+    if step_ms and itl:
+        lines.append(f"tandem served ITL {itl} ms over its worker's decode step {step_ms} ms: "
+                     f"the served path adds {itl / step_ms - 1:+.1%}")
     lines.append(f"memory bandwidth (torch copy, {floor['threads']} threads): "
                  f"{floor['bandwidth_gbs']} GB/s")
     for side in ("llama", "tandem"):
@@ -389,7 +412,9 @@ def main(args: argparse.Namespace) -> int:
         print(f"tandem served (`tandem up`, run dir {run_dir / 'tandem'}) ...", flush=True)
         with running_cluster(args.config, served_overrides, url, run_dir / "tandem",
                              run_dir / "tandem.log", args.ready_timeout, 2.0):
-            tandem.update(served_figures(url, model, loads, _Prompts(loads.seed + 1)))
+            metrics = f"http://127.0.0.1:{served_cfg.decode.metrics_port}/metrics"
+            tandem.update(served_figures(url, model, loads, _Prompts(loads.seed + 1),
+                                         lambda: decode_step_seconds(metrics)))
         print(f"  tandem served: {tandem}", flush=True)
     floor: dict = {"threads": args.threads, "bandwidth_gbs": bandwidth}
     if llama.get("weight_bytes"):
@@ -397,7 +422,7 @@ def main(args: argparse.Namespace) -> int:
     if tandem.get("weight_bytes"):
         floor["tandem"] = _floor(bandwidth, tandem["weight_bytes"], tandem.get("decode_tok_s"))
     rows = ratio_rows(llama, tandem, loads)
-    print(format_table(rows, floor))
+    print(format_table(rows, floor, tandem.get("step_ms_1")))
     write_json(args.json_path, finish(head, {
         "loads": asdict(loads), "model": str(gguf), "llama_server": str(binary),
         "llama": llama, "tandem": tandem, "rows": rows, "floor": floor}))

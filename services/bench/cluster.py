@@ -1,5 +1,6 @@
 """A cluster started for a benchmark: `tandem up` as a subprocess, ready once the frontend's
-/health is 200, stopped with SIGTERM (the launcher stops its children) when done.
+/health is 200, stopped with SIGTERM (the launcher stops its children) when done, or when
+the bench is itself terminated (services/common/children.py).
 
 `bench compare` starts one per run, `bench overhead --up` one for its layers; the launcher's
 ``processes.json`` in the run directory names every child, which is how `bench overhead
@@ -12,7 +13,6 @@ import argparse
 import json
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import time
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from services.common import env
+from services.common import children, env
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
@@ -37,16 +37,6 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
             pass
         time.sleep(0.5)
     raise RuntimeError(f"{url}/health not 200 after {timeout_s:.0f}s")
-
-
-def stop_cluster(proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @contextmanager
@@ -70,13 +60,16 @@ def running_cluster(config: str | None, overrides: Sequence[str], url: str, run_
         argv += ["--set", o]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        # a launcher killed after its stop timeout leaves its parts (each in a session of
+        # its own) running: those are killed by the pids it wrote down
+        proc = children.spawn(argv, stop_timeout_s=60.0, orphans=lambda: _pids(run_dir),
+                              stdout=log, stderr=subprocess.STDOUT)
         try:
             wait_healthy(url, proc, ready_timeout_s)
             time.sleep(settle_s)
             yield proc
         finally:
-            stop_cluster(proc)
+            children.stop(proc)
 
 
 @contextmanager
@@ -98,3 +91,10 @@ def cluster_processes(run_dir: Path) -> dict[str, int]:
     ``processes.json``."""
     rows = json.loads((run_dir / "processes.json").read_text())
     return {r["name"]: int(r["pid"]) for r in rows}
+
+
+def _pids(run_dir: Path) -> list[int]:
+    try:
+        return list(cluster_processes(run_dir).values())
+    except (OSError, ValueError):  # not written yet, or cut short
+        return []

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import httpx
 
+from services.common import children
+
 
 def restarts_ready(up_log: Path, name: str) -> int:
     """How many times `tandem up` has said ``name`` is ready after a restart."""
@@ -61,7 +63,7 @@ def one_part(args: argparse.Namespace, name: str) -> dict:
     wait_serving(args.base_url, args.model)
     time.sleep(args.settle)
     out = args.out / f"{name}.json"
-    bench = subprocess.Popen(
+    bench = children.spawn(
         [sys.executable, "-m", "services.cli", "bench", "serve", "--base-url", args.base_url,
          "--model", args.model, "--workload", "mixed", "--short-len", "32", "--long-len", str(args.long_len),
          # gamma with a large shape: near-even arrivals, so every part's outage meets
@@ -89,6 +91,7 @@ def one_part(args: argparse.Namespace, name: str) -> dict:
             probe_errors.add(re.sub(r"\d+", "N", err))
         time.sleep(0.25)
     bench.wait()
+    children.stop(bench)  # forgotten, with anything it left in its group
     res = json.loads(out.read_text())
     failed = [r for r in res["requests"] if not r["ok"]]
     errors = sorted({re.sub(r"[0-9a-f]{8,}|\d+", "N", r["error"])[:90] for r in failed})

@@ -29,9 +29,9 @@ from services.bench.results import finish, header, write_json
 from services.common.config import ClusterConfig, load_config
 from services.engine.engine import LLMEngine
 from services.engine.factory import build_engine
+from services.engine.parallel.shard import check_tp_layout
 from services.engine.request import GenerateRequest
 from services.engine.tp.runner import TpRunner
-from services.engine.tp.shard import check_tp_layout
 
 
 def pick_tp(cfg: ClusterConfig, arg: str) -> int:

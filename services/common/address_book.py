@@ -88,7 +88,7 @@ class AddressBook:
                         self.joined(ev.registration)
                     else:
                         self.left(ev.registration.instance_id)
-            except (nats.errors.Error, asyncio.TimeoutError) as e:
+            except (TimeoutError, nats.errors.Error) as e:
                 log.warning("discovery watch of %s failed (%s); restarting", self.role, e)
                 await asyncio.sleep(0.5)
 

@@ -91,7 +91,7 @@ class Lease:
             await asyncio.sleep(self._heartbeat_s)
             try:
                 await self._kv.put(self.registration.key, self.registration.to_bytes())
-            except (nats.errors.Error, asyncio.TimeoutError) as e:
+            except (TimeoutError, nats.errors.Error) as e:
                 # A NATS outage: keep beating, the client reconnects on its own.
                 log.warning("discovery heartbeat for %s failed: %s", self.registration.key, e)
 
@@ -103,7 +103,7 @@ class Lease:
         if delete:
             try:
                 await self._kv.delete(self.registration.key)
-            except (nats.errors.Error, asyncio.TimeoutError) as e:
+            except (TimeoutError, nats.errors.Error) as e:
                 log.warning("discovery delete of %s failed (TTL will expire it): %s",
                             self.registration.key, e)
 
@@ -188,7 +188,7 @@ class Discovery:
             while True:
                 try:
                     item: tuple[str, bytes | None] | None = await asyncio.wait_for(live.get(), sweep)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     item = None
                 now = time.monotonic()
                 if item is not None:

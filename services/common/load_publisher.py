@@ -37,7 +37,7 @@ class LoadPublisher:
         while True:
             try:
                 await publish_load(self._nc, self._subjects, self._sample())
-            except (nats.errors.Error, asyncio.TimeoutError) as e:
+            except (TimeoutError, nats.errors.Error) as e:
                 log.warning("load publish failed: %s", e)
             await asyncio.sleep(self._interval)
 

@@ -43,14 +43,15 @@ def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return uvloop.new_event_loop
 
 
-def stop_on_signals() -> asyncio.Event:
-    """An event set by SIGINT or SIGTERM: the part's cue to deregister, drain and exit.
+def stop_on_signals(stop: asyncio.Event | None = None) -> asyncio.Event:
+    """An event (``stop``, or a new one) set by SIGINT or SIGTERM: the part's cue to
+    deregister, drain and exit.
 
     Call it before the part opens its first port: `tandem up` (and any orchestrator) calls
     a part ready once a port accepts and may signal it right then; a signal that arrives
     while the part is still starting is kept, and acted on once startup is done, instead
     of killing the process by the default action mid-start."""
-    stop = asyncio.Event()
+    stop = asyncio.Event() if stop is None else stop
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)

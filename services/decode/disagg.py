@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from services.common.config import DisaggConfig
 
 
-class DecisionReason(str, enum.Enum):
+class DecisionReason(enum.StrEnum):
     REMOTE = "remote"  # long enough and the queue has room
     DISABLED = "disabled"  # decode.disagg.enabled is false
     SHORT = "short"  # effective prefill <= max_local_prefill_length

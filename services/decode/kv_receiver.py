@@ -54,7 +54,7 @@ class KvTransferError(ValueError):
     """A transfer whose header or payload does not match what the decode worker asked for."""
 
 
-class KvRefusal(str, enum.Enum):
+class KvRefusal(enum.StrEnum):
     """Why a KvTransfer was answered ``accepted=false``
     (``tandem_worker_kv_transfers_refused_total{reason}``)."""
 

@@ -120,7 +120,7 @@ class DecodeWorker:
         self._draining = True
         try:
             await asyncio.wait_for(self._idle.wait(), grace_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
         return True
 

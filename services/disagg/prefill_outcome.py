@@ -6,7 +6,7 @@ from __future__ import annotations
 import enum
 
 
-class PrefillLocation(str, enum.Enum):
+class PrefillLocation(enum.StrEnum):
     """Where a request's prompt KV was computed (the ``where`` label of
     tandem_worker_prefill_total)."""
 
@@ -14,7 +14,7 @@ class PrefillLocation(str, enum.Enum):
     REMOTE = "remote"
 
 
-class FallbackReason(str, enum.Enum):
+class FallbackReason(enum.StrEnum):
     """Why a remote prefill ended as a local one (tandem_worker_remote_prefill_fallbacks_total)."""
 
     NO_BLOCKS = "no_blocks"  # its blocks did not fit when parking: the scheduler waits for room

@@ -160,11 +160,11 @@ class PrefillQueue:
         deleted = False
         try:
             deleted = bool(await self._js.delete_msg(self._subjects.prefill_stream, seq))
-        except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as e:
+        except (TimeoutError, nats.errors.Error, nats.js.errors.Error) as e:
             log.debug("retracting prefill job %d: %s", seq, e)
         if self._nc is not None:
             try:
                 await self._nc.publish(self._subjects.prefill_cancel, request_id.encode())
-            except (nats.errors.Error, asyncio.TimeoutError) as e:
+            except (TimeoutError, nats.errors.Error) as e:
                 log.debug("cancelling prefill job %s: %s", request_id, e)
         return deleted

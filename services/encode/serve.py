@@ -4,28 +4,25 @@ Loads only the vision half of the LLaVA model (tower + projector) and serves see
 encode side on ``encode.port + N`` (proto/encode.proto), /metrics on
 ``encode.metrics_port + N``, registered in discovery as role ``encode``. Transfers a
 language side stopped resuming are freed after ``encode.stale_transfer_s``.
-SIGTERM/SIGINT: deregister, finish in-flight calls for up to ``encode.grace_period_s``, exit 0.
+SIGTERM/SIGINT: deregister, finish in-flight calls for up to ``encode.grace_period_s``, exit 0
+(services/common/lifecycle.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 
-from prometheus_client import start_http_server
-
+from services.common import lifecycle
 from services.common.config import ClusterConfig
-from services.common.discovery import Discovery, Registration
-from services.common.nats_client import connect
-from services.common.service import cancel_and_wait, run_part, stop_on_signals
+from services.common.lifecycle import GrpcListener, PartSpec, Setup
+from services.common.service import run_part
 
 log = logging.getLogger("tandem.encode")
 
 
-async def serve(cfg: ClusterConfig, replica: int = 0, host: str | None = None) -> None:
-    host = cfg.bind_host if host is None else host
+async def _build(part: Setup) -> PartSpec:
     import torch
 
     from services.encode.grpc_server import serve_encode_worker
@@ -38,8 +35,8 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str | None = None) -
     from services.engine.runner.torch_runner import resolve_device, resolve_dtype
     from services.model.store import resolve_model_path
 
+    cfg, instance = part.cfg, part.instance
     torch.set_num_threads(cfg.engine.threads)
-    instance = f"encode-{replica}"
     model_path = resolve_model_path(cfg.model.path)
     if not is_llava_dir(model_path):
         raise ValueError(f"encode worker: the model {model_path} is not a LLaVA model (no vision tower)")
@@ -49,27 +46,17 @@ async def serve(cfg: ClusterConfig, replica: int = 0, host: str | None = None) -
     sender = EmbeddingSender(EmbeddingBlockAllocator(mm.num_blocks, mm.block_size, 1),
                              EmbeddingBuffers(mm.num_blocks, mm.block_size, encoder.hidden_size), encoder.encode)
     channel = LocalEncodeChannel(sender, instance)
-    nc = await connect(cfg.nats, instance)
-    stop = stop_on_signals()  # before the port opens (see stop_on_signals)
-    server, port = await serve_encode_worker(channel, host, ec.port + replica)
-    metrics_port = ec.metrics_port + replica
-    start_http_server(metrics_port, registry=encode_registry(encoder, channel), addr=host)
-    reaper = asyncio.create_task(_reap(channel, ec.stale_transfer_s), name="encode reaper")
-    try:
-        disc = await Discovery.open(nc, cfg.namespace, cfg.discovery)
-        lease = await disc.register(Registration(
-            "encode", instance, address=f"{ec.advertise_host}:{port}",
-            metrics_address=f"{ec.advertise_host}:{metrics_port}", metadata={"model": str(model_path.name)}))
-        log.info("encode worker %s: gRPC :%d, metrics :%d", instance, port, metrics_port)
-        await stop.wait()
-        log.info("encode worker %s: draining", instance)
-        await lease.close()
-        await server.stop(grace=ec.grace_period_s)
-    finally:
-        await cancel_and_wait(reaper)
-        channel.close()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(nc.close(), 2.0)
+    part.on_close(channel.close, "embedding transfers")
+    part.task(_reap(channel, ec.stale_transfer_s), "encode reaper")
+
+    async def open_port(host: str, port: int) -> GrpcListener:
+        return GrpcListener(*await serve_encode_worker(channel, host, port))
+
+    return PartSpec(
+        ec.advertise_host, ec.grace_period_s, open=open_port, port=ec.port + part.replica,
+        registry=encode_registry(encoder, channel), metrics_port=ec.metrics_port + part.replica,
+        metadata={"model": str(model_path.name)},
+        announce=lambda b: log.info("encode worker %s: gRPC :%d, metrics :%d", instance, b.port, b.metrics_port))
 
 
 async def _reap(channel, stale_after_s: float) -> None:
@@ -78,6 +65,10 @@ async def _reap(channel, stale_after_s: float) -> None:
         freed = await channel.reap(stale_after_s)
         if freed:
             log.warning("freed %d embedding transfers nobody resumed for %.0fs", len(freed), stale_after_s)
+
+
+async def serve(cfg: ClusterConfig, replica: int = 0, host: str | None = None) -> None:
+    await lifecycle.run(cfg, "encode", replica, _build, host=host)
 
 
 def main(args: argparse.Namespace) -> int:

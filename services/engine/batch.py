@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from services.api.outputs import TokenLogprob
 from services.api.sampling import SamplingParams
+from services.engine.timings import StepKind
 
 if TYPE_CHECKING:
     from services.engine.grammar.batch_mask import BatchMask
@@ -91,6 +92,11 @@ class ScheduledBatch:
     future_base: int = 0
     # The allowed tokens of its grammar-constrained sampling rows; None: no such row.
     grammar_mask: BatchMask | None = None
+    num_decodes: int = 0  # seqs computing one decode token (the rest: prompt tokens)
+
+    @property
+    def kind(self) -> StepKind:
+        return StepKind.of(len(self.seqs), self.num_decodes)
 
     @property
     def num_tokens(self) -> int:

@@ -21,6 +21,7 @@ from services.engine.remote_prefill import RemotePrefillHandle
 from services.engine.request import GenerateRequest
 from services.engine.runner.base import ModelRunner
 from services.engine.scheduler import InvalidRequestError, Scheduler
+from services.engine.timings import EngineTimings
 
 if TYPE_CHECKING:
     from services.engine.grammar.batch_mask import BatchMask, MaskBuilder
@@ -40,6 +41,8 @@ class EngineStats:
     prompt_tokens_total: int
     prefix_cache_hit_tokens_total: int
     num_preemptions_total: int
+    # Step and request-phase histograms, live (written by the step thread).
+    timings: EngineTimings
     # Tokens this engine still has to prefill: waiting sequences' tokens less their prefix-
     # cache hits (as of when they queued) and running ones' uncomputed prompt tokens (parked
     # remote prefills excluded: another worker prefills them). Scheduler.prefill_tokens_pending.
@@ -73,6 +76,9 @@ class LLMEngine:
             raise ValueError(f"runner block_size {spec.block_size} != engine.block_size "
                              f"{cfg.block_size}")
         max_len = min(cfg.max_model_len or runner.max_model_len, runner.max_model_len)
+        self.timings = EngineTimings()
+        # Indexed by StepKind: one lookup per step, nothing allocated.
+        self._step_seconds = self.timings.step_seconds
         self.runner = runner
         self.cfg = cfg
         self.pool = BlockPool(spec.num_blocks, spec.block_size, on_kv_event, worker_id)
@@ -88,6 +94,7 @@ class LLMEngine:
             kv_exporter=runner.export_kv,
             kv_importer=runner,
             grammar=grammar if runner.supports_grammar else None,
+            timings=self.timings,
         )
         # Structured output: the compiler (None: requests with a grammar are refused) and
         # the builder of each batch's allowed-token mask.
@@ -153,7 +160,10 @@ class LLMEngine:
         result = self.runner.execute(batch) if batch.seqs else self._no_output
         t2 = time.perf_counter()
         outputs = self.scheduler.update(batch, result)
-        self.scheduler_seconds += (t1 - t0) + (time.perf_counter() - t2)
+        t3 = time.perf_counter()
+        self.scheduler_seconds += (t1 - t0) + (t3 - t2)
+        if batch.seqs:
+            self._step_seconds[batch.kind].observe(t3 - t0)
         self.num_steps += 1
         self._forget_finished(outputs)
         return outputs
@@ -193,6 +203,7 @@ class LLMEngine:
                     # Batch N's tokens advanced the matchers: N+1's sampler waits for this.
                     self._fill(mask)
             t3 = time.perf_counter()
+            self._step_seconds[prev_batch.kind].observe(t3 - t0)
             if not batch.seqs:
                 self.last_batch_size = len(prev_batch.seqs)
         self.scheduler_seconds += (t1 - t0) + (t3 - t2)
@@ -282,6 +293,7 @@ class LLMEngine:
             num_preemptions_total=s.num_preemptions,
             num_prefill_tokens_pending=s.prefill_tokens_pending(),
             grammar=self.grammar.stats if self.grammar is not None else None,
+            timings=self.timings,
         )
 
     def check_integrity(self) -> None:

@@ -3,7 +3,7 @@
 Weights come from a Hugging Face-named state dict (``load_hf_weights``); q/k/v and
 gate/up are fused into one matmul each. With tensor parallelism, attention heads and the
 MLP's intermediate dimension are split across ranks (KV heads replicated where there are
-more ranks than KV heads, tp/shard.py); the embedding, norms and LM head are replicated,
+more ranks than KV heads, parallel/shard.py); the embedding, norms and LM head are replicated,
 and only the entry rank applies the head (docs/engine.md, "Tensor parallelism").
 """
 
@@ -18,7 +18,7 @@ from services.engine.layers.attention import AttentionMetadata, paged_attention
 from services.engine.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from services.engine.layers.norm import RMSNorm
 from services.engine.layers.rotary import RotaryEmbedding, apply_rotary
-from services.engine.tp.shard import TpShard, check_tp_layout
+from services.engine.parallel.shard import TpShard, check_tp_layout
 from services.model.arch import ModelArchConfig
 
 

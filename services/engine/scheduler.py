@@ -38,6 +38,7 @@ A sequence that finished (or was aborted) meanwhile ignores the rest of its batc
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from collections.abc import Sequence as Seq
@@ -63,6 +64,7 @@ from services.engine.remote_prefill import (
 )
 from services.engine.request import GenerateRequest
 from services.engine.sequence import SeqStatus, Sequence
+from services.engine.timings import EngineTimings
 
 if TYPE_CHECKING:
     from services.engine.grammar.compiler import GrammarCompiler
@@ -97,6 +99,8 @@ class Scheduler:
         kv_exporter: Callable[[Seq[int]], Any] | None = None,
         kv_importer: KvImporter | None = None,
         grammar: GrammarCompiler | None = None,
+        timings: EngineTimings | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.kv = kv
         self.block_size = kv.block_size
@@ -113,6 +117,10 @@ class Scheduler:
         self.kv_exporter = kv_exporter
         self.kv_importer = kv_importer
         self.grammar = grammar
+        # Each request's queue, prefill and decode time; the clock is read only at those
+        # edges (arrival, first scheduling, first and last token), never for a decision.
+        self.timings = timings if timings is not None else EngineTimings()
+        self.clock = clock
         self.num_grammar_seqs = 0  # live sequences with a grammar: 0 = no batch needs a mask
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -194,6 +202,7 @@ class Scheduler:
         """The request's Sequence, with its grammar's matcher when it has one: replayed over
         the tokens it produced before a migration (the prompt's last ``seed_step_offset``)."""
         seq = Sequence.from_request(request)
+        seq.queued_at = self.clock()
         spec = request.sampling.structured
         if spec is not None:
             if self.grammar is None:
@@ -349,6 +358,7 @@ class Scheduler:
         # NOTE: the cap matters only when someone waits for the budget it leaves.
         chunk_cap = self.long_prefill if self.waiting else budget
         preempted = 0
+        decodes = 0  # sequences scheduled for one decode token: the step's kind
         i = 0
         while i < len(running):
             seq = running[i]
@@ -383,12 +393,14 @@ class Scheduler:
                 owners.append(seq)
                 if remaining > 1:
                     budget -= n
+                else:
+                    decodes += 1
                 i += 1
         if not preempted:
             self._admit(out, owners, budget)
         else:
             self._expect_hits(preempted)
-        batch = ScheduledBatch(out, owners, self._future_base)
+        batch = ScheduledBatch(out, owners, self._future_base, num_decodes=decodes)
         if self._future_next != self._future_base:
             self._future_base = (self._future_base + self.max_num_seqs) % self.num_future_slots
         return batch
@@ -423,6 +435,8 @@ class Scheduler:
         """Count a request's prompt and prefix hit once, on its first admission."""
         if not seq.admitted:
             seq.admitted = True
+            seq.scheduled_at = now = self.clock()
+            self.timings.queue_seconds.observe(now - seq.queued_at)
             seq.num_cached_tokens = hit.num_tokens
             self.prompt_tokens_total += seq.num_prompt_tokens
             self.prefix_hit_tokens_total += hit.num_tokens
@@ -563,6 +577,8 @@ class Scheduler:
         elif pos + 1 >= self.max_model_len or (
                 sp.max_tokens is not None and pos + 1 - seq.num_prompt_tokens >= sp.max_tokens):
             reason = FinishReason.LENGTH
+        if seq.first_token_at == 0.0 or reason is not None:
+            self._time_token(seq, reason is not None)
         out = self._output(seq, [tok] if error is None else [], reason)
         if error is not None:
             out.error = f"request {seq.request_id!r}: {error}"
@@ -575,6 +591,19 @@ class Scheduler:
                 self.waiting.remove(seq)
             self._finish(seq, reason)
         return out
+
+    def _time_token(self, seq: Sequence, last: bool) -> None:
+        """Observe the phase a first or last token ends (choice 0 only: one per request)."""
+        now = self.clock()
+        first = seq.first_token_at == 0.0
+        if first:
+            seq.first_token_at = now
+        if seq.choice != 0:
+            return
+        if first:
+            self.timings.prefill_seconds.observe(now - seq.scheduled_at)
+        if last:
+            self.timings.decode_seconds.observe(now - seq.first_token_at)
 
     def _export(self, seq: Sequence) -> Any:
         frm = seq.request.export_kv_from_block

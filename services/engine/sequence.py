@@ -66,6 +66,11 @@ class Sequence:
     choice: int = 0
     group: list[Sequence] | None = None
     forked: bool = False
+    # The scheduler's clock when it arrived, was first scheduled (a remote prefill: parked)
+    # and produced its first token (0.0: not yet): the phases of EngineTimings.
+    queued_at: float = 0.0
+    scheduled_at: float = 0.0
+    first_token_at: float = 0.0
 
     @property
     def request_id(self) -> str:

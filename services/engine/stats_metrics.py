@@ -11,6 +11,7 @@ from prometheus_client.registry import Collector
 
 from services.engine.engine import EngineStats
 from services.engine.grammar.stats import GrammarStats
+from services.engine.timings import EngineTimings, StepKind
 
 
 class EngineStatsCollector(Collector):
@@ -35,8 +36,29 @@ class EngineStatsCollector(Collector):
         yield CounterMetricFamily("tandem_worker_prefix_cache_hit_tokens",
                                   "Prompt tokens served from the prefix cache",
                                   value=s.prefix_cache_hit_tokens_total)
+        yield from _timing_metrics(s.timings)
         if s.grammar is not None:
             yield from _grammar_metrics(s.grammar)
+
+
+def _timing_metrics(t: EngineTimings) -> Iterator[HistogramMetricFamily]:
+    steps = HistogramMetricFamily("tandem_worker_engine_step_seconds",
+                                  "Wall time of one engine step, by what it computed",
+                                  labels=["kind"])
+    for kind in StepKind:
+        h = t.step_seconds[kind]
+        steps.add_metric([kind.name.lower()], h.buckets(), h.total)
+    yield steps
+    for name, doc, h in (
+        ("request_queue_seconds", "Time from a request's arrival to its first scheduling",
+         t.queue_seconds),
+        ("request_prefill_seconds", "Time from a request's first scheduling to its first token",
+         t.prefill_seconds),
+        ("request_decode_seconds", "Time from a request's first token to its last",
+         t.decode_seconds),
+    ):
+        yield HistogramMetricFamily(f"tandem_worker_{name}", doc, buckets=h.buckets(),
+                                    sum_value=h.total)
 
 
 def _grammar_metrics(g: GrammarStats) -> Iterator[CounterMetricFamily | HistogramMetricFamily]:

@@ -61,7 +61,7 @@ async def fetch_image(url: str, max_bytes: int, timeout_s: float,
 
     try:
         return await asyncio.wait_for(get(), timeout_s)
-    except (TimeoutError, asyncio.TimeoutError):
+    except TimeoutError:
         raise ImageInputError(f"fetching the image took over {timeout_s}s") from None
     except httpx.HTTPError as e:
         raise ImageInputError(f"cannot fetch the image: {type(e).__name__}: {e}") from None

@@ -2,97 +2,54 @@
 
 Finds processors in discovery (or at ``frontend.processor_address``), watches routers and
 decode workers for /health, registers as role "frontend". SIGTERM/SIGINT: deregister, stop
-accepting, let in-flight requests finish (up to ``frontend.drain_timeout_s``), exit 0.
+accepting, let in-flight requests finish (up to ``frontend.drain_timeout_s``), exit 0
+(services/common/lifecycle.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import logging
-import signal
-from typing import Any
 
-import uvicorn
-
+from services.common import lifecycle
 from services.common.address_book import AddressBook, ChannelPool
-from services.common.config import ClusterConfig, FrontendConfig
-from services.common.discovery import Discovery, Registration
-from services.common.nats_client import connect
+from services.common.config import ClusterConfig
+from services.common.lifecycle import PartSpec, Setup
 from services.common.net import advertised_host
 from services.common.service import run_part
+from services.frontend.http_server import HttpListener, Server, http_config
 
 log = logging.getLogger("tandem.frontend")
 
 
-class _Server(uvicorn.Server):
-    # NOTE: uvicorn re-raises a captured SIGTERM after shutdown (exit by signal); we handle
-    # the signals ourselves so a drain ends with exit status 0.
-    @contextlib.contextmanager
-    def capture_signals(self):  # type: ignore[override]
-        yield
-
-
-def http_config(app: Any, fc: FrontendConfig, port: int) -> uvicorn.Config:
-    """uvicorn with the frontend's read limits (docs/operations.md, "HTTP timeouts and
-    limits"): headers and their size in http_protocol.py, keep-alive idle time here, the
-    body in the app (body.py)."""
-    from services.frontend.http_protocol import with_header_limits
-
-    # NOTE: uvicorn types timeout_keep_alive as int but only hands it to call_later.
-    return uvicorn.Config(app, host=fc.host, port=port, log_level="warning",
-                          http=with_header_limits(fc.header_timeout_s, fc.keep_alive_timeout_s),
-                          timeout_keep_alive=fc.keep_alive_timeout_s,  # type: ignore[arg-type]
-                          timeout_graceful_shutdown=int(fc.drain_timeout_s))
-
-
-async def serve(cfg: ClusterConfig, replica: int = 0) -> None:
+async def _build(part: Setup) -> PartSpec:
     from services.frontend.app import create_app
     from services.frontend.readiness import ClusterReadiness
     from services.processor.client import ProcessorClient
 
-    fc = cfg.frontend
-    nc = await connect(cfg.nats, name=f"frontend-{replica}")
+    fc = part.cfg.frontend
     pool = ChannelPool()
+    part.on_close(pool.close, "channels")
     processors = AddressBook("processor", fc.processor_address)
     routers, decoders = AddressBook("router"), AddressBook("decode")
-    try:
-        disc = await Discovery.open(nc, cfg.namespace, cfg.discovery)
-        for book in (processors, routers, decoders):
-            if not book.addresses():  # a fixed address needs no watch
-                book.start(disc)
-        app = create_app(cfg, ProcessorClient(processors, pool),
-                         ClusterReadiness(routers, decoders, processors))
-        port = fc.port + replica
-        server = _Server(http_config(app, fc, port))
-        adv = advertised_host(fc.host)
-        lease = await disc.register(Registration(
-            "frontend", f"frontend-{replica}", address=f"{adv}:{port}",
-            metrics_address=f"{adv}:{port}"))
+    for book in (processors, routers, decoders):
+        part.on_close(book.close, f"{book.role} address book")
+        if not book.addresses():  # a fixed address needs no watch
+            book.start(await part.discovery())
+    app = create_app(part.cfg, ProcessorClient(processors, pool),
+                     ClusterReadiness(routers, decoders, processors))
 
-        loop = asyncio.get_running_loop()
-        closing: list[asyncio.Task[None]] = []
+    async def open_port(_host: str, port: int) -> HttpListener:
+        return await HttpListener(Server(http_config(app, fc, port)), port).start()
 
-        def on_signal() -> None:
-            # Deregister first (so nothing new is sent here), then let uvicorn stop accepting
-            # and finish in-flight requests for up to frontend.drain_timeout_s.
-            if not closing:
-                closing.append(loop.create_task(lease.close()))
-            server.should_exit = True
+    # /metrics is served on the API port (no metrics_port)
+    return PartSpec(
+        advertised_host(fc.host), fc.drain_timeout_s, open=open_port, port=fc.port + part.replica,
+        announce=lambda b: log.info("frontend: http://%s:%d/v1", fc.host, b.port))
 
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, on_signal)
-        log.info("frontend: http://%s:%d/v1", fc.host, port)
-        try:
-            await server.serve()
-        finally:
-            await lease.close()
-    finally:
-        for book in (processors, routers, decoders):
-            await book.close()
-        await pool.close()
-        await nc.close()
+
+async def serve(cfg: ClusterConfig, replica: int = 0) -> None:
+    await lifecycle.run(cfg, "frontend", replica, _build, host=cfg.frontend.host)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -21,7 +21,7 @@ from services.common.discovery import Discovery, Registration
 DECODE_ROLE = "decode"
 
 
-class Unlisted(str, enum.Enum):
+class Unlisted(enum.StrEnum):
     """Why a job's destination was refused (``tandem_prefill_jobs_refused_total{reason}``)."""
 
     UNKNOWN_WORKER = "unknown_decode_worker"  # no decode worker of that id in discovery
@@ -74,6 +74,6 @@ class DecodeDirectory:
                 return why
             try:
                 await asyncio.wait_for(self._changed.wait(), left)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return self.check(worker_id, address)
         return None

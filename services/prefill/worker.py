@@ -136,7 +136,7 @@ class PrefillWorker:
             # NOTE: fetch as many jobs as there are free slots, never more.
             try:
                 msgs = await self._psub.fetch(batch=self._free, timeout=1.0)
-            except (nats.errors.TimeoutError, asyncio.TimeoutError):
+            except (TimeoutError, nats.errors.TimeoutError):
                 # NOTE: a fetch on a consumer that vanished (nats-server restarted, its memory
                 # stream lost) only times out: while idle, re-ensure the queue now and then.
                 if time.monotonic() - idle_since > _ENSURE_IDLE_S:
@@ -159,7 +159,7 @@ class PrefillWorker:
         """Create the stream and consumer again if they are gone (idempotent otherwise)."""
         try:
             await ensure_prefill_queue(self._nc.jetstream(), self._subjects, self.cfg.prefill)
-        except (nats.errors.Error, asyncio.TimeoutError) as e:  # still down: next time
+        except (TimeoutError, nats.errors.Error) as e:  # still down: next time
             log.debug("prefill queue check failed: %s", e)
 
     def _job_done(self, task: asyncio.Task[None]) -> None:
@@ -267,7 +267,7 @@ class PrefillWorker:
         while True:
             try:
                 await self._nc.publish(subject, rid)
-            except (nats.errors.Error, asyncio.TimeoutError) as e:
+            except (TimeoutError, nats.errors.Error) as e:
                 log.debug("progress of %s not sent: %s", job.request_id, e)
             await asyncio.sleep(self.cfg.prefill.in_progress_interval_s)
             await _quietly(msg.in_progress())
@@ -277,7 +277,7 @@ async def _quietly(coro) -> None:
     """An ack/nak whose failure (connection lost) only means JetStream redelivers later."""
     try:
         await coro
-    except (nats.errors.Error, asyncio.TimeoutError) as e:
+    except (TimeoutError, nats.errors.Error) as e:
         log.warning("JetStream ack failed (the job will be redelivered): %s", e)
 
 

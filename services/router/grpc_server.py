@@ -1,21 +1,15 @@
-"""gRPC adapter for the Router part, and ``serve`` (what `tandem router -c FILE` runs)."""
+"""gRPC adapter for the Router part (served by services/router/serve.py)."""
 
 from __future__ import annotations
 
 import logging
 
 import grpc
-from prometheus_client import start_http_server
 
 from services.api.route_codec import phase_from_pb, route_request_from_pb, route_response_to_pb
-from services.common.config import ClusterConfig
-from services.common.discovery import Registration
 from services.common.errors import InvalidRequest, ServingError, abort
-from services.common.grpc_server import serve_grpc
-from services.common.net import advertised_host
-from services.common.service import stop_on_signals
 from services.gen import router_pb2, router_pb2_grpc
-from services.router.router import Router, tune_gc_for_index
+from services.router.router import Router
 
 log = logging.getLogger(__name__)
 
@@ -45,31 +39,3 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         except ServingError as e:
             await abort(context, e)
         return router_pb2.UpdateAck()
-
-
-async def serve(cfg: ClusterConfig, replica: int = 0, host: str | None = None) -> None:
-    """Run one router replica until SIGINT/SIGTERM: gRPC on ``router.port + replica``,
-    metrics on ``router.metrics_port + replica``, registered in discovery as role ``router``."""
-    host = cfg.bind_host if host is None else host
-    tune_gc_for_index()
-    router = Router(cfg, replica=replica)
-    await router.start()
-    # before the port opens: a part that looks ready must stop cleanly (see stop_on_signals)
-    stop = stop_on_signals()
-    server, port = await serve_grpc("router", host, cfg.router.port + replica,
-                                    RouterServicer(router).add_to)
-    metrics_port = cfg.router.metrics_port + replica
-    start_http_server(metrics_port, registry=router.metrics.registry, addr=host)
-    assert router.discovery is not None
-    lease = await router.discovery.register(
-        Registration("router", f"router-{replica}", address=f"{advertised_host(host)}:{port}",
-                     metrics_address=f"{advertised_host(host)}:{metrics_port}")
-    )
-    log.info("router replica %d serving gRPC on %d, metrics on %d", replica, port, metrics_port)
-    try:
-        await stop.wait()
-    finally:
-        await lease.close()
-        await server.stop(grace=2)
-        await router.close()
-

@@ -269,7 +269,7 @@ class KvIngest:
                 dump = decode_dump_raw(reply.data)
                 if dump.worker_id != worker:
                     raise WireError(f"dump for {worker!r} answered by {dump.worker_id!r}")
-            except (nats.errors.Error, asyncio.TimeoutError, WireError) as e:
+            except (TimeoutError, nats.errors.Error, WireError) as e:
                 # No responders (not up yet), a timeout or garbage: retry, backing off, until
                 # the worker leaves discovery (worker_left cancels this task).
                 self._metrics.dumps.labels("failed").inc()

@@ -327,7 +327,7 @@ class Router:
                         self.worker_joined(ev.registration)
                     else:
                         self.worker_left(ev.registration.instance_id)
-            except (nats.errors.Error, asyncio.TimeoutError) as e:
+            except (TimeoutError, nats.errors.Error) as e:
                 log.warning("discovery watch failed (%s); restarting", e)
                 await asyncio.sleep(0.5)
 

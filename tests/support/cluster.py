@@ -18,8 +18,8 @@ from services.common.discovery import Discovery, Lease, Registration
 from services.common.grpc_server import serve_grpc
 from services.common.nats_client import connect
 from services.frontend.app import create_app
+from services.frontend.http_server import Server
 from services.frontend.readiness import ClusterReadiness
-from services.frontend.serve import _Server
 from services.model.tokenizer import Tokenizer
 from services.processor.client import ProcessorClient
 from services.processor.context import context_length
@@ -105,7 +105,7 @@ async def running_cluster(cfg: ClusterConfig, tok: Tokenizer, with_decode: bool 
             stack.push_async_callback(b.close)
         app = create_app(cfg, ProcessorClient(books[0], pool), ClusterReadiness(*books))
         port = free_port()
-        server = _Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+        server = Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                         timeout_graceful_shutdown=1))
         task = asyncio.create_task(server.serve())
 

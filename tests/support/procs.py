@@ -1,6 +1,7 @@
 """Real processes for the integration tests: a nats-server that can be killed and restarted
 on the same port and store dir, and `tandem <part>` processes run from a config file, each
-with its output in a log file that failure messages quote."""
+with its output in a log file that failure messages quote. Each runs in a session of its own
+and is stopped when the test run is itself terminated (services/common/children.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import httpx
 import pytest
 import yaml
 
+from services.common import children
 from services.common.config import ClusterConfig
 from services.common.env import in_ci
 from services.launcher.nats import NatsServerNotFoundError, find_nats_server, tcp_accepts
@@ -37,15 +39,6 @@ def _wait_port(port: int, proc: subprocess.Popen, timeout: float, what: str, log
             tail = log.read_text(errors="replace")[-2000:]
             raise AssertionError(f"{what} did not listen on {port}: {tail}")
         time.sleep(0.05)
-
-
-def _end(proc: subprocess.Popen, timeout: float) -> int:
-    """Wait up to ``timeout`` for ``proc`` to exit; SIGKILL it if it has not."""
-    try:
-        return proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.wait()
 
 
 def needs_nats_server() -> None:
@@ -77,23 +70,21 @@ class NatsServer:
         log = self.store / "nats-server.log"
         self.store.mkdir(parents=True, exist_ok=True)
         with log.open("a") as out:
-            self.proc = subprocess.Popen(
+            self.proc = children.spawn(
                 [find_nats_server(), "-js", "-a", "127.0.0.1", "-p", str(self.port),
                  "-sd", str(self.store), *self.args],
-                stdout=out, stderr=subprocess.STDOUT)
+                stop_timeout_s=5, stdout=out, stderr=subprocess.STDOUT)
         _wait_port(self.port, self.proc, 10, "nats-server", log)
 
     def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=10)
+        if self.proc is not None:
+            children.stop(self.proc, 10, signal.SIGKILL)
         self.proc = None
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL if it is still up after 5 s."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            _end(self.proc, 5)
+        if self.proc is not None:
+            children.stop(self.proc, 5)
         self.proc = None
 
 
@@ -140,8 +131,7 @@ class Part:
 
     def stop(self, timeout: float = 20) -> int:
         """SIGTERM and the exit status; SIGKILL (status -9) after ``timeout`` seconds."""
-        self.terminate()
-        return _end(self.proc, timeout)
+        return children.stop(self.proc, timeout)
 
 
 def start_part(part: str, cfg_file: Path, log_dir: Path, replica: int = 0,
@@ -151,10 +141,10 @@ def start_part(part: str, cfg_file: Path, log_dir: Path, replica: int = 0,
     log = log_dir / f"{part}-{replica}.log"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with log.open("w") as out:
-        proc = subprocess.Popen(
+        proc = children.spawn(
             [sys.executable, "-m", "services.cli", part, "-c", str(cfg_file), "--replica", str(replica),
              *args],
-            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+            stop_timeout_s=20, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
     return Part(f"{part}-{replica}", proc, log)
 
 
@@ -164,7 +154,7 @@ def stop_parts(parts: Sequence[Part], timeout: float = 30) -> dict[str, int]:
     for p in parts:
         p.terminate()
     deadline = time.monotonic() + timeout
-    return {p.name: _end(p.proc, max(0.0, deadline - time.monotonic())) for p in parts}
+    return {p.name: children.stop(p.proc, max(0.0, deadline - time.monotonic())) for p in parts}
 
 
 def wait_http_ok(url: str, parts: Sequence[Part], timeout: float = 60) -> httpx.Response:

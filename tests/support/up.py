@@ -18,6 +18,8 @@ from pathlib import Path
 
 import httpx
 
+from services.common import children
+
 REPO = Path(__file__).resolve().parents[2]
 # The README's question.
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
@@ -71,14 +73,22 @@ class Up:
 def start_up(config: Path, run_dir: Path, args: Sequence[str] = (), overrides: Sequence[str] = ()) -> Up:
     """`tandem up -c config --run-dir run_dir [args...] [--set override ...]`, output in
     ``run_dir.parent/up.log``. Its own session, so a test can end it and everything under it
-    with one killpg."""
+    with one killpg; stopped, its parts included, when the test run is terminated."""
     log = run_dir.parent / f"{run_dir.name}-up.log"
     argv = [sys.executable, "-m", "services.cli", "up", "-c", str(config), "--run-dir", str(run_dir),
             *args, *(a for o in overrides for a in ("--set", o))]
     with log.open("w") as out:
-        proc = subprocess.Popen(argv, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = children.spawn(argv, stop_timeout_s=90, orphans=lambda: _pids(run_dir), cwd=REPO,
+                              env={**os.environ, "PYTHONPATH": str(REPO)},
+                              stdout=out, stderr=subprocess.STDOUT)
     return Up(proc, run_dir, log)
+
+
+def _pids(run_dir: Path) -> list[int]:
+    try:
+        return [p["pid"] for p in json.loads((run_dir / "processes.json").read_text())]
+    except (OSError, ValueError):
+        return []
 
 
 def gone(pid: int) -> bool:

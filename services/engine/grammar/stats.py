@@ -3,38 +3,16 @@ Prometheus collector at scrape time (``metrics``), like ``EngineStats``."""
 
 from __future__ import annotations
 
-import bisect
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
+
+from services.engine.histogram import Histogram
 
 # Seconds: compiles take 0.1 ms (a cached schema's copy) to seconds (a huge schema); a
 # mask fill is micro- to milliseconds per step.
 COMPILE_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
 FILL_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05)
-
-
-@dataclass(slots=True)
-class Histogram:
-    """Cumulative-on-read bucket counts; ``observe`` is O(log buckets), no allocation."""
-
-    bounds: tuple[float, ...]
-    counts: list[int] = field(default_factory=list)
-    total: float = 0.0
-
-    def __post_init__(self) -> None:
-        self.counts = [0] * (len(self.bounds) + 1)  # the last one is +Inf
-
-    def observe(self, v: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, v)] += 1
-        self.total += v
-
-    def buckets(self) -> list[tuple[str, int]]:
-        out, acc = [], 0
-        for b, c in zip((*map(str, self.bounds), "+Inf"), self.counts, strict=True):
-            acc += c
-            out.append((b, acc))
-        return out
 
 
 @dataclass(slots=True)

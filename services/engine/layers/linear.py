@@ -3,7 +3,7 @@
 Weights follow torch/HF layout ``[out_features, in_features]``. A column-parallel layer
 keeps rows ``[rank * out/tp, (rank + 1) * out/tp)`` of the full weight (its outputs are
 split across ranks); a row-parallel layer keeps the matching columns of the input and
-all-reduces its partial sums (services/engine/tp/comm.py). With ``tp_size == 1`` every
+all-reduces its partial sums (services/engine/parallel/comm.py). With ``tp_size == 1`` every
 layer holds the whole weight and no collective is issued.
 """
 
@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from services.engine.tp.comm import all_reduce
+from services.engine.parallel.comm import all_reduce
 
 
 def _split(size: int, tp_size: int, what: str) -> int:

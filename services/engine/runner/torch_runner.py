@@ -18,13 +18,13 @@ from services.engine.batch import PendingOutput, RunnerOutput, ScheduledBatch, S
 from services.engine.cpu_kernels import build as cpu_build
 from services.engine.cpu_kernels.decode import CpuDecode
 from services.engine.model import LlamaModel
+from services.engine.parallel.shard import TpShard
 from services.engine.quant.apply import quantize_model, resolve_quantization
 from services.engine.quant.groups import QuantSource
 from services.engine.runner.base import KvSpec, ModelRunner
 from services.engine.runner.cpu_features import cpu_has_fast_bf16
 from services.engine.runner.step_inputs import build_step_inputs, validate_batch
 from services.engine.sampler import Sampled, Sampler
-from services.engine.tp.shard import TpShard
 from services.model.arch import ModelArchConfig
 
 if TYPE_CHECKING:

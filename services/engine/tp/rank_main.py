@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 
 from services.common.config import EngineConfig
-from services.engine.tp import comm
+from services.engine.parallel import comm
+from services.engine.parallel.shard import TpShard
 from services.engine.tp.broadcast import PayloadReceiver
 from services.engine.tp.messages import (
     ExportKv,
@@ -29,7 +30,6 @@ from services.engine.tp.messages import (
     Shutdown,
     StepMessage,
 )
-from services.engine.tp.shard import TpShard
 from services.engine.tp.step_plan import StepDecoder
 
 log = logging.getLogger("tandem.tp.rank")

@@ -26,9 +26,10 @@ import torch
 
 from services.common.config import EngineConfig
 from services.engine.batch import ScheduledBatch, ScheduledSeq
+from services.engine.parallel import comm
+from services.engine.parallel.shard import TpShard, check_tp_layout
 from services.engine.request import GenerateRequest
 from services.engine.runner.torch_runner import TorchRunner
-from services.engine.tp import comm
 from services.engine.tp.broadcast import PayloadBroadcaster
 from services.engine.tp.messages import ExportKv, ImportKv, RankFailed, RankReady, Shutdown
 from services.engine.tp.rank_main import (
@@ -38,7 +39,6 @@ from services.engine.tp.rank_main import (
     STAT_WAIT_S,
     rank_main,
 )
-from services.engine.tp.shard import TpShard, check_tp_layout
 from services.engine.tp.step_plan import StepEncoder
 from services.model.arch import ModelArchConfig
 

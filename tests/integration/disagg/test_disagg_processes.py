@@ -63,10 +63,16 @@ async def test_decode_and_prefill_processes_serve_and_exit_cleanly(nats_url: str
             lambda: urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics").read().decode())
         assert 'tandem_worker_prefill_total{where="remote"} 1.0' in body
         assert "tandem_worker_kv_blocks_total 128.0" in body
+        # where the request's time went: parked at once, prefilled remotely, 3 decode steps
+        for phase in ("queue", "prefill", "decode"):
+            assert f"tandem_worker_request_{phase}_seconds_count 1.0" in body
+        assert 'tandem_worker_engine_step_seconds_count{kind="decode"} 3.0' in body
+        assert 'tandem_worker_engine_step_seconds_count{kind="prefill"} 0.0' in body
         # two processes on one host: the KV went through /dev/shm
         pbody = await asyncio.to_thread(
             lambda: urllib.request.urlopen(f"http://127.0.0.1:{pport}/metrics").read().decode())
         assert 'tandem_prefill_kv_transfers_total{transport="shm"} 1.0' in pbody
+        assert 'tandem_worker_engine_step_seconds_count{kind="prefill"} 1.0' in pbody
         codes = await asyncio.to_thread(stop_parts, parts, 20)
         assert codes == {"decode-0": 0, "prefill-0": 0}, (codes, *(p.output() for p in parts))
         deadline = loop.time() + 5

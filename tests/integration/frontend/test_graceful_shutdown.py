@@ -32,7 +32,11 @@ async def test_sigterm_lets_the_running_stream_finish_then_exits_0(
             f"nats.url={nats_url}", f"namespace={ns}", f"model.name={MODEL}",
             f"processor.port={p_port}", f"processor.metrics_port={free_port()}",
             f"frontend.port={fe_port}", f"frontend.processor_address=127.0.0.1:{p_port}",
-            "engine.max_model_len=512", "discovery.ttl_s=2", "discovery.heartbeat_s=0.5"])
+            "engine.max_model_len=512", "discovery.ttl_s=2", "discovery.heartbeat_s=0.5",
+            # NOTE: a grace well below the 30 s this test waits for the exit: the lifecycle
+            # bounds every step after the signal, so the exit comes within the grace plus
+            # a few seconds even if an RPC never ends (the stream here needs about 2 s)
+            "processor.drain_timeout_s=10", "frontend.drain_timeout_s=10"])
         cfg_file = write_config(part_cfg, tmp_path / "cluster.yaml")
         parts = [start_part(part, cfg_file, tmp_path) for part in ("processor", "frontend")]
         try:

@@ -43,6 +43,33 @@ def test_ratio_rows_judge_throughputs_up_and_latencies_down() -> None:
     assert "llama-server" in anchor.format_table(missing, {"threads": 2, "bandwidth_gbs": 10.0})
 
 
+def test_served_itl_is_put_over_the_workers_own_decode_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from services.engine.stats_metrics import EngineStatsCollector
+    from services.engine.timings import StepKind
+    from tests.unit.engine_factory import make_engine, req
+
+    eng = make_engine()[0]
+    eng.add_request(req("a", list(range(10, 20)), max_tokens=4))
+    while eng.has_unfinished():
+        eng.step()
+    reg = CollectorRegistry()
+    reg.register(EngineStatsCollector(eng.stats))
+    body = generate_latest(reg).decode()
+    monkeypatch.setattr(anchor.httpx, "get", lambda url, timeout: SimpleNamespace(text=body))
+    total, count = anchor.decode_step_seconds("http://worker/metrics")
+    decode = eng.stats().timings.step_seconds[StepKind.DECODE]
+    assert (total, count) == (pytest.approx(decode.total), 3)
+
+    rows = anchor.ratio_rows({"itl_ms_1": 10.0}, {"itl_ms_1": 44.0}, _loads())
+    table = anchor.format_table(rows, {"threads": 2, "bandwidth_gbs": 10.0}, step_ms=40.0)
+    assert "served ITL 44.0 ms over its worker's decode step 40.0 ms: the served path adds +10.0%" in table
+    assert "served path" not in anchor.format_table(rows, {"threads": 2, "bandwidth_gbs": 10.0})
+
+
 def test_slot_context_fits_the_longest_load() -> None:
     assert _loads().slot_context() == 1024  # 851 + margin, rounded up to 256
     assert _loads(prefill_len=8, itl_prompt=300, itl_out=100).slot_context() == 512

@@ -1,4 +1,4 @@
-"""The app on real uvicorn (services/frontend/serve.py's config) over a socket: slow or
+"""The app on real uvicorn (services/frontend/http_server.py) over a socket: slow or
 oversized headers, a body shorter than its Content-Length, idle and half-read connections
 all end within their deadlines; nothing logs a traceback."""
 
@@ -16,7 +16,7 @@ import pytest
 
 from services.common.config import ClusterConfig
 from services.frontend.app import create_app
-from services.frontend.serve import _Server, http_config
+from services.frontend.http_server import Server, http_config
 from tests.support.http_edge import Echo, Failing, chat, error, frontend_lines, raw
 from tests.support.mock_cluster import mock_cluster_cfg
 from tests.support.ports import free_port
@@ -25,7 +25,7 @@ from tests.support.ports import free_port
 @asynccontextmanager
 async def served(cfg: ClusterConfig, processor: Any = None) -> AsyncIterator[int]:
     port = free_port()
-    server = _Server(http_config(create_app(cfg, processor or Echo()), cfg.frontend, port))
+    server = Server(http_config(create_app(cfg, processor or Echo()), cfg.frontend, port))
     task = asyncio.create_task(server.serve())
     while not server.started:
         if task.done():

@@ -15,10 +15,10 @@ import torch
 from services.common.config import EngineConfig
 from services.engine.batch import ScheduledBatch
 from services.engine.engine import LLMEngine
+from services.engine.parallel.shard import check_tp_layout
 from services.engine.request import GenerateRequest
 from services.engine.runner.torch_runner import TorchRunner
 from services.engine.tp.runner import TpRunner
-from services.engine.tp.shard import check_tp_layout
 from services.engine.weights import load_weights
 from services.model.arch import ModelArchConfig
 from tests.support.tiny_model import drive_mixed, mixed_workload, seq, tiny_hf_model
@@ -177,7 +177,7 @@ def test_layout_that_cannot_split_is_refused() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_nccl_group_is_built_and_all_reduces_on_cuda() -> None:
     # One GPU: a group of one, through the same init and all-reduce the TP forward uses.
-    from services.engine.tp import comm
+    from services.engine.parallel import comm
     from services.engine.tp.runner import _free_port
 
     comm.init_group(0, 1, _free_port(), torch.device("cuda"), timeout_s=60)
