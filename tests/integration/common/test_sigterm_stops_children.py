@@ -22,7 +22,7 @@ from services.common import children
 from tests.support.ports import free_port
 from tests.support.procs import needs_nats_server
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _config(path: Path) -> dict[str, int]:

@@ -50,7 +50,7 @@ def test_served_itl_is_put_over_the_workers_own_decode_step(monkeypatch: pytest.
 
     from services.engine.stats_metrics import EngineStatsCollector
     from services.engine.timings import StepKind
-    from tests.unit.engine_factory import make_engine, req
+    from tests.support.engine_factory import make_engine, req
 
     eng = make_engine()[0]
     eng.add_request(req("a", list(range(10, 20)), max_tokens=4))

@@ -13,7 +13,7 @@ from services.engine.batch import RunnerOutput, ScheduledBatch
 from services.engine.engine import LLMEngine
 from services.engine.stats_metrics import EngineStatsCollector
 from services.engine.timings import StepKind
-from tests.unit.engine_factory import make_engine, mock_cfg, req
+from tests.support.engine_factory import make_engine, mock_cfg, req
 
 STEP_S = 0.002  # the mock device's time per step
 # NOTE: the mock device's clock starts when a batch launches, a phase's when the scheduler
