@@ -1,14 +1,13 @@
-"""A real nats-server (JetStream on) per test module, plus bounded "eventually" polling."""
+"""A real nats-server (JetStream on) per test module, and the bounded wait as a fixture."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Callable, Iterator
 
 import pytest
 
 from tests.support.procs import NatsServer, needs_nats_server
+from tests.support.waits import eventually
 
 
 @pytest.fixture(scope="module")
@@ -18,15 +17,6 @@ def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     server.start()
     yield server.url
     server.stop()
-
-
-async def eventually(check: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    """Poll ``check`` until true; fail (not hang) after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Helpers for the HTTP edge tests (tests/unit/test_frontend_{strict,body,failures,http}.py):
+"""Helpers for the HTTP edge tests (tests/unit/frontend/test_frontend_{strict,body,failures,http}.py):
 the frontend in front of the processor's real gRPC hop, stub processors, request bodies as
 a buggy client writes them, and checks of OpenAI's error shape."""
 
@@ -22,7 +22,8 @@ from services.model.tokenizer import Tokenizer
 from services.processor.client import ProcessorClient
 from services.processor.grpc_server import serve_processor
 from services.router.router import Router
-from tests.support.stack import MODEL, make_processor, mock_cluster_cfg, worker_decode_node
+from tests.support.mock_cluster import MODEL, mock_cluster_cfg
+from tests.support.stack import make_processor, worker_decode_node
 
 JSON = {"content-type": "application/json"}
 

@@ -5,12 +5,14 @@ and is stopped when the test run is itself terminated (services/common/children.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +24,7 @@ from services.common import children
 from services.common.config import ClusterConfig
 from services.common.env import in_ci
 from services.launcher.nats import NatsServerNotFoundError, find_nats_server, tcp_accepts
+from services.router.router import Router
 from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -169,3 +172,25 @@ def wait_http_ok(url: str, parts: Sequence[Part], timeout: float = 60) -> httpx.
             pass
         time.sleep(0.1)
     raise AssertionError(f"{url} never answered 200 in {timeout:g} s")
+
+
+@asynccontextmanager
+async def decode_procs(cfg: ClusterConfig, tmp_path: Path, n: int = 2) -> AsyncIterator[list[Part]]:
+    """``n`` `tandem decode` processes on ``cfg``, SIGKILLed on exit."""
+    cfg_file = write_config(cfg, tmp_path / "cluster.yaml")
+    parts = [start_part("decode", cfg_file, tmp_path, replica=i) for i in range(n)]
+    try:
+        yield parts
+    finally:
+        for p in parts:
+            p.kill9()
+
+
+async def wait_workers(router: Router, ids: set[str], parts: Sequence[Part], timeout: float = 60) -> None:
+    """Until ``router`` knows every worker in ``ids``; fails at once when one of them died."""
+    deadline = time.monotonic() + timeout
+    while not ids <= set(router.workers):
+        for p in parts:
+            assert p.alive() or p.name not in ids, f"{p.name} died: {p.output()}"
+        assert time.monotonic() < deadline, f"workers never registered: {set(router.workers)}"
+        await asyncio.sleep(0.1)

@@ -11,9 +11,11 @@ from typing import Any
 import grpc
 
 from services.api.outputs import TokenOutput
+from services.api.processor import ChatMessage, ProcessRequest
 from services.api.route import RequestPhase, RouteRequest, RouteResponse
+from services.api.sampling import SamplingParams
 from services.common.address_book import ChannelPool
-from services.common.config import ClusterConfig, parse_config
+from services.common.config import ClusterConfig
 from services.decode.grpc_server import serve_decode_worker
 from services.decode.worker import DecodeWorker
 from services.engine.async_engine import AsyncEngine
@@ -25,23 +27,7 @@ from services.processor.processor import Processor
 from services.processor.router_reports import Publish, RouterLike
 from services.processor.worker_client import DecodeWorkerClient
 from services.router.router import Router
-
-MODEL = "SmolLM2-135M-Instruct"
-
-
-def mock_cluster_cfg(**over: Any) -> ClusterConfig:
-    """Mock runner with SmolLM2's vocabulary (so the real tokenizer decodes its tokens)."""
-    data: dict[str, Any] = {
-        "model": {"name": MODEL},
-        "engine": {"runner": "mock", "block_size": 16, "num_kv_blocks": 256, "max_model_len": 512,
-                   "max_num_seqs": 16, "max_num_batched_tokens": 512,
-                   "mock": {"step_base_s": 0.002, "per_prefill_token_s": 0.0,
-                            "per_decode_seq_s": 0.0, "vocab_size": 49152, "eos_token_id": 2}},
-        "discovery": {"ttl_s": 2.0, "heartbeat_s": 0.5},
-    }
-    for k, v in over.items():
-        data[k] = {**data.get(k, {}), **v} if isinstance(v, dict) else v
-    return parse_config(data)
+from tests.support.mock_cluster import MODEL
 
 
 class RecordingDecodeWorker(DecodeWorker):
@@ -94,6 +80,12 @@ def make_processor(cfg: ClusterConfig, tok: Tokenizer, router: RouterLike, conte
                    pool: ChannelPool, publish_reports: Publish | None = None) -> Processor:
     return Processor(tok, router, DecodeWorkerClient(pool), MODEL, context_length,
                      cfg.engine.block_size, publish_reports=publish_reports)
+
+
+def chat(rid: str, **sampling: Any) -> ProcessRequest:
+    """A one-message chat request for the mock cluster's model."""
+    return ProcessRequest(rid, messages=(ChatMessage("user", "Tell me a story"),), model=MODEL,
+                          sampling=SamplingParams(**sampling))
 
 
 class RecordingRouter(Router):

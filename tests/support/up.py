@@ -21,6 +21,11 @@ import httpx
 from services.common import children
 
 REPO = Path(__file__).resolve().parents[2]
+# The README's question.
+FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
+# Long enough (~500 tokens) to pass decode.disagg.max_local_prefill_length (256).
+LONG = [{"role": "user", "content": "Summarise: " + "The Roman Empire built roads, aqueducts "
+         "and cities across Europe, and its law shaped later states. " * 30}]
 
 
 @dataclass

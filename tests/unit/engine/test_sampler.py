@@ -1,0 +1,159 @@
+"""Sampler: greedy, top-k, top-p, temperature and reproducible per-request seeds.
+
+Statistical checks use fixed seeds (so they are deterministic) and tolerances of many
+standard deviations (so a different but correct RNG stream would pass too).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from services.api.sampling import SamplingParams
+from services.engine.sampler import Sampler, filter_top_k_top_p
+from tests.support.tiny_model import seq
+
+V = 64
+
+
+def _seqs(n: int, sp: SamplingParams, num_generated: int = 0):
+    return [seq(f"r{i}", [1], 0, [0], sampling=sp, num_generated=num_generated) for i in range(n)]
+
+
+def _counts(tokens: list[int]) -> torch.Tensor:
+    return torch.bincount(torch.tensor(tokens), minlength=V).float()
+
+
+def test_greedy_is_argmax():
+    logits = torch.randn(8, V, generator=torch.Generator().manual_seed(0))
+    out = Sampler(0).sample(logits, _seqs(8, SamplingParams(temperature=0.0)))
+    assert out == logits.argmax(-1).tolist()
+
+
+def test_top_k_one_is_greedy_even_with_temperature():
+    logits = torch.randn(8, V, generator=torch.Generator().manual_seed(1))
+    out = Sampler(0).sample(logits, _seqs(8, SamplingParams(temperature=1.5, top_k=1)))
+    assert out == logits.argmax(-1).tolist()
+
+
+def test_greedy_and_random_rows_mix():
+    logits = torch.randn(4, V, generator=torch.Generator().manual_seed(2))
+    seqs = _seqs(4, SamplingParams(temperature=1.0))
+    seqs[1] = seq("g", [1], 0, [0], sampling=SamplingParams(temperature=0.0))
+    out = Sampler(0).sample(logits, seqs)
+    assert out[1] == int(logits[1].argmax())
+
+
+def _nucleus_logits(n: int) -> torch.Tensor:
+    probs = torch.full((V,), 0.05 / (V - 3))
+    probs[:3] = torch.tensor([0.5, 0.3, 0.15])
+    return probs.log().expand(n, V).clone()
+
+
+def test_top_p_keeps_the_nucleus():
+    n = 4000
+    # Mass before token 1 is 0.5 < 0.7 (kept); before token 2 it is 0.8 (dropped).
+    out = Sampler(3).sample(_nucleus_logits(n), _seqs(n, SamplingParams(top_p=0.7)))
+    c = _counts(out)
+    assert set(out) == {0, 1}
+    frac0 = c[0].item() / n  # renormalised: 0.5 / 0.8 = 0.625, sd ~ 0.008
+    assert abs(frac0 - 0.625) < 0.05
+
+
+def test_top_k_keeps_the_k_best():
+    n = 2000
+    out = Sampler(4).sample(_nucleus_logits(n), _seqs(n, SamplingParams(top_k=3)))
+    assert set(out) == {0, 1, 2}
+
+
+def test_full_distribution_is_followed():
+    n = 8000
+    logits = torch.randn(V, generator=torch.Generator().manual_seed(5)) * 2
+    probs = torch.softmax(logits, -1)
+    out = Sampler(6).sample(logits.expand(n, V).clone(), _seqs(n, SamplingParams()))
+    freq = _counts(out) / n
+    sd = (probs * (1 - probs) / n).sqrt()
+    assert ((freq - probs).abs() <= 6 * sd + 1e-3).all()
+
+
+def test_temperature_sharpens_and_flattens():
+    n = 4000
+    logits = torch.randn(V, generator=torch.Generator().manual_seed(7)).expand(n, V).clone()
+    top = int(logits[0].argmax())
+    cold = _counts(Sampler(8).sample(logits, _seqs(n, SamplingParams(temperature=0.3))))[top] / n
+    hot = _counts(Sampler(8).sample(logits, _seqs(n, SamplingParams(temperature=3.0))))[top] / n
+    expect_cold = torch.softmax(logits[0] / 0.3, -1)[top].item()
+    expect_hot = torch.softmax(logits[0] / 3.0, -1)[top].item()
+    assert expect_cold - expect_hot > 0.2  # the test means something
+    assert abs(cold - expect_cold) < 6 * math.sqrt(0.25 / n)
+    assert abs(hot - expect_hot) < 6 * math.sqrt(0.25 / n)
+
+
+@pytest.mark.parametrize("sp", [SamplingParams(seed=42), SamplingParams(seed=42, top_p=0.9, top_k=20)])
+def test_same_seed_same_token_whatever_the_batch(sp):
+    logits = torch.zeros(1, V)  # uniform: the draw is all noise
+    alone = [Sampler(0).sample(logits, [seq("a", [1], 0, [0], sampling=sp, num_generated=g)])[0] for g in range(12)]
+    for g in range(12):
+        others = [
+            seq("x", [1], 0, [0], sampling=SamplingParams()),
+            seq("y", [1], 0, [0], sampling=SamplingParams(seed=7)),
+            seq("z", [1], 0, [0], sampling=SamplingParams(temperature=0.0)),
+        ]
+        mine = seq("a", [1], 0, [0], sampling=sp, num_generated=g)
+        mixed = Sampler(g + 100).sample(torch.zeros(4, V), [*others[:2], mine, others[2]])
+        assert mixed[2] == alone[g]
+    assert len(set(alone)) > 3  # the step number changes the draw
+
+
+def test_different_seeds_differ_and_unseeded_follow_engine_seed():
+    logits = torch.zeros(16, V)
+    a = Sampler(0).sample(logits, [seq(f"{i}", [1], 0, [0], sampling=SamplingParams(seed=i)) for i in range(16)])
+    assert len(set(a)) > 4
+    s1 = Sampler(11).sample(logits, _seqs(16, SamplingParams()))
+    s2 = Sampler(11).sample(logits, _seqs(16, SamplingParams()))
+    assert s1 == s2
+
+
+def test_row_count_mismatch_is_an_error():
+    with pytest.raises(ValueError, match="rows"):
+        Sampler(0).sample(torch.zeros(2, V), _seqs(3, SamplingParams()))
+
+
+def _reference_filter(row: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Brute force: full sort, top-k, renormalise, keep while the mass before is < top_p."""
+    order = row.argsort(descending=True).tolist()
+    kept = order[: top_k if top_k > 0 else len(order)]
+    probs = torch.softmax(row[kept], -1).tolist()
+    nucleus, before = [], 0.0
+    for tok, p in zip(kept, probs, strict=True):
+        if nucleus and top_p < 1.0 and before >= top_p:
+            break
+        nucleus.append(tok)
+        before += p
+    out = torch.full_like(row, float("-inf"))
+    out[nucleus] = row[nucleus]
+    return out
+
+
+@pytest.mark.parametrize("scale", [0.05, 1.0, 8.0])  # flat (full-sort fallback) .. peaked (candidates)
+def test_filter_matches_brute_force_on_a_large_vocab(scale):
+    vocab = 5000  # > TOP_P_CANDIDATES
+    params = [
+        SamplingParams(top_p=0.9),
+        SamplingParams(top_k=40),
+        SamplingParams(top_k=2000, top_p=0.5),
+        SamplingParams(),  # untouched
+        SamplingParams(top_p=0.3),
+    ]
+    logits = torch.randn(len(params), vocab, generator=torch.Generator().manual_seed(9)) * scale
+    got = filter_top_k_top_p(logits, params)
+    for i, p in enumerate(params):
+        want = _reference_filter(logits[i], p.top_k, p.top_p)
+        # Kept sets equal except possibly a token right at the top_p boundary (float sums).
+        diff = (torch.isinf(got[i]) != torch.isinf(want)).sum().item()
+        assert diff <= 1, f"row {i}: {diff} tokens differ"
+        kept = ~torch.isinf(got[i])
+        assert torch.equal(got[i][kept], logits[i][kept])
+    assert torch.equal(got[3], logits[3])

@@ -1,0 +1,167 @@
+"""Tool calling without a model: the parser (auto and forced, streamed in any split), the
+forced-call schema, the tools prompt, and the API shapes through the openai client (the
+processor answers with calls); bad tool choices are 400s before the processor."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+import jsonschema
+import openai
+import pytest
+from openai.lib.streaming.chat import ChatCompletionStreamState
+
+from services.api.outputs import FinishReason, Usage
+from services.api.processor import Delta, ModelInfo, ProcessRequest, Tool, ToolCall, ToolChoice
+from services.api.structured import StructuredKind
+from services.frontend.app import create_app
+from services.processor.tools import ToolCallParser, call_schema, with_tool_prompt
+from tests.support.mock_cluster import MODEL, mock_cluster_cfg
+
+WEATHER = Tool("get_weather", "Weather of a city", json.dumps(
+    {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}))
+TIME = Tool("get_time", "", "")
+TOOLS_BODY = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+                                      "parameters": json.loads(WEATHER.parameters)}},
+    {"type": "function", "function": {"name": "get_time"}},
+]
+
+
+def split_feed(parser: ToolCallParser, text: str, size: int) -> str:
+    out = "".join(parser.feed(text[i:i + size]) for i in range(0, len(text), size))
+    return out
+
+
+@pytest.mark.parametrize("size", [1, 3, 7, 1000])
+def test_auto_parser_streams_content_and_holds_back_calls(size: int) -> None:
+    text = 'Let me check. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    p = ToolCallParser([WEATHER, TIME], ToolChoice("auto"))
+    streamed = split_feed(p, text, size)
+    rest, calls = p.finish()
+    assert streamed == "Let me check. " and rest == ""
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})]
+
+
+def test_auto_parser_gives_back_text_that_is_no_call() -> None:
+    for text in ("just words, a < sign", '<tool_call>{"name": "nope", "arguments": {}}</tool_call>',
+                 "<tool_call>not json"):
+        p = ToolCallParser([WEATHER], ToolChoice("auto"))
+        streamed = split_feed(p, text, 2)
+        rest, calls = p.finish()
+        assert calls == () and streamed + rest == text
+
+
+def test_forced_parser_holds_everything_and_parses_one_call() -> None:
+    p = ToolCallParser([WEATHER], ToolChoice("function", "get_weather"))
+    assert split_feed(p, '{"name":"get_weather","arguments":{"city":"Oslo"}}', 4) == ""
+    rest, calls = p.finish()
+    assert rest == "" and calls[0].name == "get_weather" and calls[0].id.startswith("call_")
+    cut = ToolCallParser([WEATHER], ToolChoice("required"))
+    cut.feed('{"name":"get_wea')
+    assert cut.finish() == ('{"name":"get_wea', ())
+
+
+def test_call_schema_admits_only_the_chosen_calls() -> None:
+    named = call_schema([WEATHER, TIME], ToolChoice("function", "get_weather"))
+    jsonschema.validate({"name": "get_weather", "arguments": {"city": "x"}}, named)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"name": "get_time", "arguments": {}}, named)
+    anyof = call_schema([WEATHER, TIME], ToolChoice("required"))
+    jsonschema.validate({"name": "get_time", "arguments": {"tz": 1}}, anyof)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"name": "get_weather", "arguments": {}}, anyof)
+
+
+def test_tool_prompt_joins_a_system_message_or_leads() -> None:
+    user = [{"role": "user", "content": "hi"}]
+    msgs = with_tool_prompt(user, [WEATHER])
+    assert msgs[0]["role"] == "system" and "get_weather" in msgs[0]["content"] and msgs[1:] == user
+    msgs = with_tool_prompt([{"role": "system", "content": "Be brief."}, *user], [WEATHER])
+    assert len(msgs) == 2 and msgs[0]["content"].startswith("Be brief.\n\n# Tools")
+
+
+class ToolProcessor:
+    """Answers every request with one call to get_weather (as the real processor would
+    after parsing), streaming some deltas first."""
+
+    def __init__(self) -> None:
+        self.requests: list[ProcessRequest] = []
+
+    async def generate(self, req: ProcessRequest) -> AsyncIterator[Delta]:
+        self.requests.append(req)
+        yield Delta("")
+        yield Delta("", FinishReason.STOP, Usage(5, 9),
+                    (ToolCall("call_1", "get_weather", '{"city": "Paris"}'),))
+
+    async def list_models(self) -> list[ModelInfo]:
+        return [ModelInfo(MODEL, 128)]
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[tuple[openai.AsyncOpenAI, ToolProcessor]]:
+    proc = ToolProcessor()
+    app = create_app(mock_cluster_cfg(), proc)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as h:
+        yield openai.AsyncOpenAI(base_url="http://t/v1", api_key="x", http_client=h), proc
+
+
+MSGS = [{"role": "user", "content": "Weather in Paris?"}]
+
+
+async def test_named_tool_choice_constrains_and_answers_tool_calls(client) -> None:
+    c, proc = client
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    r = await c.chat.completions.create(model=MODEL, messages=MSGS, tools=TOOLS_BODY, tool_choice=choice)
+    assert r.choices[0].finish_reason == "tool_calls"
+    call = r.choices[0].message.tool_calls[0]
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+    req = proc.requests[-1]
+    assert req.tool_choice == ToolChoice("function", "get_weather") and len(req.tools) == 2
+    spec = req.sampling.structured
+    assert spec is not None and spec.kind is StructuredKind.JSON_SCHEMA
+    assert json.loads(spec.spec)["properties"]["name"] == {"const": "get_weather"}
+
+
+async def test_streamed_tool_calls_assemble_in_the_openai_client(client) -> None:
+    c, _ = client
+    state = ChatCompletionStreamState()
+    stream = await c.chat.completions.create(model=MODEL, messages=MSGS, tools=TOOLS_BODY,
+                                             tool_choice="required", stream=True)
+    async for chunk in stream:
+        state.handle_chunk(chunk)
+    final = state.get_final_completion()
+    assert final.choices[0].finish_reason == "tool_calls"
+    call = final.choices[0].message.tool_calls[0]
+    assert call.id == "call_1" and call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+
+
+async def test_auto_sends_tools_without_a_constraint_and_none_sends_no_choice(client) -> None:
+    c, proc = client
+    await c.chat.completions.create(model=MODEL, messages=MSGS, tools=TOOLS_BODY)
+    assert proc.requests[-1].tool_choice == ToolChoice("auto")
+    assert proc.requests[-1].sampling.structured is None
+    await c.chat.completions.create(model=MODEL, messages=MSGS, tools=TOOLS_BODY, tool_choice="none")
+    assert proc.requests[-1].tool_choice == ToolChoice("none")
+
+
+@pytest.mark.parametrize(("extra", "param", "text"), [
+    ({"tools": TOOLS_BODY, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+     "tool_choice", "not in tools"),
+    ({"tool_choice": "required"}, "tool_choice", "needs tools"),
+    ({"tools": TOOLS_BODY, "tool_choice": "required", "response_format": {"type": "json_object"}},
+     "response_format", "cannot be combined"),
+    ({"tools": [TOOLS_BODY[0], TOOLS_BODY[0]]}, "tools", "unique"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "bogus"}}}],
+      "tool_choice": "required"}, "tools", "does not compile"),
+])
+async def test_bad_tool_choice_is_400_before_the_processor(client, extra, param, text) -> None:
+    c, proc = client
+    with pytest.raises(openai.BadRequestError) as e:
+        await c.chat.completions.create(model=MODEL, messages=MSGS, **extra)
+    err = e.value.body
+    assert err["param"] == param and text in err["message"]
+    assert proc.requests == []
