@@ -250,6 +250,8 @@ def tandem_engine_figures(cfg: object, loads: Loads) -> dict[str, float]:
     model = getattr(engine.runner, "model", None)
     out["weight_bytes"] = decode_read_bytes(model) if model is not None else 0
     out["dtype"] = str(getattr(engine.runner, "dtype", ""))
+    info = engine.runner.info
+    out["quantization"], out["cpu_isa"] = info.quantization, info.cpu_isa
     del engine, model
     gc.collect()
     return out
@@ -386,6 +388,8 @@ def main(args: argparse.Namespace) -> int:
     model = cfg.model.name or served_model_name(cfg.model.path)
     run_dir = Path(args.run_dir)
     bandwidth = round(memory_bandwidth_gbs(args.threads, args.bandwidth_mib), 2)
+    machine = head["machine"]
+    print(f"CPU: {machine['cpu_model']} (flags: {' '.join(machine['cpu_flags']) or 'none known'})", flush=True)
     print(f"memory bandwidth: {bandwidth} GB/s; model {gguf} with {args.threads} threads", flush=True)
     llama: dict = {}
     tandem: dict = {}

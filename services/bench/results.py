@@ -38,6 +38,24 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+# The flags that decide which engine kernels a CPU runs (docs/engine.md, "CPU decode kernels").
+_KERNEL_FLAGS = ("avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512dq",
+                 "avx512_vnni", "avx512_bf16", "amx_bf16", "asimd", "asimddp")
+
+
+def cpu_flags() -> list[str]:
+    """The CPU's flags among those the engine's kernels dispatch on (Linux; else [])."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    have = set(line.split(":", 1)[1].split())
+                    return [f for f in _KERNEL_FLAGS if f in have]
+    except OSError:
+        pass
+    return []
+
+
 def _version(package: str) -> str | None:
     try:
         return metadata.version(package)
@@ -49,7 +67,7 @@ def machine_info() -> dict[str, object]:
     """The machine as a result file records it. ``cores_usable`` is this process's CPU
     affinity (a container or taskset may grant fewer than ``cores``)."""
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"cpu_model": cpu_model(), "cores": os.cpu_count(), "cores_usable": usable,
+    return {"cpu_model": cpu_model(), "cpu_flags": cpu_flags(), "cores": os.cpu_count(), "cores_usable": usable,
             "arch": platform.machine(), "os": platform.platform(),
             "python": platform.python_version(), "torch": _version("torch"),
             "load_average": load_average()}

@@ -13,7 +13,7 @@ from services.common.discovery import Discovery
 from services.common.nats_client import connect
 from services.gen import request_pb2, worker_pb2, worker_pb2_grpc
 from tests.support.mock_cluster import mock_cluster_cfg
-from tests.support.ports import free_port
+from tests.support.ports import free_port_pair
 from tests.support.procs import start_part, write_config
 
 
@@ -29,11 +29,11 @@ async def _generate_one(address: str) -> int:
 
 
 async def test_two_workers_in_one_process(nats_url: str, smollm2_path: Path, tmp_path: Path) -> None:
-    base = free_port()  # replica 1 uses base + 1 (free in practice: ports are handed out at random)
+    base = free_port_pair()  # replica 1 listens on base + 1, and on metrics port + 1
     cfg = mock_cluster_cfg(
         nats_url, namespace="pool",
         engine={"num_kv_blocks": 64, "max_model_len": 256, "mock": {"step_base_s": 0.001}},
-        decode={"port": base, "metrics_port": free_port(), "disagg": {"enabled": False}})
+        decode={"port": base, "metrics_port": free_port_pair(), "disagg": {"enabled": False}})
     proc = start_part("decode", write_config(cfg, tmp_path / "cluster.yaml"), tmp_path,
                       args=("--replicas-in-process", "2"))
     nc = await connect(NatsConfig(url=nats_url), "pool-test")
