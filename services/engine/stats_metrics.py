@@ -11,6 +11,7 @@ from prometheus_client.registry import Collector
 
 from services.engine.engine import EngineStats
 from services.engine.grammar.stats import GrammarStats
+from services.engine.histogram import Histogram
 from services.engine.timings import EngineTimings, StepKind
 
 
@@ -54,27 +55,23 @@ def _timing_metrics(t: EngineTimings) -> Iterator[HistogramMetricFamily]:
         h = t.step_seconds[kind]
         steps.add_metric([kind.name.lower()], h.buckets(), h.total)
     yield steps
-    for name, doc, h in (
+    yield from _histograms((
         ("request_queue_seconds", "Time from a request's arrival to its first scheduling",
          t.queue_seconds),
         ("request_prefill_seconds", "Time from a request's first scheduling to its first token",
          t.prefill_seconds),
         ("request_decode_seconds", "Time from a request's first token to its last",
          t.decode_seconds),
-    ):
-        yield HistogramMetricFamily(f"tandem_worker_{name}", doc, buckets=h.buckets(),
-                                    sum_value=h.total)
+    ))
 
 
 def _grammar_metrics(g: GrammarStats) -> Iterator[CounterMetricFamily | HistogramMetricFamily]:
-    for name, doc, h in (
+    yield from _histograms((
         ("grammar_compile_seconds", "Time to compile a structured-output grammar (cache misses)",
          g.compile_seconds),
         ("grammar_mask_fill_seconds", "Time to fill one batch's allowed-token mask",
          g.mask_fill_seconds),
-    ):
-        yield HistogramMetricFamily(f"tandem_worker_{name}", doc, buckets=h.buckets(),
-                                    sum_value=h.total)
+    ))
     kinds = CounterMetricFamily("tandem_worker_structured_requests",
                                 "Requests with structured output, by kind", labels=["kind"])
     for kind, n in sorted(g.requests_by_kind.items()):
@@ -83,3 +80,9 @@ def _grammar_metrics(g: GrammarStats) -> Iterator[CounterMetricFamily | Histogra
     yield CounterMetricFamily("tandem_worker_grammar_errors",
                               "Requests ended because their grammar refused a token",
                               value=g.errors)
+
+
+def _histograms(items: tuple[tuple[str, str, Histogram], ...]) -> Iterator[HistogramMetricFamily]:
+    """One unlabelled ``tandem_worker_<name>`` family per (name, help, histogram)."""
+    for name, doc, h in items:
+        yield HistogramMetricFamily(f"tandem_worker_{name}", doc, buckets=h.buckets(), sum_value=h.total)
