@@ -75,8 +75,7 @@ def resolve_dense_above_rows(setting: int | None | str, device: torch.device, dt
 def stays_four_bit(cfg: EngineConfig, source: QuantSource) -> bool:
     """Whether a 4-bit weights file keeps its int4 weights under ``engine.quantization``
     (auto or int4, without tensor parallelism: the quantized linears do not shard)."""
-    tp = getattr(cfg, "tensor_parallel_size", 1)
-    return source.four_bit and cfg.quantization in ("auto", "int4") and tp == 1
+    return source.four_bit and cfg.quantization in ("auto", "int4") and cfg.tensor_parallel_size == 1
 
 
 # What the forward thread hands back for one batch: the batch index of each sampled row,
@@ -214,11 +213,10 @@ class TorchRunner(ModelRunner):
                                resolve_dense_above_rows(cfg.quantized_max_rows, self.device, self.dtype),
                                kernels=kernels)
             # the instruction set whose kernels run (none: torch's), logged once and a metric label
-            self.cpu_isa = kernels.isa if kernels is not None else "none"
-            log.info("engine: %s, %s, quantization %s, CPU kernels %s (engine.cpu_isa %s)", self.device,
-                     self.dtype, self.quantization, self.cpu_isa, cfg.cpu_isa)
             self.info = RunnerInfo(str(self.device), str(self.dtype).removeprefix("torch."), self.quantization,
-                                   self.cpu_isa)
+                                   kernels.isa if kernels is not None else "none")
+            log.info("engine: %s, %s, quantization %s, CPU kernels %s (engine.cpu_isa %s)", self.device,
+                     self.dtype, self.quantization, self.info.cpu_isa, cfg.cpu_isa)
             if kernels is not None and CpuDecode.supports(self.model):
                 self.model.cpu_decode = CpuDecode(self.model, cfg.block_size)
                 # NOTE: a decode step in one C++ call holds no GIL and leaves a core's worth of

@@ -213,7 +213,7 @@ def _decode_four_steps(runners: dict[str, TorchRunner], prompts: list[list[int]]
 def test_decode_step_matches_the_eager_forward(isa: str, architecture: str) -> None:
     """Twenty sequences of different lengths (several KV blocks each, one mid-block)."""
     runners = _runners(architecture, isa)
-    assert runners["kernels"].model.cpu_decode is not None and runners["kernels"].cpu_isa == isa
+    assert runners["kernels"].model.cpu_decode is not None and runners["kernels"].info.cpu_isa == isa
     assert runners["eager"].model.cpu_decode is None
     prompts = [[(7 * i + 3 * j) % 128 for j in range(3 + 2 * i)] for i in range(20)]
     _, agree, total = _decode_four_steps(runners, prompts, slack=0.05)
@@ -299,13 +299,13 @@ def test_cpu_kernels_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     tensors = model.state_dict()
     best = isas.best(cpuinfo_flags())
     off = TorchRunner(arch, tensors, EngineConfig(device="cpu", dtype="bfloat16", quantization="int4", cpu_kernels=False))
-    assert off.model.cpu_decode is None and _kernel_isa(off) == "none" and off.cpu_isa == "none"
+    assert off.model.cpu_decode is None and _kernel_isa(off) == "none" and off.info.cpu_isa == "none"
     on = TorchRunner(arch, tensors, EngineConfig(device="cpu", dtype="bfloat16", quantization="int4"))  # auto
-    assert on.model.cpu_decode is not None and _kernel_isa(on) == best and on.cpu_isa == best
+    assert on.model.cpu_decode is not None and _kernel_isa(on) == best and on.info.cpu_isa == best
     # engine.overlap auto: on beside the one-call step, off beside the eager forward
     assert on.overlap_pays and not off.overlap_pays
     none = TorchRunner(arch, tensors, EngineConfig(device="cpu", dtype="bfloat16", quantization="int4", cpu_isa="none"))
-    assert none.model.cpu_decode is None and none.cpu_isa == "none"
+    assert none.model.cpu_decode is None and none.info.cpu_isa == "none"
     with pytest.raises(ValueError, match="cpu_kernels: true, but engine.cpu_isa resolved to none"):
         TorchRunner(arch, tensors, EngineConfig(device="cpu", dtype="bfloat16", quantization="int4", cpu_isa="none",
                                                 cpu_kernels=True))
@@ -365,7 +365,7 @@ def test_auto_never_inflates_a_four_bit_model_to_dense_float32(cpu: str, monkeyp
         monkeypatch.setattr(torch_runner, "cpuinfo_flags", lambda: frozenset(flags))
         model, arch = tiny_hf_model("llama")
         r = TorchRunner(arch, model.state_dict(), cfg, quant_source=four_bit)
-        assert (r.dtype, r.quantization, r.cpu_isa) == (torch.bfloat16, "int4", want)
+        assert (r.dtype, r.quantization, r.info.cpu_isa) == (torch.bfloat16, "int4", want)
         assert r.model.cpu_decode is not None
 
 
