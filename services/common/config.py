@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from services.common import env
 
@@ -333,6 +333,36 @@ class EncodeConfig(_Strict):
     grace_period_s: float = Field(5.0, ge=0)
 
 
+class SimConfig(_Strict):
+    """`tandem sim` only (docs/simulator.md); the cluster's parts ignore it."""
+
+    # "mock": the mock runner's cost (engine.mock); or the path of a profile YAML written
+    # by `tandem sim profile`.
+    step_model: str = "mock"
+    # Frontend + processor + router time before a request reaches its decode worker.
+    request_overhead_s: float = Field(0.0, ge=0)
+    # KV moved per prompt token on a remote prefill (SmolLM2-135M in bf16: 30 layers x K,V
+    # x 3 heads x 64 dims x 2 bytes), and the link it moves over.
+    kv_bytes_per_token: int = Field(23040, ge=1)
+    kv_transfer_gbps: float = Field(1.0, gt=0)
+    kv_transfer_latency_s: float = Field(0.002, ge=0)
+    # How often each decode worker's load sample reaches the router (LoadPublisher's).
+    load_interval_s: float = Field(0.25, gt=0)
+    # Goodput targets, in milliseconds: keys ttft_ms, tpot_ms, itl_ms, e2e_ms.
+    slo: dict[str, float] = {"ttft_ms": 2000.0}
+    seed: int = 0
+
+    @field_validator("slo")
+    @classmethod
+    def _slo_keys(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = sorted(set(v) - {"ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"})
+        if bad:
+            raise ValueError(f"unknown SLO keys {bad}: use ttft_ms, tpot_ms, itl_ms, e2e_ms")
+        if any(x <= 0 for x in v.values()):
+            raise ValueError("SLO targets must be > 0")
+        return v
+
+
 class ClusterConfig(_Strict):
     namespace: str = Field("tandem", pattern=r"^[A-Za-z0-9_-]+$")
     # The interface every part's gRPC and metrics ports listen on (the frontend's HTTP port
@@ -350,6 +380,7 @@ class ClusterConfig(_Strict):
     launcher: LauncherConfig = LauncherConfig()
     multimodal: MultimodalConfig = MultimodalConfig()
     encode: EncodeConfig = EncodeConfig()
+    sim: SimConfig = SimConfig()
 
     @model_validator(mode="after")
     def _check_budget(self) -> ClusterConfig:

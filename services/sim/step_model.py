@@ -1,0 +1,60 @@
+"""Step-time models: how long one engine step takes, from the shape of its batch.
+
+The simulator's runner computes no model; it asks a ``StepModel`` how long the batch it
+was given would take on the modelled device. Two kinds:
+
+- ``MockStepModel``: the mock runner's own cost (``engine.mock``), so a simulation and a
+  ``tandem up --set engine.runner=mock`` cluster model the same device;
+- a fitted profile of the real engine (``services.sim.profile``, written by
+  ``tandem sim profile``), named by ``sim.step_model: PATH``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from services.common.config import MockRunnerConfig
+
+
+@dataclass(frozen=True, slots=True)
+class BatchShape:
+    """What a step computes. A one-token slice counts as a decode (as the mock runner
+    counts it); every longer slice is prefill.
+
+    ``prefill_tokens``: tokens of the prefill slices; ``prefill_context``: the sum over
+    prefill slices of ``tokens * end_pos`` (their attention work); ``decode_seqs``: the
+    decode slices; ``decode_context``: the sum of their ``end_pos`` (the KV they read)."""
+
+    prefill_tokens: int = 0
+    prefill_context: int = 0
+    decode_seqs: int = 0
+    decode_context: int = 0
+
+    @property
+    def num_seqs(self) -> int:
+        return self.decode_seqs + (1 if self.prefill_tokens else 0)
+
+
+class StepModel(Protocol):
+    """Seconds one step of a batch of this shape takes on the modelled device."""
+
+    def step_seconds(self, shape: BatchShape) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class MockStepModel:
+    """``step_base_s + per_prefill_token_s * prefill_tokens + per_decode_seq_s * decode_seqs``:
+    the mock runner's device (services/engine/runner/mock_runner.py)."""
+
+    step_base_s: float
+    per_prefill_token_s: float
+    per_decode_seq_s: float
+
+    @classmethod
+    def of(cls, cfg: MockRunnerConfig) -> MockStepModel:
+        return cls(cfg.step_base_s, cfg.per_prefill_token_s, cfg.per_decode_seq_s)
+
+    def step_seconds(self, shape: BatchShape) -> float:
+        return (self.step_base_s + self.per_prefill_token_s * shape.prefill_tokens
+                + self.per_decode_seq_s * shape.decode_seqs)
