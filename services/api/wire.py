@@ -83,7 +83,8 @@ class InflightUpdate:
     prefill_blocks: int = 0
 
 
-def _enc_event(e: KvEvent) -> list:
+def raw_event(e: KvEvent) -> list:
+    """An event in the compact array form of RawEventBatch (what is packed on the wire)."""
     if isinstance(e, KvStored):
         return [
             STORED, e.event_id, e.parent_seq_hash,
@@ -162,7 +163,7 @@ def decode_event_batch_raw(data: bytes) -> RawEventBatch:
 
 
 def encode_event_batch(worker_id: str, session: int, events: Sequence[KvEvent]) -> bytes:
-    return msgpack.packb([VERSION, worker_id, session, [_enc_event(e) for e in events]])
+    return msgpack.packb([VERSION, worker_id, session, [raw_event(e) for e in events]])
 
 
 def decode_event_batch(data: bytes) -> EventBatch:
@@ -174,7 +175,7 @@ def encode_dump(
     worker_id: str, session: int, last_event_id: int, events: Sequence[KvEvent]
 ) -> bytes:
     return msgpack.packb(
-        [VERSION, worker_id, session, last_event_id, [_enc_event(e) for e in events]]
+        [VERSION, worker_id, session, last_event_id, [raw_event(e) for e in events]]
     )
 
 

@@ -22,6 +22,7 @@ from services.common.load_publisher import LoadPublisher
 from services.common.nats_client import Subjects
 from services.common.service import run_part
 from services.decode.grpc_server import serve_decode_worker
+from services.decode.load import worker_load
 from services.decode.metrics import DecodeMetrics
 from services.decode.worker import DecodeWorker
 from services.disagg.kv_layout import METADATA_KEY as KV_LAYOUT
@@ -72,9 +73,7 @@ async def _build(part: Setup) -> PartSpec:
     layout = KvLayout.of(ae.kv_spec, cfg.engine.tensor_parallel_size)
 
     def sample() -> WorkerLoad:
-        s = ae.stats()
-        return WorkerLoad(worker_id, s.kv_blocks_used, s.kv_blocks_total, s.num_running,
-                          s.num_waiting, s.num_prefill_tokens_pending, time.time())
+        return worker_load(worker_id, ae.stats(), time.time())
 
     async def open_port(host: str, port: int) -> GrpcListener:
         return GrpcListener(*await serve_decode_worker(worker, host, port))

@@ -26,6 +26,7 @@ from services.api.outputs import TokenOutput
 from services.api.prefill import PrefillJob
 from services.common.config import ClusterConfig
 from services.common.errors import InvalidRequest, Overloaded, Unavailable
+from services.decode.admission import refusal
 from services.decode.disagg import PrefillDecision, decide_prefill
 from services.decode.kv_receiver import ExpectedKv, KvReceiver, KvTransferError, ReceivedKv
 from services.decode.metrics import DecodeMetrics
@@ -78,17 +79,10 @@ class DecodeWorker:
         worker) before the request is validated, and such a request prefills here."""
         if self._draining:
             raise Unavailable(f"decode worker {self.worker_id} is shutting down")
-        if self._inflight >= self.cfg.decode.max_inflight_requests:
-            raise Overloaded(
-                f"decode worker {self.worker_id} has {self._inflight} requests in flight "
-                f"(decode.max_inflight_requests={self.cfg.decode.max_inflight_requests})",
-                code="overloaded")
-        waiting = self._inflight - self.engine.stats().num_running
-        if waiting >= self.cfg.decode.max_waiting_requests:
-            raise Overloaded(
-                f"decode worker {self.worker_id} has {waiting} requests waiting "
-                f"(decode.max_waiting_requests={self.cfg.decode.max_waiting_requests})",
-                code="overloaded")
+        refused = refusal(self.worker_id, self._inflight, self.engine.stats().num_running,
+                          self.cfg.decode)
+        if refused is not None:
+            raise refused
         if images and self.embedder is None:
             raise InvalidRequest(f"decode worker {self.worker_id}'s model does not accept images",
                                  param="messages", code="image_input_not_supported")

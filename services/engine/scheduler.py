@@ -528,6 +528,58 @@ class Scheduler:
             seq = self.waiting[i]
             seq.num_expected_hit_tokens = self.kv.match_prefix(seq).num_tokens
 
+    # ---- runs of plain decode steps (the simulator's fast path) -----------------------
+    def decode_run_length(self, limit: int, token: int) -> int:
+        """How many of the next steps, at most ``limit``, are certain to be the same batch
+        of decodes and nothing else if every one of them samples ``token``: nothing waits or
+        is ready to join, no grammar, every running sequence decodes, none of them finishes
+        in those steps, and the pool holds the blocks they fill. 0 when the next step is not
+        such a step. ``advance_decodes`` then does those steps at once."""
+        running = self.running
+        if limit <= 0 or self.waiting or self.ready or self.num_grammar_seqs or not running:
+            return 0
+        is_eos = token in self.eos_token_ids
+        k = limit
+        max_len = self.max_model_len
+        for s in running:
+            if s.length_capped or s.num_tokens - s.num_computed_tokens != 1:
+                return 0
+            sp = s.sampling
+            if (is_eos and not sp.ignore_eos) or token in sp.stop_token_ids:
+                return 0
+            # NOTE: step j leaves it num_tokens + j tokens; the step that reaches a length
+            # limit finishes it, so stop one before (the normal step then finishes it).
+            left = max_len - s.num_tokens
+            if sp.max_tokens is not None:
+                left = min(left, sp.max_tokens - s.num_generated)
+            if left - 1 < k:
+                k = left - 1
+                if k <= 0:
+                    return 0
+        available = self.kv.pool.num_available
+        while k > 0 and self._blocks_for_decodes(k) > available:
+            k //= 2
+        return k
+
+    def _blocks_for_decodes(self, k: int) -> int:
+        bs = self.block_size
+        return sum(max(0, -(-(s.num_computed_tokens + k) // bs) - len(s.block_table))
+                   for s in self.running)
+
+    def advance_decodes(self, k: int, token: int) -> None:
+        """Apply ``k`` decode steps of the running batch, each sampling ``token``: the state
+        ``k`` rounds of ``schedule`` and ``update`` would leave (tokens, computed counts,
+        blocks, prefix-cache entries and their KV events; blocks are taken per sequence
+        rather than per step, the same number from the same free and eviction order).
+        Only for ``k <= decode_run_length(k, token)``; no outputs are made."""
+        for s in self.running:
+            if self.kv.allocate(s, k) is None:
+                raise RuntimeError(f"advance_decodes({k}): no blocks for {s.request_id!r}; "
+                                   "k must come from decode_run_length")
+            s.num_computed_tokens += k
+            s.token_ids.extend([token] * k)
+            self.kv.cache_computed_blocks(s)
+
     # ---- after the forward ----------------------------------------------------------
     def update(self, batch: ScheduledBatch, result: RunnerOutput) -> list[TokenOutput]:
         """Apply a completed batch's result: register the blocks it computed, put its

@@ -20,7 +20,7 @@ import random
 import time
 import uuid
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import assert_never
 
 import nats.errors
@@ -31,6 +31,7 @@ from services.api.wire import (
     InflightOp,
     InflightUpdate,
     WireError,
+    WorkerLoad,
     decode_inflight,
     decode_load,
     encode_inflight,
@@ -85,7 +86,10 @@ class Router:
         replica: int = 0,
         metrics: RouterMetrics | None = None,
         seed: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``clock``: what in-flight expiry and load staleness are measured by (the
+        simulator gives its virtual clock)."""
         self.cfg = cfg
         self.replica = replica
         self.mode = _router_mode(cfg.router.mode)
@@ -95,7 +99,7 @@ class Router:
         self.metrics = metrics if metrics is not None else RouterMetrics()
         self.index = RadixIndex()
         rc = cfg.router
-        self.load = LoadTracker(cfg.engine.block_size, rc.inflight_ttl_s, rc.load_stale_s)
+        self.load = LoadTracker(cfg.engine.block_size, rc.inflight_ttl_s, rc.load_stale_s, clock)
         self.metrics.indexed_blocks.set_function(self.index.num_blocks)
         self._workers: dict[str, Registration] = {}
         # Workers whose last load sample shows a full waiting queue
@@ -269,13 +273,17 @@ class Router:
             self.metrics.bad_messages.labels("load").inc()
             log.warning("dropping bad load message on %s: %s", msg.subject, e)
             return
+        self.apply_load(load)
+
+    def apply_load(self, load: WorkerLoad) -> None:
+        """Take in a decode worker's load sample (from NATS, or the simulator's tick)."""
         if load.worker_id not in self._workers:
             # NOTE: only registered decode workers' load is kept (the tracker would grow by
             # one entry per made-up id); a worker's first samples may precede its join.
             self.metrics.events_ignored.labels("load", "unregistered").inc()
             return
         self.load.update_metrics(load)
-        if load.requests_waiting >= self.cfg.decode.max_waiting_requests and load.worker_id in self._workers:
+        if load.requests_waiting >= self.cfg.decode.max_waiting_requests:
             self._saturated.add(load.worker_id)
         else:
             self._saturated.discard(load.worker_id)

@@ -1,0 +1,587 @@
+"""The discrete-event loop: a cluster's requests, router and engines on a virtual clock.
+
+What runs is production code: the ``Router`` (its radix index fed through ``KvIngest``,
+its load tracker and selection), one ``LLMEngine`` per worker (scheduler, block pool, KV
+cache manager) over a ``SimRunner``, the decode worker's admission bound
+(``services.decode.admission``), its remote-prefill decision
+(``services.decode.disagg.decide_prefill``) and the load sample it publishes
+(``services.decode.load``). What is modelled: the forward (``StepModel``), the JetStream
+work queue (``_PrefillQueue``: FIFO, pulled by prefill workers with free job slots, a job
+counted in the depth until its KV is delivered), the KV transfer (latency + bytes over a
+link) and the frontend + processor path (``sim.request_overhead_s``).
+
+Timing of one engine step: the engine steps (schedules, "computes", updates) when the
+step starts, and its outputs and KV events reach the rest of the cluster when the step's
+modelled time has passed. Events at the same instant run in this order: step completions,
+KV deliveries, load ticks, then requests.
+
+Fast path: a decode worker whose next steps are certain to be the same batch of decodes
+(``Scheduler.decode_run_length``) and that no event can reach before they end does them at
+once (``Scheduler.advance_decodes``) and records their tokens in one go. Nothing outside
+the worker can observe it in between (load samples, routes and deliveries all end a run),
+so every figure equals stepping one by one (``fast_forward=False``; tests check it).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from services.api.kv_events import KvEvent
+from services.api.outputs import FinishReason, TokenOutput
+from services.api.route import RequestPhase, RouteRequest
+from services.api.sampling import SamplingParams
+from services.api.wire import RawEventBatch, WorkerLoad, raw_event
+from services.common.config import ClusterConfig
+from services.common.discovery import Registration
+from services.common.hashing import local_block_hashes
+from services.decode.admission import refusal
+from services.decode.disagg import decide_prefill
+from services.decode.load import worker_load
+from services.engine.engine import LLMEngine
+from services.engine.request import GenerateRequest
+from services.engine.scheduler import InvalidRequestError
+from services.engine.sequence import Sequence
+from services.router.errors import NoWorkersAvailable
+from services.router.router import Router
+from services.sim.records import (
+    GapSamples,
+    HitSample,
+    RequestRecord,
+    SimResult,
+    WorkerSample,
+    WorkerTotals,
+)
+from services.sim.requests import SimRequest
+from services.sim.runner import SimRunner
+from services.sim.step_model import BatchShape, StepModel
+
+T = TypeVar("T")
+
+DECODE, PREFILL = "decode", "prefill"
+# Event kinds, in the order they run at one instant.
+_STEP, _KV, _TICK, _SEND = 0, 1, 2, 3
+_SESSION = 1  # every simulated worker's KV event session (none restarts)
+# At most this many decode steps in one fast-forwarded run.
+_MAX_RUN = 1 << 16
+# Load samples kept for the plots, about (all workers together).
+_MAX_WORKER_SAMPLES = 200_000
+
+Progress = Callable[[float, int], None]
+TokenMaker = Callable[[SimRequest], list[int]]
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine that never suspends (the router without a NATS connection)."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    coro.close()
+    raise RuntimeError("a simulated call suspended: it needs a transport the simulator has not")
+
+
+@dataclass(slots=True)
+class _Job:
+    """A remote prefill in the queue (what a PrefillJob carries, less the transport)."""
+
+    request_id: str
+    decode: _Worker
+    tokens: list[int]
+    first_block: int
+    num_blocks: int
+    effective_tokens: int
+    prefill: _Worker | None = None
+
+
+class _PrefillQueue:
+    """The JetStream work queue as decode workers see it: ``depth`` counts jobs pending and
+    taken but not acked (acked when their KV is delivered); queued tokens are per decode
+    worker (services/disagg/prefill_queue.py)."""
+
+    def __init__(self) -> None:
+        self.pending: deque[_Job] = deque()
+        self.unacked = 0
+        self.tokens: dict[str, int] = {}
+
+    def depth(self) -> int:
+        return len(self.pending) + self.unacked
+
+    def publish(self, job: _Job) -> None:
+        self.pending.append(job)
+        w = job.decode.id
+        self.tokens[w] = self.tokens.get(w, 0) + job.effective_tokens
+
+    def acked(self, job: _Job) -> None:
+        self.unacked -= 1
+        self.tokens[job.decode.id] -= job.effective_tokens
+
+
+class _Worker:
+    """One simulated worker process: its engine, and what its step in flight carries."""
+
+    def __init__(self, wid: str, role: str, cfg: ClusterConfig, model: StepModel) -> None:
+        self.id = wid
+        self.role = role
+        self.runner = SimRunner(cfg.engine, model)
+        self.events: list[list] = []  # raw KV events not yet delivered to the router
+        on_event = self._on_event if role == DECODE else None
+        self.engine = LLMEngine(self.runner, cfg.engine.model_copy(update={"overlap": False}),
+                                [cfg.engine.mock.eos_token_id], wid, on_kv_event=on_event)
+        self.busy = False
+        self.step_end = 0.0  # when the step in flight completes
+        self.dirty = True  # changed since its last load sample
+        self.last_load: WorkerLoad | None = None
+        self.inflight = 0  # requests it holds (DecodeWorker._inflight)
+        self.free_slots = cfg.prefill.max_concurrent_jobs  # prefill workers
+        self.totals = WorkerTotals(wid, role, kv_blocks_total=cfg.engine.num_kv_blocks)
+
+    def _on_event(self, ev: KvEvent) -> None:
+        self.events.append(raw_event(ev))
+
+
+class Simulation:
+    """One run; ``run()`` returns its SimResult. See the module docstring."""
+
+    def __init__(self, cfg: ClusterConfig, requests: list[SimRequest], model: StepModel,
+                 tokens: TokenMaker, oracle_hit_rate: float = 0.0,
+                 progress: Progress | None = None, fast_forward: bool = True) -> None:
+        if cfg.decode.replicas < 1:
+            raise ValueError("the simulation needs decode.replicas >= 1")
+        self.cfg = cfg
+        self.requests = sorted(requests, key=lambda r: (r.arrival_s, r.index))
+        self.model = model
+        self.tokens = tokens
+        self.oracle = oracle_hit_rate
+        self.progress = progress
+        self.fast_forward = fast_forward
+        self.now = 0.0
+        self.block_size = cfg.engine.block_size
+        self.router = Router(cfg, seed=cfg.sim.seed, clock=self._clock)
+        self.decoders = [_Worker(f"decode-{i}", DECODE, cfg, model)
+                         for i in range(cfg.decode.replicas)]
+        self.prefillers = [_Worker(f"prefill-{i}", PREFILL, cfg, model)
+                           for i in range(cfg.prefill.replicas)]
+        self.by_id = {w.id: w for w in self.decoders}
+        for w in self.decoders:
+            self.router.ingest.mark_synced(w.id, _SESSION)
+            self.router.worker_joined(Registration(DECODE, w.id, f"sim:{w.id}"))
+        # Remote prefill exists where prefill workers do (a decode worker opens the queue).
+        self.queue = _PrefillQueue() if self.prefillers else None
+        disagg = cfg.decode.disagg
+        self._disagg = disagg if self.queue is not None else disagg.model_copy(
+            update={"enabled": False})
+        self.records: dict[str, RequestRecord] = {}
+        self.jobs: dict[str, _Job] = {}
+        self.gaps = GapSamples()
+        self.worker_samples: list[WorkerSample] = []
+        self.hit_samples: list[HitSample] = []
+        # (time, kind, seq, payload): step completions, and everything else but requests
+        # from the trace (sorted already) and load ticks (one instant at a time).
+        self._steps_heap: list[tuple[float, int, int, Any]] = []
+        self._other: list[tuple[float, int, int, Any]] = []
+        self._seq = 0
+        self._next = 0  # next request of self.requests to send
+        self._waiting_on: dict[int, list[SimRequest]] = {}  # index -> requests after it
+        self._ended: dict[int, float] = {}  # index -> end time, for requests after it
+        self._done = 0
+        self._steps = 0
+        self._ff_steps = 0
+        interval = cfg.sim.load_interval_s
+        self._interval = interval
+        self._next_tick = 0.0
+        last = self.requests[-1].arrival_s if self.requests else 0.0
+        ticks = max(1.0, last / interval)
+        self._sample_every = max(1, math.ceil(len(self.decoders) * ticks / _MAX_WORKER_SAMPLES))
+        self._tick_no = 0
+        for r in self.requests:
+            if r.after is not None:
+                self._waiting_on.setdefault(r.after, []).append(r)
+
+    def _clock(self) -> float:
+        return self.now
+
+    # ---- the loop --------------------------------------------------------------------
+    def run(self) -> SimResult:
+        t0 = time.perf_counter()
+        reqs, steps, other = self.requests, self._steps_heap, self._other
+        n = len(reqs)
+        events = 0
+        while True:
+            while self._next < n and reqs[self._next].after is not None:
+                self._next += 1  # sent when the request it follows ends
+            t_arr = reqs[self._next].arrival_s if self._next < n else math.inf
+            t_step = steps[0][0] if steps else math.inf
+            t_other = other[0][0] if other else math.inf
+            if t_step == t_other == t_arr == math.inf:
+                break
+            # At one instant: step completions, deliveries, the load tick, then requests.
+            if t_step <= t_other and t_step <= t_arr and t_step <= self._next_tick:
+                self.now, _, _, payload = heapq.heappop(steps)
+                self._step_done(*payload)
+            elif t_other <= t_arr and t_other <= self._next_tick and other[0][1] == _KV:
+                self.now, _, _, payload = heapq.heappop(other)
+                self._kv_delivered(*payload)
+            elif self._next_tick <= t_other and self._next_tick <= t_arr:
+                self.now = self._next_tick
+                self._tick()
+            elif t_other <= t_arr:
+                self.now, _, _, payload = heapq.heappop(other)
+                if isinstance(payload, _Routed):
+                    self._route(payload.request_id, payload.tokens, payload.request)
+                else:
+                    self._send(payload)
+            else:
+                self.now = t_arr
+                self._next += 1
+                self._send(reqs[self._next - 1])
+            events += 1
+            if self.progress is not None and events % 4096 == 0:
+                self.progress(self.now, self._done)
+        if self.progress is not None:
+            self.progress(self.now, self._done)
+        return self._result(time.perf_counter() - t0)
+
+    def _push(self, t: float, kind: int, payload: Any) -> None:
+        self._seq += 1
+        heapq.heappush(self._steps_heap if kind == _STEP else self._other,
+                       (t, kind, self._seq, payload))
+
+    def _horizon(self) -> float:
+        """The earliest instant something from outside may reach a worker: the next
+        request, load tick or delivery, and, while requests wait for others to end, any
+        step completion (it may send one)."""
+        h = self._next_tick
+        if self._next < len(self.requests):
+            h = min(h, self.requests[self._next].arrival_s)
+        if self._other:
+            h = min(h, self._other[0][0])
+        if self._waiting_on and self._steps_heap:
+            h = min(h, self._steps_heap[0][0])
+        for p in self.prefillers:  # a prefill that ends sends its KV to a decode worker
+            if p.busy and p.step_end < h:
+                h = p.step_end
+        return h
+
+    # ---- requests --------------------------------------------------------------------
+    def _send(self, req: SimRequest) -> None:
+        rid = f"r{req.index}"
+        rec = RequestRecord(req.index, self.now, req.input_len, req.output_len)
+        self.records[rid] = rec
+        tokens = self.tokens(req)
+        rec.prompt_tokens = len(tokens)
+        overhead = self.cfg.sim.request_overhead_s
+        if overhead > 0:
+            # NOTE: routed when it reaches the router: its state then decides.
+            self._push(self.now + overhead, _SEND, _Routed(rid, tokens, req))
+            return
+        self._route(rid, tokens, req)
+
+    def _route(self, rid: str, tokens: list[int], req: SimRequest) -> None:
+        rec = self.records[rid]
+        try:
+            resp = run_sync(self.router.route(RouteRequest(
+                rid, tokens, local_block_hashes(tokens, self.block_size))))
+        except NoWorkersAvailable as e:
+            self._fail(rec, None, str(e))
+            return
+        w = self.by_id[resp.worker_id]
+        rec.worker = w.id
+        w.totals.requests += 1
+        eng = w.engine
+        refused = refusal(w.id, w.inflight, len(eng.scheduler.running) + len(eng.scheduler.ready),
+                          self.cfg.decode)
+        request = GenerateRequest(rid, tokens, SamplingParams(
+            temperature=0.0, max_tokens=req.output_len, ignore_eos=True))
+        if refused is None:
+            try:
+                eng.validate(request)
+            except InvalidRequestError as e:
+                refused = e
+        if refused is not None:
+            self._fail(rec, None, str(refused))
+            self._router_update(rid, RequestPhase.FINISHED)
+            return
+        w.inflight += 1
+        w.dirty = True
+        d = self._disagg
+        n = len(tokens)
+        cached = depth = queued = 0
+        queue = self.queue
+        if d.enabled and n > d.max_local_prefill_length:
+            cached = eng.prefix_hit_tokens(tokens)
+            if queue is not None and n - cached > d.max_local_prefill_length:
+                depth, queued = queue.depth(), queue.tokens.get(w.id, 0)
+        decision = decide_prefill(d, n, cached, depth, queued)
+        handle = eng.begin_remote_prefill(request) if decision.remote else None
+        if handle is None:
+            eng.add_request(request)
+        else:
+            assert queue is not None
+            rec.remote = True
+            job = _Job(rid, w, tokens, handle.first_block_to_fill, handle.num_blocks_to_fill,
+                       decision.effective_tokens)
+            self.jobs[rid] = job
+            queue.publish(job)
+            self._dispatch()
+        self._flush(w)
+        self._start_step(w)
+
+    def _router_update(self, rid: str, phase: RequestPhase) -> None:
+        run_sync(self.router.update(rid, phase))
+
+    def _fail(self, rec: RequestRecord, w: _Worker | None, error: str) -> None:
+        rec.error = error
+        rec.end_s = self.now
+        self._end(rec, w)
+
+    def _end(self, rec: RequestRecord, w: _Worker | None) -> None:
+        self._done += 1
+        if w is not None:
+            w.inflight -= 1
+            w.dirty = True
+        followers = self._waiting_on.pop(rec.index, None)
+        if followers:
+            for r in followers:
+                self._push(max(r.arrival_s, self.now), _SEND, r)
+
+    # ---- engines ---------------------------------------------------------------------
+    def _start_step(self, w: _Worker) -> None:
+        if w.busy:
+            return
+        eng = w.engine
+        if not eng.has_schedulable():
+            return
+        if self.fast_forward and w.role == DECODE and self._fast_forward(w):
+            return
+        w.busy = True
+        outs = eng.step()
+        if eng.last_batch_size == 0:
+            # Nothing could run (no blocks or seats): idle until something changes.
+            w.busy = False
+            self._flush(w)
+            return
+        dt = w.runner.last_seconds
+        w.step_end = self.now + dt
+        self._push(w.step_end, _STEP, (w, dt, outs, None))
+
+    def _fast_forward(self, w: _Worker) -> bool:
+        sched = w.engine.scheduler
+        tok = w.runner.token
+        k = sched.decode_run_length(_MAX_RUN, tok)
+        if k < 2:
+            return False
+        horizon = self._horizon()
+        running = list(sched.running)
+        b = len(running)
+        ctx = sum(s.num_tokens for s in running)
+        model = self.model
+        t = self.now
+        times: list[float] = []
+        dts: list[float] = []
+        for j in range(k):
+            dt = model.step_seconds(BatchShape(0, 0, b, ctx + b * j))
+            if t + dt > horizon:
+                break
+            t += dt
+            times.append(t)
+            dts.append(dt)
+        k = len(times)
+        if k < 2:
+            return False
+        sched.advance_decodes(k, tok)
+        w.busy = True
+        w.step_end = times[-1]
+        self._push(times[-1], _STEP, (w, dts, None, (running, times)))
+        return True
+
+    def _step_done(self, w: _Worker, dt: float | list[float], outs: list[TokenOutput] | None,
+                   run: tuple[list[Sequence], list[float]] | None) -> None:
+        w.busy = False
+        w.dirty = True
+        tot = w.totals
+        if run is None:
+            assert isinstance(dt, float) and outs is not None
+            tot.busy_s += dt
+            tot.steps += 1
+            self._steps += 1
+            for o in outs:
+                self._output(w, o)
+        else:
+            assert isinstance(dt, list)
+            for x in dt:
+                tot.busy_s += x
+            tot.steps += len(dt)
+            self._ff_steps += len(dt)
+            self._ran(run[0], run[1])
+        used = w.engine.pool.num_used
+        if used > tot.peak_kv_blocks_used:
+            tot.peak_kv_blocks_used = used
+        self._flush(w)
+        self._start_step(w)
+
+    def _ran(self, seqs: list[Sequence], times: list[float]) -> None:
+        """Record a fast-forwarded run's tokens: what its steps' outputs would have."""
+        gaps = self.gaps
+        records = self.records
+        k = len(times)
+        for s in seqs:
+            rec = records[s.request_id]
+            gaps.add(times[0] - rec.last_token_s)
+            rec.last_token_s = times[-1]
+            rec.tokens_out += k
+        b = len(seqs)
+        for j in range(1, k):
+            gaps.add(times[j] - times[j - 1], b)
+
+    def _output(self, w: _Worker, o: TokenOutput) -> None:
+        if w.role == PREFILL:
+            if o.finished:
+                self._prefilled(w, o)
+            return
+        rec = self.records[o.request_id]
+        now = self.now
+        if o.token_ids:
+            if rec.tokens_out == 0:
+                rec.first_token_s = now
+                rec.cached_tokens = o.num_cached_tokens
+                self._router_update(o.request_id, RequestPhase.PREFILLED)
+            else:
+                self.gaps.add(now - rec.last_token_s)
+            rec.last_token_s = now
+            rec.tokens_out += len(o.token_ids)
+        if o.finished:
+            self._router_update(o.request_id, RequestPhase.FINISHED)
+            rec.end_s = now
+            if o.finish_reason in (FinishReason.ERROR, FinishReason.ABORT):
+                rec.error = o.error or f"finished with {o.finish_reason}"
+            else:
+                rec.completed = True
+                w.totals.prompt_tokens += o.num_prompt_tokens
+                w.totals.hit_tokens += o.num_cached_tokens
+            self._end(rec, w)
+
+    def _flush(self, w: _Worker) -> None:
+        """Deliver the worker's KV events to the router, unless a step in flight will."""
+        if w.events and not w.busy:
+            self.router.ingest.handle_batch(RawEventBatch(w.id, _SESSION, w.events))
+            w.events = []
+
+    # ---- remote prefill --------------------------------------------------------------
+    def _dispatch(self) -> None:
+        """Prefill workers with free job slots pull the queue's head jobs."""
+        queue = self.queue
+        if queue is None:
+            return
+        while queue.pending:
+            p = max(self.prefillers, key=lambda x: x.free_slots)
+            if p.free_slots <= 0:
+                return
+            job = queue.pending.popleft()
+            queue.unacked += 1
+            p.free_slots -= 1
+            job.prefill = p
+            self.records[job.request_id].prefill_worker = p.id
+            p.totals.requests += 1
+            p.engine.add_request(GenerateRequest(
+                job.request_id, job.tokens, SamplingParams(temperature=0.0, max_tokens=1),
+                export_kv_from_block=job.first_block))
+            self._start_step(p)
+
+    def _prefilled(self, p: _Worker, o: TokenOutput) -> None:
+        job = self.jobs[o.request_id]
+        p.totals.prompt_tokens += o.num_prompt_tokens
+        p.totals.hit_tokens += o.num_cached_tokens
+        sim = self.cfg.sim
+        nbytes = job.num_blocks * self.block_size * sim.kv_bytes_per_token
+        delay = sim.kv_transfer_latency_s + nbytes / (sim.kv_transfer_gbps * 1e9)
+        self._push(self.now + delay, _KV, (job, o.kv, o.token_ids[0]))
+
+    def _kv_delivered(self, job: _Job, kv: Any, first_token: int) -> None:
+        assert self.queue is not None and job.prefill is not None
+        del self.jobs[job.request_id]
+        self.queue.acked(job)
+        job.prefill.free_slots += 1
+        w = job.decode
+        out = w.engine.complete_remote_prefill(job.request_id, kv, first_token)
+        w.dirty = True
+        if out is not None:
+            self._output(w, out)
+        self._flush(w)
+        self._start_step(w)
+        self._dispatch()
+
+    # ---- load ticks ------------------------------------------------------------------
+    def _tick(self) -> None:
+        now = self.now
+        keep = self._tick_no % self._sample_every == 0
+        self._tick_no += 1
+        router = self.router
+        prompt = hit = 0
+        for w in self.decoders:
+            if w.dirty or w.last_load is None:
+                s = w.engine.stats()
+                w.last_load = worker_load(w.id, s, now)
+                w.dirty = False
+                if keep:
+                    self.worker_samples.append(WorkerSample(
+                        now, w.id, s.num_running, s.num_waiting, s.kv_blocks_used,
+                        s.kv_blocks_total, s.num_prefill_tokens_pending))
+            elif keep:
+                ld = w.last_load
+                self.worker_samples.append(WorkerSample(
+                    now, w.id, ld.requests_running, ld.requests_waiting, ld.kv_blocks_used,
+                    ld.kv_blocks_total, ld.active_prefill_tokens))
+            router.apply_load(w.last_load)
+            sched = w.engine.scheduler
+            prompt += sched.prompt_tokens_total
+            hit += sched.prefix_hit_tokens_total
+        if keep:
+            self.hit_samples.append(HitSample(now, prompt, hit))
+        # NOTE: with nothing due before the next event, the skipped ticks would only
+        # republish the same samples: jump to the last one before it.
+        nxt = now + self._interval
+        if not any(w.busy for w in self.decoders) and not any(p.busy for p in self.prefillers):
+            due = self._other[0][0] if self._other else math.inf
+            if self._next < len(self.requests):
+                due = min(due, self.requests[self._next].arrival_s)
+            if due == math.inf:
+                due = nxt
+            if due > nxt:
+                nxt = now + math.floor((due - now) / self._interval) * self._interval
+        self._next_tick = nxt
+
+    # ---- result ----------------------------------------------------------------------
+    def _result(self, wall_s: float) -> SimResult:
+        records = sorted(self.records.values(), key=lambda r: r.index)
+        for r in records:
+            if r.completed:
+                r.end_s = r.end_s or r.last_token_s
+        return SimResult(
+            records=records, gaps=self.gaps,
+            workers=[w.totals for w in self.decoders + self.prefillers],
+            worker_samples=self.worker_samples, hit_samples=self.hit_samples,
+            oracle_hit_rate=self.oracle, slo=dict(self.cfg.sim.slo), duration_s=self.now,
+            wall_s=wall_s, steps=self._steps, fast_forward_steps=self._ff_steps)
+
+
+@dataclass(frozen=True, slots=True)
+class _Routed:
+    """A request on its way through the frontend and processor to the router."""
+
+    request_id: str
+    tokens: list[int]
+    request: SimRequest
+
+
+def simulate(cfg: ClusterConfig, requests: list[SimRequest], model: StepModel,
+             tokens: TokenMaker, oracle_hit_rate: float = 0.0, progress: Progress | None = None,
+             fast_forward: bool = True) -> SimResult:
+    """Replay ``requests`` through the cluster ``cfg`` describes; see ``Simulation``."""
+    return Simulation(cfg, requests, model, tokens, oracle_hit_rate, progress,
+                      fast_forward).run()
