@@ -1,0 +1,187 @@
+"""`tandem sim calibrate`: how far the simulator is from a real cluster of mock workers.
+
+For each workload (services/sim/calibrate_workloads.py) it starts `tandem up` of the
+workload's config, measures the request overhead at idle (``measure_overhead``), sends the
+workload as `tandem bench serve` does and stops the cluster; then it simulates the same
+requests at the same send times with the same config, ``sim.request_overhead_s`` set to
+what was measured, and compares every figure (services/sim/calibrate_compare.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+import httpx
+
+from services.bench.arrivals import schedule
+from services.bench.client import RequestRecord as BenchRecord
+from services.bench.client import RunResult, request_body, run_workload, send
+from services.bench.cluster import running_cluster
+from services.bench.metrics import request_latencies, summarize
+from services.bench.results import header, load_average, write_json
+from services.bench.workloads import BenchRequest, oracle_hit_rate
+from services.common.config import ClusterConfig, MockRunnerConfig, load_config
+from services.launcher.up import served_name
+from services.sim.calibrate_compare import Figures, Row, compare, rows_json, table
+from services.sim.calibrate_workloads import Calibration, build
+from services.sim.records import SimResult
+from services.sim.requests import SimRequest
+from services.sim.simulator import simulate
+from services.sim.step_model import MockStepModel
+
+REPO = Path(__file__).resolve().parents[2]
+PROBE_LEN = 8  # prompt tokens of an overhead probe
+# The mock runner's KV per token: K and V of one layer, one head of one float32 dim
+# (services/engine/runner/mock_runner.py), what a remote prefill moves.
+MOCK_KV_BYTES_PER_TOKEN = 2 * 4
+
+
+def probe_step_s(mock: MockRunnerConfig) -> float:
+    """What the mock device takes for a probe's prefill (its one step)."""
+    return mock.step_base_s + mock.per_prefill_token_s * PROBE_LEN
+
+
+async def _probe(url: str, model: str, n: int, timeout_s: float) -> list[float]:
+    """TTFT in seconds of ``n`` 1-token requests sent one after the other (3 more first, not
+    counted: the first requests through a fresh cluster open its connections)."""
+    import numpy as np
+
+    rng = np.random.default_rng(12345)
+    key = os.environ.get("OPENAI_API_KEY")
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    out: list[float] = []
+    async with httpx.AsyncClient(headers=headers, timeout=timeout_s) as client:
+        for i in range(n + 3):
+            # NOTE: unique prompts: a prefix hit would shorten the step subtracted below.
+            prompt = tuple(int(x) for x in rng.integers(1000, 30000, PROBE_LEN))
+            rec = BenchRecord(i, PROBE_LEN)
+            await send(client, url + "/v1/completions",
+                       request_body(BenchRequest(i, prompt, 1), model, "completions"), rec,
+                       timeout_s)
+            if not rec.ok or rec.first_token_time is None:
+                raise RuntimeError(f"overhead probe failed: {rec.error}")
+            if i >= 3:
+                out.append(rec.first_token_time - rec.send_time)
+            await asyncio.sleep(0.05)
+    return out
+
+
+def measure_overhead(url: str, model: str, mock: MockRunnerConfig, n: int,
+                     timeout_s: float) -> tuple[float, list[float]]:
+    """Frontend + processor + router + streaming latency of an idle cluster: the median TTFT
+    of ``n`` tiny 1-token requests less the mock device's step for them. Returns it and the
+    TTFTs."""
+    ttfts = asyncio.run(_probe(url, model, n, timeout_s))
+    return max(0.0, statistics.median(ttfts) - probe_step_s(mock)), ttfts
+
+
+def to_sim_requests(reqs: Sequence[BenchRequest], send_s: Sequence[float]) -> list[SimRequest]:
+    """The bench's requests at their send offsets, prompts carried whole."""
+    # TODO(traces): services.sim.traces.from_bench replaces this once it lands on main.
+    return [SimRequest(r.index, t, r.prompt_len, r.output_len, prompt=r.prompt_ids,
+                       after=r.after) for r, t in zip(reqs, send_s, strict=True)]
+
+
+def sim_config(cal: Calibration, config: str, overhead_s: float) -> ClusterConfig:
+    """The real run's config, with what the simulator needs to know of that cluster."""
+    extra = [f"sim.request_overhead_s={overhead_s:.6f}"]
+    base = load_config(config, list(cal.overrides))
+    if base.engine.runner == "mock":
+        extra.append(f"sim.kv_bytes_per_token={MOCK_KV_BYTES_PER_TOKEN}")
+    # NOTE: the run's own --set values last: one naming a sim key wins over the above.
+    return load_config(config, [*extra, *cal.overrides])
+
+
+def run_real(cal: Calibration, config: str, args: argparse.Namespace,
+             log_dir: Path) -> tuple[RunResult, float, list[float]]:
+    cfg = load_config(config, list(cal.overrides))
+    url = f"http://127.0.0.1:{cfg.frontend.port}"
+    model = served_name(cfg)
+    with running_cluster(config, cal.overrides, url, log_dir / cal.name,
+                         log_dir / f"{cal.name}.log", args.ready_timeout, 2.0):
+        overhead, probes = measure_overhead(url, model, cfg.engine.mock, args.probes,
+                                            args.timeout)
+        print(f"  request overhead {overhead * 1e3:.1f} ms (median probe TTFT "
+              f"{statistics.median(probes) * 1e3:.1f} ms less a {probe_step_s(cfg.engine.mock) * 1e3:.1f}"
+              f" ms mock step)", flush=True)
+        run = asyncio.run(run_workload(url, model, cal.requests, cal.arrivals,
+                                       timeout_s=args.timeout,
+                                       api_key=os.environ.get("OPENAI_API_KEY")))
+    return run, overhead, probes
+
+
+def run_sim(cal: Calibration, cfg: ClusterConfig) -> SimResult:
+    times = schedule(cal.arrivals, len(cal.requests), None, [r.arrival_s for r in cal.requests])
+    assert times is not None  # every preset has a schedule
+    return simulate(cfg, to_sim_requests(cal.requests, times), MockStepModel.of(cfg.engine.mock),
+                    lambda r: list(r.prompt or ()))
+
+
+def per_request(run: RunResult, result: SimResult) -> list[dict]:
+    """Each request's TTFT and cached tokens, real beside simulated (ms)."""
+    sim = {r.index: r for r in result.records}
+    rows = []
+    for r in run.records:
+        s = sim[r.index]
+        real_ttft = request_latencies(r)[0] if r.ok else None
+        rows.append({"index": r.index, "prompt_tokens": r.prompt_tokens,
+                     "real_ttft_ms": real_ttft, "sim_ttft_ms": s.ttft_s * 1e3 if s.completed else None,
+                     "real_cached": r.cached_tokens, "sim_cached": s.cached_tokens,
+                     "sim_worker": s.worker, "sim_remote": s.remote, "real_error": r.error or None,
+                     "sim_error": s.error})
+    return rows
+
+
+def calibrate_one(cal: Calibration, args: argparse.Namespace, log_dir: Path) -> tuple[list[Row], dict]:
+    config = args.config or str(REPO / cal.config)
+    print(f"== {cal.name}: {len(cal.requests)} requests, {config} "
+          f"{' '.join(cal.overrides)}", flush=True)
+    load_before = load_average()
+    run, overhead, probes = run_real(cal, config, args, log_dir)
+    real_sum = summarize(run.records, run.duration_s)
+    if real_sum.failed:
+        print(f"  real run: {real_sum.failed} requests failed {real_sum.errors}", flush=True)
+    cfg = sim_config(cal, config, overhead)
+    result = run_sim(cal, cfg)
+    real, sim = Figures.of_bench(real_sum), Figures.of_sim(result)
+    rows = compare(cal.name, real, sim)
+    detail = {"config": config, "overrides": list(cal.overrides), "requests": len(cal.requests),
+              "request_overhead_s": overhead, "probe_ttft_s": probes,
+              "real": asdict(real), "sim": asdict(sim), "rows": rows_json(rows),
+              "oracle_hit_rate": oracle_hit_rate([r.prompt_ids for r in cal.requests],
+                                                 cfg.engine.block_size),
+              "real_duration_s": run.duration_s, "sim_wall_s": result.wall_s,
+              "load_average_1m": {"before": load_before, "after": load_average()},
+              "per_request": per_request(run, result)}
+    return rows, detail
+
+
+def main(args: argparse.Namespace) -> int:
+    head = header(args)
+    names = args.workloads or ["chat", "long-disagg", "conversation"]
+    try:
+        cals = [build(n, args.num_requests, args.quick, args.rate, args.speedup,
+                      Path(args.trace) if args.trace else None, args.sample_mod, args.seed,
+                      tuple(args.overrides)) for n in names]
+    except (ValueError, OSError) as e:
+        print(f"tandem sim calibrate: {e}", file=sys.stderr)
+        return 2
+    log_dir = Path(args.log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    rows: list[Row] = []
+    details: dict[str, dict] = {}
+    for cal in cals:
+        r, details[cal.name] = calibrate_one(cal, args, log_dir)
+        rows += r
+        print(table(r), flush=True)
+    print()
+    print(table(rows))
+    write_json(args.json_path, {**head, "rows": rows_json(rows), "workloads": details})
+    return 0

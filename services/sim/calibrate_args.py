@@ -1,0 +1,47 @@
+"""The parser of `tandem sim calibrate`. Kept free of heavy imports: `tandem --help` builds
+every parser (the preset names are repeated here rather than imported for that reason)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+AddConfig = Callable[[argparse.ArgumentParser], None]
+WORKLOADS = ("chat", "long-disagg", "conversation")
+
+
+def add_calibrate_parser(sim_sub: argparse._SubParsersAction, add_config: AddConfig) -> None:
+    p = sim_sub.add_parser(
+        "calibrate", help="the same workloads through a real mock-worker cluster and the "
+                          "simulator: each figure real, simulated and its error",
+        description="For each workload: `tandem up` of its config (mock-runner workers), the "
+                    "frontend+processor+router latency measured at idle, the workload sent "
+                    "as `tandem bench serve` sends it; then the simulator with the same "
+                    "config, that latency (sim.request_overhead_s) and the same send times. "
+                    "Prints real, simulated and error %% for mean/p90 TTFT, mean ITL, prefix "
+                    "hit rate (targets: within 10%%), mean TPOT and E2E.")
+    add_config(p)  # -c replaces every workload's own config file; --set adds to each
+    p.add_argument("--workload", dest="workloads", action="append", choices=WORKLOADS,
+                   help="repeatable (default: all three: chat, long-disagg, conversation)")
+    p.add_argument("--quick", action="store_true", help="small sizes (~15 s of sending each)")
+    p.add_argument("--num-requests", type=int, default=None,
+                   help="instead of the preset's (conversation: 0 = the whole sample)")
+    p.add_argument("--rate", type=float, default=None, help="Poisson req/s (chat, long-disagg)")
+    p.add_argument("--speedup", type=float, default=None,
+                   help="conversation: trace timestamps divided by it (default 30)")
+    p.add_argument("--trace", default=None,
+                   help="conversation: Mooncake JSONL (default /work/traces/"
+                        "conversation_trace.jsonl if present, else /work/shared/traces/"
+                        "synthetic_trace.jsonl)")
+    p.add_argument("--sample-mod", type=int, default=24,
+                   help="conversation: keep conversations whose hash_ids[1] %% M == 0")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--probes", type=int, default=10,
+                   help="1-token requests at idle that measure the request overhead")
+    p.add_argument("--json", dest="json_path", default=None, metavar="FILE",
+                   help="every figure and error, the overhead and per-request TTFTs")
+    p.add_argument("--log-dir", default="/tmp/tandem-sim/calibrate",
+                   help="each cluster's run directory and log")
+    p.add_argument("--ready-timeout", type=float, default=300.0)
+    p.add_argument("--timeout", type=float, default=600.0, help="per request")
+    p.set_defaults(_key=("sim", "calibrate"))

@@ -1,0 +1,103 @@
+"""The figures `tandem sim calibrate` compares, taken the bench's way from a real run and
+from a simulation, and the table of their errors.
+
+Every figure has the bench's definition (services/bench/metrics.py): TTFT = first token -
+send, E2E = end - send, TPOT = (E2E - TTFT) / (tokens - 1) over requests of more than one
+token, ITL = every gap between consecutive tokens of a request, pooled over requests,
+prefix hit rate = cached / prompt tokens. Percentiles are numpy's linear ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from services.bench.metrics import Dist, Summary
+from services.sim.records import SimResult
+
+# (key, label, targeted): targeted figures must be within TARGET_PCT (issue 23); the rest
+# are shown for information.
+FIGURES: tuple[tuple[str, str, bool], ...] = (
+    ("ttft_mean_ms", "mean TTFT ms", True),
+    ("ttft_p90_ms", "p90 TTFT ms", True),
+    ("itl_mean_ms", "mean ITL ms", True),
+    ("prefix_hit_rate", "prefix hit rate", True),
+    ("tpot_mean_ms", "mean TPOT ms", False),
+    ("e2e_mean_ms", "mean E2E ms", False),
+)
+TARGET_PCT = 10.0
+
+
+@dataclass(frozen=True)
+class Figures:
+    completed: int
+    ttft_mean_ms: float
+    ttft_p90_ms: float
+    itl_mean_ms: float
+    prefix_hit_rate: float
+    tpot_mean_ms: float
+    e2e_mean_ms: float
+
+    @staticmethod
+    def of_bench(s: Summary) -> Figures:
+        return Figures(s.completed, s.ttft.mean, s.ttft.p90, s.itl.mean, s.prefix_hit_rate or 0.0,
+                       s.tpot.mean, s.e2e.mean)
+
+    @staticmethod
+    def of_sim(result: SimResult) -> Figures:
+        # TODO(report): services/sim/report.summary gives these once it lands on main.
+        done = [r for r in result.records if r.completed]
+        ttft = Dist.of([r.ttft_s * 1e3 for r in done])
+        tpots = [t * 1e3 for r in done if (t := r.tpot_s) is not None]
+        gaps, counts = np.asarray(result.gaps.values), np.asarray(result.gaps.counts)
+        itl = float((gaps * counts).sum() / counts.sum() * 1e3) if counts.sum() else 0.0
+        prompt = sum(r.prompt_tokens for r in done)
+        hit = sum(r.cached_tokens for r in done) / prompt if prompt else 0.0
+        return Figures(len(done), ttft.mean, ttft.p90, itl, hit, Dist.of(tpots).mean,
+                       Dist.of([r.e2e_s * 1e3 for r in done]).mean)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One figure of one workload. ``error_pct``: 100 * (sim - real) / real, None when the
+    real figure is 0; ``within``: |error| <= TARGET_PCT (both 0 counts as within), None
+    for a figure shown only for information."""
+
+    workload: str
+    figure: str
+    real: float
+    sim: float
+    error_pct: float | None
+    within: bool | None
+
+
+def compare(workload: str, real: Figures, sim: Figures) -> list[Row]:
+    rows = []
+    for key, _, targeted in FIGURES:
+        r, s = getattr(real, key), getattr(sim, key)
+        err = 100.0 * (s - r) / r if r else None
+        ok = (abs(err) <= TARGET_PCT if err is not None else s == r) if targeted else None
+        rows.append(Row(workload, key, r, s, err, ok))
+    return rows
+
+
+def table(rows: Sequence[Row]) -> str:
+    labels = {k: label for k, label, _ in FIGURES}
+    lines = [f"{'workload':14s} {'figure':16s} {'real':>10s} {'sim':>10s} {'error':>9s}  target",
+             "-" * 70]
+    for r in rows:
+        prec = ".3f" if r.figure == "prefix_hit_rate" else ".1f"
+        err = "n/a" if r.error_pct is None else f"{r.error_pct:+.1f}%"
+        mark = {True: "ok", False: "MISS", None: "(info)"}[r.within]
+        lines.append(f"{r.workload:14s} {labels[r.figure]:16s} {r.real:>10{prec}} "
+                     f"{r.sim:>10{prec}} {err:>9s}  {mark}")
+    missed = sum(1 for r in rows if r.within is False)
+    targeted = sum(1 for r in rows if r.within is not None)
+    lines.append(f"{targeted - missed}/{targeted} targeted figures within {TARGET_PCT:.0f}%")
+    return "\n".join(lines)
+
+
+def rows_json(rows: Sequence[Row]) -> list[dict]:
+    return [asdict(r) for r in rows]
