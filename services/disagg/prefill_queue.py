@@ -30,6 +30,11 @@ from services.common.nats_client import NatsClient, Subjects
 
 log = logging.getLogger(__name__)
 
+# A prefill worker's pull request waits this long for a job before it is issued again; the
+# consumer serves waiting pull requests in the order they were issued (the simulator's
+# choice of prefill worker follows from both).
+PULL_WAIT_S = 1.0
+
 
 async def ensure_prefill_queue(js: JetStreamContext, subjects: Subjects, cfg: PrefillConfig) -> None:
     """Create the stream and the shared durable consumer if they do not exist (idempotent)."""

@@ -33,7 +33,7 @@ from services.common.errors import InvalidRequest
 from services.common.nats_client import NatsClient, Subjects
 from services.common.service import cancel_and_wait
 from services.disagg.kv_shm import host_id
-from services.disagg.prefill_queue import ensure_prefill_queue
+from services.disagg.prefill_queue import PULL_WAIT_S, ensure_prefill_queue
 from services.disagg.transfer_token import well_formed
 from services.engine.async_engine import AsyncEngine
 from services.engine.request import GenerateRequest
@@ -135,7 +135,7 @@ class PrefillWorker:
                 await self._room.wait()
             # NOTE: fetch as many jobs as there are free slots, never more.
             try:
-                msgs = await self._psub.fetch(batch=self._free, timeout=1.0)
+                msgs = await self._psub.fetch(batch=self._free, timeout=PULL_WAIT_S)
             except (TimeoutError, nats.errors.TimeoutError):
                 # NOTE: a fetch on a consumer that vanished (nats-server restarted, its memory
                 # stream lost) only times out: while idle, re-ensure the queue now and then.

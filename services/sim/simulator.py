@@ -43,6 +43,7 @@ from services.common.hashing import local_block_hashes
 from services.decode.admission import refusal
 from services.decode.disagg import decide_prefill
 from services.decode.load import worker_load
+from services.disagg.prefill_queue import PULL_WAIT_S
 from services.engine.engine import LLMEngine
 from services.engine.request import GenerateRequest
 from services.engine.scheduler import InvalidRequestError
@@ -67,6 +68,8 @@ DECODE, PREFILL = "decode", "prefill"
 # Event kinds, in the order they run at one instant.
 _STEP, _KV, _TICK, _SEND = 0, 1, 2, 3
 _SESSION = 1  # every simulated worker's KV event session (none restarts)
+# Engine calls a worker's step thread runs between steps (``_call``).
+_ADD, _GENERATE, _REMOTE, _IMPORT = 0, 1, 2, 3
 # At most this many decode steps in one fast-forwarded run.
 _MAX_RUN = 1 << 16
 # Load samples kept for the plots, about (all workers together).
@@ -131,8 +134,15 @@ class _Worker:
         self.runner = SimRunner(cfg.engine, model)
         self.events: list[list] = []  # raw KV events not yet delivered to the router
         on_event = self._on_event if role == DECODE else None
+        # NOTE: the engine steps serially; the overlapped loop's timing is _between_steps's.
         self.engine = LLMEngine(self.runner, cfg.engine.model_copy(update={"overlap": False}),
                                 [cfg.engine.mock.eos_token_id], wid, on_kv_event=on_event)
+        # engine.overlap as LLMEngine resolves it, for the modelled device
+        self.overlap = model.overlap_pays if cfg.engine.overlap == "auto" else cfg.engine.overlap
+        self.calls: list[tuple] = []  # engine calls waiting for the step in flight to end
+        self.in_calls = False  # applying calls: a call they make waits for the next step
+        self.carry: list[TokenOutput] = []  # calls' outputs, dispatched with the step's
+        self.pull_at = 0.0  # prefill workers: when their pull request was (re)issued
         self.busy = False
         self.step_end = 0.0  # when the step in flight completes
         self.dirty = True  # changed since its last load sample
@@ -309,28 +319,7 @@ class Simulation:
             return
         w.inflight += 1
         w.dirty = True
-        d = self._disagg
-        n = len(tokens)
-        cached = depth = queued = 0
-        queue = self.queue
-        if d.enabled and n > d.max_local_prefill_length:
-            cached = eng.prefix_hit_tokens(tokens)
-            if queue is not None and n - cached > d.max_local_prefill_length:
-                depth, queued = queue.depth(), queue.tokens.get(w.id, 0)
-        decision = decide_prefill(d, n, cached, depth, queued)
-        handle = eng.begin_remote_prefill(request) if decision.remote else None
-        if handle is None:
-            eng.add_request(request)
-        else:
-            assert queue is not None
-            rec.remote = True
-            job = _Job(rid, w, tokens, handle.first_block_to_fill, handle.num_blocks_to_fill,
-                       decision.effective_tokens)
-            self.jobs[rid] = job
-            queue.publish(job)
-            self._dispatch()
-        self._flush(w)
-        self._start_step(w)
+        self._call(w, (_GENERATE, request))
 
     def _router_update(self, rid: str, phase: RequestPhase) -> None:
         run_sync(self.router.update(rid, phase))
@@ -350,6 +339,87 @@ class Simulation:
             for r in followers:
                 self._push(max(r.arrival_s, self.now), _SEND, r)
 
+    # ---- the step thread: engine calls run between steps --------------------------------
+    def _call(self, w: _Worker, call: tuple) -> None:
+        """An engine call from the worker's asyncio side (``AsyncEngine.call``, ``generate``):
+        it runs on the step thread between two steps, so one made while a step is in
+        flight waits for that step's end."""
+        w.calls.append(call)
+        if not w.busy and not w.in_calls:
+            self._between_steps(w)
+
+    def _between_steps(self, w: _Worker) -> None:
+        """What ``AsyncEngine._run`` does between steps: apply the calls made meanwhile, then
+        step. NOTE: the overlapped loop launched its next batch before them (it was
+        scheduled when the previous one launched), so a request that reaches a busy worker
+        joins the batch after next; the serial loop schedules after them. The calls' outputs
+        are dispatched with the next step's, when that step returns: at its end when it
+        blocks (serial; overlapped with a batch in flight), else at once."""
+        while not w.busy:
+            if not w.calls:
+                self._start_step(w)
+                break
+            blocked = False
+            if w.overlap:
+                self._start_step(w)  # a single step: calls are waiting
+                blocked = w.busy
+            calls, w.calls = w.calls, []
+            w.in_calls = True
+            outs = [o for c in calls if (o := self._run_call(w, c)) is not None]
+            w.in_calls = False
+            w.dirty = True
+            if not w.overlap:
+                w.carry += outs
+                outs = []
+                self._start_step(w)
+                if not w.busy:
+                    outs, w.carry = w.carry, []
+            elif blocked:
+                w.carry += outs
+                outs = []
+            elif not w.busy:
+                self._start_step(w)
+            for o in outs:
+                self._output(w, o)
+        self._flush(w)
+
+    def _run_call(self, w: _Worker, call: tuple) -> TokenOutput | None:
+        kind, eng = call[0], w.engine
+        if kind == _ADD:
+            eng.add_request(call[1])
+        elif kind == _GENERATE:
+            # the decode worker's Generate: where to prefill (DecodeWorker._decide)
+            request = call[1]
+            tokens = request.prompt_token_ids
+            d, n, queue = self._disagg, len(tokens), self.queue
+            if not (d.enabled and n > d.max_local_prefill_length):
+                eng.add_request(request)
+                return None
+            cached = eng.prefix_hit_tokens(tokens)
+            depth = queued = 0
+            if queue is not None and n - cached > d.max_local_prefill_length:
+                depth, queued = queue.depth(), queue.tokens.get(w.id, 0)
+            decision = decide_prefill(d, n, cached, depth, queued)
+            # NOTE: a second call (begin_remote_prefill or generate): after the next step.
+            self._call(w, (_REMOTE, request, decision) if decision.remote else (_ADD, request))
+        elif kind == _REMOTE:
+            request, decision = call[1], call[2]
+            handle = eng.begin_remote_prefill(request)
+            if handle is None:  # its blocks do not fit now: prefill here (a further call)
+                self._call(w, (_ADD, request))
+                return None
+            assert self.queue is not None
+            rid = request.request_id
+            self.records[rid].remote = True
+            job = _Job(rid, w, list(request.prompt_token_ids), handle.first_block_to_fill,
+                       handle.num_blocks_to_fill, decision.effective_tokens)
+            self.jobs[rid] = job
+            self.queue.publish(job)
+            self._dispatch()
+        else:  # _IMPORT
+            return eng.complete_remote_prefill(call[1], call[2], call[3])
+        return None
+
     # ---- engines ---------------------------------------------------------------------
     def _start_step(self, w: _Worker) -> None:
         if w.busy:
@@ -357,7 +427,9 @@ class Simulation:
         eng = w.engine
         if not eng.has_schedulable():
             return
-        if self.fast_forward and w.role == DECODE and self._fast_forward(w):
+        # NOTE: calls waiting or outputs to dispatch end the step that follows: no run.
+        if (self.fast_forward and w.role == DECODE and not w.calls and not w.carry
+                and self._fast_forward(w)):
             return
         w.busy = True
         outs = eng.step()
@@ -405,6 +477,10 @@ class Simulation:
         w.busy = False
         w.dirty = True
         tot = w.totals
+        if w.carry:
+            carried, w.carry = w.carry, []
+            for o in carried:
+                self._output(w, o)
         if run is None:
             assert isinstance(dt, float) and outs is not None
             tot.busy_s += dt
@@ -422,8 +498,7 @@ class Simulation:
         used = w.engine.pool.num_used
         if used > tot.peak_kv_blocks_used:
             tot.peak_kv_blocks_used = used
-        self._flush(w)
-        self._start_step(w)
+        self._between_steps(w)
 
     def _ran(self, seqs: list[Sequence], times: list[float]) -> None:
         """Record a fast-forwarded run's tokens: what its steps' outputs would have."""
@@ -479,19 +554,32 @@ class Simulation:
         if queue is None:
             return
         while queue.pending:
-            p = max(self.prefillers, key=lambda x: x.free_slots)
-            if p.free_slots <= 0:
+            p = self._puller()
+            if p is None:
                 return
             job = queue.pending.popleft()
             queue.unacked += 1
             p.free_slots -= 1
+            p.pull_at = self.now  # its fetch returned with the job: it pulls again at once
             job.prefill = p
             self.records[job.request_id].prefill_worker = p.id
             p.totals.requests += 1
-            p.engine.add_request(GenerateRequest(
+            self._call(p, (_ADD, GenerateRequest(
                 job.request_id, job.tokens, SamplingParams(temperature=0.0, max_tokens=1),
-                export_kv_from_block=job.first_block))
-            self._start_step(p)
+                export_kv_from_block=job.first_block)))
+
+    def _puller(self) -> _Worker | None:
+        """The prefill worker whose pull request comes first in the consumer's waiting list
+        (served in the order issued), None when none has a free slot. A worker with free
+        slots holds one request, issued when its last fetch returned (with jobs, or empty
+        every ``PULL_WAIT_S``) or when a slot freed up (PrefillWorker._pull_loop)."""
+        best, best_at, now = None, math.inf, self.now
+        for p in self.prefillers:
+            if p.free_slots > 0:
+                at = p.pull_at + math.floor((now - p.pull_at) / PULL_WAIT_S) * PULL_WAIT_S
+                if at < best_at:
+                    best, best_at = p, at
+        return best
 
     def _prefilled(self, p: _Worker, o: TokenOutput) -> None:
         job = self.jobs[o.request_id]
@@ -506,14 +594,11 @@ class Simulation:
         assert self.queue is not None and job.prefill is not None
         del self.jobs[job.request_id]
         self.queue.acked(job)
-        job.prefill.free_slots += 1
-        w = job.decode
-        out = w.engine.complete_remote_prefill(job.request_id, kv, first_token)
-        w.dirty = True
-        if out is not None:
-            self._output(w, out)
-        self._flush(w)
-        self._start_step(w)
+        p = job.prefill
+        if p.free_slots == 0:
+            p.pull_at = self.now  # a slot frees: its pull loop fetches again
+        p.free_slots += 1
+        self._call(job.decode, (_IMPORT, job.request_id, kv, first_token))
         self._dispatch()
 
     # ---- load ticks ------------------------------------------------------------------

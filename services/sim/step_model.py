@@ -41,6 +41,11 @@ class StepModel(Protocol):
 
     def step_seconds(self, shape: BatchShape) -> float: ...
 
+    @property
+    def overlap_pays(self) -> bool:
+        """Whether ``engine.overlap: auto`` overlaps on this device (``ModelRunner.overlap_pays``)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class MockStepModel:
@@ -54,6 +59,10 @@ class MockStepModel:
     @classmethod
     def of(cls, cfg: MockRunnerConfig) -> MockStepModel:
         return cls(cfg.step_base_s, cfg.per_prefill_token_s, cfg.per_decode_seq_s)
+
+    @property
+    def overlap_pays(self) -> bool:
+        return True  # MockRunner.overlap_pays: its device computes while the scheduler works
 
     def step_seconds(self, shape: BatchShape) -> float:
         return (self.step_base_s + self.per_prefill_token_s * shape.prefill_tokens
