@@ -1,0 +1,130 @@
+"""`tandem sim calibrate`'s figures, comparison and table with canned numbers; its
+workloads and the simulator's side of a run (no cluster: tests/e2e/sim has that)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from services.bench.client import RequestRecord as BenchRecord
+from services.bench.metrics import summarize
+from services.sim.calibrate import MOCK_KV_BYTES_PER_TOKEN, REPO, sim_config, to_sim_requests
+from services.sim.calibrate_compare import Figures, compare, table
+from services.sim.calibrate_workloads import PRESETS, build, sample_conversations
+from services.sim.records import GapSamples, RequestRecord, SimResult
+
+SCALE_MOCK = str(REPO / "configs" / "scale-mock.yaml")
+REAL = Figures(completed=10, ttft_mean_ms=100.0, ttft_p90_ms=200.0, itl_mean_ms=30.0,
+               prefix_hit_rate=0.5, tpot_mean_ms=30.0, e2e_mean_ms=500.0)
+SIM = Figures(completed=10, ttft_mean_ms=92.0, ttft_p90_ms=230.0, itl_mean_ms=30.3,
+              prefix_hit_rate=0.5, tpot_mean_ms=33.0, e2e_mean_ms=450.0)
+
+
+def test_every_figure_has_its_error_and_the_targeted_ones_a_verdict() -> None:
+    rows = {r.figure: r for r in compare("chat", REAL, SIM)}
+    assert list(rows) == ["ttft_mean_ms", "ttft_p90_ms", "itl_mean_ms", "prefix_hit_rate",
+                          "tpot_mean_ms", "e2e_mean_ms"]
+    assert rows["ttft_mean_ms"].error_pct == pytest.approx(-8.0)
+    assert rows["ttft_mean_ms"].within is True
+    assert rows["ttft_p90_ms"].error_pct == pytest.approx(15.0)
+    assert rows["ttft_p90_ms"].within is False
+    assert rows["itl_mean_ms"].error_pct == pytest.approx(1.0)
+    assert rows["prefix_hit_rate"].error_pct == pytest.approx(0.0)
+    # information only: an error, no verdict
+    assert rows["tpot_mean_ms"].error_pct == pytest.approx(10.0)
+    assert rows["tpot_mean_ms"].within is None
+    assert rows["e2e_mean_ms"].error_pct == pytest.approx(-10.0)
+    assert rows["e2e_mean_ms"].within is None
+
+
+def test_a_zero_real_figure_has_no_relative_error() -> None:
+    real = Figures(5, 100.0, 100.0, 30.0, 0.0, 30.0, 100.0)
+    same = compare("w", real, real)
+    hit = next(r for r in same if r.figure == "prefix_hit_rate")
+    assert hit.error_pct is None and hit.within is True
+    off = compare("w", real, Figures(5, 100.0, 100.0, 30.0, 0.02, 30.0, 100.0))
+    hit = next(r for r in off if r.figure == "prefix_hit_rate")
+    assert hit.error_pct is None and hit.within is False
+
+
+def test_the_table_shows_every_figure_and_counts_the_misses() -> None:
+    text = table(compare("chat", REAL, SIM) + compare("long", REAL, REAL))
+    lines = text.splitlines()
+    assert len(lines) == 2 + 12 + 1
+    assert "mean TTFT ms" in lines[2] and "100.0" in lines[2] and "92.0" in lines[2]
+    assert "-8.0%" in lines[2] and lines[2].endswith("ok")
+    assert "+15.0%" in lines[3] and lines[3].endswith("MISS")
+    assert "0.500" in lines[5]  # a hit rate with three decimals
+    assert lines[6].endswith("(info)") and "+10.0%" in lines[6]
+    assert lines[-1] == "7/8 targeted figures within 10%"
+
+
+def _bench_record(i: int, t0: float, ttft: float, gaps: list[float], prompt: int,
+                  cached: int) -> BenchRecord:
+    times = [t0 + ttft]
+    for g in gaps:
+        times.append(times[-1] + g)
+    return BenchRecord(i, prompt, send_time=t0, first_token_time=times[0], chunk_times=times,
+                       end_time=times[-1], ok=True, prompt_tokens=prompt,
+                       completion_tokens=len(times), cached_tokens=cached)
+
+
+def test_real_and_simulated_figures_have_the_same_definitions() -> None:
+    # the same two requests, once as the bench client recorded them, once as the simulator
+    real = Figures.of_bench(summarize([_bench_record(0, 0.0, 0.1, [0.03, 0.03], 100, 0),
+                                       _bench_record(1, 1.0, 0.3, [0.05], 100, 50)], 2.0))
+    recs = [RequestRecord(0, 0.0, 100, 3, first_token_s=0.1, end_s=0.16, tokens_out=3,
+                          last_token_s=0.16, completed=True, cached_tokens=0),
+            RequestRecord(1, 1.0, 100, 2, first_token_s=1.3, end_s=1.35, tokens_out=2,
+                          last_token_s=1.35, completed=True, cached_tokens=50)]
+    gaps = GapSamples()
+    gaps.add(0.03, 2)
+    gaps.add(0.05)
+    sim = Figures.of_sim(SimResult(recs, gaps, [], [], [], 0.0, {}, 2.0, 0.1))
+    for key in ("completed", "ttft_mean_ms", "ttft_p90_ms", "itl_mean_ms", "prefix_hit_rate",
+                "tpot_mean_ms", "e2e_mean_ms"):
+        assert getattr(sim, key) == pytest.approx(getattr(real, key)), key
+    assert real.ttft_mean_ms == pytest.approx(200.0)
+    assert real.itl_mean_ms == pytest.approx(110 / 3)
+    assert real.prefix_hit_rate == pytest.approx(0.25)
+
+
+def test_the_presets_send_what_the_bench_builds(tmp_path: Path) -> None:
+    chat = build("chat", None, True, None, None, None, 24, 0)
+    assert len(chat.requests) == PRESETS["chat"].quick_requests
+    assert chat.arrivals.kind == "poisson" and chat.arrivals.rate == PRESETS["chat"].rate
+    assert "decode.replicas=8" in chat.overrides
+    long = build("long-disagg", 30, False, 1.0, None, None, 24, 1, ("engine.max_num_seqs=8",))
+    assert len(long.requests) == 30 and long.arrivals.rate == 1.0
+    assert long.overrides[-1] == "engine.max_num_seqs=8"  # --set comes last: it wins
+    assert {r.prompt_len for r in long.requests} == {64, 768}
+    trace = tmp_path / "t.jsonl"
+    rows = [{"timestamp": 1000 * i, "input_length": 1024, "output_length": 64,
+             "hash_ids": [0, 1 + i % 4, 100 + i]} for i in range(12)]
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert sample_conversations(trace, 2, tmp_path / "s.jsonl") == 6
+    conv = build("conversation", 0, False, None, 10.0, trace, 2, 0)
+    assert len(conv.requests) == 6
+    assert [r.arrival_s for r in conv.requests] == [1.0, 3.0, 5.0, 7.0, 9.0, 11.0]
+    assert conv.arrivals.kind == "trace" and conv.arrivals.speedup == 10.0
+    assert all(r.prompt_len == 32 and r.output_len == 2 for r in conv.requests)  # 1/32
+    with pytest.raises(ValueError, match="no conversation"):
+        build("conversation", 0, False, None, None, trace, 1000, 0)
+
+
+def test_the_simulation_gets_the_runs_config_and_send_times() -> None:
+    cal = build("long-disagg", 5, False, None, None, None, 24, 0, ("sim.load_interval_s=0.5",))
+    cfg = sim_config(cal, SCALE_MOCK, 0.0123)
+    assert cfg.sim.request_overhead_s == pytest.approx(0.0123)
+    assert cfg.sim.kv_bytes_per_token == MOCK_KV_BYTES_PER_TOKEN
+    assert cfg.sim.load_interval_s == 0.5
+    assert (cfg.decode.replicas, cfg.prefill.replicas) == (6, 2) and cfg.decode.disagg.enabled
+    mine = build("long-disagg", 5, False, None, None, None, 24, 0,
+                 ("sim.kv_bytes_per_token=100",))
+    assert sim_config(mine, SCALE_MOCK, 0.0).sim.kv_bytes_per_token == 100
+    reqs = to_sim_requests(cal.requests, [0.0, 0.5, 0.7, 1.0, 2.0])
+    assert [r.arrival_s for r in reqs] == [0.0, 0.5, 0.7, 1.0, 2.0]
+    assert [r.prompt for r in reqs] == [r.prompt_ids for r in cal.requests]
+    assert [r.output_len for r in reqs] == [r.output_len for r in cal.requests]
