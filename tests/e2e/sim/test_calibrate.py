@@ -1,0 +1,57 @@
+"""`tandem sim calibrate --quick` end to end on one workload: `tandem up` of 8 mock decode
+workers, the overhead probes, the chat workload, the simulator; every figure in the JSON."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+from services.cli import main as tandem
+from tests.support.ports import free_port
+
+
+def free_run(n: int) -> int:
+    """A port p with p .. p + n - 1 all free (decode replica i listens on port + i)."""
+    for _ in range(50):
+        p = free_port()
+        socks = []
+        try:
+            for k in range(n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p + k))
+            return p
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise AssertionError(f"no {n} consecutive free ports")
+
+
+def test_calibrate_quick_chat_writes_every_figure(smollm2_path: Path, tmp_path: Path) -> None:
+    out = tmp_path / "calib.json"
+    # NOTE: ports clear of a scale-mock cluster someone else may be running
+    ports = [f"nats.url=nats://127.0.0.1:{free_port()}", f"frontend.port={free_port()}",
+             f"processor.port={free_port()}", f"processor.metrics_port={free_port()}",
+             f"router.port={free_port()}", f"router.metrics_port={free_port()}",
+             f"decode.port={free_run(8)}", f"decode.metrics_port={free_run(8)}",
+             f"launcher.metrics_port={free_port()}", "namespace=calibtest"]
+    rc = tandem(["sim", "calibrate", "--workload", "chat", "--quick", "--num-requests", "24",
+                 "--probes", "5", "--json", str(out), "--log-dir", str(tmp_path / "logs"),
+                 *(a for o in ports for a in ("--set", o))])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    chat = res["workloads"]["chat"]
+    assert chat["requests"] == 24
+    assert chat["real"]["completed"] == chat["sim"]["completed"] == 24
+    assert 0 < chat["request_overhead_s"] < 1.0 and len(chat["probe_ttft_s"]) == 5
+    figures = [r["figure"] for r in res["rows"]]
+    assert figures == ["ttft_mean_ms", "ttft_p90_ms", "itl_mean_ms", "prefix_hit_rate",
+                       "tpot_mean_ms", "e2e_mean_ms"]
+    for r in res["rows"]:
+        assert r["workload"] == "chat" and r["real"] > 0 and r["sim"] > 0
+        assert r["error_pct"] is not None
+    assert len(chat["per_request"]) == 24
+    assert all(p["real_error"] is None and p["sim_error"] is None for p in chat["per_request"])
