@@ -34,6 +34,7 @@ _HANDLERS = {
     ("bench", "part-deaths"): "services.bench.part_deaths:main",
     ("bench", "report"): "services.bench.report:main",
     ("bench", "anchor"): "services.bench.anchor:main",
+    ("sim",): "services.sim.replay:main",
 }
 
 
@@ -105,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     from services.bench.args import add_bench_parsers
 
     add_bench_parsers(sub, _add_config)
+    from services.sim.args import add_sim_parsers
+
+    add_sim_parsers(sub, _add_config)
     return parser
 
 
@@ -113,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # the exact command line, for the result files of `tandem bench` (services/bench/results.py)
     args._argv = list(sys.argv[1:] if argv is None else argv)
     module, func = _HANDLERS[args._key].split(":")
-    if args._key[0] == "bench":
+    if args._key[0] in ("bench", "sim"):
         # a bench terminated by SIGTERM (what `timeout` sends) unwinds like Ctrl-C: the
         # clusters, servers and TP ranks it started are stopped on the way out
         from services.common.children import interrupt_on_sigterm

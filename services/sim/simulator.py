@@ -133,8 +133,12 @@ class _Worker:
         on_event = self._on_event if role == DECODE else None
         self.engine = LLMEngine(self.runner, cfg.engine.model_copy(update={"overlap": False}),
                                 [cfg.engine.mock.eos_token_id], wid, on_kv_event=on_event)
-        self.busy = False
-        self.step_end = 0.0  # when the step in flight completes
+        # Steps composed and not yet completed on the device, their end times, when the
+        # device is free, and the KV events the last of them delivers.
+        self.in_pipe = 0
+        self.ends: deque[float] = deque()
+        self.device_free = 0.0
+        self.tail_events: list[list] = []
         self.dirty = True  # changed since its last load sample
         self.last_load: WorkerLoad | None = None
         self.inflight = 0  # requests it holds (DecodeWorker._inflight)
@@ -160,6 +164,10 @@ class Simulation:
         self.oracle = oracle_hit_rate
         self.progress = progress
         self.fast_forward = fast_forward
+        # The overlapped loop composes a batch while the one before it computes; the engines
+        # here step one batch at a time and are simply run one batch ahead of their device.
+        overlap = cfg.engine.overlap
+        self.depth = 2 if (model.overlap_pays if overlap == "auto" else overlap) else 1
         self.now = 0.0
         self.block_size = cfg.engine.block_size
         self.router = Router(cfg, seed=cfg.sim.seed, clock=self._clock)
@@ -264,8 +272,8 @@ class Simulation:
         if self._waiting_on and self._steps_heap:
             h = min(h, self._steps_heap[0][0])
         for p in self.prefillers:  # a prefill that ends sends its KV to a decode worker
-            if p.busy and p.step_end < h:
-                h = p.step_end
+            if p.ends and p.ends[0] < h:
+                h = p.ends[0]
         return h
 
     # ---- requests --------------------------------------------------------------------
@@ -330,7 +338,7 @@ class Simulation:
             queue.publish(job)
             self._dispatch()
         self._flush(w)
-        self._start_step(w)
+        self._compose(w)
 
     def _router_update(self, rid: str, phase: RequestPhase) -> None:
         run_sync(self.router.update(rid, phase))
@@ -351,24 +359,34 @@ class Simulation:
                 self._push(max(r.arrival_s, self.now), _SEND, r)
 
     # ---- engines ---------------------------------------------------------------------
-    def _start_step(self, w: _Worker) -> None:
-        if w.busy:
-            return
+    def _compose(self, w: _Worker) -> None:
+        """Step the engine for the batches its device runs next: with the overlapped loop
+        (``self.depth`` 2) a batch is composed while the one before it computes, as
+        ``LLMEngine`` does it; else when the device is free."""
         eng = w.engine
-        if not eng.has_schedulable():
-            return
-        if self.fast_forward and w.role == DECODE and self._fast_forward(w):
-            return
-        w.busy = True
-        outs = eng.step()
-        if eng.last_batch_size == 0:
-            # Nothing could run (no blocks or seats): idle until something changes.
-            w.busy = False
-            self._flush(w)
-            return
-        dt = w.runner.last_seconds
-        w.step_end = self.now + dt
-        self._push(w.step_end, _STEP, (w, dt, outs, None))
+        self._flush(w)
+        while w.in_pipe < self.depth and eng.has_schedulable():
+            if self.fast_forward and w.role == DECODE and self._fast_forward(w):
+                continue
+            outs = eng.step()
+            if eng.last_batch_size == 0:
+                return  # nothing could run (no blocks or seats): idle until something changes
+            dt = w.runner.last_seconds
+            self._enqueue(w, [dt], outs, None)
+
+    def _enqueue(self, w: _Worker, dts: list[float], outs: list[TokenOutput] | None,
+                 run: tuple[list[Sequence], list[float]] | None) -> None:
+        """Put steps just composed on the worker's device; their outputs and KV events
+        reach the cluster when the last of them completes."""
+        end = max(self.now, w.device_free)
+        for dt in dts:
+            end += dt
+        w.device_free = end
+        w.in_pipe += len(dts)
+        w.ends.append(end)
+        events, w.events = w.events, []
+        w.tail_events = events
+        self._push(end, _STEP, (w, dts, outs, run, events))
 
     def _fast_forward(self, w: _Worker) -> bool:
         sched = w.engine.scheduler
@@ -381,49 +399,48 @@ class Simulation:
         b = len(running)
         ctx = sum(s.num_tokens for s in running)
         model = self.model
-        t = self.now
+        t = max(self.now, w.device_free)
         times: list[float] = []
         dts: list[float] = []
+        per_step = model.reads_decode_context
+        dt = model.step_seconds(BatchShape(0, 0, b, ctx))
         for j in range(k):
-            dt = model.step_seconds(BatchShape(0, 0, b, ctx + b * j))
+            if per_step and j:
+                dt = model.step_seconds(BatchShape(0, 0, b, ctx + b * j))
             if t + dt > horizon:
                 break
             t += dt
             times.append(t)
             dts.append(dt)
-        k = len(times)
-        if k < 2:
+        if len(times) < 2:
             return False
-        sched.advance_decodes(k, tok)
-        w.busy = True
-        w.step_end = times[-1]
-        self._push(times[-1], _STEP, (w, dts, None, (running, times)))
+        sched.advance_decodes(len(times), tok)
+        self._enqueue(w, dts, None, (running, times))
         return True
 
-    def _step_done(self, w: _Worker, dt: float | list[float], outs: list[TokenOutput] | None,
-                   run: tuple[list[Sequence], list[float]] | None) -> None:
-        w.busy = False
-        w.dirty = True
+    def _step_done(self, w: _Worker, dts: list[float], outs: list[TokenOutput] | None,
+                   run: tuple[list[Sequence], list[float]] | None, events: list[list]) -> None:
+        w.in_pipe -= len(dts)
+        w.ends.popleft()
         tot = w.totals
-        if run is None:
-            assert isinstance(dt, float) and outs is not None
+        for dt in dts:
             tot.busy_s += dt
-            tot.steps += 1
+        tot.steps += len(dts)
+        if run is None:
+            assert outs is not None
             self._steps += 1
             for o in outs:
                 self._output(w, o)
         else:
-            assert isinstance(dt, list)
-            for x in dt:
-                tot.busy_s += x
-            tot.steps += len(dt)
-            self._ff_steps += len(dt)
+            self._ff_steps += len(dts)
             self._ran(run[0], run[1])
         used = w.engine.pool.num_used
         if used > tot.peak_kv_blocks_used:
             tot.peak_kv_blocks_used = used
-        self._flush(w)
-        self._start_step(w)
+        if events:
+            self.router.ingest.handle_batch(RawEventBatch(w.id, _SESSION, events))
+        w.dirty = True
+        self._compose(w)
 
     def _ran(self, seqs: list[Sequence], times: list[float]) -> None:
         """Record a fast-forwarded run's tokens: what its steps' outputs would have."""
@@ -467,10 +484,15 @@ class Simulation:
             self._end(rec, w)
 
     def _flush(self, w: _Worker) -> None:
-        """Deliver the worker's KV events to the router, unless a step in flight will."""
-        if w.events and not w.busy:
+        """Deliver the KV events the worker's engine emitted outside a step: now, or after
+        those of its steps in flight (event ids reach the router in order)."""
+        if not w.events:
+            return
+        if w.in_pipe:
+            w.tail_events.extend(w.events)
+        else:
             self.router.ingest.handle_batch(RawEventBatch(w.id, _SESSION, w.events))
-            w.events = []
+        w.events = []
 
     # ---- remote prefill --------------------------------------------------------------
     def _dispatch(self) -> None:
@@ -491,7 +513,7 @@ class Simulation:
             p.engine.add_request(GenerateRequest(
                 job.request_id, job.tokens, SamplingParams(temperature=0.0, max_tokens=1),
                 export_kv_from_block=job.first_block))
-            self._start_step(p)
+            self._compose(p)
 
     def _prefilled(self, p: _Worker, o: TokenOutput) -> None:
         job = self.jobs[o.request_id]
@@ -513,7 +535,7 @@ class Simulation:
         if out is not None:
             self._output(w, out)
         self._flush(w)
-        self._start_step(w)
+        self._compose(w)
         self._dispatch()
 
     # ---- load ticks ------------------------------------------------------------------
@@ -546,7 +568,7 @@ class Simulation:
         # NOTE: with nothing due before the next event, the skipped ticks would only
         # republish the same samples: jump to the last one before it.
         nxt = now + self._interval
-        if not any(w.busy for w in self.decoders) and not any(p.busy for p in self.prefillers):
+        if not any(w.in_pipe for w in self.decoders) and not any(p.in_pipe for p in self.prefillers):
             due = self._other[0][0] if self._other else math.inf
             if self._next < len(self.requests):
                 due = min(due, self.requests[self._next].arrival_s)

@@ -12,7 +12,7 @@ was given would take on the modelled device. Two kinds:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from services.common.config import MockRunnerConfig
 
@@ -37,7 +37,15 @@ class BatchShape:
 
 
 class StepModel(Protocol):
-    """Seconds one step of a batch of this shape takes on the modelled device."""
+    """Seconds one step of a batch of this shape takes on the modelled device.
+
+    ``reads_decode_context``: whether ``decode_context`` changes the answer (when it does not,
+    a run of decode steps of one batch costs the same every step: computed once).
+    ``overlap_pays``: whether the modelled runner's overlapped loop is on under
+    ``engine.overlap: auto`` (it then composes each batch while the one before computes)."""
+
+    reads_decode_context: bool
+    overlap_pays: bool
 
     def step_seconds(self, shape: BatchShape) -> float: ...
 
@@ -50,6 +58,8 @@ class MockStepModel:
     step_base_s: float
     per_prefill_token_s: float
     per_decode_seq_s: float
+    reads_decode_context: ClassVar[bool] = False
+    overlap_pays: ClassVar[bool] = True  # as MockRunner's
 
     @classmethod
     def of(cls, cfg: MockRunnerConfig) -> MockStepModel:
