@@ -449,12 +449,23 @@ class Simulation:
         k = len(times)
         for s in seqs:
             rec = records[s.request_id]
-            gaps.add(times[0] - rec.last_token_s)
+            first = times[0] - rec.last_token_s
+            gaps.add(first)
+            if first > rec.max_gap_s:
+                rec.max_gap_s = first
             rec.last_token_s = times[-1]
             rec.tokens_out += k
         b = len(seqs)
+        widest = 0.0  # the run's largest step gap: every sequence in it had it
         for j in range(1, k):
-            gaps.add(times[j] - times[j - 1], b)
+            g = times[j] - times[j - 1]
+            gaps.add(g, b)
+            if g > widest:
+                widest = g
+        for s in seqs:
+            rec = records[s.request_id]
+            if widest > rec.max_gap_s:
+                rec.max_gap_s = widest
 
     def _output(self, w: _Worker, o: TokenOutput) -> None:
         if w.role == PREFILL:
@@ -469,7 +480,10 @@ class Simulation:
                 rec.cached_tokens = o.num_cached_tokens
                 self._router_update(o.request_id, RequestPhase.PREFILLED)
             else:
-                self.gaps.add(now - rec.last_token_s)
+                gap = now - rec.last_token_s
+                self.gaps.add(gap)
+                if gap > rec.max_gap_s:
+                    rec.max_gap_s = gap
             rec.last_token_s = now
             rec.tokens_out += len(o.token_ids)
         if o.finished:
