@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import sys
 from pathlib import Path
@@ -11,6 +12,8 @@ from pathlib import Path
 from services.bench.results import finish, header, write_json
 from services.common.config import ClusterConfig, load_config
 from services.sim import report, sweep, traces
+from services.sim.plots import plots
+from services.sim.progress import Progress
 from services.sim.profile import step_model_for
 from services.sim.requests import SimRequest
 from services.sim.simulator import simulate
@@ -43,38 +46,37 @@ def load_requests(args: argparse.Namespace) -> list[SimRequest]:
     return traces.bench_workload(bench_args)
 
 
-def config_of(args: argparse.Namespace, extra: list[str] = ()) -> ClusterConfig:
-    overrides = list(args.overrides) + list(extra)
+def config_of(args: argparse.Namespace, overrides: list[str]) -> ClusterConfig:
+    overrides = list(overrides)
     if args.slo:
         slo = dict(item.split("=", 1) for item in args.slo)
         overrides.append("sim.slo={" + ", ".join(f"{k}: {v}" for k, v in slo.items()) + "}")
     return load_config(args.config, overrides)
 
 
-def run_point(args: argparse.Namespace, extra: list[str], progress: bool = False) -> dict:
-    """One simulation of ``args`` with ``extra`` overrides; its summary (and, when asked,
+def run_point(args: argparse.Namespace, overrides: list[str], progress: bool = False) -> dict:
+    """One simulation of ``args`` with these config overrides: its summary (and, when asked,
     the per-request lines and plots)."""
-    cfg = config_of(args, extra)
+    cfg = config_of(args, overrides)
     reqs = load_requests(args)
     maker = traces.PromptMaker(cfg.sim.seed)
     oracle = traces.oracle_hit_rate(reqs, cfg.engine.block_size, maker)
-    bar = report.Progress(len(reqs)) if progress else None
+    bar = Progress(len(reqs)) if progress else None
     try:
-        result = simulate(cfg, reqs, step_model_for(cfg), maker.tokens, oracle,
-                          bar.update if bar is not None else None, args.fast_forward)
+        result = simulate(cfg, reqs, step_model_for(cfg), maker.tokens, oracle, bar,
+                          args.fast_forward)
     finally:
         if bar is not None:
             bar.close()
     if args.requests_jsonl:
         report.write_requests(result, args.requests_jsonl)
     if args.plots:
-        report.plots(result, Path(args.plots))
+        plots(result, Path(args.plots))
     return report.summary(result)
 
 
-def _sweep_point(job: tuple[argparse.Namespace, list[str]]) -> dict:
-    args, extra = job
-    return run_point(args, extra)
+def _sweep_point(args: argparse.Namespace, overrides: list[str]) -> dict:
+    return run_point(args, overrides)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -82,18 +84,16 @@ def main(args: argparse.Namespace) -> int:
     try:
         if args.sweep:
             points = sweep.parse_sweep(args.sweep)
-            sweep_args = copy.copy(args)
-            sweep_args.requests_jsonl = sweep_args.plots = None  # one file per point: no
-            rows = []
-            for point, summary in sweep.run_sweep(
-                    points, _sweep_point,
-                    [(sweep_args, [f"{k}={v}" for k, v in p.items()]) for p in points],
-                    args.processes):
-                rows.append({"point": point, "summary": summary})
-                print(sweep.format_row(point, summary), flush=True)
+            for p in points:  # a bad key or value fails here, not in a child process
+                config_of(args, sweep.point_overrides(args.overrides, p))
+            point_args = copy.copy(args)
+            point_args.requests_jsonl = point_args.plots = None  # per run, not per point
+            rows = [{"point": point, "summary": summary} for point, summary in sweep.run_sweep(
+                args.overrides, points, functools.partial(_sweep_point, point_args),
+                args.processes, sys.stdout)]
             result: dict = {"sweep": rows}
         else:
-            result = run_point(args, [], progress=sys.stdout.isatty())
+            result = run_point(args, args.overrides, progress=True)
             print(json.dumps(result, indent=2))
     except (ValueError, OSError) as e:
         print(f"tandem sim: {e}", file=sys.stderr)
