@@ -88,6 +88,8 @@ def _azure(path: Path) -> list[SimRequest]:
     t0: datetime | None = None
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
+        if reader.fieldnames is None:  # an empty file
+            return out
         missing = [c for c in _AZURE_COLUMNS if c not in (reader.fieldnames or ())]
         if missing:
             raise ValueError(f"{path}:1: not an Azure trace header (no {', '.join(missing)})")
