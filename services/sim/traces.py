@@ -34,7 +34,7 @@ _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 
 # ---- loading -------------------------------------------------------------------------
 def load_trace(path: str | Path, fmt: TraceFormat = "auto") -> list[SimRequest]:
-    """Every row of a trace file, in file order (``index`` = row number from 0).
+    """Every request of a trace file, in file order (``index`` counts them from 0).
 
     ``auto`` reads the first non-blank line: a JSON object is Mooncake, a header naming
     the Azure columns is Azure; an empty file is read by its suffix. Raises ValueError
@@ -143,7 +143,8 @@ def from_bench(reqs: Sequence[BenchRequest], send_s: Sequence[float]) -> list[Si
 def bench_workload(args: argparse.Namespace) -> list[SimRequest]:
     """The workload and send times ``tandem bench serve`` would use with ``args`` (the
     options of ``services.bench.args.add_workload_args``)."""
-    from services.bench.serve import arrival_spec, build_workload  # the bench CLI's module
+    # NOTE: imported here: serve brings the bench's HTTP client, which a replay never uses.
+    from services.bench.serve import arrival_spec, build_workload
 
     reqs = build_workload(args)[: args.num_requests]
     send = schedule(arrival_spec(args), len(reqs), args.duration, [r.arrival_s for r in reqs])
@@ -206,7 +207,8 @@ class PromptMaker:
 
     ``req.prompt`` when it has one. Otherwise each hash id becomes ``trace_block`` tokens
     that depend on the id and the seed alone (equal ids, equal tokens in every request
-    and run; different ids, different tokens), concatenated and cut to ``input_len``;
+    and run; different ids, distinct 64-bit keys, so blocks that differ in their first
+    tokens but by a 1/29000 chance each), concatenated and cut to ``input_len``;
     what the ids do not cover, and the whole prompt of a request without ids, is tokens
     unique to the request (keyed by its index). Ids lie in ``[ID_LOW, ID_HIGH)``.
 
