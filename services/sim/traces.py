@@ -207,8 +207,8 @@ class PromptMaker:
 
     ``req.prompt`` when it has one. Otherwise each hash id becomes ``trace_block`` tokens
     that depend on the id and the seed alone (equal ids, equal tokens in every request
-    and run; different ids, distinct 64-bit keys, so blocks that differ in their first
-    tokens but by a 1/29000 chance each), concatenated and cut to ``input_len``;
+    and run; different ids get distinct 64-bit keys, and their blocks agree at any one
+    position only by a 1/29000 chance), concatenated and cut to ``input_len``;
     what the ids do not cover, and the whole prompt of a request without ids, is tokens
     unique to the request (keyed by its index). Ids lie in ``[ID_LOW, ID_HIGH)``.
 
