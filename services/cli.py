@@ -34,6 +34,7 @@ _HANDLERS = {
     ("bench", "part-deaths"): "services.bench.part_deaths:main",
     ("bench", "report"): "services.bench.report:main",
     ("bench", "anchor"): "services.bench.anchor:main",
+    ("sim",): "services.sim.replay:main",
     ("sim", "calibrate"): "services.sim.calibrate:main",
 }
 
@@ -106,10 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     from services.bench.args import add_bench_parsers
 
     add_bench_parsers(sub, _add_config)
-    from services.sim.calibrate_args import add_calibrate_parser
+    from services.sim.args import add_sim_parsers
 
-    sim = sub.add_parser("sim", help="simulate a whole cluster on a virtual clock")
-    add_calibrate_parser(sim.add_subparsers(dest="sim_command", required=True), _add_config)
+    add_sim_parsers(sub, _add_config)
     return parser
 
 

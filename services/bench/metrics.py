@@ -92,13 +92,16 @@ def request_latencies(r: RequestRecord) -> tuple[float, float | None, list[float
     return ttft, tpot, itls, e2e
 
 
-def _meets(slos: dict[str, float], ttft: float, tpot: float | None, itls: list[float],
-           e2e: float) -> bool:
+def meets_slos(slos: dict[str, float], ttft: float, tpot: float | None,
+               max_itl: float | None, e2e: float) -> bool:
+    """Whether one successful request meets every SLO given (all in ms): its TTFT, TPOT,
+    largest inter-token gap and E2E each at most its target. A single-token answer has no
+    TPOT nor gap (None), so those targets do not apply to it."""
     if "ttft_ms" in slos and ttft > slos["ttft_ms"]:
         return False
     if "tpot_ms" in slos and tpot is not None and tpot > slos["tpot_ms"]:
         return False
-    if "itl_ms" in slos and itls and max(itls) > slos["itl_ms"]:
+    if "itl_ms" in slos and max_itl is not None and max_itl > slos["itl_ms"]:
         return False
     return not ("e2e_ms" in slos and e2e > slos["e2e_ms"])
 
@@ -127,7 +130,7 @@ def summarize(records: Sequence[RequestRecord], duration_s: float,
         itls.extend(gaps)
         if tpot is not None:
             tpots.append(tpot)
-        if _meets(slos, ttft, tpot, gaps, e2e):
+        if meets_slos(slos, ttft, tpot, max(gaps) if gaps else None, e2e):
             good += 1
         out_tokens += r.output_tokens
         in_tokens += r.prompt_tokens if r.prompt_tokens is not None else r.prompt_len

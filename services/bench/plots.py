@@ -1,17 +1,20 @@
 """TTFT and ITL CDF plots (matplotlib, Agg backend: no display needed).
 
-matplotlib is an optional dependency (the ``bench`` extra); it is imported only here.
+matplotlib is an optional dependency (the ``bench`` extra); it is imported only through
+``pyplot()`` (the simulator's plots too).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 
-def _pyplot():
+def pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend; RuntimeError naming the extra without it."""
     try:
         import matplotlib
     except ImportError:
@@ -24,7 +27,7 @@ def _pyplot():
 
 def cdf_plot(series: Mapping[str, Sequence[float]], xlabel: str, title: str, path: str | Path) -> Path:
     """One CDF line per named series of values (ms); writes a small PNG to ``path``."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.2), dpi=90)
     lo, hi = np.inf, 0.0
     for name, values in series.items():

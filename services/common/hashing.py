@@ -27,6 +27,7 @@ import struct
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import xxhash
@@ -47,9 +48,10 @@ class ImageKey:
     content_hash: str
 
 
-@dataclass(frozen=True, slots=True)
-class BlockHash:
-    """One full block's identity: its chained ``seq_hash`` and content-only ``local_hash``."""
+class BlockHash(NamedTuple):
+    """One full block's identity: its chained ``seq_hash`` and content-only ``local_hash``.
+    A named tuple: the engine makes one per prompt block, and a tuple is the cheapest object
+    to make."""
 
     seq_hash: int
     local_hash: int
@@ -115,8 +117,12 @@ def block_hashes(
 ) -> list[BlockHash]:
     """Both hashes of every full block of ``tokens``, chained after ``parent_seq_hash``
     (``images``, ``first_pos``: as in ``local_block_hashes``)."""
-    locals_ = local_block_hashes(tokens, block_size, images, first_pos)
-    return [BlockHash(s, lh) for s, lh in zip(seq_hashes(locals_, parent_seq_hash), locals_, strict=True)]
+    out: list[BlockHash] = []
+    parent = parent_seq_hash
+    for lh in local_block_hashes(tokens, block_size, images, first_pos):
+        parent = lh if parent is None else _xxh3(_pack_pair(parent, lh), seed=HASH_SEED)
+        out.append(BlockHash(parent, lh))
+    return out
 
 
 def hash_block(parent_seq_hash: int | None, block_tokens: Sequence[int]) -> BlockHash:

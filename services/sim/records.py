@@ -15,6 +15,8 @@ class RequestRecord:
     ended); ``cached_tokens``: prompt tokens its decode worker's prefix cache served when
     it was admitted (a remote prefill: the cache of the prefill worker that ran it, plus
     the decode worker's own hit); ``remote``: prefilled by a prefill worker;
+    ``max_gap_s``: its largest inter-token gap (0 before its second token: the goodput
+    rule's ``itl_ms`` needs it per request, the pooled gaps cannot tell);
     ``error``: why it failed (refused by a full worker), None when it did not."""
 
     index: int
@@ -29,6 +31,7 @@ class RequestRecord:
     end_s: float = 0.0
     tokens_out: int = 0
     last_token_s: float = 0.0
+    max_gap_s: float = 0.0
     completed: bool = False
     error: str | None = None
 

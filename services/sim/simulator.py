@@ -134,17 +134,18 @@ class _Worker:
         self.runner = SimRunner(cfg.engine, model)
         self.events: list[list] = []  # raw KV events not yet delivered to the router
         on_event = self._on_event if role == DECODE else None
-        # NOTE: the engine steps serially; the overlapped loop's timing is _between_steps's.
         self.engine = LLMEngine(self.runner, cfg.engine.model_copy(update={"overlap": False}),
                                 [cfg.engine.mock.eos_token_id], wid, on_kv_event=on_event)
-        # engine.overlap as LLMEngine resolves it, for the modelled device
-        self.overlap = model.overlap_pays if cfg.engine.overlap == "auto" else cfg.engine.overlap
-        self.calls: list[tuple] = []  # engine calls waiting for the step in flight to end
+        # Steps composed and not yet completed on the device, their end times, when the
+        # device is free, and the KV events the last of them delivers.
+        self.in_pipe = 0
+        self.ends: deque[float] = deque()
+        self.device_free = 0.0
+        self.tail_events: list[list] = []
+        self.calls: list[tuple] = []  # engine calls waiting for the step thread
         self.in_calls = False  # applying calls: a call they make waits for the next step
-        self.carry: list[TokenOutput] = []  # calls' outputs, dispatched with the step's
+        self.carry: list[TokenOutput] = []  # calls' outputs, dispatched with the next step's
         self.pull_at = 0.0  # prefill workers: when their pull request was (re)issued
-        self.busy = False
-        self.step_end = 0.0  # when the step in flight completes
         self.dirty = True  # changed since its last load sample
         self.last_load: WorkerLoad | None = None
         self.inflight = 0  # requests it holds (DecodeWorker._inflight)
@@ -170,6 +171,10 @@ class Simulation:
         self.oracle = oracle_hit_rate
         self.progress = progress
         self.fast_forward = fast_forward
+        # The overlapped loop composes a batch while the one before it computes; the engines
+        # here step one batch at a time and are simply run one batch ahead of their device.
+        overlap = cfg.engine.overlap
+        self.depth = 2 if (model.overlap_pays if overlap == "auto" else overlap) else 1
         self.now = 0.0
         self.block_size = cfg.engine.block_size
         self.router = Router(cfg, seed=cfg.sim.seed, clock=self._clock)
@@ -274,8 +279,8 @@ class Simulation:
         if self._waiting_on and self._steps_heap:
             h = min(h, self._steps_heap[0][0])
         for p in self.prefillers:  # a prefill that ends sends its KV to a decode worker
-            if p.busy and p.step_end < h:
-                h = p.step_end
+            if p.ends and p.ends[0] < h:
+                h = p.ends[0]
         return h
 
     # ---- requests --------------------------------------------------------------------
@@ -341,47 +346,40 @@ class Simulation:
 
     # ---- the step thread: engine calls run between steps --------------------------------
     def _call(self, w: _Worker, call: tuple) -> None:
-        """An engine call from the worker's asyncio side (``AsyncEngine.call``, ``generate``):
-        it runs on the step thread between two steps, so one made while a step is in
-        flight waits for that step's end."""
+        """An engine call from the worker's asyncio side (``AsyncEngine.call``, ``generate``).
+        The step thread runs calls between two steps: one made while a step waits for a
+        batch in flight runs when that batch completes (``_step_done``), else at once."""
         w.calls.append(call)
-        if not w.busy and not w.in_calls:
+        if not w.in_pipe and not w.in_calls:
             self._between_steps(w)
 
     def _between_steps(self, w: _Worker) -> None:
         """What ``AsyncEngine._run`` does between steps: apply the calls made meanwhile, then
-        step. NOTE: the overlapped loop launched its next batch before them (it was
-        scheduled when the previous one launched), so a request that reaches a busy worker
-        joins the batch after next; the serial loop schedules after them. The calls' outputs
-        are dispatched with the next step's, when that step returns: at its end when it
-        blocks (serial; overlapped with a batch in flight), else at once."""
-        while not w.busy:
-            if not w.calls:
-                self._start_step(w)
-                break
-            blocked = False
-            if w.overlap:
-                self._start_step(w)  # a single step: calls are waiting
-                blocked = w.busy
+        compose. The calls' outputs are dispatched with the next step's, when that step
+        returns: at once unless it waits for a batch (the serial loop's own; the
+        overlapped loop's one in flight before the calls). Calls the calls make (the next
+        of a request's) wait for the step they were made during, when there is one."""
+        while True:
             calls, w.calls = w.calls, []
-            w.in_calls = True
-            outs = [o for c in calls if (o := self._run_call(w, c)) is not None]
-            w.in_calls = False
-            w.dirty = True
-            if not w.overlap:
-                w.carry += outs
-                outs = []
-                self._start_step(w)
-                if not w.busy:
-                    outs, w.carry = w.carry, []
-            elif blocked:
-                w.carry += outs
-                outs = []
-            elif not w.busy:
-                self._start_step(w)
-            for o in outs:
-                self._output(w, o)
-        self._flush(w)
+            outs: list[TokenOutput] = []
+            waited = w.in_pipe > 0
+            if calls:
+                w.in_calls = True
+                for c in calls:
+                    o = self._run_call(w, c)
+                    if o is not None:
+                        outs.append(o)
+                w.in_calls = False
+                w.dirty = True
+            self._compose(w)
+            if outs:
+                if waited if self.depth == 2 else w.in_pipe > 0:
+                    w.carry += outs
+                else:
+                    for o in outs:
+                        self._output(w, o)
+            if w.in_pipe or not w.calls:
+                return
 
     def _run_call(self, w: _Worker, call: tuple) -> TokenOutput | None:
         kind, eng = call[0], w.engine
@@ -400,7 +398,7 @@ class Simulation:
             if queue is not None and n - cached > d.max_local_prefill_length:
                 depth, queued = queue.depth(), queue.tokens.get(w.id, 0)
             decision = decide_prefill(d, n, cached, depth, queued)
-            # NOTE: a second call (begin_remote_prefill or generate): after the next step.
+            # NOTE: begin_remote_prefill or generate is a second call: after the next step.
             self._call(w, (_REMOTE, request, decision) if decision.remote else (_ADD, request))
         elif kind == _REMOTE:
             request, decision = call[1], call[2]
@@ -421,26 +419,36 @@ class Simulation:
         return None
 
     # ---- engines ---------------------------------------------------------------------
-    def _start_step(self, w: _Worker) -> None:
-        if w.busy:
-            return
+    def _compose(self, w: _Worker) -> None:
+        """Step the engine for the batches its device runs next: with the overlapped loop
+        (``self.depth`` 2) a batch is composed while the one before it computes, as
+        ``LLMEngine`` does it; else when the device is free."""
         eng = w.engine
-        if not eng.has_schedulable():
-            return
-        # NOTE: calls waiting or outputs to dispatch end the step that follows: no run.
-        if (self.fast_forward and w.role == DECODE and not w.calls and not w.carry
-                and self._fast_forward(w)):
-            return
-        w.busy = True
-        outs = eng.step()
-        if eng.last_batch_size == 0:
-            # Nothing could run (no blocks or seats): idle until something changes.
-            w.busy = False
-            self._flush(w)
-            return
-        dt = w.runner.last_seconds
-        w.step_end = self.now + dt
-        self._push(w.step_end, _STEP, (w, dt, outs, None))
+        self._flush(w)
+        while w.in_pipe < self.depth and eng.has_schedulable():
+            # NOTE: calls waiting or outputs to dispatch end the next step: no run then.
+            if (self.fast_forward and w.role == DECODE and not w.calls and not w.carry
+                    and self._fast_forward(w)):
+                continue
+            outs = eng.step()
+            if eng.last_batch_size == 0:
+                return  # nothing could run (no blocks or seats): idle until something changes
+            dt = w.runner.last_seconds
+            self._enqueue(w, [dt], outs, None)
+
+    def _enqueue(self, w: _Worker, dts: list[float], outs: list[TokenOutput] | None,
+                 run: tuple[list[Sequence], list[float]] | None) -> None:
+        """Put steps just composed on the worker's device; their outputs and KV events
+        reach the cluster when the last of them completes."""
+        end = max(self.now, w.device_free)
+        for dt in dts:
+            end += dt
+        w.device_free = end
+        w.in_pipe += len(dts)
+        w.ends.append(end)
+        events, w.events = w.events, []
+        w.tail_events = events
+        self._push(end, _STEP, (w, dts, outs, run, events))
 
     def _fast_forward(self, w: _Worker) -> bool:
         sched = w.engine.scheduler
@@ -453,51 +461,51 @@ class Simulation:
         b = len(running)
         ctx = sum(s.num_tokens for s in running)
         model = self.model
-        t = self.now
+        t = max(self.now, w.device_free)
         times: list[float] = []
         dts: list[float] = []
+        per_step = model.reads_decode_context
+        dt = model.step_seconds(BatchShape(0, 0, b, ctx))
         for j in range(k):
-            dt = model.step_seconds(BatchShape(0, 0, b, ctx + b * j))
+            if per_step and j:
+                dt = model.step_seconds(BatchShape(0, 0, b, ctx + b * j))
             if t + dt > horizon:
                 break
             t += dt
             times.append(t)
             dts.append(dt)
-        k = len(times)
-        if k < 2:
+        if len(times) < 2:
             return False
-        sched.advance_decodes(k, tok)
-        w.busy = True
-        w.step_end = times[-1]
-        self._push(times[-1], _STEP, (w, dts, None, (running, times)))
+        sched.advance_decodes(len(times), tok)
+        self._enqueue(w, dts, None, (running, times))
         return True
 
-    def _step_done(self, w: _Worker, dt: float | list[float], outs: list[TokenOutput] | None,
-                   run: tuple[list[Sequence], list[float]] | None) -> None:
-        w.busy = False
-        w.dirty = True
-        tot = w.totals
+    def _step_done(self, w: _Worker, dts: list[float], outs: list[TokenOutput] | None,
+                   run: tuple[list[Sequence], list[float]] | None, events: list[list]) -> None:
+        w.in_pipe -= len(dts)
+        w.ends.popleft()
         if w.carry:
             carried, w.carry = w.carry, []
             for o in carried:
                 self._output(w, o)
-        if run is None:
-            assert isinstance(dt, float) and outs is not None
+        tot = w.totals
+        for dt in dts:
             tot.busy_s += dt
-            tot.steps += 1
+        tot.steps += len(dts)
+        if run is None:
+            assert outs is not None
             self._steps += 1
             for o in outs:
                 self._output(w, o)
         else:
-            assert isinstance(dt, list)
-            for x in dt:
-                tot.busy_s += x
-            tot.steps += len(dt)
-            self._ff_steps += len(dt)
+            self._ff_steps += len(dts)
             self._ran(run[0], run[1])
         used = w.engine.pool.num_used
         if used > tot.peak_kv_blocks_used:
             tot.peak_kv_blocks_used = used
+        if events:
+            self.router.ingest.handle_batch(RawEventBatch(w.id, _SESSION, events))
+        w.dirty = True
         self._between_steps(w)
 
     def _ran(self, seqs: list[Sequence], times: list[float]) -> None:
@@ -507,12 +515,23 @@ class Simulation:
         k = len(times)
         for s in seqs:
             rec = records[s.request_id]
-            gaps.add(times[0] - rec.last_token_s)
+            first = times[0] - rec.last_token_s
+            gaps.add(first)
+            if first > rec.max_gap_s:
+                rec.max_gap_s = first
             rec.last_token_s = times[-1]
             rec.tokens_out += k
         b = len(seqs)
+        widest = 0.0  # the run's largest step gap: every sequence in it had it
         for j in range(1, k):
-            gaps.add(times[j] - times[j - 1], b)
+            g = times[j] - times[j - 1]
+            gaps.add(g, b)
+            if g > widest:
+                widest = g
+        for s in seqs:
+            rec = records[s.request_id]
+            if widest > rec.max_gap_s:
+                rec.max_gap_s = widest
 
     def _output(self, w: _Worker, o: TokenOutput) -> None:
         if w.role == PREFILL:
@@ -527,7 +546,10 @@ class Simulation:
                 rec.cached_tokens = o.num_cached_tokens
                 self._router_update(o.request_id, RequestPhase.PREFILLED)
             else:
-                self.gaps.add(now - rec.last_token_s)
+                gap = now - rec.last_token_s
+                self.gaps.add(gap)
+                if gap > rec.max_gap_s:
+                    rec.max_gap_s = gap
             rec.last_token_s = now
             rec.tokens_out += len(o.token_ids)
         if o.finished:
@@ -542,10 +564,15 @@ class Simulation:
             self._end(rec, w)
 
     def _flush(self, w: _Worker) -> None:
-        """Deliver the worker's KV events to the router, unless a step in flight will."""
-        if w.events and not w.busy:
+        """Deliver the KV events the worker's engine emitted outside a step: now, or after
+        those of its steps in flight (event ids reach the router in order)."""
+        if not w.events:
+            return
+        if w.in_pipe:
+            w.tail_events.extend(w.events)
+        else:
             self.router.ingest.handle_batch(RawEventBatch(w.id, _SESSION, w.events))
-            w.events = []
+        w.events = []
 
     # ---- remote prefill --------------------------------------------------------------
     def _dispatch(self) -> None:
@@ -631,7 +658,7 @@ class Simulation:
         # NOTE: with nothing due before the next event, the skipped ticks would only
         # republish the same samples: jump to the last one before it.
         nxt = now + self._interval
-        if not any(w.busy for w in self.decoders) and not any(p.busy for p in self.prefillers):
+        if not any(w.in_pipe for w in self.decoders) and not any(p.in_pipe for p in self.prefillers):
             due = self._other[0][0] if self._other else math.inf
             if self._next < len(self.requests):
                 due = min(due, self.requests[self._next].arrival_s)

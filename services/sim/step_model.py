@@ -12,7 +12,7 @@ was given would take on the modelled device. Two kinds:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from services.common.config import MockRunnerConfig
 
@@ -37,14 +37,17 @@ class BatchShape:
 
 
 class StepModel(Protocol):
-    """Seconds one step of a batch of this shape takes on the modelled device."""
+    """Seconds one step of a batch of this shape takes on the modelled device.
+
+    ``reads_decode_context``: whether ``decode_context`` changes the answer (when it does not,
+    a run of decode steps of one batch costs the same every step: computed once).
+    ``overlap_pays``: whether the modelled runner's overlapped loop is on under
+    ``engine.overlap: auto`` (it then composes each batch while the one before computes)."""
+
+    reads_decode_context: bool
+    overlap_pays: bool
 
     def step_seconds(self, shape: BatchShape) -> float: ...
-
-    @property
-    def overlap_pays(self) -> bool:
-        """Whether ``engine.overlap: auto`` overlaps on this device (``ModelRunner.overlap_pays``)."""
-        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,14 +58,12 @@ class MockStepModel:
     step_base_s: float
     per_prefill_token_s: float
     per_decode_seq_s: float
+    reads_decode_context: ClassVar[bool] = False
+    overlap_pays: ClassVar[bool] = True  # as MockRunner's
 
     @classmethod
     def of(cls, cfg: MockRunnerConfig) -> MockStepModel:
         return cls(cfg.step_base_s, cfg.per_prefill_token_s, cfg.per_decode_seq_s)
-
-    @property
-    def overlap_pays(self) -> bool:
-        return True  # MockRunner.overlap_pays: its device computes while the scheduler works
 
     def step_seconds(self, shape: BatchShape) -> float:
         return (self.step_base_s + self.per_prefill_token_s * shape.prefill_tokens

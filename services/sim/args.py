@@ -1,0 +1,46 @@
+"""The parser of `tandem sim` (replay a trace or workload) and its subcommands. Kept free
+of heavy imports: `tandem --help` builds every parser."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+from services.bench.args import add_workload_args
+from services.sim.calibrate_args import add_calibrate_parser
+
+AddConfig = Callable[[argparse.ArgumentParser], None]
+
+
+def add_sim_parsers(sub: argparse._SubParsersAction, add_config: AddConfig) -> None:
+    p = sub.add_parser(
+        "sim", help="simulate a whole cluster on a virtual clock (docs/simulator.md)",
+        description="Replay a trace (--trace FILE: Mooncake JSONL or Azure CSV, at full "
+                    "length) or a bench workload (--workload, as `tandem bench serve` sends "
+                    "it) through the production router and schedulers, with a step-time "
+                    "model in place of the forward (sim.step_model).")
+    add_config(p)
+    add_workload_args(p)
+    # NOTE: no workload named = replay --trace itself; a named one is built as the bench does.
+    p.set_defaults(workload=None, num_requests=None, _key=("sim",))
+    t = p.add_argument_group("trace replay (--trace without --workload)")
+    t.add_argument("--format", choices=("auto", "mooncake", "azure"), default="auto")
+    t.add_argument("--window", default=None, metavar="START:END",
+                   help="keep requests sent in [START, END) seconds of the trace's clock")
+    t.add_argument("--sample-mod", type=int, default=None, metavar="M",
+                   help="keep whole conversations: requests whose hash_ids[1] %% M == 0 "
+                        "(the rule of ../shared/anchors/dynamo_replay.py)")
+    o = p.add_argument_group("output")
+    o.add_argument("--json", dest="json_path", default=None, metavar="FILE",
+                   help="write the summary (with the command line and machine) here")
+    o.add_argument("--requests-jsonl", default=None, metavar="FILE",
+                   help="one JSON line per request")
+    o.add_argument("--plots", default=None, metavar="DIR", help="write PNG plots here")
+    o.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2,...",
+                   help="run the cross product of these config values (repeatable), one "
+                        "process per point, one table row each")
+    o.add_argument("--processes", type=int, default=None,
+                   help="sweep points run at once (default: the CPU count)")
+    o.add_argument("--no-fast-forward", dest="fast_forward", action="store_false",
+                   help="step every decode one by one (same results, slower: for checking)")
+    add_calibrate_parser(p.add_subparsers(dest="sim_command"), add_config)
