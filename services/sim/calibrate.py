@@ -14,7 +14,6 @@ import asyncio
 import os
 import statistics
 import sys
-from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -32,9 +31,10 @@ from services.launcher.up import served_name
 from services.sim.calibrate_compare import Figures, Row, compare, rows_json, table
 from services.sim.calibrate_workloads import Calibration, build
 from services.sim.records import SimResult
-from services.sim.requests import SimRequest
+from services.sim.report import summary
 from services.sim.simulator import simulate
 from services.sim.step_model import MockStepModel
+from services.sim.traces import from_bench
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE_LEN = 8  # prompt tokens of an overhead probe
@@ -82,13 +82,6 @@ def measure_overhead(url: str, model: str, mock: MockRunnerConfig, n: int,
     return max(0.0, statistics.median(ttfts) - probe_step_s(mock)), ttfts
 
 
-def to_sim_requests(reqs: Sequence[BenchRequest], send_s: Sequence[float]) -> list[SimRequest]:
-    """The bench's requests at their send offsets, prompts carried whole."""
-    # TODO(traces): services.sim.traces.from_bench replaces this once it lands on main.
-    return [SimRequest(r.index, t, r.prompt_len, r.output_len, prompt=r.prompt_ids,
-                       after=r.after) for r, t in zip(reqs, send_s, strict=True)]
-
-
 def sim_config(cal: Calibration, config: str, overhead_s: float) -> ClusterConfig:
     """The real run's config, with what the simulator needs to know of that cluster."""
     extra = [f"sim.request_overhead_s={overhead_s:.6f}"]
@@ -120,7 +113,7 @@ def run_real(cal: Calibration, config: str, args: argparse.Namespace,
 def run_sim(cal: Calibration, cfg: ClusterConfig) -> SimResult:
     times = schedule(cal.arrivals, len(cal.requests), None, [r.arrival_s for r in cal.requests])
     assert times is not None  # every preset has a schedule
-    return simulate(cfg, to_sim_requests(cal.requests, times), MockStepModel.of(cfg.engine.mock),
+    return simulate(cfg, from_bench(cal.requests, times), MockStepModel.of(cfg.engine.mock),
                     lambda r: list(r.prompt or ()))
 
 
@@ -150,7 +143,7 @@ def calibrate_one(cal: Calibration, args: argparse.Namespace, log_dir: Path) -> 
         print(f"  real run: {real_sum.failed} requests failed {real_sum.errors}", flush=True)
     cfg = sim_config(cal, config, overhead)
     result = run_sim(cal, cfg)
-    real, sim = Figures.of_bench(real_sum), Figures.of_sim(result)
+    real, sim = Figures.of_bench(real_sum), Figures.of_sim(summary(result))
     rows = compare(cal.name, real, sim)
     detail = {"config": config, "overrides": list(cal.overrides), "requests": len(cal.requests),
               "request_overhead_s": overhead, "probe_ttft_s": probes,

@@ -12,10 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-import numpy as np
-
-from services.bench.metrics import Dist, Summary
-from services.sim.records import SimResult
+from services.bench.metrics import Summary
 
 # (key, label, targeted): targeted figures must be within TARGET_PCT (issue 23); the rest
 # are shown for information.
@@ -46,17 +43,12 @@ class Figures:
                        s.tpot.mean, s.e2e.mean)
 
     @staticmethod
-    def of_sim(result: SimResult) -> Figures:
-        # TODO(report): services/sim/report.summary gives these once it lands on main.
-        done = [r for r in result.records if r.completed]
-        ttft = Dist.of([r.ttft_s * 1e3 for r in done])
-        tpots = [t * 1e3 for r in done if (t := r.tpot_s) is not None]
-        gaps, counts = np.asarray(result.gaps.values), np.asarray(result.gaps.counts)
-        itl = float((gaps * counts).sum() / counts.sum() * 1e3) if counts.sum() else 0.0
-        prompt = sum(r.prompt_tokens for r in done)
-        hit = sum(r.cached_tokens for r in done) / prompt if prompt else 0.0
-        return Figures(len(done), ttft.mean, ttft.p90, itl, hit, Dist.of(tpots).mean,
-                       Dist.of([r.e2e_s * 1e3 for r in done]).mean)
+    def of_sim(summary: dict) -> Figures:
+        """From ``services.sim.report.summary`` (the same definitions)."""
+        return Figures(summary["completed"], summary["ttft_ms"]["mean"],
+                       summary["ttft_ms"]["p90"], summary["itl_ms"]["mean"],
+                       summary["prefix_hit_rate"], summary["tpot_ms"]["mean"],
+                       summary["e2e_ms"]["mean"])
 
 
 @dataclass(frozen=True)
