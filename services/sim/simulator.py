@@ -6,14 +6,22 @@ cache manager) over a ``SimRunner``, the decode worker's admission bound
 (``services.decode.admission``), its remote-prefill decision
 (``services.decode.disagg.decide_prefill``) and the load sample it publishes
 (``services.decode.load``). What is modelled: the forward (``StepModel``), the JetStream
-work queue (``_PrefillQueue``: FIFO, pulled by prefill workers with free job slots, a job
-counted in the depth until its KV is delivered), the KV transfer (latency + bytes over a
+work queue (``_PrefillQueue``: FIFO, a job counted in the depth until its KV is
+delivered; it goes to the prefill worker with a free slot whose pull request is oldest,
+``_puller``), the KV transfer (latency + bytes over a
 link) and the frontend + processor path (``sim.request_overhead_s``).
 
 Timing of one engine step: the engine steps (schedules, "computes", updates) when the
 step starts, and its outputs and KV events reach the rest of the cluster when the step's
 modelled time has passed. Events at the same instant run in this order: step completions,
 KV deliveries, load ticks, then requests.
+
+Engine calls (a request's admission, the decode worker's prefix lookup and
+``begin_remote_prefill``, a KV import) run as ``AsyncEngine`` runs them: on the step
+thread, between steps (``_call``). One made while the worker waits for a batch runs when
+that batch completes, so a request reaching a busy worker waits for it, and the two calls
+of a remote-prefill decision wait for one step each; their outputs (a remote prefill's
+first token) leave with the next step's.
 
 Fast path: a decode worker whose next steps are certain to be the same batch of decodes
 (``Scheduler.decode_run_length``) and that no event can reach before they end does them at
