@@ -12,12 +12,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import statistics
 import sys
 from dataclasses import asdict
 from pathlib import Path
 
 import httpx
+import numpy as np
 
 from services.bench.arrivals import schedule
 from services.bench.client import RequestRecord as BenchRecord
@@ -41,6 +43,8 @@ PROBE_LEN = 8  # prompt tokens of an overhead probe
 # The mock runner's KV per token: K and V of one layer, one head of one float32 dim
 # (services/engine/runner/mock_runner.py), what a remote prefill moves.
 MOCK_KV_BYTES_PER_TOKEN = 2 * 4
+_REMOTE_METRIC = re.compile(r'^tandem_worker_prefill_total\{where="remote"\} ([0-9.e+-]+)$',
+                            re.MULTILINE)
 
 
 def probe_step_s(mock: MockRunnerConfig) -> float:
@@ -51,8 +55,6 @@ def probe_step_s(mock: MockRunnerConfig) -> float:
 async def _probe(url: str, model: str, n: int, timeout_s: float) -> list[float]:
     """TTFT in seconds of ``n`` 1-token requests sent one after the other (3 more first, not
     counted: the first requests through a fresh cluster open its connections)."""
-    import numpy as np
-
     rng = np.random.default_rng(12345)
     key = os.environ.get("OPENAI_API_KEY")
     headers = {"Authorization": f"Bearer {key}"} if key else {}
@@ -82,6 +84,22 @@ def measure_overhead(url: str, model: str, mock: MockRunnerConfig, n: int,
     return max(0.0, statistics.median(ttfts) - probe_step_s(mock)), ttfts
 
 
+def remote_prefills(cfg: ClusterConfig) -> int | None:
+    """Remote prefills the running cluster's decode workers counted
+    (``tandem_worker_prefill_total{where="remote"}``, summed over replicas); None when a
+    worker's /metrics cannot be read."""
+    total = 0.0
+    for i in range(cfg.decode.replicas):
+        try:
+            text = httpx.get(f"http://127.0.0.1:{cfg.decode.metrics_port + i}/metrics",
+                             timeout=5.0).text
+        except httpx.HTTPError:
+            return None
+        m = _REMOTE_METRIC.search(text)
+        total += float(m.group(1)) if m else 0.0
+    return int(total)
+
+
 def sim_config(cal: Calibration, config: str, overhead_s: float) -> ClusterConfig:
     """The real run's config, with what the simulator needs to know of that cluster."""
     extra = [f"sim.request_overhead_s={overhead_s:.6f}"]
@@ -93,7 +111,7 @@ def sim_config(cal: Calibration, config: str, overhead_s: float) -> ClusterConfi
 
 
 def run_real(cal: Calibration, config: str, args: argparse.Namespace,
-             log_dir: Path) -> tuple[RunResult, float, list[float]]:
+             log_dir: Path) -> tuple[RunResult, float, list[float], int | None]:
     cfg = load_config(config, list(cal.overrides))
     url = f"http://127.0.0.1:{cfg.frontend.port}"
     model = served_name(cfg)
@@ -107,7 +125,8 @@ def run_real(cal: Calibration, config: str, args: argparse.Namespace,
         run = asyncio.run(run_workload(url, model, cal.requests, cal.arrivals,
                                        timeout_s=args.timeout,
                                        api_key=os.environ.get("OPENAI_API_KEY")))
-    return run, overhead, probes
+        remote = remote_prefills(cfg) if cfg.prefill.replicas else 0
+    return run, overhead, probes, remote
 
 
 def run_sim(cal: Calibration, cfg: ClusterConfig) -> SimResult:
@@ -137,7 +156,7 @@ def calibrate_one(cal: Calibration, args: argparse.Namespace, log_dir: Path) -> 
     print(f"== {cal.name}: {len(cal.requests)} requests, {config} "
           f"{' '.join(cal.overrides)}", flush=True)
     load_before = load_average()
-    run, overhead, probes = run_real(cal, config, args, log_dir)
+    run, overhead, probes, real_remote = run_real(cal, config, args, log_dir)
     real_sum = summarize(run.records, run.duration_s)
     if real_sum.failed:
         print(f"  real run: {real_sum.failed} requests failed {real_sum.errors}", flush=True)
@@ -145,11 +164,15 @@ def calibrate_one(cal: Calibration, args: argparse.Namespace, log_dir: Path) -> 
     result = run_sim(cal, cfg)
     real, sim = Figures.of_bench(real_sum), Figures.of_sim(summary(result))
     rows = compare(cal.name, real, sim)
+    sim_remote = sum(r.remote for r in result.records)
+    if cfg.prefill.replicas:
+        print(f"  remote prefills: real {real_remote}, simulated {sim_remote}", flush=True)
     detail = {"config": config, "overrides": list(cal.overrides), "requests": len(cal.requests),
               "request_overhead_s": overhead, "probe_ttft_s": probes,
               "real": asdict(real), "sim": asdict(sim), "rows": rows_json(rows),
               "oracle_hit_rate": oracle_hit_rate([r.prompt_ids for r in cal.requests],
                                                  cfg.engine.block_size),
+              "remote_prefills": {"real": real_remote, "sim": sim_remote},
               "real_duration_s": run.duration_s, "sim_wall_s": result.wall_s,
               "load_average_1m": {"before": load_before, "after": load_average()},
               "per_request": per_request(run, result)}
@@ -163,6 +186,12 @@ def main(args: argparse.Namespace) -> int:
         cals = [build(n, args.num_requests, args.quick, args.rate, args.speedup,
                       Path(args.trace) if args.trace else None, args.sample_mod, args.seed,
                       tuple(args.overrides)) for n in names]
+        for cal in cals:
+            runner = load_config(args.config or str(REPO / cal.config),
+                                 list(cal.overrides)).engine.runner
+            if runner != "mock":
+                raise ValueError(f"{cal.name}: engine.runner is {runner!r}; calibrate compares "
+                                 "clusters of mock-runner workers (the simulator's mock model)")
     except (ValueError, OSError) as e:
         print(f"tandem sim calibrate: {e}", file=sys.stderr)
         return 2
@@ -174,7 +203,7 @@ def main(args: argparse.Namespace) -> int:
         r, details[cal.name] = calibrate_one(cal, args, log_dir)
         rows += r
         print(table(r), flush=True)
-    print()
-    print(table(rows))
+    if len(cals) > 1:
+        print(f"\n{table(rows)}")
     write_json(args.json_path, {**head, "rows": rows_json(rows), "workloads": details})
     return 0
