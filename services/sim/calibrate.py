@@ -1,10 +1,11 @@
 """`tandem sim calibrate`: how far the simulator is from a real cluster of mock workers.
 
 For each workload (services/sim/calibrate_workloads.py) it starts `tandem up` of the
-workload's config, measures the request overhead at idle (``measure_overhead``), sends the
-workload as `tandem bench serve` does and stops the cluster; then it simulates the same
-requests at the same send times with the same config, ``sim.request_overhead_s`` set to
-what was measured, and compares every figure (services/sim/calibrate_compare.py).
+workload's config, measures at idle what the simulator models as constants (the request
+overhead and the remote-prefill path: ``measure_overheads``), sends the workload as `tandem
+bench serve` does and stops the cluster; then it simulates the same requests at the same
+send times with the same config and those constants, and compares every figure
+(services/sim/calibrate_compare.py).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import os
 import re
 import statistics
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import httpx
@@ -40,6 +41,7 @@ from services.sim.traces import from_bench
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE_LEN = 8  # prompt tokens of an overhead probe
+REMOTE_PROBE_EXTRA = 64  # a remote probe's tokens beyond decode.disagg.max_local_prefill_length
 # The mock runner's KV per token: K and V of one layer, one head of one float32 dim
 # (services/engine/runner/mock_runner.py), what a remote prefill moves.
 MOCK_KV_BYTES_PER_TOKEN = 2 * 4
@@ -47,41 +49,69 @@ _REMOTE_METRIC = re.compile(r'^tandem_worker_prefill_total\{where="remote"\} ([0
                             re.MULTILINE)
 
 
-def probe_step_s(mock: MockRunnerConfig) -> float:
-    """What the mock device takes for a probe's prefill (its one step)."""
-    return mock.step_base_s + mock.per_prefill_token_s * PROBE_LEN
+def step_s(mock: MockRunnerConfig, prompt_len: int) -> float:
+    """What the mock device takes for one probe's prefill (its one step)."""
+    return mock.step_base_s + mock.per_prefill_token_s * prompt_len
 
 
-async def _probe(url: str, model: str, n: int, timeout_s: float) -> list[float]:
-    """TTFT in seconds of ``n`` 1-token requests sent one after the other (3 more first, not
-    counted: the first requests through a fresh cluster open its connections)."""
-    rng = np.random.default_rng(12345)
+async def _probe(url: str, model: str, n: int, prompt_len: int, warmup: int,
+                 timeout_s: float) -> list[float]:
+    """TTFT in seconds of ``n`` 1-token requests of ``prompt_len`` tokens sent one after
+    the other (``warmup`` more first, not counted: the first requests through a fresh
+    cluster open its connections)."""
+    rng = np.random.default_rng(12345 + prompt_len)
     key = os.environ.get("OPENAI_API_KEY")
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     out: list[float] = []
     async with httpx.AsyncClient(headers=headers, timeout=timeout_s) as client:
-        for i in range(n + 3):
-            # NOTE: unique prompts: a prefix hit would shorten the step subtracted below.
-            prompt = tuple(int(x) for x in rng.integers(1000, 30000, PROBE_LEN))
-            rec = BenchRecord(i, PROBE_LEN)
+        for i in range(n + warmup):
+            # NOTE: unique prompts: a prefix hit would shorten the step subtracted.
+            prompt = tuple(int(x) for x in rng.integers(1000, 30000, prompt_len))
+            rec = BenchRecord(i, prompt_len)
             await send(client, url + "/v1/completions",
                        request_body(BenchRequest(i, prompt, 1), model, "completions"), rec,
                        timeout_s)
             if not rec.ok or rec.first_token_time is None:
                 raise RuntimeError(f"overhead probe failed: {rec.error}")
-            if i >= 3:
+            if i >= warmup:
                 out.append(rec.first_token_time - rec.send_time)
             await asyncio.sleep(0.05)
     return out
 
 
-def measure_overhead(url: str, model: str, mock: MockRunnerConfig, n: int,
-                     timeout_s: float) -> tuple[float, list[float]]:
-    """Frontend + processor + router + streaming latency of an idle cluster: the median TTFT
-    of ``n`` tiny 1-token requests less the mock device's step for them. Returns it and the
-    TTFTs."""
-    ttfts = asyncio.run(_probe(url, model, n, timeout_s))
-    return max(0.0, statistics.median(ttfts) - probe_step_s(mock)), ttfts
+@dataclass(frozen=True)
+class Overheads:
+    """What the simulator is told of the running cluster, measured at idle.
+
+    ``request_s``: frontend + processor + router + streaming (``sim.request_overhead_s``):
+    the median TTFT of tiny 1-token prompts less their mock step. ``remote_s``: the remote
+    prefill's path beyond that and the prefill itself (queue publish and pull, KV send and
+    import: ``sim.kv_transfer_latency_s``): the median TTFT of 1-token prompts just over
+    ``decode.disagg.max_local_prefill_length`` less ``request_s`` and their prefill step;
+    None without remote prefill."""
+
+    request_s: float
+    remote_s: float | None
+    probe_ttft_s: list[float]
+    remote_probe_ttft_s: list[float]
+
+
+def measure_overheads(url: str, cfg: ClusterConfig, model: str, n: int,
+                      timeout_s: float) -> Overheads:
+    mock = cfg.engine.mock
+    ttfts = asyncio.run(_probe(url, model, n, PROBE_LEN, 3, timeout_s))
+    request_s = max(0.0, statistics.median(ttfts) - step_s(mock, PROBE_LEN))
+    if not (cfg.prefill.replicas and cfg.decode.disagg.enabled):
+        return Overheads(request_s, None, ttfts, [])
+    long = cfg.decode.disagg.max_local_prefill_length + REMOTE_PROBE_EXTRA
+    before = remote_prefills(cfg)
+    remote = asyncio.run(_probe(url, model, n, long, 1, timeout_s))
+    after = remote_prefills(cfg)
+    if before is None or after is None or after - before != n + 1:
+        raise RuntimeError(f"remote-prefill probes: {after} - {before} prefilled remotely, "
+                           f"not {n + 1}")
+    remote_s = max(0.0, statistics.median(remote) - request_s - step_s(mock, long))
+    return Overheads(request_s, remote_s, ttfts, remote)
 
 
 def remote_prefills(cfg: ClusterConfig) -> int | None:
@@ -100,9 +130,11 @@ def remote_prefills(cfg: ClusterConfig) -> int | None:
     return int(total)
 
 
-def sim_config(cal: Calibration, config: str, overhead_s: float) -> ClusterConfig:
+def sim_config(cal: Calibration, config: str, ov: Overheads) -> ClusterConfig:
     """The real run's config, with what the simulator needs to know of that cluster."""
-    extra = [f"sim.request_overhead_s={overhead_s:.6f}"]
+    extra = [f"sim.request_overhead_s={ov.request_s:.6f}"]
+    if ov.remote_s is not None:
+        extra.append(f"sim.kv_transfer_latency_s={ov.remote_s:.6f}")
     base = load_config(config, list(cal.overrides))
     if base.engine.runner == "mock":
         extra.append(f"sim.kv_bytes_per_token={MOCK_KV_BYTES_PER_TOKEN}")
@@ -111,22 +143,26 @@ def sim_config(cal: Calibration, config: str, overhead_s: float) -> ClusterConfi
 
 
 def run_real(cal: Calibration, config: str, args: argparse.Namespace,
-             log_dir: Path) -> tuple[RunResult, float, list[float], int | None]:
+             log_dir: Path) -> tuple[RunResult, Overheads, int | None]:
     cfg = load_config(config, list(cal.overrides))
     url = f"http://127.0.0.1:{cfg.frontend.port}"
     model = served_name(cfg)
     with running_cluster(config, cal.overrides, url, log_dir / cal.name,
                          log_dir / f"{cal.name}.log", args.ready_timeout, 2.0):
-        overhead, probes = measure_overhead(url, model, cfg.engine.mock, args.probes,
-                                            args.timeout)
-        print(f"  request overhead {overhead * 1e3:.1f} ms (median probe TTFT "
-              f"{statistics.median(probes) * 1e3:.1f} ms less a {probe_step_s(cfg.engine.mock) * 1e3:.1f}"
-              f" ms mock step)", flush=True)
+        ov = measure_overheads(url, cfg, model, args.probes, args.timeout)
+        print(f"  request overhead {ov.request_s * 1e3:.1f} ms (median probe TTFT "
+              f"{statistics.median(ov.probe_ttft_s) * 1e3:.1f} ms less a "
+              f"{step_s(cfg.engine.mock, PROBE_LEN) * 1e3:.1f} ms mock step)", flush=True)
+        if ov.remote_s is not None:
+            print(f"  remote-prefill path {ov.remote_s * 1e3:.1f} ms (median remote probe TTFT "
+                  f"{statistics.median(ov.remote_probe_ttft_s) * 1e3:.1f} ms)", flush=True)
         run = asyncio.run(run_workload(url, model, cal.requests, cal.arrivals,
                                        timeout_s=args.timeout,
                                        api_key=os.environ.get("OPENAI_API_KEY")))
         remote = remote_prefills(cfg) if cfg.prefill.replicas else 0
-    return run, overhead, probes, remote
+    if remote is not None and ov.remote_s is not None:
+        remote -= len(ov.remote_probe_ttft_s) + 1  # the probes' own
+    return run, ov, remote
 
 
 def run_sim(cal: Calibration, cfg: ClusterConfig) -> SimResult:
@@ -156,11 +192,11 @@ def calibrate_one(cal: Calibration, args: argparse.Namespace, log_dir: Path) -> 
     print(f"== {cal.name}: {len(cal.requests)} requests, {config} "
           f"{' '.join(cal.overrides)}", flush=True)
     load_before = load_average()
-    run, overhead, probes, real_remote = run_real(cal, config, args, log_dir)
+    run, ov, real_remote = run_real(cal, config, args, log_dir)
     real_sum = summarize(run.records, run.duration_s)
     if real_sum.failed:
         print(f"  real run: {real_sum.failed} requests failed {real_sum.errors}", flush=True)
-    cfg = sim_config(cal, config, overhead)
+    cfg = sim_config(cal, config, ov)
     result = run_sim(cal, cfg)
     real, sim = Figures.of_bench(real_sum), Figures.of_sim(summary(result))
     rows = compare(cal.name, real, sim)
@@ -168,7 +204,7 @@ def calibrate_one(cal: Calibration, args: argparse.Namespace, log_dir: Path) -> 
     if cfg.prefill.replicas:
         print(f"  remote prefills: real {real_remote}, simulated {sim_remote}", flush=True)
     detail = {"config": config, "overrides": list(cal.overrides), "requests": len(cal.requests),
-              "request_overhead_s": overhead, "probe_ttft_s": probes,
+              "overheads": asdict(ov),
               "real": asdict(real), "sim": asdict(sim), "rows": rows_json(rows),
               "oracle_hit_rate": oracle_hit_rate([r.prompt_ids for r in cal.requests],
                                                  cfg.engine.block_size),

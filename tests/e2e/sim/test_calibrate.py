@@ -46,7 +46,9 @@ def test_calibrate_quick_chat_writes_every_figure(smollm2_path: Path, tmp_path: 
     chat = res["workloads"]["chat"]
     assert chat["requests"] == 24
     assert chat["real"]["completed"] == chat["sim"]["completed"] == 24
-    assert 0 < chat["request_overhead_s"] < 1.0 and len(chat["probe_ttft_s"]) == 5
+    ov = chat["overheads"]
+    assert 0 < ov["request_s"] < 1.0 and len(ov["probe_ttft_s"]) == 5
+    assert ov["remote_s"] is None and ov["remote_probe_ttft_s"] == []  # no prefill workers
     figures = [r["figure"] for r in res["rows"]]
     assert figures == ["ttft_mean_ms", "ttft_p90_ms", "itl_mean_ms", "prefix_hit_rate",
                        "tpot_mean_ms", "e2e_mean_ms"]

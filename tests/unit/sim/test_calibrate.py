@@ -11,7 +11,13 @@ import pytest
 from services.bench.arrivals import schedule
 from services.bench.client import RequestRecord as BenchRecord
 from services.bench.metrics import summarize
-from services.sim.calibrate import MOCK_KV_BYTES_PER_TOKEN, REPO, run_sim, sim_config
+from services.sim.calibrate import (
+    MOCK_KV_BYTES_PER_TOKEN,
+    REPO,
+    Overheads,
+    run_sim,
+    sim_config,
+)
 from services.sim.calibrate_compare import Figures, compare, table
 from services.sim.calibrate_workloads import PRESETS, build, sample_conversations
 from services.sim.records import GapSamples, RequestRecord, SimResult
@@ -119,14 +125,15 @@ def test_the_presets_send_what_the_bench_builds(tmp_path: Path) -> None:
 
 def test_the_simulation_gets_the_runs_config_and_send_times() -> None:
     cal = build("long-disagg", 5, False, None, None, None, 24, 0, ("sim.load_interval_s=0.5",))
-    cfg = sim_config(cal, SCALE_MOCK, 0.0123)
+    cfg = sim_config(cal, SCALE_MOCK, Overheads(0.0123, 0.0155, [], []))
     assert cfg.sim.request_overhead_s == pytest.approx(0.0123)
+    assert cfg.sim.kv_transfer_latency_s == pytest.approx(0.0155)
     assert cfg.sim.kv_bytes_per_token == MOCK_KV_BYTES_PER_TOKEN
     assert cfg.sim.load_interval_s == 0.5
     assert (cfg.decode.replicas, cfg.prefill.replicas) == (6, 2) and cfg.decode.disagg.enabled
     mine = build("long-disagg", 5, False, None, None, None, 24, 0,
                  ("sim.kv_bytes_per_token=100",))
-    assert sim_config(mine, SCALE_MOCK, 0.0).sim.kv_bytes_per_token == 100
+    assert sim_config(mine, SCALE_MOCK, Overheads(0.0, None, [], [])).sim.kv_bytes_per_token == 100
     done = run_sim(cal, cfg)
     assert [r.index for r in done.records] == list(range(5))
     assert [r.prompt_tokens for r in done.records] == [r.prompt_len for r in cal.requests]
