@@ -8,10 +8,12 @@ The engine produces these objects; their msgpack encoding on NATS is wire.py.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True, slots=True)
-class StoredBlock:
+class StoredBlock(NamedTuple):
+    """A named tuple: the engine makes one per block it caches."""
+
     seq_hash: int
     local_hash: int
 

@@ -32,12 +32,13 @@ so every figure equals stepping one by one (``fast_forward=False``; tests check 
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from services.api.kv_events import KvEvent
@@ -110,6 +111,17 @@ class _Job:
     prefill: _Worker | None = None
 
 
+@dataclass(slots=True)
+class _Run:
+    """A fast-forwarded run in a worker's pipe, for the load ticks inside it: when each of
+    its steps would have been composed, each sequence's computed tokens and blocks before
+    it, and the pool's blocks in use before it."""
+
+    composed_at: list[float]
+    seqs: list[tuple[int, int]]
+    used: int
+
+
 class _PrefillQueue:
     """The JetStream work queue as decode workers see it: ``depth`` counts jobs pending and
     taken but not acked (acked when their KV is delivered); queued tokens are per decode
@@ -150,6 +162,7 @@ class _Worker:
         self.ends: deque[float] = deque()
         self.device_free = 0.0
         self.tail_events: list[list] = []
+        self.run: _Run | None = None  # the run of decodes in the pipe, if one is
         self.calls: list[tuple] = []  # engine calls waiting for the step thread
         self.in_calls = False  # applying calls: a call they make waits for the next step
         self.carry: list[TokenOutput] = []  # calls' outputs, dispatched with the next step's
@@ -277,11 +290,11 @@ class Simulation:
 
     def _horizon(self) -> float:
         """The earliest instant something from outside may reach a worker: the next
-        request, load tick or delivery, and, while requests wait for others to end, any
-        step completion (it may send one)."""
-        h = self._next_tick
+        request or delivery, and, while requests wait for others to end, any step completion
+        (it may send one). Load ticks do not end a run: they sample it (``_run_load``)."""
+        h = math.inf
         if self._next < len(self.requests):
-            h = min(h, self.requests[self._next].arrival_s)
+            h = self.requests[self._next].arrival_s
         if self._other:
             h = min(h, self._other[0][0])
         if self._waiting_on and self._steps_heap:
@@ -462,12 +475,14 @@ class Simulation:
         sched = w.engine.scheduler
         tok = w.runner.token
         k = sched.decode_run_length(_MAX_RUN, tok)
-        if k < 2:
+        if k < 1:
             return False
         horizon = self._horizon()
         running = list(sched.running)
         b = len(running)
-        ctx = sum(s.num_tokens for s in running)
+        ctx = 0
+        for s in running:
+            ctx += s.num_tokens
         model = self.model
         t = max(self.now, w.device_free)
         times: list[float] = []
@@ -482,11 +497,43 @@ class Simulation:
             t += dt
             times.append(t)
             dts.append(dt)
-        if len(times) < 2:
+        # NOTE: one at a time, the step after the run is composed when its last but one
+        # step completes; a load tick before the run's end would see it: end the run first.
+        while self.depth == 2 and len(times) >= 2 and self._tick_between(times[-2], times[-1]):
+            times.pop()
+            dts.pop()
+        if not times:
             return False
-        sched.advance_decodes(len(times), tok)
+        n = len(times)
+        # When each step of the run is composed one at a time: as the batches ahead of it
+        # complete (a load tick in between samples the state as of then, ``_run_load``).
+        ahead = list(w.ends) + times
+        free = self.depth - w.in_pipe
+        w.run = _Run([self.now if i < free else ahead[i - free] for i in range(n)],
+                     [(s.num_computed_tokens, len(s.block_table)) for s in running],
+                     w.engine.pool.num_used)
+        sched.advance_decodes(n, tok)
         self._enqueue(w, dts, None, (running, times))
         return True
+
+    def _tick_between(self, a: float, b: float) -> bool:
+        """Whether a load tick falls in [a, b) (ticks follow each other every interval)."""
+        t = self._next_tick
+        while t < a:
+            t += self._interval
+        return t < b
+
+    def _run_load(self, w: _Worker, run: _Run, now: float) -> WorkerLoad:
+        """The load sample of a worker whose run of decodes is composed only partly by
+        ``now`` (one at a time, the steps after ``now`` would not be yet): its blocks then."""
+        j = bisect.bisect_right(run.composed_at, now)
+        bs = self.block_size
+        used = run.used
+        for computed, blocks in run.seqs:
+            need = -(-(computed + j) // bs) - blocks
+            if need > 0:
+                used += need
+        return worker_load(w.id, replace(w.engine.stats(), kv_blocks_used=used), now)
 
     def _step_done(self, w: _Worker, dts: list[float], outs: list[TokenOutput] | None,
                    run: tuple[list[Sequence], list[float]] | None, events: list[list]) -> None:
@@ -508,6 +555,7 @@ class Simulation:
         else:
             self._ff_steps += len(dts)
             self._ran(run[0], run[1])
+            w.run = None
         used = w.engine.pool.num_used
         if used > tot.peak_kv_blocks_used:
             tot.peak_kv_blocks_used = used
@@ -644,7 +692,16 @@ class Simulation:
         router = self.router
         prompt = hit = 0
         for w in self.decoders:
-            if w.dirty or w.last_load is None:
+            run = w.run
+            if run is not None and now < run.composed_at[-1]:
+                w.last_load = self._run_load(w, run, now)
+                w.dirty = True  # its sample changes as the run goes on
+                if keep:
+                    ld = w.last_load
+                    self.worker_samples.append(WorkerSample(
+                        now, w.id, ld.requests_running, ld.requests_waiting, ld.kv_blocks_used,
+                        ld.kv_blocks_total, ld.active_prefill_tokens))
+            elif w.dirty or w.last_load is None:
                 s = w.engine.stats()
                 w.last_load = worker_load(w.id, s, now)
                 w.dirty = False

@@ -69,8 +69,10 @@ def test_same_trace_and_seed_give_the_same_run(layout: tuple[str, ...]) -> None:
     assert (a.gaps.values, a.gaps.counts) == (b.gaps.values, b.gaps.counts)
 
 
-@pytest.mark.parametrize("layout", [AGG, DISAGG, (*AGG, "sim.request_overhead_s=0.01")],
-                         ids=["agg", "disagg", "overhead"])
+@pytest.mark.parametrize("layout", [AGG, DISAGG, (*AGG, "sim.request_overhead_s=0.01"),
+                                    (*AGG, "engine.overlap=false"),
+                                    (*AGG, "sim.load_interval_s=0.013")],
+                         ids=["agg", "disagg", "overhead", "serial", "dense-ticks"])
 @pytest.mark.parametrize("turns", [False, True], ids=["open", "turns"])
 def test_fast_forwarded_decode_gives_the_timings_of_single_steps(layout: tuple[str, ...],
                                                                  turns: bool) -> None:
@@ -86,6 +88,8 @@ def test_fast_forwarded_decode_gives_the_timings_of_single_steps(layout: tuple[s
     expand = lambda r: sorted(np.repeat(r.gaps.values, r.gaps.counts).tolist())  # noqa: E731
     assert expand(fast) == expand(slow)
     assert [w.busy_s for w in fast.workers] == [w.busy_s for w in slow.workers]
+    # every load sample the router saw, ticks inside fast-forwarded runs included
+    assert fast.worker_samples == slow.worker_samples
     assert all(r.completed for r in fast.records)
 
 
