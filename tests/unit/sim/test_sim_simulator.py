@@ -71,8 +71,10 @@ def test_same_trace_and_seed_give_the_same_run(layout: tuple[str, ...]) -> None:
 
 @pytest.mark.parametrize("layout", [AGG, DISAGG, (*AGG, "sim.request_overhead_s=0.01"),
                                     (*AGG, "engine.overlap=false"),
+                                    (*DISAGG, "engine.overlap=false"),
                                     (*AGG, "sim.load_interval_s=0.013")],
-                         ids=["agg", "disagg", "overhead", "serial", "dense-ticks"])
+                         ids=["agg", "disagg", "overhead", "serial", "disagg-serial",
+                              "dense-ticks"])
 @pytest.mark.parametrize("turns", [False, True], ids=["open", "turns"])
 def test_fast_forwarded_decode_gives_the_timings_of_single_steps(layout: tuple[str, ...],
                                                                  turns: bool) -> None:
