@@ -22,7 +22,11 @@ def add_calibrate_parser(sim_sub: argparse._SubParsersAction, add_config: AddCon
                     "hit rate (targets: within 10%%), mean TPOT and E2E.")
     add_config(p)  # -c replaces every workload's own config file; --set adds to each
     p.add_argument("--workload", dest="workloads", action="append", choices=WORKLOADS,
-                   help="repeatable (default: all three: chat, long-disagg, conversation)")
+                   help="repeatable (default: all three). chat: short prompts over 8 shared "
+                        "system prompts, 8 decode workers; long-disagg: 40%% long prompts, 6 "
+                        "decode + 2 prefill workers; conversation: whole conversations of a "
+                        "Mooncake trace, 8 decode workers, KV routing "
+                        "(services/sim/calibrate_workloads.py)")
     p.add_argument("--quick", action="store_true", help="small sizes (~15 s of sending each)")
     p.add_argument("--num-requests", type=int, default=None,
                    help="instead of the preset's (conversation: 0 = the whole sample)")

@@ -25,7 +25,6 @@ SYNTHETIC_TRACE = Path("/work/shared/traces/synthetic_trace.jsonl")
 
 @dataclass(frozen=True)
 class Preset:
-    help: str
     config: str
     overrides: tuple[str, ...]
     num_requests: int
@@ -38,21 +37,18 @@ class Preset:
 # real cluster's CPU use is the same kind in all three.
 _EIGHT = ("decode.replicas=8", "decode.replicas_per_process=8")
 PRESETS: dict[str, Preset] = {
-    "chat": Preset(
-        "8 system prompts of 128 tokens + 32-token questions, 16 output tokens, Poisson "
-        "5 req/s, 8 decode workers", SCALE_MOCK, (*_EIGHT, "prefill.replicas=0"),
-        num_requests=500, quick_requests=60, rate=5.0),
-    "long-disagg": Preset(
-        "40% 768-token prompts (the rest 64), 32 output tokens, Poisson 2.5 req/s, 6 decode "
-        "+ 2 prefill workers (remote prefill above 256 tokens)", SCALE_MOCK,
-        ("decode.replicas=6", "decode.replicas_per_process=6", "prefill.replicas=2",
-         "decode.disagg.enabled=true"),
-        num_requests=300, quick_requests=40, rate=2.5),
-    "conversation": Preset(
-        "whole conversations of a Mooncake trace (hash_ids[1] %% M == 0), lengths scaled "
-        "1/32 (as the mock-mooncake bench preset), arrivals 30x faster, 8 decode workers, "
-        "KV routing", SCALE_MOCK, (*_EIGHT, "prefill.replicas=0", "router.mode=kv"),
-        num_requests=0, quick_requests=60, speedup=30.0),
+    # 8 system prompts of 128 tokens + 32-token questions, 16 output tokens, Poisson 5 req/s
+    "chat": Preset(SCALE_MOCK, (*_EIGHT, "prefill.replicas=0"),
+                   num_requests=500, quick_requests=60, rate=5.0),
+    # 40% 768-token prompts (the rest 64), 32 output tokens, Poisson 2.5 req/s; 6 decode + 2
+    # prefill workers (remote prefill above decode.disagg.max_local_prefill_length, 256)
+    "long-disagg": Preset(SCALE_MOCK, ("decode.replicas=6", "decode.replicas_per_process=6",
+                                       "prefill.replicas=2", "decode.disagg.enabled=true"),
+                          num_requests=300, quick_requests=40, rate=2.5),
+    # whole conversations of a Mooncake trace (hash_ids[1] % M == 0), lengths scaled 1/32 (as
+    # the mock-mooncake bench preset), arrivals 30x faster, KV routing (0: the whole sample)
+    "conversation": Preset(SCALE_MOCK, (*_EIGHT, "prefill.replicas=0", "router.mode=kv"),
+                           num_requests=0, quick_requests=60, speedup=30.0),
 }
 
 
