@@ -15,11 +15,12 @@ def add_calibrate_parser(sim_sub: argparse._SubParsersAction, add_config: AddCon
         "calibrate", help="the same workloads through a real mock-worker cluster and the "
                           "simulator: each figure real, simulated and its error",
         description="For each workload: `tandem up` of its config (mock-runner workers), the "
-                    "frontend+processor+router latency measured at idle, the workload sent "
-                    "as `tandem bench serve` sends it; then the simulator with the same "
-                    "config, that latency (sim.request_overhead_s) and the same send times. "
-                    "Prints real, simulated and error %% for mean/p90 TTFT, mean ITL, prefix "
-                    "hit rate (targets: within 10%%), mean TPOT and E2E.")
+                    "request overhead (frontend, processor, router) and the remote-prefill "
+                    "path measured at idle, the workload sent as `tandem bench serve` sends "
+                    "it; then the simulator with the same config, those two "
+                    "(sim.request_overhead_s, sim.kv_transfer_latency_s) and the same send "
+                    "times. Prints real, simulated and error % for mean and p90 TTFT, mean "
+                    "ITL, prefix hit rate (targets: within 10%), mean TPOT and E2E.")
     add_config(p)  # -c replaces every workload's own config file; --set adds to each
     p.add_argument("--workload", dest="workloads", action="append", choices=WORKLOADS,
                    help="repeatable (default: all three). chat: short prompts over 8 shared "
