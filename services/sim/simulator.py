@@ -50,7 +50,7 @@ from services.engine.request import GenerateRequest
 from services.engine.scheduler import InvalidRequestError
 from services.engine.sequence import Sequence
 from services.router.errors import NoWorkersAvailable
-from services.router.router import Router
+from services.router.router import INDEX_GC_THRESHOLDS, Router
 from services.sim.records import (
     GapSamples,
     HitSample,
@@ -71,8 +71,6 @@ _STEP, _KV, _TICK, _SEND = 0, 1, 2, 3
 _SESSION = 1  # every simulated worker's KV event session (none restarts)
 # At most this many decode steps in one fast-forwarded run.
 _MAX_RUN = 1 << 16
-# The cyclic GC's thresholds during a run (as a router process sets them).
-_GC_THRESHOLDS = (50_000, 20, 100)
 # Load samples kept for the plots, about (all workers together).
 _MAX_WORKER_SAMPLES = 200_000
 
@@ -235,7 +233,7 @@ class Simulation:
         # NOTE: the run holds millions of long-lived objects (index nodes, block hashes);
         # the default thresholds rescan them so often that a run takes 1.6x as long.
         thresholds = gc.get_threshold()
-        gc.set_threshold(*_GC_THRESHOLDS)
+        gc.set_threshold(*INDEX_GC_THRESHOLDS)
         try:
             return self._run()
         finally:
