@@ -67,6 +67,10 @@ def _router_mode(value: object) -> RouterMode:
                          f"{', '.join(repr(m.value) for m in RouterMode)}") from None
 
 
+# The cyclic GC's thresholds for a process holding a large index (tune_gc_for_index).
+INDEX_GC_THRESHOLDS = (50_000, 20, 100)
+
+
 def tune_gc_for_index() -> None:
     """Raise the cyclic GC thresholds for a router *process* (serve and the bench call it).
 
@@ -76,7 +80,7 @@ def tune_gc_for_index() -> None:
     paths (pruned nodes drop their parent link), so collecting rarely costs little memory.
     Process-wide, hence not done by ``Router`` itself (tests host many parts in one process).
     """
-    gc.set_threshold(50_000, 20, 100)
+    gc.set_threshold(*INDEX_GC_THRESHOLDS)
 
 
 class Router:
