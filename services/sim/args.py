@@ -42,4 +42,10 @@ def add_sim_parsers(sub: argparse._SubParsersAction, add_config: AddConfig) -> N
                    help="sweep points run at once (default: the CPU count)")
     o.add_argument("--no-fast-forward", dest="fast_forward", action="store_false",
                    help="step every decode one by one (same results, slower: for checking)")
-    p.add_subparsers(dest="sim_command")
+    sub_sim = p.add_subparsers(dest="sim_command")
+    prof = sub_sim.add_parser("profile", help="time the real engine's steps here and write a "
+                              "step-time profile for sim.step_model")
+    add_config(prof)
+    prof.add_argument("--out", required=True, metavar="FILE", help="the profile YAML to write")
+    prof.add_argument("--quick", action="store_true", help="a small grid (about a minute on a CPU)")
+    prof.set_defaults(_key=("sim", "profile"))
