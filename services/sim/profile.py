@@ -109,7 +109,7 @@ class ProfileStepModel:
     def save(self, path: str | Path) -> None:
         doc = {
             "format": FORMAT,
-            "model": "decode-only and prefill steps, each linear in BatchShape's fields",
+            "form": "decode-only and prefill steps, each linear in BatchShape's fields",
             "decode": asdict(self.decode),
             "prefill": asdict(self.prefill),
             "fit": {"points": len(self.points),

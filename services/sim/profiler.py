@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 
 import torch
 
@@ -208,7 +209,8 @@ def measure(profiler: Profiler, grid: Grid) -> Iterator[MeasuredStep]:
         yield from mixed
 
 
-def measured_on(cfg: ClusterConfig, engine: LLMEngine, fitted: str) -> dict[str, object]:
+def measured_on(cfg: ClusterConfig, engine: LLMEngine, model_path: Path | None,
+                fitted: str) -> dict[str, object]:
     """What the profile models: the device, torch threads and the engine as built."""
     from services.bench.results import cpu_flags, cpu_model
 
@@ -222,12 +224,12 @@ def measured_on(cfg: ClusterConfig, engine: LLMEngine, fitted: str) -> dict[str,
         "dtype": info.dtype,
         "quantization": info.quantization,
         "cpu_isa": info.cpu_isa,
-        "model_path": cfg.model.path,
+        "model_path": str(model_path or cfg.model.path),
         "block_size": cfg.engine.block_size,
         "max_num_seqs": cfg.engine.max_num_seqs,
         "max_num_batched_tokens": cfg.engine.max_num_batched_tokens,
         "timed": fitted,
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),
         "python": platform.python_version(),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
     }
@@ -252,7 +254,8 @@ def print_table(model: ProfileStepModel) -> None:
 def main(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     torch.set_num_threads(cfg.engine.threads)
-    engine = build_engine(cfg).engine
+    parts = build_engine(cfg)
+    engine = parts.engine
     profiler = Profiler(engine)
     grid = grid_for(cfg, engine.runner.max_model_len, args.quick)
     fitted = "forward" if profiler.serve_overlapped else "step"
@@ -262,7 +265,7 @@ def main(args: argparse.Namespace) -> int:
           flush=True)
     points = list(measure(profiler, grid))
     engine.check_integrity()
-    model = fit_profile(points, measured_on(cfg, engine, fitted))
+    model = fit_profile(points, measured_on(cfg, engine, parts.model_path, fitted))
     print_table(model)
     model.save(args.out)
     print(f"wrote {args.out}")
