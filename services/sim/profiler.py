@@ -209,10 +209,11 @@ def measure(profiler: Profiler, grid: Grid) -> Iterator[MeasuredStep]:
         yield from mixed
 
 
-def measured_on(cfg: ClusterConfig, engine: LLMEngine, model_path: Path | None,
-                fitted: str) -> dict[str, object]:
-    """What the profile models: the device, torch threads and the engine as built."""
-    from services.bench.results import cpu_flags, cpu_model
+def measured_on(cfg: ClusterConfig, engine: LLMEngine, model_path: Path | None, fitted: str,
+                load_before: list[float] | None) -> dict[str, object]:
+    """What the profile models: the device, torch threads and the engine as built, and the
+    machine's load average around the measurement (other work there skews the times)."""
+    from services.bench.results import cpu_flags, cpu_model, load_average
 
     info = engine.runner.info
     device = str(getattr(engine.runner, "device", info.device))
@@ -232,6 +233,7 @@ def measured_on(cfg: ClusterConfig, engine: LLMEngine, model_path: Path | None,
         "torch": str(torch.__version__),
         "python": platform.python_version(),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "load_average": {"before": load_before, "after": load_average()},
     }
     if device.startswith("cuda"):
         out["cuda_device"] = torch.cuda.get_device_name(torch.device(device))
@@ -252,6 +254,9 @@ def print_table(model: ProfileStepModel) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from services.bench.results import load_average
+
+    load_before = load_average()
     cfg = load_config(args.config, args.overrides)
     torch.set_num_threads(cfg.engine.threads)
     parts = build_engine(cfg)
@@ -265,7 +270,7 @@ def main(args: argparse.Namespace) -> int:
           flush=True)
     points = list(measure(profiler, grid))
     engine.check_integrity()
-    model = fit_profile(points, measured_on(cfg, engine, parts.model_path, fitted))
+    model = fit_profile(points, measured_on(cfg, engine, parts.model_path, fitted, load_before))
     print_table(model)
     model.save(args.out)
     print(f"wrote {args.out}")
