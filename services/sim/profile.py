@@ -53,20 +53,21 @@ class DecodeCost:
 class PrefillCost:
     """A step with prefill slices (and any decodes beside them): ``base_s + per_token_s *
     prefill_tokens + per_fresh_context_s * (prefill_context - prefill_prefix_context) +
-    per_prefix_context_s * prefill_prefix_context + per_decode_seq_s * decode_seqs +
-    per_decode_context_s * decode_context``."""
+    per_prefix_context_s * prefill_prefix_context + per_prefix_end_s * prefill_prefix_end
+    + per_decode_seq_s * decode_seqs + per_decode_context_s * decode_context``."""
 
     base_s: float = 0.0
     per_token_s: float = 0.0
     per_fresh_context_s: float = 0.0
     per_prefix_context_s: float = 0.0
+    per_prefix_end_s: float = 0.0
     per_decode_seq_s: float = 0.0
     per_decode_context_s: float = 0.0
 
     @staticmethod
     def features(s: BatchShape) -> list[float]:
         return [1.0, s.prefill_tokens, s.prefill_context - s.prefill_prefix_context,
-                s.prefill_prefix_context, s.decode_seqs, s.decode_context]
+                s.prefill_prefix_context, s.prefill_prefix_end, s.decode_seqs, s.decode_context]
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +102,7 @@ class ProfileStepModel:
             return (p.base_s + p.per_token_s * shape.prefill_tokens
                     + p.per_fresh_context_s * (shape.prefill_context - shape.prefill_prefix_context)
                     + p.per_prefix_context_s * shape.prefill_prefix_context
+                    + p.per_prefix_end_s * shape.prefill_prefix_end
                     + p.per_decode_seq_s * shape.decode_seqs
                     + p.per_decode_context_s * shape.decode_context)
         d = self.decode
@@ -181,16 +183,36 @@ def nnls(a: np.ndarray, b: np.ndarray, iters: int = 500) -> np.ndarray:
     return x
 
 
+# Huber's constant: residuals within HUBER robust standard deviations keep full weight.
+HUBER = 1.345
+ROBUST_ITERS = 20
+
+
 def _fit_cost(kind: type[DecodeCost] | type[PrefillCost], points: list[MeasuredStep]) -> Any:
-    """The non-negative least-squares fit of one kind's points, in relative error: each
-    row is weighted by ``1 / seconds`` so a 5 ms decode step counts as much as a 1 s prefill."""
+    """The non-negative least-squares fit of one kind's points, in relative error (each row
+    weighted by ``1 / seconds``, so a 5 ms decode step counts as much as a 1 s prefill),
+    made robust by iterative reweighting (Huber): a point another process slowed down on a
+    shared machine loses weight instead of dragging every coefficient towards it."""
     t = np.array([p.seconds for p in points])
     a = np.array([kind.features(p.shape) for p in points]) / t[:, None]
     # NOTE: columns scaled to unit norm first: token counts and context products differ by
     # orders of magnitude, and the active-set solve is then well conditioned.
     scale = np.linalg.norm(a, axis=0)
     scale[scale == 0] = 1.0
-    return kind(*map(float, nnls(a / scale, np.ones(len(points))) / scale))
+    a = a / scale
+    ones = np.ones(len(points))
+    w = ones
+    for _ in range(ROBUST_ITERS):
+        x = nnls(a * w[:, None], w)
+        r = np.abs(a @ x - 1.0)
+        # NOTE: the robust spread floored at 1%: an exact fit must not turn every point
+        # into an outlier.
+        s = max(1.4826 * float(np.median(r)), 0.01)
+        w_next = np.sqrt(np.minimum(1.0, HUBER * s / np.maximum(r, 1e-12)))
+        if np.allclose(w_next, w, atol=1e-6):
+            break
+        w = w_next
+    return kind(*map(float, x / scale))
 
 
 def _error(model: ProfileStepModel, points: list[MeasuredStep]) -> FitError:

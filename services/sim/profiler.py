@@ -154,7 +154,7 @@ class Profiler:
         step = self._timed_step()
         self._drain()
         work = tokens * (prefix + tokens)
-        if step.shape != BatchShape(tokens, work, 0, 0, work if prefix else 0):
+        if step.shape != BatchShape(tokens, work, 0, 0, *((work, prefix + tokens) if prefix else (0, 0))):
             raise RuntimeError(f"prefill {tokens} after {prefix}: the engine ran {step.shape} "
                                "(a larger engine.num_kv_blocks or max_num_batched_tokens?)")
         return step
@@ -268,7 +268,10 @@ def main(args: argparse.Namespace) -> int:
           f"quantization {engine.runner.info.quantization}, {torch.get_num_threads()} threads): "
           f"{len(grid.prefill)} prefill and {len(grid.decode)} decode points, timing the {fitted}",
           flush=True)
-    points = list(measure(profiler, grid))
+    points = []
+    for i, p in enumerate(measure(profiler, grid), 1):
+        points.append(p)
+        print(f"  [{i}] {p.shape}: {p.seconds * 1e3:.2f} ms", flush=True)
     engine.check_integrity()
     model = fit_profile(points, measured_on(cfg, engine, parts.model_path, fitted, load_before))
     print_table(model)

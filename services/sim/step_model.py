@@ -29,15 +29,17 @@ class BatchShape:
     prefill slices of ``tokens * end_pos`` (their attention work); ``decode_seqs``: the
     decode slices; ``decode_context``: the sum of their ``end_pos`` (the KV they read);
     ``prefill_prefix_context``: the part of ``prefill_context`` from slices that start
-    after a computed prefix (a prefix-cache hit or an earlier chunk): their attention reads
-    the cached KV through the block table under a mask, several times a fresh prompt's
-    causal attention per unit of work on a CPU."""
+    after a computed prefix (a prefix-cache hit or an earlier chunk), and
+    ``prefill_prefix_end``: the sum of those slices' ``end_pos``. Such a slice gathers its
+    cached KV through the block table (work by ``end_pos``) and attends under a mask,
+    several times a fresh prompt's causal attention per unit of work on a CPU."""
 
     prefill_tokens: int = 0
     prefill_context: int = 0
     decode_seqs: int = 0
     decode_context: int = 0
     prefill_prefix_context: int = 0
+    prefill_prefix_end: int = 0
 
     @property
     def num_seqs(self) -> int:
@@ -47,7 +49,8 @@ class BatchShape:
     def of(cls, batch: ScheduledBatch) -> BatchShape:
         """The shape of a scheduled batch: what the simulator's runner costs and what
         ``tandem sim profile`` records of each real step."""
-        prefill_tokens = prefill_context = decode_seqs = decode_context = prefix_context = 0
+        prefill_tokens = prefill_context = decode_seqs = decode_context = 0
+        prefix_context = prefix_end = 0
         for s in batch.seqs:
             n = len(s.token_ids)
             end = s.start_pos + n
@@ -59,7 +62,9 @@ class BatchShape:
                 prefill_context += n * end
                 if s.start_pos:
                     prefix_context += n * end
-        return cls(prefill_tokens, prefill_context, decode_seqs, decode_context, prefix_context)
+                    prefix_end += end
+        return cls(prefill_tokens, prefill_context, decode_seqs, decode_context, prefix_context,
+                   prefix_end)
 
 
 class StepModel(Protocol):
