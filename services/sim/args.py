@@ -12,8 +12,10 @@ AddConfig = Callable[[argparse.ArgumentParser], None]
 
 
 def add_sim_parsers(sub: argparse._SubParsersAction, add_config: AddConfig) -> None:
+    # NOTE: no abbreviations: the parent would read `profile --out` as its --output-len.
     p = sub.add_parser(
-        "sim", help="simulate a whole cluster on a virtual clock (docs/simulator.md)",
+        "sim", allow_abbrev=False,
+        help="simulate a whole cluster on a virtual clock (docs/simulator.md)",
         description="Replay a trace (--trace FILE: Mooncake JSONL or Azure CSV, at full "
                     "length) or a bench workload (--workload, as `tandem bench serve` sends "
                     "it) through the production router and schedulers, with a step-time "

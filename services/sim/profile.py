@@ -84,17 +84,24 @@ class ProfileStepModel:
     ``prefill`` for steps with a prefill slice (the engine runs the two on different code
     paths: one fit over both is off by 2x at either end).
 
-    ``error``: the fit's relative error over all measured points, ``decode_error`` and
-    ``prefill_error`` over each kind; ``measured_on``: the machine and engine; ``points``:
-    the measured steps it was fitted on."""
+    ``overlap_pays``: the profiled engine ran its overlapped loop (its scheduler works while
+    the device computes: the times are the forward's alone), so the simulation models that
+    loop under ``engine.overlap: auto``. ``error``: the fit's relative error over all
+    measured points, ``decode_error`` and ``prefill_error`` over each kind; ``measured_on``:
+    the machine and engine; ``points``: the measured steps it was fitted on."""
 
     decode: DecodeCost
     prefill: PrefillCost
+    overlap_pays: bool = False
     error: FitError = FitError()
     decode_error: FitError = FitError()
     prefill_error: FitError = FitError()
     measured_on: dict[str, Any] = field(default_factory=dict)
     points: tuple[MeasuredStep, ...] = ()
+
+    @property
+    def reads_decode_context(self) -> bool:
+        return self.decode.per_context_s > 0 or self.prefill.per_decode_context_s > 0
 
     def step_seconds(self, shape: BatchShape) -> float:
         if shape.prefill_tokens:
@@ -114,6 +121,7 @@ class ProfileStepModel:
             "form": "decode-only and prefill steps, each linear in BatchShape's fields",
             "decode": asdict(self.decode),
             "prefill": asdict(self.prefill),
+            "overlap_pays": self.overlap_pays,
             "fit": {"points": len(self.points),
                     **{k: {"mean_rel_error": round(e.mean, 4), "max_rel_error": round(e.max, 4)}
                        for k, e in (("all", self.error), ("decode", self.decode_error),
@@ -135,6 +143,9 @@ class ProfileStepModel:
             if not isinstance(doc, dict) or doc.get("format") != FORMAT:
                 raise ValueError(f"not a format-{FORMAT} profile")
             costs = [_cost(kind, doc[name]) for name, kind in (("decode", DecodeCost), ("prefill", PrefillCost))]
+            overlap = doc["overlap_pays"]
+            if not isinstance(overlap, bool):
+                raise ValueError(f"overlap_pays must be true or false, not {overlap!r}")
             fit = doc["fit"]
             errors = [FitError(float(fit[k]["mean_rel_error"]), float(fit[k]["max_rel_error"]))
                       for k in ("all", "decode", "prefill")]
@@ -142,7 +153,7 @@ class ProfileStepModel:
                            for q in doc.get("points") or ())
         except (yaml.YAMLError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise ProfileError(f"step-time profile {p} cannot be read: {e!r}") from None
-        return cls(*costs, *errors, measured_on=doc.get("measured_on") or {}, points=points)
+        return cls(*costs, overlap, *errors, measured_on=doc.get("measured_on") or {}, points=points)
 
 
 _SHAPE = tuple(f.name for f in fields(BatchShape))
@@ -223,7 +234,8 @@ def _error(model: ProfileStepModel, points: list[MeasuredStep]) -> FitError:
 MIN_POINTS = 3  # of each kind
 
 
-def fit_profile(points: list[MeasuredStep], measured_on: dict[str, Any] | None = None) -> ProfileStepModel:
+def fit_profile(points: list[MeasuredStep], measured_on: dict[str, Any] | None = None,
+                overlap_pays: bool = False) -> ProfileStepModel:
     """Fit decode-only steps and steps with prefill apart (ValueError with fewer than
     ``MIN_POINTS`` of either kind)."""
     decode = [p for p in points if not p.shape.prefill_tokens]
@@ -232,7 +244,7 @@ def fit_profile(points: list[MeasuredStep], measured_on: dict[str, Any] | None =
         raise ValueError(f"{len(decode)} decode and {len(prefill)} prefill points cannot fit a "
                          f"profile: it needs {MIN_POINTS} of each")
     model = ProfileStepModel(_fit_cost(DecodeCost, decode), _fit_cost(PrefillCost, prefill),
-                             measured_on=measured_on or {}, points=tuple(points))
+                             overlap_pays, measured_on=measured_on or {}, points=tuple(points))
     return replace(model, error=_error(model, points), decode_error=_error(model, decode),
                    prefill_error=_error(model, prefill))
 

@@ -273,7 +273,8 @@ def main(args: argparse.Namespace) -> int:
         points.append(p)
         print(f"  [{i}] {p.shape}: {p.seconds * 1e3:.2f} ms", flush=True)
     engine.check_integrity()
-    model = fit_profile(points, measured_on(cfg, engine, parts.model_path, fitted, load_before))
+    model = fit_profile(points, measured_on(cfg, engine, parts.model_path, fitted, load_before),
+                        profiler.serve_overlapped)
     print_table(model)
     model.save(args.out)
     print(f"wrote {args.out}")

@@ -35,6 +35,7 @@ def test_quick_profile_predicts_its_points_within_its_stated_error(
     # more work costs more: tokens in a prefill, context in a decode
     assert model.prefill.per_token_s > 0 and model.decode.per_context_s > 0
     on = model.measured_on
+    assert model.overlap_pays == (on["timed"] == "forward")
     assert on["device"] == "cpu" and on["torch_threads"] == 1
     assert on["model_path"] == str(smollm2_path)
     assert {"dtype", "quantization", "cpu_isa", "cpu_model", "cpu_flags", "block_size", "date"} <= set(on)

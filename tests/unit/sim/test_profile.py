@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -113,18 +114,27 @@ def test_too_few_points_of_a_kind_are_refused() -> None:
 
 def test_the_yaml_round_trips(tmp_path: Path) -> None:
     fitted = fit_profile(_points(lambda i: 1.02 if i % 2 else 0.99),
-                         {"device": "cpu", "cpu_flags": ["avx2"], "torch_threads": 1})
+                         {"device": "cpu", "cpu_flags": ["avx2"], "torch_threads": 1}, overlap_pays=True)
     path = tmp_path / "profile.yaml"
     fitted.save(path)
     loaded = ProfileStepModel.load(path)
     assert loaded.points == fitted.points
     assert loaded.measured_on == fitted.measured_on
     assert loaded.decode == fitted.decode and loaded.prefill == fitted.prefill
+    assert loaded.overlap_pays is True
     for got, want in ((loaded.error, fitted.error), (loaded.decode_error, fitted.decode_error),
                       (loaded.prefill_error, fitted.prefill_error)):
         assert (got.mean, got.max) == pytest.approx((want.mean, want.max), abs=1e-4)
     for s in _grid():
         assert loaded.step_seconds(s) == fitted.step_seconds(s)
+
+
+def test_a_profile_reads_decode_context_unless_its_coefficients_are_zero() -> None:
+    assert TRUE.reads_decode_context
+    flat = replace(TRUE, decode=replace(TRUE.decode, per_context_s=0.0),
+                   prefill=replace(TRUE.prefill, per_decode_context_s=0.0))
+    assert not flat.reads_decode_context
+    assert flat.step_seconds(BatchShape(0, 0, 4, 100)) == flat.step_seconds(BatchShape(0, 0, 4, 9000))
 
 
 def test_step_model_for_mock_is_the_mock_runners_cost() -> None:
@@ -145,7 +155,7 @@ def test_step_model_for_a_file_loads_it(tmp_path: Path) -> None:
 
 GOOD = ("format: 1\ndecode: {base_s: 0.01, per_seq_s: 0.001, per_context_s: 0}\n"
         "prefill: {base_s: 0.02, per_token_s: 0.001, per_fresh_context_s: 0, per_prefix_context_s: 0,"
-        " per_prefix_end_s: 0, per_decode_seq_s: 0, per_decode_context_s: 0}\n")
+        " per_prefix_end_s: 0, per_decode_seq_s: 0, per_decode_context_s: 0}\noverlap_pays: true\n")
 
 
 @pytest.mark.parametrize("text, match", [
@@ -155,6 +165,7 @@ GOOD = ("format: 1\ndecode: {base_s: 0.01, per_seq_s: 0.001, per_context_s: 0}\n
     (GOOD.replace("format: 1", "format: 0"), "not a format-1 profile"),
     (GOOD.replace("per_seq_s: 0.001, ", ""), "per_seq_s"),
     (GOOD.replace("per_token_s: 0.001", "per_token_s: -1"), "negative"),
+    (GOOD.replace("overlap_pays: true", "overlap_pays: 3"), "overlap_pays"),
     (GOOD, "fit"),  # no fit section: not what `tandem sim profile` writes
 ])
 def test_a_missing_or_bad_file_is_a_clear_error(tmp_path: Path, text: str | None, match: str) -> None:

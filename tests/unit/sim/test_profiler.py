@@ -70,6 +70,17 @@ def test_main_writes_a_profile_that_loads(tmp_path: Path, capsys: pytest.Capture
     assert main(args) == 0
     model = ProfileStepModel.load(out)
     assert model.measured_on["device"] == "mock" and model.measured_on["timed"] == "forward"
+    assert model.overlap_pays  # the mock runner overlaps: the simulation models that loop
     assert len(model.points) >= 10
     printed = capsys.readouterr().out
     assert "fit error over all steps" in printed and f"wrote {out}" in printed
+
+
+def test_the_cli_parses_sim_profile_beside_the_replays_options() -> None:
+    from services.cli import build_parser
+
+    args = build_parser().parse_args(["sim", "profile", "-c", "configs/local.yaml", "--set",
+                                      "engine.threads=2", "--out", "p.yaml", "--quick"])
+    assert (args._key, args.config, args.overrides, args.out, args.quick) == (
+        ("sim", "profile"), "configs/local.yaml", ["engine.threads=2"], "p.yaml", True)
+    assert build_parser().parse_args(["sim", "--trace", "t.jsonl"])._key == ("sim",)
