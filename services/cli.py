@@ -35,6 +35,7 @@ _HANDLERS = {
     ("bench", "report"): "services.bench.report:main",
     ("bench", "anchor"): "services.bench.anchor:main",
     ("sim",): "services.sim.replay:main",
+    ("sim", "profile"): "services.sim.profiler:main",
     ("sim", "calibrate"): "services.sim.calibrate:main",
 }
 

@@ -13,8 +13,10 @@ AddConfig = Callable[[argparse.ArgumentParser], None]
 
 
 def add_sim_parsers(sub: argparse._SubParsersAction, add_config: AddConfig) -> None:
+    # NOTE: no abbreviations: the parent would read `profile --out` as its --output-len.
     p = sub.add_parser(
-        "sim", help="simulate a whole cluster on a virtual clock (docs/simulator.md)",
+        "sim", allow_abbrev=False,
+        help="simulate a whole cluster on a virtual clock (docs/simulator.md)",
         description="Replay a trace (--trace FILE: Mooncake JSONL or Azure CSV, at full "
                     "length) or a bench workload (--workload, as `tandem bench serve` sends "
                     "it) through the production router and schedulers, with a step-time "
@@ -43,4 +45,11 @@ def add_sim_parsers(sub: argparse._SubParsersAction, add_config: AddConfig) -> N
                    help="sweep points run at once (default: the CPU count)")
     o.add_argument("--no-fast-forward", dest="fast_forward", action="store_false",
                    help="step every decode one by one (same results, slower: for checking)")
-    add_calibrate_parser(p.add_subparsers(dest="sim_command"), add_config)
+    sub_sim = p.add_subparsers(dest="sim_command")
+    prof = sub_sim.add_parser("profile", help="time the real engine's steps here and write a "
+                              "step-time profile for sim.step_model")
+    add_config(prof)
+    prof.add_argument("--out", required=True, metavar="FILE", help="the profile YAML to write")
+    prof.add_argument("--quick", action="store_true", help="a small grid (about a minute on a CPU)")
+    prof.set_defaults(_key=("sim", "profile"))
+    add_calibrate_parser(sub_sim, add_config)

@@ -48,21 +48,9 @@ class SimRunner(ModelRunner):
         self.last_seconds = 0.0  # what the last executed batch takes on the modelled device
 
     def execute(self, batch: ScheduledBatch) -> RunnerOutput:
-        prefill_tokens = prefill_context = decode_seqs = decode_context = 0
-        sampled: list[int | None] = []
         tok = self.token
-        for s in batch.seqs:
-            n = len(s.token_ids)
-            end = s.start_pos + n
-            if n == 1:
-                decode_seqs += 1
-                decode_context += end
-            else:
-                prefill_tokens += n
-                prefill_context += n * end
-            sampled.append(tok if s.sample else None)
-        self.last_shape = shape = BatchShape(prefill_tokens, prefill_context, decode_seqs,
-                                             decode_context)
+        sampled: list[int | None] = [tok if s.sample else None for s in batch.seqs]
+        self.last_shape = shape = BatchShape.of(batch)
         self.last_seconds = self.model.step_seconds(shape)
         self.busy_seconds += self.last_seconds
         return RunnerOutput(sampled)

@@ -12,9 +12,12 @@ was given would take on the modelled device. Two kinds:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from services.common.config import MockRunnerConfig
+
+if TYPE_CHECKING:
+    from services.engine.batch import ScheduledBatch
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,16 +27,44 @@ class BatchShape:
 
     ``prefill_tokens``: tokens of the prefill slices; ``prefill_context``: the sum over
     prefill slices of ``tokens * end_pos`` (their attention work); ``decode_seqs``: the
-    decode slices; ``decode_context``: the sum of their ``end_pos`` (the KV they read)."""
+    decode slices; ``decode_context``: the sum of their ``end_pos`` (the KV they read);
+    ``prefill_prefix_context``: the part of ``prefill_context`` from slices that start
+    after a computed prefix (a prefix-cache hit or an earlier chunk), and
+    ``prefill_prefix_end``: the sum of those slices' ``end_pos``. Such a slice gathers its
+    cached KV through the block table (work by ``end_pos``) and attends under a mask,
+    several times a fresh prompt's causal attention per unit of work on a CPU."""
 
     prefill_tokens: int = 0
     prefill_context: int = 0
     decode_seqs: int = 0
     decode_context: int = 0
+    prefill_prefix_context: int = 0
+    prefill_prefix_end: int = 0
 
     @property
     def num_seqs(self) -> int:
         return self.decode_seqs + (1 if self.prefill_tokens else 0)
+
+    @classmethod
+    def of(cls, batch: ScheduledBatch) -> BatchShape:
+        """The shape of a scheduled batch: what the simulator's runner costs and what
+        ``tandem sim profile`` records of each real step."""
+        prefill_tokens = prefill_context = decode_seqs = decode_context = 0
+        prefix_context = prefix_end = 0
+        for s in batch.seqs:
+            n = len(s.token_ids)
+            end = s.start_pos + n
+            if n == 1:
+                decode_seqs += 1
+                decode_context += end
+            else:
+                prefill_tokens += n
+                prefill_context += n * end
+                if s.start_pos:
+                    prefix_context += n * end
+                    prefix_end += end
+        return cls(prefill_tokens, prefill_context, decode_seqs, decode_context, prefix_context,
+                   prefix_end)
 
 
 class StepModel(Protocol):

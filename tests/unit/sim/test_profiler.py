@@ -1,0 +1,86 @@
+"""`tandem sim profile`'s measurement, on the mock runner: its device costs a known
+``step_base_s + per_prefill_token_s * prefill_tokens + per_decode_seq_s * decode_seqs``,
+so the profile fitted on it must find those coefficients."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from services.common.config import ClusterConfig, load_config
+from services.engine.factory import build_engine
+from services.sim.profile import ProfileStepModel, fit_profile
+from services.sim.profiler import Grid, Profiler, grid_for, main, measure
+from services.sim.step_model import BatchShape
+
+MOCK = ["engine.runner=mock", "model.path=/nonexistent", "engine.mock.step_base_s=0.004",
+        "engine.mock.per_prefill_token_s=0.00004", "engine.mock.per_decode_seq_s=0.0005",
+        "engine.max_num_batched_tokens=256", "engine.max_num_seqs=8", "engine.num_kv_blocks=512"]
+
+
+def _cfg(*extra: str) -> ClusterConfig:
+    return load_config(None, [*MOCK, *extra])
+
+
+def test_the_quick_grid_stays_inside_the_engines_limits() -> None:
+    cfg = _cfg()
+    grid = grid_for(cfg, 8192, quick=True)
+    budget, capacity = cfg.engine.max_num_batched_tokens, cfg.engine.num_kv_blocks * cfg.engine.block_size
+    assert {n for n, _ in grid.prefill} == {16, 64, 256}
+    assert all(n <= budget and p + n <= capacity and p % cfg.engine.block_size == 0
+               for n, p in grid.prefill)
+    assert max(b for b, _ in grid.decode) == cfg.engine.max_num_seqs
+    assert all(b * c < capacity for b, c in grid.decode)
+    assert all(n < budget for n in grid.mixed)
+
+
+def test_the_profiler_records_the_shapes_it_asked_for() -> None:
+    profiler = Profiler(build_engine(_cfg()).engine)
+    assert profiler.serve_overlapped  # the mock overlaps: its forward time is what is fitted
+    step = profiler.prefill(64, 128)
+    assert step.shape == BatchShape(64, 64 * 192, 0, 0, 64 * 192, 192)
+    assert step.seconds == pytest.approx(0.004 + 64 * 0.00004, rel=0.5)
+    steps, mixed = profiler.decode(3, 100, 4, (32,))
+    assert [s.shape.decode_seqs for s in steps] == [3] * 4
+    assert all(s.shape.prefill_tokens == 0 for s in steps)
+    assert [(m.shape.prefill_tokens, m.shape.decode_seqs) for m in mixed] == [(32, 3)]
+    assert not profiler.engine.has_unfinished()
+    profiler.engine.check_integrity()
+
+
+def test_the_profile_of_the_mock_finds_its_costs() -> None:
+    cfg = _cfg()
+    engine = build_engine(cfg).engine
+    grid = Grid(prefill=((16, 0), (64, 0), (128, 0), (256, 0), (64, 256)), decode=((1, 32), (4, 32), (8, 64)),
+                mixed=(16, 128), repeats=3, decode_steps=6)
+    model = fit_profile(list(measure(Profiler(engine), grid)))
+    # sleeps overshoot by a fraction of a millisecond: loose bounds, but the right scale
+    assert model.decode.per_seq_s == pytest.approx(0.0005, rel=0.3)
+    assert model.prefill.per_token_s == pytest.approx(0.00004, rel=0.3)
+    assert model.step_seconds(BatchShape(0, 0, 8, 800)) == pytest.approx(0.008, rel=0.15)
+    assert model.step_seconds(BatchShape(200, 40000, 4, 400)) == pytest.approx(0.004 + 0.008 + 0.002, rel=0.15)
+    assert model.error.max < 0.3
+
+
+def test_main_writes_a_profile_that_loads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "mock.yaml"
+    args = argparse.Namespace(config=None, overrides=MOCK, out=str(out), quick=True)
+    assert main(args) == 0
+    model = ProfileStepModel.load(out)
+    assert model.measured_on["device"] == "mock" and model.measured_on["timed"] == "forward"
+    assert model.overlap_pays  # the mock runner overlaps: the simulation models that loop
+    assert len(model.points) >= 10
+    printed = capsys.readouterr().out
+    assert "fit error over all steps" in printed and f"wrote {out}" in printed
+
+
+def test_the_cli_parses_sim_profile_beside_the_replays_options() -> None:
+    from services.cli import build_parser
+
+    args = build_parser().parse_args(["sim", "profile", "-c", "configs/local.yaml", "--set",
+                                      "engine.threads=2", "--out", "p.yaml", "--quick"])
+    assert (args._key, args.config, args.overrides, args.out, args.quick) == (
+        ("sim", "profile"), "configs/local.yaml", ["engine.threads=2"], "p.yaml", True)
+    assert build_parser().parse_args(["sim", "--trace", "t.jsonl"])._key == ("sim",)
