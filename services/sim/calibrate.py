@@ -1,4 +1,6 @@
-"""`tandem sim calibrate`: how far the simulator is from a real cluster of mock workers.
+"""`tandem sim calibrate`: how far the simulator is from a real cluster: of mock-runner
+workers against the mock step model, or of real-engine workers against a fitted profile
+(``sim.step_model``, written by `tandem sim profile` on the same machine).
 
 For each workload (services/sim/calibrate_workloads.py) it starts `tandem up` of the
 workload's config, measures at idle what the simulator models as constants (the request
@@ -29,14 +31,15 @@ from services.bench.cluster import running_cluster
 from services.bench.metrics import request_latencies, summarize
 from services.bench.results import header, load_average, write_json
 from services.bench.workloads import BenchRequest, oracle_hit_rate
-from services.common.config import ClusterConfig, MockRunnerConfig, load_config
+from services.common.config import ClusterConfig, load_config
 from services.launcher.up import served_name
 from services.sim.calibrate_compare import Figures, Row, compare, rows_json, table
 from services.sim.calibrate_workloads import Calibration, build
+from services.sim.profile import step_model_for
 from services.sim.records import SimResult
 from services.sim.report import summary
 from services.sim.simulator import simulate
-from services.sim.step_model import MockStepModel
+from services.sim.step_model import BatchShape, StepModel
 from services.sim.traces import from_bench
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,9 +52,10 @@ _REMOTE_METRIC = re.compile(r'^tandem_worker_prefill_total\{where="remote"\} ([0
                             re.MULTILINE)
 
 
-def step_s(mock: MockRunnerConfig, prompt_len: int) -> float:
-    """What the mock device takes for one probe's prefill (its one step)."""
-    return mock.step_base_s + mock.per_prefill_token_s * prompt_len
+def step_s(model: StepModel, prompt_len: int) -> float:
+    """What the modelled device takes for one probe's prefill (its one step)."""
+    return model.step_seconds(BatchShape(prefill_tokens=prompt_len,
+                                         prefill_context=prompt_len * prompt_len))
 
 
 async def _probe(url: str, model: str, n: int, prompt_len: int, warmup: int,
@@ -84,7 +88,7 @@ class Overheads:
     """What the simulator is told of the running cluster, measured at idle.
 
     ``request_s``: frontend + processor + router + streaming (``sim.request_overhead_s``):
-    the median TTFT of tiny 1-token prompts less their mock step. ``remote_s``: the remote
+    the median TTFT of tiny 1-token prompts less their modelled step. ``remote_s``: the remote
     prefill's path beyond that and the prefill itself (queue publish and pull, KV send and
     import: ``sim.kv_transfer_latency_s``): the median TTFT of 1-token prompts just over
     ``decode.disagg.max_local_prefill_length`` less ``request_s`` and their prefill step;
@@ -98,7 +102,7 @@ class Overheads:
 
 def measure_overheads(url: str, cfg: ClusterConfig, model: str, n: int,
                       timeout_s: float) -> Overheads:
-    mock = cfg.engine.mock
+    mock = step_model_for(cfg)
     ttfts = asyncio.run(_probe(url, model, n, PROBE_LEN, 3, timeout_s))
     request_s = max(0.0, statistics.median(ttfts) - step_s(mock, PROBE_LEN))
     if not (cfg.prefill.replicas and cfg.decode.disagg.enabled):
@@ -152,7 +156,8 @@ def run_real(cal: Calibration, config: str, args: argparse.Namespace,
         ov = measure_overheads(url, cfg, model, args.probes, args.timeout)
         print(f"  request overhead {ov.request_s * 1e3:.1f} ms (median probe TTFT "
               f"{statistics.median(ov.probe_ttft_s) * 1e3:.1f} ms less a "
-              f"{step_s(cfg.engine.mock, PROBE_LEN) * 1e3:.1f} ms mock step)", flush=True)
+              f"{step_s(step_model_for(cfg), PROBE_LEN) * 1e3:.1f} ms modelled step)",
+              flush=True)
         if ov.remote_s is not None:
             print(f"  remote-prefill path {ov.remote_s * 1e3:.1f} ms (median remote probe TTFT "
                   f"{statistics.median(ov.remote_probe_ttft_s) * 1e3:.1f} ms)", flush=True)
@@ -168,7 +173,7 @@ def run_real(cal: Calibration, config: str, args: argparse.Namespace,
 def run_sim(cal: Calibration, cfg: ClusterConfig) -> SimResult:
     times = schedule(cal.arrivals, len(cal.requests), None, [r.arrival_s for r in cal.requests])
     assert times is not None  # every preset has a schedule
-    return simulate(cfg, from_bench(cal.requests, times), MockStepModel.of(cfg.engine.mock),
+    return simulate(cfg, from_bench(cal.requests, times), step_model_for(cfg),
                     lambda r: list(r.prompt or ()))
 
 
@@ -223,11 +228,12 @@ def main(args: argparse.Namespace) -> int:
                       Path(args.trace) if args.trace else None, args.sample_mod, args.seed,
                       tuple(args.overrides)) for n in names]
         for cal in cals:
-            runner = load_config(args.config or str(REPO / cal.config),
-                                 list(cal.overrides)).engine.runner
-            if runner != "mock":
-                raise ValueError(f"{cal.name}: engine.runner is {runner!r}; calibrate compares "
-                                 "clusters of mock-runner workers (the simulator's mock model)")
+            cfg = load_config(args.config or str(REPO / cal.config), list(cal.overrides))
+            if cfg.engine.runner != "mock" and cfg.sim.step_model == "mock":
+                raise ValueError(
+                    f"{cal.name}: engine.runner is {cfg.engine.runner!r} but sim.step_model is "
+                    "mock: name a profile of this engine on this machine (tandem sim profile)")
+            step_model_for(cfg)  # a missing or bad profile fails here, before any cluster
     except (ValueError, OSError) as e:
         print(f"tandem sim calibrate: {e}", file=sys.stderr)
         return 2

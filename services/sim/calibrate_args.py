@@ -7,14 +7,14 @@ import argparse
 from collections.abc import Callable
 
 AddConfig = Callable[[argparse.ArgumentParser], None]
-WORKLOADS = ("chat", "long-disagg", "conversation")
+WORKLOADS = ("chat", "long-disagg", "conversation", "real-chat")
 
 
 def add_calibrate_parser(sim_sub: argparse._SubParsersAction, add_config: AddConfig) -> None:
     p = sim_sub.add_parser(
         "calibrate", help="the same workloads through a real mock-worker cluster and the "
                           "simulator: each figure real, simulated and its error",
-        description="For each workload: `tandem up` of its config (mock-runner workers), the "
+        description="For each workload: `tandem up` of its config (mock-runner workers, or the real engine against a fitted profile), the "
                     "request overhead (frontend, processor, router) and the remote-prefill "
                     "path measured at idle, the workload sent as `tandem bench serve` sends "
                     "it; then the simulator with the same config, those two "
@@ -23,15 +23,16 @@ def add_calibrate_parser(sim_sub: argparse._SubParsersAction, add_config: AddCon
                     "ITL, prefix hit rate (targets: within 10%), mean TPOT and E2E.")
     add_config(p)  # -c replaces every workload's own config file; --set adds to each
     p.add_argument("--workload", dest="workloads", action="append", choices=WORKLOADS,
-                   help="repeatable (default: all three). chat: short prompts over 8 shared "
-                        "system prompts, 8 decode workers; long-disagg: 40%% long prompts, 6 "
-                        "decode + 2 prefill workers; conversation: whole conversations of a "
-                        "Mooncake trace, 8 decode workers, KV routing "
-                        "(services/sim/calibrate_workloads.py)")
+                   help="repeatable (default: the three of mock workers). chat: short prompts "
+                        "over 8 shared system prompts, 8 decode workers; long-disagg: 40%% long "
+                        "prompts, 6 decode + 2 prefill workers; conversation: whole "
+                        "conversations of a Mooncake trace, 8 decode workers, KV routing; "
+                        "real-chat: chat on 2 workers of the real engine against the fitted "
+                        "profile in sim.step_model (services/sim/calibrate_workloads.py)")
     p.add_argument("--quick", action="store_true", help="small sizes (~15 s of sending each)")
     p.add_argument("--num-requests", type=int, default=None,
                    help="instead of the preset's (conversation: 0 = the whole sample)")
-    p.add_argument("--rate", type=float, default=None, help="Poisson req/s (chat, long-disagg)")
+    p.add_argument("--rate", type=float, default=None, help="Poisson req/s (chat, long-disagg, real-chat)")
     p.add_argument("--speedup", type=float, default=None,
                    help="conversation: trace timestamps divided by it (default 30)")
     p.add_argument("--trace", default=None,

@@ -19,6 +19,8 @@ from services.bench.arrivals import ArrivalSpec
 from services.bench.workloads import BenchRequest
 
 SCALE_MOCK = "configs/scale-mock.yaml"
+AGG = "configs/agg.yaml"
+XEON_PROFILE = "benchmarks/results/sim/profile_xeon_smollm2.yaml"
 CONVERSATION_TRACE = Path("/work/traces/conversation_trace.jsonl")
 SYNTHETIC_TRACE = Path("/work/shared/traces/synthetic_trace.jsonl")
 
@@ -47,6 +49,11 @@ PRESETS: dict[str, Preset] = {
                           num_requests=300, quick_requests=40, rate=2.5),
     # whole conversations of a Mooncake trace (hash_ids[1] % M == 0), lengths scaled 1/32 (as
     # the mock-mooncake bench preset), arrivals 30x faster, KV routing (0: the whole sample)
+    # the real engine (SmolLM2, 1 thread per worker) on 2 decode workers, simulated with the
+    # fitted profile of this machine (give yours with --set sim.step_model=FILE): 8 system
+    # prompts of 128 tokens + 32-token questions, 16 output tokens, Poisson 2 req/s
+    "real-chat": Preset(AGG, ("prefill.replicas=0", f"sim.step_model={XEON_PROFILE}"),
+                        num_requests=120, quick_requests=20, rate=2.0),
     "conversation": Preset(SCALE_MOCK, (*_EIGHT, "prefill.replicas=0", "router.mode=kv"),
                            num_requests=0, quick_requests=60, speedup=30.0),
 }
@@ -90,7 +97,7 @@ def build(name: str, num_requests: int | None, quick: bool, rate: float | None,
     p = PRESETS[name]
     n = num_requests if num_requests is not None else (p.quick_requests if quick else
                                                         p.num_requests)
-    if name == "chat":
+    if name in ("chat", "real-chat"):
         groups = 8
         per = max(1, -(-n // groups))
         reqs = workloads.shared_prefix(groups, per, 128, 32, 16, seed)[:n]

@@ -140,3 +140,19 @@ def test_the_simulation_gets_the_runs_config_and_send_times() -> None:
     assert [r.output_tokens for r in done.records] == [r.output_len for r in cal.requests]
     sent = schedule(cal.arrivals, 5, None, [r.arrival_s for r in cal.requests])
     assert [r.sent_s for r in done.records] == sent
+
+
+def test_a_real_engine_is_calibrated_against_a_profile_only(tmp_path) -> None:
+    import argparse
+
+    from services.sim import calibrate
+    from services.sim.calibrate_workloads import PRESETS
+
+    assert any(o.startswith("sim.step_model=") for o in PRESETS["real-chat"].overrides)
+    args = argparse.Namespace(
+        workloads=["real-chat"], num_requests=None, quick=True, rate=None, speedup=None,
+        trace=None, sample_mod=24, seed=0, config=None,
+        overrides=["sim.step_model=mock"], log_dir=str(tmp_path), json_path=None, _argv=[])
+    assert calibrate.main(args) == 2  # refused before any cluster starts
+    args.overrides = [f"sim.step_model={tmp_path / 'missing.yaml'}"]
+    assert calibrate.main(args) == 2
