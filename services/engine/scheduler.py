@@ -536,7 +536,8 @@ class Scheduler:
         of decodes and nothing else if every one of them samples ``token``: nothing waits or
         is ready to join, no grammar, every running sequence decodes, none of them finishes
         in those steps, and the pool holds the blocks they fill. 0 when the next step is not
-        such a step. ``advance_decodes`` then does those steps at once."""
+        such a step (one with its prompt's last token left is not decoding).
+        ``advance_decodes`` then does those steps at once."""
         running = self.running
         if limit <= 0 or self.waiting or self.ready or self.num_grammar_seqs or not running:
             return 0
@@ -544,7 +545,10 @@ class Scheduler:
         k = limit
         max_len = self.max_model_len
         for s in running:
-            if s.length_capped or s.num_tokens - s.num_computed_tokens != 1:
+            # NOTE: one token left that is the prompt's last (a prefill chunked down to one
+            # token) samples the first token: an output a run would not make.
+            if (s.length_capped or s.num_tokens - s.num_computed_tokens != 1
+                    or s.num_tokens <= s.num_prompt_tokens):
                 return 0
             sp = s.sampling
             if (is_eos and not sp.ignore_eos) or token in sp.stop_token_ids:

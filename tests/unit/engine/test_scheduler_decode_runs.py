@@ -104,3 +104,19 @@ def test_a_run_never_needs_more_blocks_than_the_pool_holds() -> None:
     assert need <= free
     eng.scheduler.advance_decodes(k, TOKEN)
     eng.check_integrity()
+
+
+def test_a_prompt_chunked_down_to_its_last_token_is_not_a_decode() -> None:
+    eng, _ = engine()
+    add(eng, "a", 9, 40, 100)
+    while eng.scheduler.waiting or eng.scheduler.running[0].num_tokens == 9:
+        eng.step()  # "a" decodes now
+    # 64 prompt tokens under a 64-token budget less a's decode: the last chunk is 1 token
+    add(eng, "b", 64, 10, 500)
+    eng.step()
+    b = next(s for s in eng.scheduler.running if s.request_id == "b")
+    assert b.num_tokens - b.num_computed_tokens == 1 and b.num_generated == 0
+    assert eng.scheduler.decode_run_length(100, TOKEN) == 0  # its step makes its first token
+    outs = eng.step()
+    assert any(o.request_id == "b" and o.token_ids for o in outs)
+    assert eng.scheduler.decode_run_length(100, TOKEN) > 0
