@@ -32,6 +32,13 @@ def _save(plt: Any, fig: Any, path: Path) -> Path:
     return path
 
 
+def _over_time(ax: Any, ylabel: str, title: str) -> None:
+    ax.set_xlabel("virtual time (s)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+
+
 def _no_data(ax: Any) -> None:
     ax.text(0.5, 0.5, "no samples", ha="center", va="center", transform=ax.transAxes)
 
@@ -104,10 +111,7 @@ def _per_worker(plt: Any, samples: Sequence[WorkerSample], field: str, ylabel: s
         ax.legend(loc="upper right", fontsize=7, ncol=2)
     else:
         _no_data(ax)
-    ax.set_xlabel("virtual time (s)")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
+    _over_time(ax, ylabel, title)
     return _save(plt, fig, path)
 
 
@@ -121,10 +125,7 @@ def _queue(plt: Any, samples: Sequence[WorkerSample], path: Path) -> Path:
         ax.legend(loc="upper right", fontsize=8)
     else:
         _no_data(ax)
-    ax.set_xlabel("virtual time (s)")
-    ax.set_ylabel("prompt tokens")
-    ax.set_title("prefill tokens pending on decode workers")
-    ax.grid(alpha=0.3)
+    _over_time(ax, "prompt tokens", "prefill tokens pending on decode workers")
     return _save(plt, fig, path)
 
 
@@ -161,10 +162,7 @@ def _hit_rate(plt: Any, result: SimResult, path: Path) -> Path:
         ax.set_ylim(0, 1.01)
     else:
         _no_data(ax)
-    ax.set_xlabel("virtual time (s)")
-    ax.set_ylabel("prompt tokens served from cache")
-    ax.set_title("cluster prefix hit rate")
-    ax.grid(alpha=0.3)
+    _over_time(ax, "prompt tokens served from cache", "cluster prefix hit rate")
     return _save(plt, fig, path)
 
 
