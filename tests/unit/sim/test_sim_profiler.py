@@ -57,7 +57,7 @@ def test_the_profile_of_the_mock_finds_its_costs() -> None:
                 mixed=(16, 128), repeats=3, decode_steps=6)
     points = list(measure(Profiler(engine), grid))
     # NOTE: what each point measured is wall-clock time (the mock sleeps): only the shapes
-    # are checked here; test_profile.py checks the fit on exact synthetic points.
+    # are checked here; test_sim_profile.py checks the fit on exact synthetic points.
     assert {p.shape.prefill_tokens for p in points} >= {16, 64, 128, 256}
     assert {p.shape.decode_seqs for p in points if not p.shape.prefill_tokens} == {1, 4, 8}
     model = fit_profile(points)
