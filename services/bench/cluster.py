@@ -48,9 +48,23 @@ def running_cluster(config: str | None, overrides: Sequence[str], url: str, run_
     a moment to spread every worker to the router).
 
     The cluster's gRPC token is this process's ``TANDEM_CLUSTER_TOKEN`` (made here when
-    unset): `tandem up` hands it to its parts, and benches that call a part's gRPC directly
-    (`bench overhead`'s decode, router and processor layers) carry it."""
-    os.environ.setdefault(env.CLUSTER_TOKEN, secrets.token_urlsafe(32))
+    unset, and unset again when the cluster stops): `tandem up` hands it to its parts, and
+    benches that call a part's gRPC directly (`bench overhead`'s decode, router and
+    processor layers) carry it."""
+    made = env.CLUSTER_TOKEN not in os.environ
+    if made:
+        os.environ[env.CLUSTER_TOKEN] = secrets.token_urlsafe(32)
+    try:
+        yield from _run(config, overrides, url, run_dir, log_path, ready_timeout_s, settle_s)
+    finally:
+        if made:
+            # NOTE: a caller that goes on in-process (a test) must not keep the token: its
+            # own servers would then demand it of clients that do not send it.
+            os.environ.pop(env.CLUSTER_TOKEN, None)
+
+
+def _run(config: str | None, overrides: Sequence[str], url: str, run_dir: Path,
+         log_path: Path, ready_timeout_s: float, settle_s: float) -> Iterator[subprocess.Popen]:
     # --fail-fast: a part restarted mid-run would skew the figures without a word; a run
     # where one dies must fail instead.
     argv = [sys.executable, "-m", "services.cli", "up", "--run-dir", str(run_dir), "--fail-fast"]

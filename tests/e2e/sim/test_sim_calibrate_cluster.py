@@ -4,6 +4,7 @@ workers, the overhead probes, the chat workload, the simulator; every figure in 
 from __future__ import annotations
 
 import json
+import os
 import socket
 from pathlib import Path
 
@@ -32,6 +33,7 @@ def free_run(n: int) -> int:
 
 def test_calibrate_quick_chat_writes_every_figure(smollm2_path: Path, tmp_path: Path) -> None:
     out = tmp_path / "calib.json"
+    had_token = "TANDEM_CLUSTER_TOKEN" in os.environ
     # NOTE: ports clear of a scale-mock cluster someone else may be running
     ports = [f"nats.url=nats://127.0.0.1:{free_port()}", f"frontend.port={free_port()}",
              f"processor.port={free_port()}", f"processor.metrics_port={free_port()}",
@@ -42,6 +44,9 @@ def test_calibrate_quick_chat_writes_every_figure(smollm2_path: Path, tmp_path: 
                  "--probes", "5", "--json", str(out), "--log-dir", str(tmp_path / "logs"),
                  *(a for o in ports for a in ("--set", o))])
     assert rc == 0
+    # the cluster's token does not outlive it in this process (the tests after it serve
+    # gRPC without one)
+    assert ("TANDEM_CLUSTER_TOKEN" in os.environ) == had_token
     res = json.loads(out.read_text())
     chat = res["workloads"]["chat"]
     assert chat["requests"] == 24
