@@ -120,7 +120,7 @@ def block_hashes(
     out: list[BlockHash] = []
     parent = parent_seq_hash
     for lh in local_block_hashes(tokens, block_size, images, first_pos):
-        parent = lh if parent is None else _xxh3(_pack_pair(parent, lh), seed=HASH_SEED)
+        parent = chain_hash(parent, lh)
         out.append(BlockHash(parent, lh))
     return out
 

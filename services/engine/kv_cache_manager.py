@@ -88,6 +88,11 @@ class KvCacheManager:
         hashes = block_hashes(token_ids[: max_blocks * bs], bs, None, images)
         return len(self._longest_hit(hashes, max_blocks)) * bs
 
+    def blocks_to_grow(self, seq: Sequence, num_new_tokens: int) -> int:
+        """Fresh blocks ``seq`` needs to hold ``num_new_tokens`` more computed tokens (<= 0:
+        none)."""
+        return -(-(seq.num_computed_tokens + num_new_tokens) // self.block_size) - len(seq.block_table)
+
     def allocate(
         self, seq: Sequence, num_new_tokens: int, hit: PrefixHit = NO_HIT
     ) -> KvAllocation | None:
@@ -100,7 +105,7 @@ class KvCacheManager:
         table = seq.block_table
         pool = self.pool
         if not hit.block_ids:  # the per-step path: a running sequence grows
-            need = -(-(seq.num_computed_tokens + num_new_tokens) // self.block_size) - len(table)
+            need = self.blocks_to_grow(seq, num_new_tokens)
             if need <= 0:
                 return _NOTHING_NEW
             new = pool.allocate(need)

@@ -568,9 +568,8 @@ class Scheduler:
         return k
 
     def _blocks_for_decodes(self, k: int) -> int:
-        bs = self.block_size
-        return sum(max(0, -(-(s.num_computed_tokens + k) // bs) - len(s.block_table))
-                   for s in self.running)
+        grow = self.kv.blocks_to_grow
+        return sum(max(0, grow(s, k)) for s in self.running)
 
     def advance_decodes(self, k: int, token: int) -> None:
         """Apply ``k`` decode steps of the running batch, each sampling ``token``: the state

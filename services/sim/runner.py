@@ -44,13 +44,12 @@ class SimRunner(ModelRunner):
             raise ValueError(f"sim token {token} is outside the vocabulary [0, {self.vocab_size})")
         self.token = token
         self.model = model
-        self.last_shape = BatchShape()
         self.last_seconds = 0.0  # what the last executed batch takes on the modelled device
 
     def execute(self, batch: ScheduledBatch) -> RunnerOutput:
         tok = self.token
         sampled: list[int | None] = [tok if s.sample else None for s in batch.seqs]
-        self.last_shape = shape = BatchShape.of(batch)
+        shape = BatchShape.of(batch)
         self.last_seconds = self.model.step_seconds(shape)
         self.busy_seconds += self.last_seconds
         return RunnerOutput(sampled)

@@ -225,7 +225,6 @@ class Simulation:
         self._seq = 0
         self._next = 0  # next request of self.requests to send
         self._waiting_on: dict[int, list[SimRequest]] = {}  # index -> requests after it
-        self._ended: dict[int, float] = {}  # index -> end time, for requests after it
         self._done = 0
         self._steps = 0
         self._ff_steps = 0
@@ -341,8 +340,7 @@ class Simulation:
         rec.worker = w.id
         w.totals.requests += 1
         eng = w.engine
-        refused = refusal(w.id, w.inflight, len(eng.scheduler.running) + len(eng.scheduler.ready),
-                          self.cfg.decode)
+        refused = refusal(w.id, w.inflight, eng.stats().num_running, self.cfg.decode)
         request = GenerateRequest(rid, tokens, SamplingParams(
             temperature=0.0, max_tokens=req.output_len, ignore_eos=True))
         if refused is None:
@@ -707,20 +705,10 @@ class Simulation:
             if run is not None and now < run.composed_at[-1]:
                 w.last_load = self._run_load(w, run, now)
                 w.dirty = True  # its sample changes as the run goes on
-                if keep:
-                    ld = w.last_load
-                    self.worker_samples.append(WorkerSample(
-                        now, w.id, ld.requests_running, ld.requests_waiting, ld.kv_blocks_used,
-                        ld.kv_blocks_total, ld.active_prefill_tokens))
             elif w.dirty or w.last_load is None:
-                s = w.engine.stats()
-                w.last_load = worker_load(w.id, s, now)
+                w.last_load = worker_load(w.id, w.engine.stats(), now)
                 w.dirty = False
-                if keep:
-                    self.worker_samples.append(WorkerSample(
-                        now, w.id, s.num_running, s.num_waiting, s.kv_blocks_used,
-                        s.kv_blocks_total, s.num_prefill_tokens_pending))
-            elif keep:
+            if keep:
                 ld = w.last_load
                 self.worker_samples.append(WorkerSample(
                     now, w.id, ld.requests_running, ld.requests_waiting, ld.kv_blocks_used,
