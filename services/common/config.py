@@ -64,6 +64,12 @@ class MockRunnerConfig(_Strict):
 
 class EngineConfig(_Strict):
     runner: Literal["torch", "mock"] = "torch"
+    # This engine's step-time model (docs/simulator.md "Step-time models"): "mock", the mock
+    # runner's costs (engine.mock); a path, a profile YAML from `tandem sim profile`; "auto",
+    # mock for the mock runner, else the CPU profile shipped for the default model. The
+    # router's ttft policy and the remote-prefill decision predict time with it; the
+    # simulator runs it as its device.
+    step_model: str = "auto"
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     threads: int = Field(1, ge=1)
@@ -336,9 +342,6 @@ class EncodeConfig(_Strict):
 class SimConfig(_Strict):
     """`tandem sim` only (docs/simulator.md); the cluster's parts ignore it."""
 
-    # "mock": the mock runner's cost (engine.mock); or the path of a profile YAML written
-    # by `tandem sim profile`.
-    step_model: str = "mock"
     # Frontend + processor + router time before a request reaches its decode worker.
     request_overhead_s: float = Field(0.0, ge=0)
     # KV moved per prompt token on a remote prefill (SmolLM2-135M in bf16: 30 layers x K,V

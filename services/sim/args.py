@@ -20,7 +20,7 @@ def add_sim_parsers(sub: argparse._SubParsersAction, add_config: AddConfig) -> N
         description="Replay a trace (--trace FILE: Mooncake JSONL or Azure CSV, at full "
                     "length) or a bench workload (--workload, as `tandem bench serve` sends "
                     "it) through the production router and schedulers, with a step-time "
-                    "model in place of the forward (sim.step_model).")
+                    "model in place of the forward (engine.step_model).")
     add_config(p)
     add_workload_args(p)
     # NOTE: no workload named = replay --trace itself; a named one is built as the bench does.
@@ -47,7 +47,7 @@ def add_sim_parsers(sub: argparse._SubParsersAction, add_config: AddConfig) -> N
                    help="step every decode one by one (same results, slower: for checking)")
     sub_sim = p.add_subparsers(dest="sim_command")
     prof = sub_sim.add_parser("profile", help="time the real engine's steps here and write a "
-                              "step-time profile for sim.step_model")
+                              "step-time profile for engine.step_model")
     add_config(prof)
     prof.add_argument("--out", required=True, metavar="FILE", help="the profile YAML to write")
     prof.add_argument("--quick", action="store_true", help="a small grid (about a minute on a CPU)")

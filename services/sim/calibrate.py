@@ -1,6 +1,6 @@
 """`tandem sim calibrate`: how far the simulator is from a real cluster: of mock-runner
 workers against the mock step model, or of real-engine workers against a fitted profile
-(``sim.step_model``, written by `tandem sim profile` on the same machine).
+(``engine.step_model``, written by `tandem sim profile` on the same machine).
 
 For each workload (services/sim/calibrate_workloads.py) it starts `tandem up` of the
 workload's config, measures at idle what the simulator models as constants (the request
@@ -35,12 +35,12 @@ from services.common.config import ClusterConfig, load_config
 from services.launcher.up import served_name
 from services.sim.calibrate_compare import Figures, Row, compare, rows_json, table
 from services.sim.calibrate_workloads import Calibration, build
-from services.sim.profile import step_model_for
 from services.sim.records import SimResult
 from services.sim.report import summary
 from services.sim.simulator import simulate
-from services.sim.step_model import BatchShape, StepModel
 from services.sim.traces import from_bench
+from services.steptime.model import BatchShape, StepModel
+from services.steptime.profile import step_model_for
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE_LEN = 8  # prompt tokens of an overhead probe
@@ -229,9 +229,9 @@ def main(args: argparse.Namespace) -> int:
                       tuple(args.overrides)) for n in names]
         for cal in cals:
             cfg = load_config(args.config or str(REPO / cal.config), list(cal.overrides))
-            if cfg.engine.runner != "mock" and cfg.sim.step_model == "mock":
+            if cfg.engine.runner != "mock" and cfg.engine.step_model == "mock":
                 raise ValueError(
-                    f"{cal.name}: engine.runner is {cfg.engine.runner!r} but sim.step_model is "
+                    f"{cal.name}: engine.runner is {cfg.engine.runner!r} but engine.step_model is "
                     "mock: name a profile of this engine on this machine (tandem sim profile)")
             step_model_for(cfg)  # a missing or bad profile fails here, before any cluster
     except (ValueError, OSError) as e:

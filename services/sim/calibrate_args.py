@@ -28,7 +28,7 @@ def add_calibrate_parser(sim_sub: argparse._SubParsersAction, add_config: AddCon
                         "prompts, 6 decode + 2 prefill workers; conversation: whole "
                         "conversations of a Mooncake trace, 8 decode workers, KV routing; "
                         "real-chat: chat on 2 workers of the real engine against the fitted "
-                        "profile in sim.step_model (services/sim/calibrate_workloads.py)")
+                        "profile in engine.step_model (services/sim/calibrate_workloads.py)")
     p.add_argument("--quick", action="store_true", help="small sizes (~15 s of sending each)")
     p.add_argument("--num-requests", type=int, default=None,
                    help="instead of the preset's (conversation: 0 = the whole sample)")

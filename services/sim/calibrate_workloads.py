@@ -50,9 +50,9 @@ PRESETS: dict[str, Preset] = {
     # whole conversations of a Mooncake trace (hash_ids[1] % M == 0), lengths scaled 1/32 (as
     # the mock-mooncake bench preset), arrivals 30x faster, KV routing (0: the whole sample)
     # the real engine (SmolLM2, 1 thread per worker) on 2 decode workers, simulated with the
-    # fitted profile of this machine (give yours with --set sim.step_model=FILE): 8 system
+    # fitted profile of this machine (give yours with --set engine.step_model=FILE): 8 system
     # prompts of 128 tokens + 32-token questions, 16 output tokens, Poisson 2 req/s
-    "real-chat": Preset(AGG, ("prefill.replicas=0", f"sim.step_model={XEON_PROFILE}"),
+    "real-chat": Preset(AGG, ("prefill.replicas=0", f"engine.step_model={XEON_PROFILE}"),
                         num_requests=120, quick_requests=20, rate=2.0),
     "conversation": Preset(SCALE_MOCK, (*_EIGHT, "prefill.replicas=0", "router.mode=kv"),
                            num_requests=0, quick_requests=60, speedup=30.0),

@@ -1,10 +1,10 @@
 """`tandem sim profile`: time the real engine's steps on this machine and fit a step-time
-profile (``services.sim.profile``) that ``sim.step_model: PATH`` names.
+profile (``services.steptime.profile``) that ``engine.step_model: PATH`` names.
 
 The engine is built as a decode worker builds it (``build_engine``, the config's threads,
 dtype, quantization and kernels) and driven with ``LLMEngine.step()``; every request
 ignores eos, so lengths are exact. Each timed step's ``BatchShape`` is recorded as the
-simulator's runner computes it (``BatchShape.of``). The grid:
+simulator's runner computes it (``batch_shape``). The grid:
 
 - prefill: one prompt slice of ``n`` tokens (16 .. ``max_num_batched_tokens``) on a fresh
   prompt, and after an already-computed prefix (a prefix-cache hit of ``ctx`` tokens);
@@ -36,8 +36,9 @@ from services.engine.batch import RunnerOutput, ScheduledBatch
 from services.engine.engine import LLMEngine
 from services.engine.factory import build_engine
 from services.engine.request import GenerateRequest
-from services.sim.profile import MeasuredStep, ProfileStepModel, fit_profile
-from services.sim.step_model import BatchShape
+from services.sim.runner import batch_shape
+from services.steptime.model import BatchShape
+from services.steptime.profile import MeasuredStep, ProfileStepModel, fit_profile
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +101,7 @@ class _ShapeTap:
         engine.runner.execute = self  # type: ignore[method-assign]
 
     def __call__(self, batch: ScheduledBatch) -> RunnerOutput:
-        self.shape = BatchShape.of(batch)
+        self.shape = batch_shape(batch)
         t0 = time.perf_counter()
         out = self._execute(batch)
         self.forward_s = time.perf_counter() - t0

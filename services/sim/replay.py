@@ -13,10 +13,10 @@ from services.bench.results import finish, header, write_json
 from services.common.config import ClusterConfig, load_config
 from services.sim import report, sweep, traces
 from services.sim.plots import plots
-from services.sim.profile import step_model_for
 from services.sim.progress import Progress
 from services.sim.requests import SimRequest
 from services.sim.simulator import simulate
+from services.steptime.profile import step_model_for
 
 DEFAULT_BENCH_REQUESTS = 100
 

@@ -16,7 +16,29 @@ import torch
 from services.common.config import EngineConfig
 from services.engine.batch import RunnerOutput, ScheduledBatch
 from services.engine.runner.base import KvSpec, ModelRunner, RunnerInfo
-from services.sim.step_model import BatchShape, StepModel
+from services.steptime.model import BatchShape, StepModel
+
+
+def batch_shape(batch: ScheduledBatch) -> BatchShape:
+    """The shape of a scheduled batch (BatchShape's docstring): what this runner costs and
+    what ``tandem sim profile`` records of each real step."""
+    prefill_tokens = prefill_context = decode_seqs = decode_context = 0
+    prefix_context = prefix_end = 0
+    for s in batch.seqs:
+        n = len(s.token_ids)
+        end = s.start_pos + n
+        if n == 1:
+            decode_seqs += 1
+            decode_context += end
+        else:
+            prefill_tokens += n
+            prefill_context += n * end
+            if s.start_pos:
+                prefix_context += n * end
+                prefix_end += end
+    return BatchShape(prefill_tokens, prefill_context, decode_seqs, decode_context, prefix_context,
+                      prefix_end)
+
 
 # Clear of the special tokens at the bottom of a vocabulary (and of the mock's eos).
 SIM_TOKEN = 1000
@@ -49,7 +71,7 @@ class SimRunner(ModelRunner):
     def execute(self, batch: ScheduledBatch) -> RunnerOutput:
         tok = self.token
         sampled: list[int | None] = [tok if s.sample else None for s in batch.seqs]
-        shape = BatchShape.of(batch)
+        shape = batch_shape(batch)
         self.last_seconds = self.model.step_seconds(shape)
         self.busy_seconds += self.last_seconds
         return RunnerOutput(sampled)

@@ -70,7 +70,7 @@ from services.sim.records import (
 )
 from services.sim.requests import SimRequest
 from services.sim.runner import SimRunner
-from services.sim.step_model import BatchShape, StepModel
+from services.steptime.model import BatchShape, StepModel
 
 T = TypeVar("T")
 

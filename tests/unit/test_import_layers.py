@@ -154,7 +154,7 @@ def test_no_import_cycle_between_the_engines_packages() -> None:
 
 
 @pytest.mark.parametrize("package", ["frontend", "processor", "router", "api", "model", "common",
-                                     "disagg", "launcher"])
+                                     "disagg", "launcher", "steptime"])
 def test_parts_that_run_no_model_never_import_the_engine(package: str) -> None:
     assert _importers_of("services.engine", package) == []
 

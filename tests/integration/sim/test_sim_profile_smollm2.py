@@ -9,7 +9,7 @@ import pytest
 
 from services.cli import main
 from services.common.config import load_config
-from services.sim.profile import ProfileStepModel, step_model_for
+from services.steptime.profile import ProfileStepModel, step_model_for
 
 pytestmark = pytest.mark.model
 
@@ -18,7 +18,7 @@ def test_quick_profile_predicts_its_points_within_its_stated_error(
         smollm2_path: Path, tmp_path: Path) -> None:
     out = tmp_path / "profile.yaml"
     assert main(["sim", "profile", "--quick", "--out", str(out), "--set", "engine.threads=1"]) == 0
-    model = step_model_for(load_config(None, [f"sim.step_model={out}"]))
+    model = step_model_for(load_config(None, [f"engine.step_model={out}"]))
     assert isinstance(model, ProfileStepModel)
     decode = [p for p in model.points if not p.shape.prefill_tokens]
     prefill = [p for p in model.points if p.shape.prefill_tokens]

@@ -8,7 +8,7 @@ from services.api.sampling import SamplingParams
 from services.engine.engine import LLMEngine
 from services.engine.request import GenerateRequest
 from services.sim.runner import SimRunner
-from services.sim.step_model import MockStepModel
+from services.steptime.model import MockStepModel
 from tests.support.engine_factory import EOS, mock_cfg
 
 TOKEN = 7

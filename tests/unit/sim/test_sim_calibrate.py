@@ -148,11 +148,11 @@ def test_a_real_engine_is_calibrated_against_a_profile_only(tmp_path) -> None:
     from services.sim import calibrate
     from services.sim.calibrate_workloads import PRESETS
 
-    assert any(o.startswith("sim.step_model=") for o in PRESETS["real-chat"].overrides)
+    assert any(o.startswith("engine.step_model=") for o in PRESETS["real-chat"].overrides)
     args = argparse.Namespace(
         workloads=["real-chat"], num_requests=None, quick=True, rate=None, speedup=None,
         trace=None, sample_mod=24, seed=0, config=None,
-        overrides=["sim.step_model=mock"], log_dir=str(tmp_path), json_path=None, _argv=[])
+        overrides=["engine.step_model=mock"], log_dir=str(tmp_path), json_path=None, _argv=[])
     assert calibrate.main(args) == 2  # refused before any cluster starts
-    args.overrides = [f"sim.step_model={tmp_path / 'missing.yaml'}"]
+    args.overrides = [f"engine.step_model={tmp_path / 'missing.yaml'}"]
     assert calibrate.main(args) == 2

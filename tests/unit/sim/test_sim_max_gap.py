@@ -7,7 +7,7 @@ from services.common.config import ClusterConfig
 from services.sim.records import SimResult
 from services.sim.requests import SimRequest
 from services.sim.simulator import simulate
-from services.sim.step_model import MockStepModel
+from services.steptime.model import MockStepModel
 
 
 def _tokens(r: SimRequest) -> list[int]:

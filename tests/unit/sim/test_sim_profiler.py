@@ -11,9 +11,9 @@ import pytest
 
 from services.common.config import ClusterConfig, load_config
 from services.engine.factory import build_engine
-from services.sim.profile import ProfileStepModel, fit_profile
 from services.sim.profiler import Grid, Profiler, grid_for, main, measure
-from services.sim.step_model import BatchShape
+from services.steptime.model import BatchShape
+from services.steptime.profile import ProfileStepModel, fit_profile
 
 MOCK = ["engine.runner=mock", "model.path=/nonexistent", "engine.mock.step_base_s=0.004",
         "engine.mock.per_prefill_token_s=0.00004", "engine.mock.per_decode_seq_s=0.0005",

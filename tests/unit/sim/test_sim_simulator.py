@@ -20,7 +20,7 @@ from services.sim import simulator as sim_mod
 from services.sim.records import RequestRecord, SimResult
 from services.sim.requests import SimRequest
 from services.sim.simulator import Simulation, simulate
-from services.sim.step_model import MockStepModel
+from services.steptime.model import MockStepModel
 
 
 def workload(n: int = 120, rate: float = 6.0, seed: int = 0, turns: bool = False) -> list[SimRequest]:

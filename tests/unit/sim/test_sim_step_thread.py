@@ -11,7 +11,7 @@ from services.disagg.prefill_queue import PULL_WAIT_S
 from services.sim import simulator as sim_mod
 from services.sim.requests import SimRequest
 from services.sim.simulator import Simulation, simulate
-from services.sim.step_model import MockStepModel
+from services.steptime.model import MockStepModel
 
 STEP = 0.01  # every step takes 10 ms: MockStepModel(STEP, 0, 0)
 

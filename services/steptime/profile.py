@@ -1,7 +1,7 @@
 """Fitted step-time profiles of the real engine, and the step model a config names.
 
 A profile is written by ``tandem sim profile`` (services/sim/profiler.py) on the machine it
-models and read back by ``step_model_for`` when ``sim.step_model`` is a path. Its YAML
+models and read back by ``step_model_for`` when ``engine.step_model`` is a path. Its YAML
 holds the coefficients of both step kinds, the fit's error over the measured points,
 what the points were measured on (CPU model and flags or CUDA device, torch threads, the
 engine's dtype, quantization and CPU kernels, model, block size, date) and the points.
@@ -17,7 +17,7 @@ import numpy as np
 import yaml
 
 from services.common.config import ClusterConfig
-from services.sim.step_model import BatchShape, MockStepModel, StepModel
+from services.steptime.model import BatchShape, MockStepModel, StepModel
 
 FORMAT = 1
 
@@ -105,15 +105,18 @@ class ProfileStepModel:
 
     def step_seconds(self, shape: BatchShape) -> float:
         if shape.prefill_tokens:
-            p = self.prefill
-            return (p.base_s + p.per_token_s * shape.prefill_tokens
-                    + p.per_fresh_context_s * (shape.prefill_context - shape.prefill_prefix_context)
-                    + p.per_prefix_context_s * shape.prefill_prefix_context
-                    + p.per_prefix_end_s * shape.prefill_prefix_end
-                    + p.per_decode_seq_s * shape.decode_seqs
-                    + p.per_decode_context_s * shape.decode_context)
+            return self.steps_seconds(shape, 1)
         d = self.decode
         return d.base_s + d.per_seq_s * shape.decode_seqs + d.per_context_s * shape.decode_context
+
+    def steps_seconds(self, total: BatchShape, steps: int) -> float:
+        p = self.prefill
+        return (p.base_s * steps + p.per_token_s * total.prefill_tokens
+                + p.per_fresh_context_s * (total.prefill_context - total.prefill_prefix_context)
+                + p.per_prefix_context_s * total.prefill_prefix_context
+                + p.per_prefix_end_s * total.prefill_prefix_end
+                + p.per_decode_seq_s * total.decode_seqs
+                + p.per_decode_context_s * total.decode_context)
 
     def save(self, path: str | Path) -> None:
         doc = {
@@ -137,7 +140,7 @@ class ProfileStepModel:
         p = Path(path)
         if not p.is_file():
             raise ProfileError(f"step-time profile not found: {p} (write one with "
-                               "`tandem sim profile --out FILE`, or set sim.step_model: mock)")
+                               "`tandem sim profile --out FILE`, or set engine.step_model: mock)")
         try:
             doc = yaml.safe_load(p.read_text(encoding="utf-8"))
             if not isinstance(doc, dict) or doc.get("format") != FORMAT:
@@ -249,9 +252,17 @@ def fit_profile(points: list[MeasuredStep], measured_on: dict[str, Any] | None =
                    prefill_error=_error(model, prefill))
 
 
+# What ``engine.step_model: auto`` means for the torch runner: SmolLM2-135M measured on a
+# 2-vCPU Xeon (bfloat16 + int4; measured_on inside says the rest). Another model or machine
+# is mispredicted by a factor: profile it (`tandem sim profile`) and name the file.
+SHIPPED_CPU_PROFILE = Path(__file__).with_name("profiles") / "cpu-smollm2.yaml"
+
+
 def step_model_for(cfg: ClusterConfig) -> StepModel:
-    """The step model ``sim.step_model`` names: the mock runner's cost (``mock``) or a
-    profile file (ProfileError when it is missing or bad)."""
-    if cfg.sim.step_model == "mock":
+    """The step model ``engine.step_model`` names: the mock runner's cost (``mock``, or
+    ``auto`` with the mock runner), a profile file, or (``auto`` with the torch runner) the
+    shipped CPU profile. ProfileError when a file is missing or bad."""
+    name = cfg.engine.step_model
+    if name == "mock" or (name == "auto" and cfg.engine.runner == "mock"):
         return MockStepModel.of(cfg.engine.mock)
-    return ProfileStepModel.load(cfg.sim.step_model)
+    return ProfileStepModel.load(SHIPPED_CPU_PROFILE if name == "auto" else name)

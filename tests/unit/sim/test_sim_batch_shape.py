@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from services.api.sampling import SamplingParams
 from services.engine.batch import ScheduledBatch, ScheduledSeq
-from services.sim.step_model import BatchShape
+from services.sim.runner import batch_shape
+from services.steptime.model import BatchShape
 
 
 def test_a_batch_shape_counts_one_token_slices_as_decodes() -> None:
@@ -12,6 +13,6 @@ def test_a_batch_shape_counts_one_token_slices_as_decodes() -> None:
     batch = ScheduledBatch([ScheduledSeq("a", [5] * 100, 512, [0], True, greedy),
                             ScheduledSeq("b", [7], 40, [1], True, greedy),
                             ScheduledSeq("c", [9], 9, [2], True, greedy)])
-    assert BatchShape.of(batch) == BatchShape(100, 100 * 612, 2, 41 + 10, 100 * 612, 612)
+    assert batch_shape(batch) == BatchShape(100, 100 * 612, 2, 41 + 10, 100 * 612, 612)
     fresh = ScheduledBatch([ScheduledSeq("a", [5] * 100, 0, [0], True, greedy)])
-    assert BatchShape.of(fresh) == BatchShape(100, 100 * 100)
+    assert batch_shape(fresh) == BatchShape(100, 100 * 100)

@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 from services.common.config import load_config
-from services.sim.profile import (
+from services.steptime.model import BatchShape, MockStepModel
+from services.steptime.profile import (
+    SHIPPED_CPU_PROFILE,
     DecodeCost,
     MeasuredStep,
     PrefillCost,
@@ -21,7 +23,6 @@ from services.sim.profile import (
     nnls,
     step_model_for,
 )
-from services.sim.step_model import BatchShape, MockStepModel
 
 TRUE = ProfileStepModel(
     DecodeCost(base_s=0.008, per_seq_s=0.0009, per_context_s=1.5e-5),
@@ -138,7 +139,8 @@ def test_a_profile_reads_decode_context_unless_its_coefficients_are_zero() -> No
 
 
 def test_step_model_for_mock_is_the_mock_runners_cost() -> None:
-    cfg = load_config(None, ["engine.mock.step_base_s=0.01", "engine.mock.per_decode_seq_s=0.002"])
+    cfg = load_config(None, ["engine.step_model=mock", "engine.mock.step_base_s=0.01",
+                             "engine.mock.per_decode_seq_s=0.002"])
     model = step_model_for(cfg)
     assert model == MockStepModel.of(cfg.engine.mock)
     assert model.step_seconds(BatchShape(0, 0, 3, 90)) == pytest.approx(0.016)
@@ -147,7 +149,7 @@ def test_step_model_for_mock_is_the_mock_runners_cost() -> None:
 def test_step_model_for_a_file_loads_it(tmp_path: Path) -> None:
     path = tmp_path / "p.yaml"
     fit_profile(_points()).save(path)
-    model = step_model_for(load_config(None, [f"sim.step_model={path}"]))
+    model = step_model_for(load_config(None, [f"engine.step_model={path}"]))
     assert isinstance(model, ProfileStepModel)
     for shape in (_prefill(100, 500, 5, 400), BatchShape(0, 0, 7, 7 * 900)):
         assert model.step_seconds(shape) == pytest.approx(TRUE.step_seconds(shape), rel=1e-6)
@@ -173,5 +175,22 @@ def test_a_missing_or_bad_file_is_a_clear_error(tmp_path: Path, text: str | None
     if text is not None:
         path.write_text(text)
     with pytest.raises(ProfileError, match=match) as e:
-        step_model_for(load_config(None, [f"sim.step_model={path}"]))
+        step_model_for(load_config(None, [f"engine.step_model={path}"]))
     assert str(path) in str(e.value)
+
+
+def test_auto_is_the_mock_cost_for_the_mock_runner_and_the_shipped_profile_otherwise() -> None:
+    mock = load_config(None, ["engine.runner=mock"])
+    assert step_model_for(mock) == MockStepModel.of(mock.engine.mock)
+    shipped = step_model_for(load_config(None, ["engine.runner=torch"]))
+    assert isinstance(shipped, ProfileStepModel)
+    assert shipped == ProfileStepModel.load(SHIPPED_CPU_PROFILE)
+    assert shipped.measured_on["device"] == "cpu"
+
+
+def test_steps_seconds_of_summed_shapes_is_the_sum_of_the_steps() -> None:
+    shapes = [_prefill(512, 0, 3, 300), _prefill(512, 512, 3, 303), _prefill(100, 1024, 3, 306)]
+    total = BatchShape(*(sum(getattr(s, f) for s in shapes) for f in BatchShape.__dataclass_fields__))
+    for model in (TRUE, MockStepModel(0.01, 1e-4, 2e-3)):
+        assert model.steps_seconds(total, 3) == pytest.approx(
+            sum(model.step_seconds(s) for s in shapes), rel=1e-9)

@@ -5,19 +5,16 @@ was given would take on the modelled device. Two kinds:
 
 - ``MockStepModel``: the mock runner's own cost (``engine.mock``), so a simulation and a
   ``tandem up --set engine.runner=mock`` cluster model the same device;
-- a fitted profile of the real engine (``services.sim.profile``, written by
-  ``tandem sim profile``), named by ``sim.step_model: PATH``.
+- a fitted profile of the real engine (``services.steptime.profile``, written by
+  ``tandem sim profile``), named by ``engine.step_model: PATH``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import ClassVar, Protocol
 
 from services.common.config import MockRunnerConfig
-
-if TYPE_CHECKING:
-    from services.engine.batch import ScheduledBatch
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,27 +42,6 @@ class BatchShape:
     def num_seqs(self) -> int:
         return self.decode_seqs + (1 if self.prefill_tokens else 0)
 
-    @classmethod
-    def of(cls, batch: ScheduledBatch) -> BatchShape:
-        """The shape of a scheduled batch: what the simulator's runner costs and what
-        ``tandem sim profile`` records of each real step."""
-        prefill_tokens = prefill_context = decode_seqs = decode_context = 0
-        prefix_context = prefix_end = 0
-        for s in batch.seqs:
-            n = len(s.token_ids)
-            end = s.start_pos + n
-            if n == 1:
-                decode_seqs += 1
-                decode_context += end
-            else:
-                prefill_tokens += n
-                prefill_context += n * end
-                if s.start_pos:
-                    prefix_context += n * end
-                    prefix_end += end
-        return cls(prefill_tokens, prefill_context, decode_seqs, decode_context, prefix_context,
-                   prefix_end)
-
 
 class StepModel(Protocol):
     """Seconds one step of a batch of this shape takes on the modelled device.
@@ -79,6 +55,12 @@ class StepModel(Protocol):
     overlap_pays: bool
 
     def step_seconds(self, shape: BatchShape) -> float: ...
+
+    def steps_seconds(self, total: BatchShape, steps: int) -> float:
+        """Seconds of ``steps`` prefill steps whose shapes add up to ``total``: exact for the
+        models here, which are linear in the shape's fields (what the router's and the decode
+        worker's predictions need in O(1), not one call per chunk)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,3 +81,7 @@ class MockStepModel:
     def step_seconds(self, shape: BatchShape) -> float:
         return (self.step_base_s + self.per_prefill_token_s * shape.prefill_tokens
                 + self.per_decode_seq_s * shape.decode_seqs)
+
+    def steps_seconds(self, total: BatchShape, steps: int) -> float:
+        return (self.step_base_s * steps + self.per_prefill_token_s * total.prefill_tokens
+                + self.per_decode_seq_s * total.decode_seqs)
