@@ -164,7 +164,8 @@ class ProcessorConfig(_Strict):
 class RouterMode(enum.StrEnum):
     """How a router picks among the live decode workers (docs/router.md)."""
 
-    KV = "kv"  # prefix overlap against load (router/selection.py)
+    KV = "kv"  # prefix overlap against load, a linear blend (router/selection.py)
+    TTFT = "ttft"  # the lowest predicted time to first token (router/ttft.py)
     ROUND_ROBIN = "round_robin"
     RANDOM = "random"
 
@@ -179,6 +180,11 @@ class RouterConfig(_Strict):
     # piles onto the worker holding it (10 of 16 in test_burst_sharing_a_system_prompt_spreads).
     overlap_weight: float = Field(4.0, ge=0)
     temperature: float = Field(0.0, ge=0)
+    # ttft mode: workers predicted within this fraction of the fastest count as tied, and
+    # the tie goes to the most cached prefix (cache affinity keeps later turns' hits).
+    affinity_band: float = Field(0.1, ge=0)
+    # ttft mode: weight of the newest (actual - predicted) TTFT in a worker's bias.
+    ttft_bias_alpha: float = Field(0.05, ge=0, le=1)
     # Routed-but-unfinished requests are forgotten after this long without a free
     # (a processor that died mid-request must not pin load on a worker forever).
     inflight_ttl_s: float = Field(600.0, gt=0)
@@ -200,6 +206,18 @@ class RouterConfig(_Strict):
 
 class DisaggConfig(_Strict):
     enabled: bool = True
+    # How a prompt past the bounds below is placed (docs/architecture.md "Remote prefill
+    # decision"): "predict", where its first token is predicted sooner (local queue and
+    # chunks beside the running streams against queue wait, remote prefill and KV transfer,
+    # from engine.step_model); "threshold", always remote.
+    policy: Literal["predict", "threshold"] = "predict"
+    # predict: a prefill chunk that would stretch the running streams' step past this goes
+    # remote even when local is predicted sooner (0: no ITL target).
+    itl_target_ms: float = Field(0.0, ge=0)
+    # predict: what the KV of a remote prefill is expected to move at (measured 1.1-1.4 GB/s
+    # on loopback, docs/benchmarks.md), and the transfer's fixed cost.
+    kv_transfer_gbps: float = Field(1.0, gt=0)
+    kv_transfer_latency_s: float = Field(0.002, ge=0)
     max_local_prefill_length: int = Field(256, ge=0)
     max_prefill_queue_size: int = Field(8, ge=0)
     max_prefill_queue_tokens: int = Field(32768, ge=0)

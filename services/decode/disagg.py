@@ -1,20 +1,28 @@
 """The remote-prefill decision: a pure function of the config, the prompt, this worker's
-prefix cache and the prefill queue (docs/architecture.md, "Remote prefill decision")."""
+prefix cache, its load and the prefill queue (docs/architecture.md, "Remote prefill
+decision")."""
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
 
-from services.common.config import DisaggConfig
+from services.common.config import ClusterConfig, DisaggConfig
+from services.engine.engine import EngineStats
+from services.steptime.model import BatchShape, StepModel
+from services.steptime.predict import prefill_seconds
 
 
 class DecisionReason(enum.StrEnum):
-    REMOTE = "remote"  # long enough and the queue has room
+    REMOTE = "remote"  # threshold policy: long enough and the queue has room
+    REMOTE_FASTER = "remote_faster"  # predict: the first token comes sooner remotely
+    ITL_TARGET = "itl_target"  # predict: a local chunk would break the running streams' ITL
+    LOCAL_FASTER = "local_faster"  # predict: the first token comes sooner here
     DISABLED = "disabled"  # decode.disagg.enabled is false
     SHORT = "short"  # effective prefill <= max_local_prefill_length
     QUEUE_FULL = "queue_full"  # queue holds max_prefill_queue_size requests or more
     QUEUE_TOKENS = "queue_tokens"  # queued prefill tokens + this one would exceed the bound
+    NO_PREFILL_WORKERS = "no_prefill_workers"  # predict: prefill.replicas is 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +30,35 @@ class PrefillDecision:
     remote: bool
     reason: DecisionReason
     effective_tokens: int  # prompt tokens not served by this worker's prefix cache
+    # predict policy: the predicted seconds to the first token either way (0 otherwise)
+    local_s: float = 0.0
+    remote_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerTimes:
+    """What the predict policy reads beside the queue: the engine's step-time model and its
+    prefill chunk (``engine.max_num_batched_tokens``), this worker's prefill tokens already
+    waiting, its running decodes and the KV tokens they read, the prefill workers, and the
+    seconds one prompt token's KV takes to arrive (bytes per token over the link)."""
+
+    model: StepModel
+    chunk: int
+    pending_prefill_tokens: int
+    running: int
+    decode_context: int
+    prefill_workers: int
+    kv_seconds_per_token: float
+
+
+def worker_times(cfg: ClusterConfig, model: StepModel, stats: EngineStats,
+                 kv_bytes_per_token: int) -> WorkerTimes:
+    """The predict policy's view of a decode worker from its engine's stats (the decode
+    worker's and the simulator's one way to build it)."""
+    return WorkerTimes(model, cfg.engine.max_num_batched_tokens, stats.num_prefill_tokens_pending,
+                       stats.num_running, stats.kv_blocks_used * cfg.engine.block_size,
+                       cfg.prefill.replicas,
+                       kv_bytes_per_token / (cfg.decode.disagg.kv_transfer_gbps * 1e9))
 
 
 def decide_prefill(
@@ -30,18 +67,25 @@ def decide_prefill(
     cached_tokens: int,
     queue_depth: int,
     queued_prefill_tokens: int,
+    times: WorkerTimes | None = None,
 ) -> PrefillDecision:
     """Where to prefill one request.
 
     ``effective = prompt_len - cached_tokens`` (``cached_tokens`` is block-accurate: what
-    this worker's prefix cache serves). Remote iff all of:
+    this worker's prefix cache serves). Local when, in this order: not ``cfg.enabled``;
+    ``effective <= cfg.max_local_prefill_length``; ``queue_depth >=
+    cfg.max_prefill_queue_size`` (pending + unacked jobs); ``queued_prefill_tokens +
+    effective > cfg.max_prefill_queue_tokens``. Past them the threshold policy (or no
+    ``times``) goes remote; the predict policy compares
 
-    - ``cfg.enabled``;
-    - ``effective > cfg.max_local_prefill_length``;
-    - ``queue_depth < cfg.max_prefill_queue_size`` (pending + unacked jobs);
-    - ``queued_prefill_tokens + effective <= cfg.max_prefill_queue_tokens``.
+    - local: this worker's waiting prefill plus ``effective``, chunked beside its running
+      decodes;
+    - remote: the queue's wait (its depth in tokens, estimated as ``max(queued_prefill_tokens,
+      queue_depth * effective)``, spread over the prefill workers) + ``effective`` prefilled
+      there + its KV's transfer;
 
-    The first failing condition, in that order, is the reason.
+    and goes remote when that is sooner, or when one local chunk step would exceed
+    ``cfg.itl_target_ms`` for the running streams (and would not without the chunk).
     """
     if prompt_len < 0 or not 0 <= cached_tokens <= prompt_len:
         raise ValueError(f"cached_tokens {cached_tokens} must be within [0, prompt_len={prompt_len}]")
@@ -56,6 +100,32 @@ def decide_prefill(
         reason = DecisionReason.QUEUE_FULL
     elif queued_prefill_tokens + effective > cfg.max_prefill_queue_tokens:
         reason = DecisionReason.QUEUE_TOKENS
-    else:
+    elif cfg.policy == "threshold" or times is None:
         return PrefillDecision(True, DecisionReason.REMOTE, effective)
+    elif times.prefill_workers <= 0:
+        reason = DecisionReason.NO_PREFILL_WORKERS
+    else:
+        return _predict(cfg, effective, cached_tokens, queue_depth, queued_prefill_tokens, times)
     return PrefillDecision(False, reason, effective)
+
+
+def _predict(cfg: DisaggConfig, effective: int, cached: int, depth: int, queued: int,
+             t: WorkerTimes) -> PrefillDecision:
+    model, chunk = t.model, t.chunk
+    local = prefill_seconds(model, t.pending_prefill_tokens + effective, chunk, cached,
+                            t.running, t.decode_context)
+    ahead = max(queued, depth * effective) // t.prefill_workers
+    remote = (prefill_seconds(model, ahead, chunk) + prefill_seconds(model, effective, chunk)
+              + cfg.kv_transfer_latency_s + effective * t.kv_seconds_per_token)
+    if remote < local:
+        return PrefillDecision(True, DecisionReason.REMOTE_FASTER, effective, local, remote)
+    target = cfg.itl_target_ms / 1e3
+    if target and t.running:
+        decode = BatchShape(decode_seqs=t.running, decode_context=t.decode_context)
+        first = min(chunk, effective)
+        with_chunk = BatchShape(first, first * (cached + first), t.running, t.decode_context,
+                                first * (cached + first) if cached else 0,
+                                cached + first if cached else 0)
+        if model.step_seconds(with_chunk) > target >= model.step_seconds(decode):
+            return PrefillDecision(True, DecisionReason.ITL_TARGET, effective, local, remote)
+    return PrefillDecision(False, DecisionReason.LOCAL_FASTER, effective, local, remote)

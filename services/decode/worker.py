@@ -27,7 +27,7 @@ from services.api.prefill import PrefillJob
 from services.common.config import ClusterConfig
 from services.common.errors import InvalidRequest, Overloaded, Unavailable
 from services.decode.admission import refusal
-from services.decode.disagg import PrefillDecision, decide_prefill
+from services.decode.disagg import PrefillDecision, decide_prefill, worker_times
 from services.decode.kv_receiver import ExpectedKv, KvReceiver, KvTransferError, ReceivedKv
 from services.decode.metrics import DecodeMetrics
 from services.disagg.kv_shm import host_id
@@ -39,6 +39,8 @@ from services.engine.multimodal.embedder import ImageEmbedder
 from services.engine.multimodal.transfer import EncodeFailedError, ReceiveBuffersFullError
 from services.engine.remote_prefill import RemoteKvError, RemotePrefillHandle
 from services.engine.request import GenerateRequest
+from services.steptime.model import StepModel
+from services.steptime.profile import step_model_for
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +65,13 @@ class DecodeWorker:
         self._idle.set()
         self._draining = False
         self._cleanup: set[asyncio.Task[None]] = set()
+        # The remote-prefill decision's step-time model (predict policy with a queue only).
+        self._step_model: StepModel | None = None
+        if queue is not None and cfg.decode.disagg.policy == "predict":
+            self._step_model = step_model_for(cfg)
+        spec = engine.kv_spec
+        self._kv_bytes_per_token = (spec.num_layers * 2 * spec.num_kv_heads * spec.head_dim
+                                    * spec.dtype.itemsize)
 
     @property
     def num_inflight(self) -> int:
@@ -151,7 +160,10 @@ class DecodeWorker:
             except Exception as e:  # NATS down or the queue gone: prefill here, never fail
                 log.warning("prefill queue depth unknown (%s); prefilling locally", e)
                 return decide_prefill(d.model_copy(update={"enabled": False}), n, cached, 0, 0)
-        return decide_prefill(d, n, cached, depth, tokens)
+        times = (worker_times(self.cfg, self._step_model, self.engine.stats(),
+                              self._kv_bytes_per_token)
+                 if self._step_model is not None else None)
+        return decide_prefill(d, n, cached, depth, tokens, times)
 
     # ---- remote path ----------------------------------------------------------------
     async def _remote(self, request: GenerateRequest, decision: PrefillDecision

@@ -25,6 +25,16 @@ class RouterMetrics:
             "tandem_router_overlap_blocks", "Cached prefix blocks on the chosen worker",
             buckets=(0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024), registry=r,
         )
+        self.ttft_error_seconds = Histogram(
+            "tandem_router_ttft_prediction_error_seconds",
+            "|actual - predicted| time to first token, ttft mode (from route to first token)",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=r,
+        )
+        self.ttft_error_ratio = Histogram(
+            "tandem_router_ttft_prediction_error_ratio",
+            "|actual - predicted| / actual time to first token, ttft mode",
+            buckets=(0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 2, 5), registry=r,
+        )
         self.indexed_blocks = Gauge(
             "tandem_router_indexed_blocks", "Blocks in the prefix index, summed over workers", registry=r
         )

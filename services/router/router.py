@@ -47,6 +47,8 @@ from services.router.ingest import KvIngest
 from services.router.load import LoadTracker
 from services.router.metrics import RouterMetrics
 from services.router.selection import Candidate, select_worker
+from services.router.ttft import TtftCandidate, TtftPredictor, select_by_ttft
+from services.steptime.profile import step_model_for
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +93,11 @@ class Router:
         metrics: RouterMetrics | None = None,
         seed: int | None = None,
         clock: Callable[[], float] = time.monotonic,
+        keep_ttft_errors: bool = False,
     ) -> None:
-        """``clock``: what in-flight expiry and load staleness are measured by (the
-        simulator gives its virtual clock)."""
+        """``clock``: what in-flight expiry, load staleness and TTFT are measured by (the
+        simulator gives its virtual clock). ``keep_ttft_errors``: keep every (predicted,
+        actual) TTFT pair in ``ttft.errors`` (the simulator's report)."""
         self.cfg = cfg
         self.replica = replica
         self.mode = _router_mode(cfg.router.mode)
@@ -105,6 +109,13 @@ class Router:
         rc = cfg.router
         self.load = LoadTracker(cfg.engine.block_size, rc.inflight_ttl_s, rc.load_stale_s, clock)
         self.metrics.indexed_blocks.set_function(self.index.num_blocks)
+        # ttft mode only: the others read no step-time model (a profile file to load).
+        self.ttft: TtftPredictor | None = None
+        if self.mode is RouterMode.TTFT:
+            self.ttft = TtftPredictor(
+                step_model_for(cfg), cfg.engine.block_size, cfg.engine.max_num_batched_tokens,
+                rc.ttft_bias_alpha, clock, self.metrics.ttft_error_seconds,
+                self.metrics.ttft_error_ratio, keep_ttft_errors)
         self._workers: dict[str, Registration] = {}
         # Workers whose last load sample shows a full waiting queue
         # (decode.max_waiting_requests): routed to only when every worker is full.
@@ -188,7 +199,17 @@ class Router:
         scores = self.index.find_matches(hashes).scores
         n = len(hashes)
         mode = self.mode
-        if mode is RouterMode.KV:
+        if mode is RouterMode.TTFT:
+            assert self.ttft is not None
+            tcands = [
+                TtftCandidate(w, scores.get(w, 0), prefill, active, running, free)
+                for w, (prefill, active, running, free)
+                in zip(workers, self.load.ttft_views(workers), strict=True)
+            ]
+            sel = select_by_ttft(self.ttft, tcands, n, self.cfg.router.affinity_band, self._rng)
+            worker = sel.worker_id
+            self.ttft.routed(req.request_id, worker, sel.predicted_s)
+        elif mode is RouterMode.KV:
             cands = [
                 Candidate(w, scores.get(w, 0), prefill, active)
                 for w, (prefill, active) in zip(workers, self.load.views(workers), strict=True)
@@ -258,8 +279,12 @@ class Router:
             self.load.add(u.request_id, u.worker_id, u.prompt_blocks, u.prefill_blocks)
         elif u.op is InflightOp.PREFILLED:
             self.load.prefilled(u.request_id)
+            if self.ttft is not None:
+                self.ttft.first_token(u.request_id)
         else:
             self.load.free(u.request_id)
+            if self.ttft is not None:
+                self.ttft.forget(u.request_id)
 
     async def _track(self, u: InflightUpdate) -> None:
         self._apply_inflight(u)
@@ -317,6 +342,8 @@ class Router:
         self._worker_ids = sorted(self._workers)
         self.ingest.worker_left(worker_id)
         self.load.remove_worker(worker_id)
+        if self.ttft is not None:
+            self.ttft.worker_left(worker_id)
         self.metrics.workers.set(len(self._workers))
 
     async def _watch(self) -> None:

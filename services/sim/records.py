@@ -121,3 +121,5 @@ class SimResult:
     wall_s: float
     steps: int = 0  # engine steps simulated one by one
     fast_forward_steps: int = 0  # engine steps advanced in runs of pure decode
+    # (predicted, actual) TTFT seconds of each routed request, router.mode ttft only
+    ttft_predictions: list[tuple[float, float]] = field(default_factory=list)

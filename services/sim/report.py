@@ -133,6 +133,25 @@ def summary(result: SimResult) -> dict[str, Any]:
         "wall_s": round(result.wall_s, _SEC),
         "steps": result.steps,
         "fast_forward_steps": result.fast_forward_steps,
+        **({"ttft_prediction_error": prediction_error(result.ttft_predictions)}
+           if result.ttft_predictions else {}),
+    }
+
+
+def prediction_error(pairs: Sequence[tuple[float, float]]) -> dict[str, float]:
+    """Median and p90 of |actual - predicted| (ms) and of it over actual, over (predicted,
+    actual) pairs in seconds; ``bias_ms``: the mean of actual - predicted."""
+    pred = np.array([p for p, _ in pairs])
+    act = np.array([a for _, a in pairs])
+    err = np.abs(act - pred)
+    rel = err[act > 0] / act[act > 0]
+    return {
+        "count": len(pairs),
+        "abs_ms_p50": round(float(np.percentile(err, 50)) * 1e3, 3),
+        "abs_ms_p90": round(float(np.percentile(err, 90)) * 1e3, 3),
+        "rel_p50": round(float(np.percentile(rel, 50)), 4) if rel.size else 0.0,
+        "rel_p90": round(float(np.percentile(rel, 90)), 4) if rel.size else 0.0,
+        "bias_ms": round(float(np.mean(act - pred)) * 1e3, 3),
     }
 
 

@@ -51,7 +51,7 @@ from services.common.config import ClusterConfig
 from services.common.discovery import Registration
 from services.common.hashing import local_block_hashes
 from services.decode.admission import refusal
-from services.decode.disagg import decide_prefill
+from services.decode.disagg import decide_prefill, worker_times
 from services.decode.load import worker_load
 from services.disagg.prefill_queue import PULL_WAIT_S
 from services.engine.engine import LLMEngine
@@ -199,7 +199,7 @@ class Simulation:
         self.depth = 2 if (model.overlap_pays if overlap == "auto" else overlap) else 1
         self.now = 0.0
         self.block_size = cfg.engine.block_size
-        self.router = Router(cfg, seed=cfg.sim.seed, clock=self._clock)
+        self.router = Router(cfg, seed=cfg.sim.seed, clock=self._clock, keep_ttft_errors=True)
         self.decoders = [_Worker(f"decode-{i}", DECODE, cfg, model)
                          for i in range(cfg.decode.replicas)]
         self.prefillers = [_Worker(f"prefill-{i}", PREFILL, cfg, model)
@@ -427,7 +427,9 @@ class Simulation:
             depth = queued = 0
             if queue is not None and n - cached > d.max_local_prefill_length:
                 depth, queued = queue.depth(), queue.tokens.get(w.id, 0)
-            decision = decide_prefill(d, n, cached, depth, queued)
+            times = (worker_times(self.cfg, self.model, eng.stats(), self.cfg.sim.kv_bytes_per_token)
+                     if d.policy == "predict" else None)
+            decision = decide_prefill(d, n, cached, depth, queued, times)
             # NOTE: begin_remote_prefill or generate is a second call: after the next step.
             self._call(w, (_REMOTE, request, decision) if decision.remote else (_ADD, request))
         elif kind == _REMOTE:
@@ -743,7 +745,8 @@ class Simulation:
             workers=[w.totals for w in self.decoders + self.prefillers],
             worker_samples=self.worker_samples, hit_samples=self.hit_samples,
             oracle_hit_rate=self.oracle, slo=dict(self.cfg.sim.slo), duration_s=self.now,
-            wall_s=wall_s, steps=self._steps, fast_forward_steps=self._ff_steps)
+            wall_s=wall_s, steps=self._steps, fast_forward_steps=self._ff_steps,
+            ttft_predictions=list(self.router.ttft.errors or []) if self.router.ttft else [])
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from services.common.config import DisaggConfig
-from services.decode.disagg import DecisionReason, decide_prefill
+from services.decode.disagg import DecisionReason, WorkerTimes, decide_prefill
+from services.steptime.model import MockStepModel
+from services.steptime.predict import prefill_seconds
 
 CFG = DisaggConfig(enabled=True, max_local_prefill_length=100, max_prefill_queue_size=2,
                    max_prefill_queue_tokens=1000)
@@ -52,3 +54,59 @@ def test_matches_the_formula(n: int, cached: int, depth: int, qtok: int) -> None
     eff = n - cached
     want = eff > 100 and depth < 2 and qtok + eff <= 1000
     assert decide_prefill(CFG, n, cached, depth, qtok).remote is want
+
+
+# ---- the predict policy: times from a step model ----------------------------------------
+MODEL = MockStepModel(step_base_s=0.01, per_prefill_token_s=1e-4, per_decode_seq_s=1e-3)
+PREDICT = CFG.model_copy(update={"max_prefill_queue_size": 100, "max_prefill_queue_tokens": 10**6})
+
+
+def times(pending: int = 0, running: int = 0, prefill_workers: int = 1,
+          kv_s_per_token: float = 1e-6) -> WorkerTimes:
+    return WorkerTimes(MODEL, 512, pending, running, running * 500, prefill_workers, kv_s_per_token)
+
+
+def test_a_busy_worker_sends_a_long_prompt_to_an_idle_queue() -> None:
+    d = decide_prefill(PREDICT, 2000, 0, 0, 0, times(pending=8000, running=8))
+    assert d.remote and d.reason is DecisionReason.REMOTE_FASTER
+    assert d.remote_s < d.local_s
+    # the remote estimate: its prefill + the KV's transfer (an empty queue)
+    assert d.remote_s == pytest.approx(prefill_seconds(MODEL, 2000, 512) + 0.002 + 2000 * 1e-6)
+
+
+def test_an_idle_worker_keeps_a_prompt_a_deep_queue_would_delay() -> None:
+    d = decide_prefill(PREDICT, 2000, 0, 5, 9000, times())
+    assert not d.remote and d.reason is DecisionReason.LOCAL_FASTER
+    assert d.local_s == pytest.approx(prefill_seconds(MODEL, 2000, 512))
+    assert d.local_s < d.remote_s
+    # more prefill workers drain the same queue sooner
+    assert decide_prefill(PREDICT, 2000, 0, 5, 9000, times(prefill_workers=8)).remote_s < d.remote_s
+
+
+def test_a_slow_link_keeps_it_local() -> None:
+    assert decide_prefill(PREDICT, 2000, 0, 0, 0, times(pending=3000, running=4)).remote
+    slow = times(pending=3000, running=4, kv_s_per_token=1e-3)
+    assert not decide_prefill(PREDICT, 2000, 0, 0, 0, slow).remote
+
+
+def test_a_chunk_that_breaks_the_itl_target_goes_remote_though_local_is_sooner() -> None:
+    # decode step with 8 streams: 18 ms; with a 512-token chunk: 69 ms
+    slow_queue = (5, 9000)
+    free = decide_prefill(PREDICT, 2000, 0, *slow_queue, times(running=8))
+    assert not free.remote
+    strict = PREDICT.model_copy(update={"itl_target_ms": 50.0})
+    d = decide_prefill(strict, 2000, 0, *slow_queue, times(running=8))
+    assert d.remote and d.reason is DecisionReason.ITL_TARGET
+    # a target no decode step meets cannot be kept either way: the faster path wins
+    hopeless = PREDICT.model_copy(update={"itl_target_ms": 5.0})
+    assert not decide_prefill(hopeless, 2000, 0, *slow_queue, times(running=8)).remote
+
+
+def test_the_predict_policy_keeps_the_bounds_and_needs_prefill_workers() -> None:
+    assert decide_prefill(PREDICT, 50, 0, 0, 0, times(pending=10**5)).reason is DecisionReason.SHORT
+    full = PREDICT.model_copy(update={"max_prefill_queue_size": 2})
+    assert decide_prefill(full, 2000, 0, 2, 0, times(pending=10**5)).reason is DecisionReason.QUEUE_FULL
+    d = decide_prefill(PREDICT, 2000, 0, 0, 0, times(pending=10**5, prefill_workers=0))
+    assert not d.remote and d.reason is DecisionReason.NO_PREFILL_WORKERS
+    threshold = PREDICT.model_copy(update={"policy": "threshold"})
+    assert decide_prefill(threshold, 2000, 0, 5, 9000, times()).reason is DecisionReason.REMOTE

@@ -12,12 +12,12 @@ from services.router.router import Router
 
 
 def test_an_unknown_mode_is_refused_by_the_config_and_by_the_router() -> None:
-    with pytest.raises(ConfigError, match=r"router\.mode: Input should be 'kv', 'round_robin' or 'random'"):
+    with pytest.raises(ConfigError, match=r"router\.mode: Input should be 'kv', 'ttft', 'round_robin' or 'random'"):
         parse_config({"router": {"mode": "rand"}})
     cfg = parse_config({})
     # model_copy(update=...) skips validation: the router checks again
     bad = cfg.model_copy(update={"router": cfg.router.model_copy(update={"mode": "rand"})})
-    with pytest.raises(ValueError, match=r"router\.mode 'rand' is not one of 'kv', 'round_robin', 'random'"):
+    with pytest.raises(ValueError, match=r"router\.mode 'rand' is not one of 'kv', 'ttft', 'round_robin', 'random'"):
         Router(bad)
 
 

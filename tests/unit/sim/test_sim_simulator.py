@@ -112,12 +112,13 @@ def test_a_disaggregated_run_prefills_remotely_through_the_queue(monkeypatch) ->
     depths: list[int] = []
     real = disagg.decide_prefill
 
-    def spy(cfg, prompt_len, cached, depth, queued):  # type: ignore[no-untyped-def]
+    def spy(cfg, prompt_len, cached, depth, queued, times=None):  # type: ignore[no-untyped-def]
         depths.append(depth)
-        return real(cfg, prompt_len, cached, depth, queued)
+        return real(cfg, prompt_len, cached, depth, queued, times)
 
     monkeypatch.setattr(sim_mod, "decide_prefill", spy)
-    cfg = config(*DISAGG, "decode.disagg.max_prefill_queue_size=2", "prefill.max_concurrent_jobs=1")
+    cfg = config(*DISAGG, "decode.disagg.max_prefill_queue_size=2", "prefill.max_concurrent_jobs=1",
+                 "decode.disagg.policy=threshold")
     s = Simulation(cfg, workload(rate=12.0), MockStepModel.of(cfg.engine.mock),
                    lambda r: list(r.prompt))
     result = s.run()

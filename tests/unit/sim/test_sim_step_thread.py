@@ -65,7 +65,7 @@ def test_the_remote_prefill_decision_and_its_job_are_two_calls(monkeypatch) -> N
 
     monkeypatch.setattr(sim_mod._PrefillQueue, "publish", spy)
     cfg = config("engine.overlap=false", "prefill.replicas=1",
-                 "decode.disagg.max_local_prefill_length=64")
+                 "decode.disagg.max_local_prefill_length=64", "decode.disagg.policy=threshold")
     reqs = [SimRequest(0, 0.0, 32, 20, prompt=prompt(0, 32)),
             SimRequest(1, 0.015, 200, 2, prompt=prompt(1, 200))]
     s = Simulation(cfg, reqs, MockStepModel(STEP, 0, 0), lambda r: list(r.prompt or ()))
