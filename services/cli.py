@@ -37,6 +37,7 @@ _HANDLERS = {
     ("sim",): "services.sim.replay:main",
     ("sim", "profile"): "services.sim.profiler:main",
     ("sim", "calibrate"): "services.sim.calibrate:main",
+    ("sim", "decisions"): "services.sim.decisions:main",
 }
 
 

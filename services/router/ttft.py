@@ -5,7 +5,7 @@ are cached there:
 
     queued(w)   = pending_prefill_blocks(w) * block_size      (prefill ahead of it)
     uncached(w) = (B - overlap(w)) * block_size
-    ttft(w)     = prefill_seconds(queued(w) + uncached(w), chunked, beside running(w) decodes)
+    ttft(w)     = prefill_seconds(queued(w) + uncached(w) or 1 token, chunked, beside running(w) decodes)
                   + one decode step of running(w)               (the step in flight)
                   + bias(w)
 
@@ -84,8 +84,10 @@ class TtftPredictor:
         bs = self.block_size
         uncached = request_blocks - c.overlap_blocks if c.overlap_blocks < request_blocks else 0
         context = c.active_blocks * bs
-        t = prefill_seconds(self.model, (c.pending_prefill_blocks + uncached) * bs, self.chunk,
-                            c.overlap_blocks * bs, c.running, context)
+        # NOTE: at least one token: a prompt's last token is computed however much is cached
+        tokens = (c.pending_prefill_blocks + uncached) * bs or 1
+        t = prefill_seconds(self.model, tokens, self.chunk, c.overlap_blocks * bs, c.running,
+                            context)
         if c.running:
             t += self.model.step_seconds(BatchShape(decode_seqs=c.running, decode_context=context))
         if 0 <= c.free_blocks < uncached:

@@ -53,3 +53,24 @@ def add_sim_parsers(sub: argparse._SubParsersAction, add_config: AddConfig) -> N
     prof.add_argument("--quick", action="store_true", help="a small grid (about a minute on a CPU)")
     prof.set_defaults(_key=("sim", "profile"))
     add_calibrate_parser(sub_sim, add_config)
+    add_decisions_parser(sub_sim, add_config)
+
+
+def add_decisions_parser(sub: argparse._SubParsersAction, add_config: AddConfig) -> None:
+    """`tandem sim decisions` (services/sim/decisions.py)."""
+    p = sub.add_parser("decisions", help="routing and remote-prefill policies replayed on "
+                       "traces at fractions of round robin's saturation")
+    add_config(p)
+    p.add_argument("--trace", dest="traces", action="append", required=True, metavar="FILE",
+                   help="a Mooncake JSONL or Azure CSV trace (repeatable)")
+    p.add_argument("--workers", default="8,16,64", help="cluster sizes, comma-separated")
+    p.add_argument("--loads", default="0.5,0.9",
+                   help="fractions of round robin's saturation speedup")
+    p.add_argument("--num-requests", type=int, default=None,
+                   help="replay only the first N requests of each trace")
+    p.add_argument("--no-prefill", dest="prefill", action="store_false",
+                   help="skip the remote-prefill policies (disaggregated layout)")
+    p.add_argument("--prefill-router", default="ttft",
+                   help="router.mode of the disaggregated runs")
+    p.add_argument("--json", dest="json_path", default=None, metavar="FILE")
+    p.set_defaults(_key=("sim", "decisions"))
