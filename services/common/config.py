@@ -214,6 +214,9 @@ class DisaggConfig(_Strict):
     # predict: a prefill chunk that would stretch the running streams' step past this goes
     # remote even when local is predicted sooner (0: no ITL target).
     itl_target_ms: float = Field(0.0, ge=0)
+    # predict: the local side's cost counts the delay a local prefill adds to each running
+    # stream, times the streams, times this (0: the request's own TTFT alone).
+    itl_weight: float = Field(1.0, ge=0)
     # predict: what the KV of a remote prefill is expected to move at (measured 1.1-1.4 GB/s
     # on loopback, docs/benchmarks.md), and the transfer's fixed cost.
     kv_transfer_gbps: float = Field(1.0, gt=0)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from services.common.config import ClusterConfig, DisaggConfig
 from services.engine.engine import EngineStats
 from services.steptime.model import BatchShape, StepModel
-from services.steptime.predict import prefill_seconds
+from services.steptime.predict import prefill_seconds, prefill_shape
 
 
 class DecisionReason(enum.StrEnum):
@@ -79,12 +79,13 @@ def decide_prefill(
     ``times``) goes remote; the predict policy compares
 
     - local: this worker's waiting prefill plus ``effective``, chunked beside its running
-      decodes;
+      decodes, plus ``cfg.itl_weight`` x the delay those chunks add to each running stream
+      (their compute) x the running streams;
     - remote: the queue's wait (its depth in tokens, estimated as ``max(queued_prefill_tokens,
       queue_depth * effective)``, spread over the prefill workers) + ``effective`` prefilled
       there + its KV's transfer;
 
-    and goes remote when that is sooner, or when one local chunk step would exceed
+    and goes remote when that costs less, or when one local chunk step would exceed
     ``cfg.itl_target_ms`` for the running streams (and would not without the chunk).
     """
     if prompt_len < 0 or not 0 <= cached_tokens <= prompt_len:
@@ -114,6 +115,11 @@ def _predict(cfg: DisaggConfig, effective: int, cached: int, depth: int, queued:
     model, chunk = t.model, t.chunk
     local = prefill_seconds(model, t.pending_prefill_tokens + effective, chunk, cached,
                             t.running, t.decode_context)
+    if t.running and cfg.itl_weight:
+        # what the prefill costs the running streams: each waits for its chunks' compute
+        shape, steps = prefill_shape(effective, chunk, cached)
+        added = model.steps_seconds(shape, steps) - steps * model.step_seconds(BatchShape())
+        local += cfg.itl_weight * t.running * max(added, 0.0)
     ahead = max(queued, depth * effective) // t.prefill_workers
     remote = (prefill_seconds(model, ahead, chunk) + prefill_seconds(model, effective, chunk)
               + cfg.kv_transfer_latency_s + effective * t.kv_seconds_per_token)
