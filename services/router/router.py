@@ -91,9 +91,12 @@ class Router:
         metrics: RouterMetrics | None = None,
         seed: int | None = None,
         clock: Callable[[], float] = time.monotonic,
+        share: Callable[[InflightUpdate], None] | None = None,
     ) -> None:
         """``clock``: what in-flight expiry and load staleness are measured by (the
-        simulator gives its virtual clock)."""
+        simulator gives its virtual clock). ``share``: takes each in-flight update this
+        replica makes, for the other replicas, where they are not reached over NATS (the
+        simulator's replicas, which apply it with ``apply_inflight``)."""
         self.cfg = cfg
         self.replica = replica
         self.mode = _router_mode(cfg.router.mode)
@@ -112,6 +115,7 @@ class Router:
         self._worker_ids: list[str] = []  # sorted keys of _workers, kept off the route path
         self._rng = random.Random(seed)
         self._rr = 0
+        self._share = share
         self._nc: NatsClient | None = None
         self._owns_nc = False
         self.ingest = KvIngest(
@@ -253,7 +257,8 @@ class Router:
         op = InflightOp.PREFILLED if phase is RequestPhase.PREFILLED else InflightOp.FREE
         await self._track(InflightUpdate(self.instance, op, request_id))
 
-    def _apply_inflight(self, u: InflightUpdate) -> None:
+    def apply_inflight(self, u: InflightUpdate) -> None:
+        """Apply an in-flight update, this replica's own or another's."""
         if u.op is InflightOp.ADD:
             self.load.add(u.request_id, u.worker_id, u.prompt_blocks, u.prefill_blocks)
         elif u.op is InflightOp.PREFILLED:
@@ -262,7 +267,9 @@ class Router:
             self.load.free(u.request_id)
 
     async def _track(self, u: InflightUpdate) -> None:
-        self._apply_inflight(u)
+        self.apply_inflight(u)
+        if self._share is not None:
+            self._share(u)
         if self._nc is not None:
             try:
                 await self._nc.publish(self.subjects.router_inflight, encode_inflight(u))
@@ -300,7 +307,7 @@ class Router:
             log.warning("dropping bad in-flight update: %s", e)
             return
         if u.replica_id != self.instance:
-            self._apply_inflight(u)
+            self.apply_inflight(u)
 
     # ---- discovery -------------------------------------------------------------------
     def worker_joined(self, reg: Registration) -> None:
