@@ -1,7 +1,9 @@
 """The discrete-event loop: a cluster's requests, router and engines on a virtual clock.
 
-What runs is production code: the ``Router`` (its radix index fed through ``KvIngest``,
-its load tracker and selection), one ``LLMEngine`` per worker (scheduler, block pool, KV
+What runs is production code: the ``Router`` (``router.replicas`` of them, each fed every
+worker's events and load, requests spread round-robin, each one's in-flight updates reaching
+the others ``sim.inflight_delay_s`` later; its radix index fed through ``KvIngest``, its
+load tracker and selection), one ``LLMEngine`` per worker (scheduler, block pool, KV
 cache manager) over a ``SimRunner``, the decode worker's admission bound
 (``services.decode.admission``), its remote-prefill decision
 (``services.decode.disagg.decide_prefill``) and the load sample it publishes

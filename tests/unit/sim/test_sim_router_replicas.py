@@ -65,3 +65,17 @@ def test_the_duration_ends_with_the_last_request_not_its_shared_free() -> None:
     one, _ = run(config())
     two, _ = run(config("router.replicas=2"))
     assert two.now == one.now
+
+
+def test_fast_forward_gives_the_step_by_step_run_with_replicas() -> None:
+    # shared updates reach routers only: they end no fast-forwarded run, and change nothing
+    cfg = config("router.replicas=3")
+    runs = []
+    for ff in (True, False):
+        s = Simulation(cfg, burst(), MockStepModel.of(cfg.engine.mock), lambda r: list(r.prompt),
+                       fast_forward=ff)
+        res = s.run()
+        assert (res.fast_forward_steps > 0) == ff
+        runs.append([(r.index, r.worker, r.cached_tokens, r.first_token_s, r.end_s, r.tokens_out)
+                     for r in res.records])
+    assert runs[0] == runs[1]
