@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, TypeVar
 
 import grpc
@@ -59,8 +59,11 @@ class AddressBook:
     def __len__(self) -> int:
         return 1 if self._fixed else len(self._instances)
 
-    def pick(self) -> str | None:
+    def pick(self, skip: Collection[str] = ()) -> str | None:
+        """The next address round-robin, passing over those in ``skip``; None if none is left."""
         addrs = self.addresses()
+        if skip:
+            addrs = [a for a in addrs if a not in skip]
         if not addrs:
             return None
         self._rr += 1

@@ -172,6 +172,10 @@ class RouterMode(enum.StrEnum):
 
 class RouterConfig(_Strict):
     mode: RouterMode = RouterMode.KV
+    # Router processes `tandem up` starts; replica i serves on port + i and metrics_port + i
+    # (the two ranges must not overlap: at 2 or more, move metrics_port off 9201). A Deployment
+    # (k8s) or `--scale` (compose) sets its own count: each of those is replica 0 in its pod.
+    replicas: int = Field(1, ge=1)
     port: int = Field(9200, ge=0, le=65535)
     metrics_port: int = Field(9201, ge=0, le=65535)
     # NOTE: 4, not 1: a block to prefill costs far more time than a block of decode memory
@@ -372,6 +376,9 @@ class SimConfig(_Strict):
     kv_transfer_latency_s: float = Field(0.002, ge=0)
     # How often each decode worker's load sample reaches the router (LoadPublisher's).
     load_interval_s: float = Field(0.25, gt=0)
+    # How long an in-flight update one router replica makes (a route's add, a report it
+    # applies) takes to reach the other replicas (a NATS publish); router.replicas > 1 only.
+    inflight_delay_s: float = Field(0.002, ge=0)
     # Goodput targets, in milliseconds: keys ttft_ms, tpot_ms, itl_ms, e2e_ms.
     slo: dict[str, float] = {"ttft_ms": 2000.0}
     seed: int = 0

@@ -92,7 +92,7 @@ def plan(
 
     Each tandem part runs as ``python -m services.cli <part> [-c FILE] [--set k=v]...
     --replica N``, so children read the same file with the same overrides as the launcher.
-    Ports follow the CLI conventions: replica i of decode/prefill uses base port + i.
+    Ports follow the CLI conventions: replica i of router/decode/prefill uses base port + i.
     """
     common: list[str] = []
     if config_path is not None:
@@ -120,12 +120,15 @@ def plan(
         ))
 
     r = cfg.router
-    specs.append(ProcessSpec(
-        name="router", part="router", argv=part_argv("router", 0),
-        ports=(PortUse("grpc", r.port, "router.port"),
-               PortUse("metrics", r.metrics_port, "router.metrics_port")),
-        ready=Readiness("tcp", "127.0.0.1", r.port), env=other_env,
-    ))
+    for i in range(r.replicas):
+        # NOTE: one replica keeps the name "router" (logs, --only, the NATS user it gets)
+        specs.append(ProcessSpec(
+            name="router" if r.replicas == 1 else f"router-{i}", part="router",
+            argv=part_argv("router", i),
+            ports=(PortUse("grpc", r.port + i, "router.port"),
+                   PortUse("metrics", r.metrics_port + i, "router.metrics_port")),
+            ready=Readiness("tcp", "127.0.0.1", r.port + i), env=other_env,
+        ))
     e = cfg.encode
     for i in range(e.replicas):
         specs.append(ProcessSpec(

@@ -3,6 +3,10 @@ its typed errors, so the processor takes either."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
 import grpc
 
 from services.api.route import RequestPhase, RouteRequest, RouteResponse
@@ -12,37 +16,84 @@ from services.common.errors import ServingError, Unavailable, from_rpc_error
 from services.common.grpc_auth import call_metadata
 from services.gen import router_pb2_grpc
 
+T = TypeVar("T")
+Call = Callable[[router_pb2_grpc.RouterStub], Awaitable[T]]
+
+# A replica that failed a call is passed over this long (while another is live): a router
+# that was killed stays in discovery until its registration's TTL runs out, and one that
+# is stuck would cost every call sent to it the whole deadline.
+DEFAULT_COOLDOWN_S = 2.0
+
 
 class RouterClient:
-    """Calls a router replica picked from ``book`` (round-robin over live routers)."""
+    """Calls a router replica picked from ``book`` (round-robin over live routers).
 
-    def __init__(self, book: AddressBook, pool: ChannelPool, timeout_s: float = 5.0) -> None:
+    Failover: a call that fails Unavailable (the replica is down, its deadline passed, or
+    it knows no worker) is retried once on another replica; only the second failure
+    reaches the caller. The failed replica is then passed over for ``cooldown_s`` unless
+    every replica is. Every replica holds the same index and in-flight view, so the retry
+    routes as the first would have. (A route whose deadline passed may still have been
+    applied by the first replica: its in-flight add then names that replica's worker until
+    the request's free; the load view is off by one request, not leaked.)"""
+
+    def __init__(self, book: AddressBook, pool: ChannelPool, timeout_s: float = 5.0,
+                 cooldown_s: float = DEFAULT_COOLDOWN_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._book = book
         self._pool = pool
         self._timeout = timeout_s
-
-    def _stub(self) -> tuple[str, router_pb2_grpc.RouterStub]:
-        addr = self._book.pick()
-        if addr is None:
-            raise Unavailable("no router is registered in discovery")
-        return addr, self._pool.stub(addr, router_pb2_grpc.RouterStub)
+        self._cooldown = cooldown_s
+        self._clock = clock
+        self._down: dict[str, float] = {}  # address -> until when it is passed over
 
     async def route(self, req: RouteRequest) -> RouteResponse:
         msg = route_request_to_pb(req)
-        addr, stub = self._stub()
-        try:
-            r = await stub.Route(msg, timeout=self._timeout, metadata=call_metadata())
-        except grpc.aio.AioRpcError as e:
-            raise _translate(addr, e) from None
+        r = await self._call(lambda stub: stub.Route(msg, timeout=self._timeout,
+                                                     metadata=call_metadata()))
         return route_response_from_pb(r)
 
     async def update(self, request_id: str, phase: RequestPhase) -> None:
         msg = update_to_pb(request_id, phase)
-        addr, stub = self._stub()
+        await self._call(lambda stub: stub.Update(msg, timeout=self._timeout,
+                                                  metadata=call_metadata()))
+
+    async def _call(self, call: Call[T]) -> T:
+        addr = self._pick(None)
+        if addr is None:
+            raise Unavailable("no router is registered in discovery")
         try:
-            await stub.Update(msg, timeout=self._timeout, metadata=call_metadata())
+            return await self._try(addr, call)
+        except Unavailable as first:
+            retry = self._pick(addr)
+            if retry is None:
+                raise first from None
+        return await self._try(retry, call)
+
+    async def _try(self, addr: str, call: Call[T]) -> T:
+        try:
+            return await call(self._pool.stub(addr, router_pb2_grpc.RouterStub))
         except grpc.aio.AioRpcError as e:
-            raise _translate(addr, e) from None
+            err = _translate(addr, e)
+        if isinstance(err, Unavailable):
+            self._down[addr] = self._clock() + self._cooldown
+        raise err from None
+
+    def _pick(self, failed: str | None) -> str | None:
+        """The next replica, passing over ``failed`` always and those in cooldown while
+        another is left."""
+        book = self._book
+        if not self._down:
+            return book.pick((failed,) if failed is not None else ())
+        now = self._clock()
+        for a in [a for a, until in self._down.items() if until <= now]:
+            del self._down[a]
+        skip = set(self._down)
+        if failed is not None:
+            skip.add(failed)
+        addr = book.pick(skip)
+        if addr is None:  # every other replica is cooling down: try one anyway
+            addr = book.pick((failed,) if failed is not None else ())
+        return addr
 
 
 def _translate(addr: str, e: grpc.aio.AioRpcError) -> ServingError:

@@ -93,11 +93,14 @@ class Router:
         metrics: RouterMetrics | None = None,
         seed: int | None = None,
         clock: Callable[[], float] = time.monotonic,
+        share: Callable[[InflightUpdate], None] | None = None,
         keep_ttft_errors: bool = False,
     ) -> None:
         """``clock``: what in-flight expiry, load staleness and TTFT are measured by (the
-        simulator gives its virtual clock). ``keep_ttft_errors``: keep every (predicted,
-        actual) TTFT pair in ``ttft.errors`` (the simulator's report)."""
+        simulator gives its virtual clock). ``share``: takes each in-flight update this
+        replica makes, for the other replicas, where they are not reached over NATS (the
+        simulator's replicas, which apply it with ``apply_inflight``). ``keep_ttft_errors``:
+        keep every (predicted, actual) TTFT pair in ``ttft.errors`` (the simulator's report)."""
         self.cfg = cfg
         self.replica = replica
         self.mode = _router_mode(cfg.router.mode)
@@ -123,6 +126,7 @@ class Router:
         self._worker_ids: list[str] = []  # sorted keys of _workers, kept off the route path
         self._rng = random.Random(seed)
         self._rr = 0
+        self._share = share
         self._nc: NatsClient | None = None
         self._owns_nc = False
         self.ingest = KvIngest(
@@ -274,7 +278,8 @@ class Router:
         op = InflightOp.PREFILLED if phase is RequestPhase.PREFILLED else InflightOp.FREE
         await self._track(InflightUpdate(self.instance, op, request_id))
 
-    def _apply_inflight(self, u: InflightUpdate) -> None:
+    def apply_inflight(self, u: InflightUpdate) -> None:
+        """Apply an in-flight update, this replica's own or another's."""
         if u.op is InflightOp.ADD:
             self.load.add(u.request_id, u.worker_id, u.prompt_blocks, u.prefill_blocks)
         elif u.op is InflightOp.PREFILLED:
@@ -287,7 +292,9 @@ class Router:
                 self.ttft.forget(u.request_id)
 
     async def _track(self, u: InflightUpdate) -> None:
-        self._apply_inflight(u)
+        self.apply_inflight(u)
+        if self._share is not None:
+            self._share(u)
         if self._nc is not None:
             try:
                 await self._nc.publish(self.subjects.router_inflight, encode_inflight(u))
@@ -325,7 +332,7 @@ class Router:
             log.warning("dropping bad in-flight update: %s", e)
             return
         if u.replica_id != self.instance:
-            self._apply_inflight(u)
+            self.apply_inflight(u)
 
     # ---- discovery -------------------------------------------------------------------
     def worker_joined(self, reg: Registration) -> None:

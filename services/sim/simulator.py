@@ -1,7 +1,9 @@
 """The discrete-event loop: a cluster's requests, router and engines on a virtual clock.
 
-What runs is production code: the ``Router`` (its radix index fed through ``KvIngest``,
-its load tracker and selection), one ``LLMEngine`` per worker (scheduler, block pool, KV
+What runs is production code: the ``Router`` (``router.replicas`` of them, each fed every
+worker's events and load, requests spread round-robin, each one's in-flight updates reaching
+the others ``sim.inflight_delay_s`` later; its radix index fed through ``KvIngest``, its
+load tracker and selection), one ``LLMEngine`` per worker (scheduler, block pool, KV
 cache manager) over a ``SimRunner``, the decode worker's admission bound
 (``services.decode.admission``), its remote-prefill decision
 (``services.decode.disagg.decide_prefill``) and the load sample it publishes
@@ -46,7 +48,7 @@ from services.api.kv_events import KvEvent
 from services.api.outputs import FinishReason, TokenOutput
 from services.api.route import RequestPhase, RouteRequest
 from services.api.sampling import SamplingParams
-from services.api.wire import RawEventBatch, WorkerLoad, raw_event
+from services.api.wire import InflightUpdate, RawEventBatch, WorkerLoad, raw_event
 from services.common.config import ClusterConfig
 from services.common.discovery import Registration
 from services.common.hashing import local_block_hashes
@@ -199,15 +201,28 @@ class Simulation:
         self.depth = 2 if (model.overlap_pays if overlap == "auto" else overlap) else 1
         self.now = 0.0
         self.block_size = cfg.engine.block_size
-        self.router = Router(cfg, seed=cfg.sim.seed, clock=self._clock, keep_ttft_errors=True)
+        # router.replicas production routers, each fed every worker's KV events and load;
+        # requests go to them round-robin (as the processor picks), and an in-flight update
+        # one makes reaches the others sim.inflight_delay_s later (over NATS when deployed).
+        n = cfg.router.replicas
+        self.routers = [Router(cfg, replica=i, seed=cfg.sim.seed + i, clock=self._clock,
+                               share=self._sharer(i) if n > 1 else None, keep_ttft_errors=True)
+                        for i in range(n)]
+        self.router = self.routers[0]
+        self._rr = 0
+        self._home: dict[str, Router] = {}  # request -> the replica that routed it (n > 1)
+        # (due, replica, update): shared in-flight updates on their way; FIFO as the delay
+        # is constant. Not in _other: they reach no worker, so they end no fast-forward run.
+        self._shares: deque[tuple[float, Router, InflightUpdate]] = deque()
         self.decoders = [_Worker(f"decode-{i}", DECODE, cfg, model)
                          for i in range(cfg.decode.replicas)]
         self.prefillers = [_Worker(f"prefill-{i}", PREFILL, cfg, model)
                            for i in range(cfg.prefill.replicas)]
         self.by_id = {w.id: w for w in self.decoders}
-        for w in self.decoders:
-            self.router.ingest.mark_synced(w.id, _SESSION)
-            self.router.worker_joined(Registration(DECODE, w.id, f"sim:{w.id}"))
+        for router in self.routers:
+            for w in self.decoders:
+                router.ingest.mark_synced(w.id, _SESSION)
+                router.worker_joined(Registration(DECODE, w.id, f"sim:{w.id}"))
         # Remote prefill exists where prefill workers do (a decode worker opens the queue).
         self.queue = _PrefillQueue() if self.prefillers else None
         disagg = cfg.decode.disagg
@@ -242,6 +257,19 @@ class Simulation:
     def _clock(self) -> float:
         return self.now
 
+    def _sharer(self, i: int) -> Callable[[InflightUpdate], None]:
+        def share(u: InflightUpdate) -> None:
+            due = self.now + self.cfg.sim.inflight_delay_s
+            for j, other in enumerate(self.routers):
+                if j != i:
+                    self._shares.append((due, other, u))
+        return share
+
+    def _ingest(self, batch: RawEventBatch) -> None:
+        """KV events reach every replica (each subscribes to every worker's)."""
+        for router in self.routers:
+            router.ingest.handle_batch(batch)
+
     # ---- the loop --------------------------------------------------------------------
     def run(self) -> SimResult:
         # NOTE: the run holds millions of long-lived objects (index nodes, block hashes);
@@ -255,7 +283,7 @@ class Simulation:
 
     def _run(self) -> SimResult:
         t0 = time.perf_counter()
-        reqs, steps, other = self.requests, self._steps_heap, self._other
+        reqs, steps, other, shares = self.requests, self._steps_heap, self._other, self._shares
         n = len(reqs)
         events = 0
         while True:
@@ -264,15 +292,21 @@ class Simulation:
             t_arr = reqs[self._next].arrival_s if self._next < n else math.inf
             t_step = steps[0][0] if steps else math.inf
             t_other = other[0][0] if other else math.inf
+            t_share = shares[0][0] if shares else math.inf
             if t_step == t_other == t_arr == math.inf:
-                break
-            # At one instant: step completions, deliveries, the load tick, then requests.
-            if t_step <= t_other and t_step <= t_arr and t_step <= self._next_tick:
+                break  # shared updates left over change nothing any more
+            # At one instant: step completions, deliveries, shared in-flight updates, the
+            # load tick, then requests.
+            if t_step <= t_other and t_step <= t_arr and t_step <= self._next_tick and t_step <= t_share:
                 self.now, _, _, payload = heapq.heappop(steps)
                 self._step_done(*payload)
-            elif t_other <= t_arr and t_other <= self._next_tick and other[0][1] == _KV:
+            elif (t_other <= t_arr and t_other <= self._next_tick and t_other <= t_share
+                  and other[0][1] == _KV):
                 self.now, _, _, payload = heapq.heappop(other)
                 self._kv_delivered(*payload)
+            elif t_share <= t_arr and t_share <= self._next_tick and t_share <= t_other:
+                self.now, router, u = shares.popleft()
+                router.apply_inflight(u)
             elif self._next_tick <= t_other and self._next_tick <= t_arr:
                 self.now = self._next_tick
                 self._tick()
@@ -289,6 +323,11 @@ class Simulation:
             events += 1
             if self.progress is not None and events % 4096 == 0:
                 self.progress(self.now, self._done)
+        end = self.now
+        while shares:  # the last frees on their way: every replica ends with none in flight
+            self.now, router, u = shares.popleft()
+            router.apply_inflight(u)
+        self.now = end  # they reach routers only: the run ended with its last request
         if self.progress is not None:
             self.progress(self.now, self._done)
         return self._result(time.perf_counter() - t0)
@@ -330,12 +369,16 @@ class Simulation:
 
     def _route(self, rid: str, tokens: list[int], req: SimRequest) -> None:
         rec = self.records[rid]
+        router = self.routers[self._rr % len(self.routers)]
+        self._rr += 1
         try:
-            resp = run_sync(self.router.route(RouteRequest(
+            resp = run_sync(router.route(RouteRequest(
                 rid, tokens, local_block_hashes(tokens, self.block_size))))
         except NoWorkersAvailable as e:
             self._fail(rec, None, str(e))
             return
+        if len(self.routers) > 1:
+            self._home[rid] = router
         w = self.by_id[resp.worker_id]
         rec.worker = w.id
         w.totals.requests += 1
@@ -357,7 +400,15 @@ class Simulation:
         self._call(w, (_GENERATE, request))
 
     def _router_update(self, rid: str, phase: RequestPhase) -> None:
-        run_sync(self.router.update(rid, phase))
+        """A request's first token or end, as the processor reports it. NOTE: deployed, it
+        is one NATS publish every replica applies; here the replica that routed the request
+        applies it at once (as with one replica) and the others after
+        sim.inflight_delay_s, so each sees a request's add before its free."""
+        if len(self.routers) == 1:
+            run_sync(self.router.update(rid, phase))
+            return
+        home = self._home.pop(rid) if phase is RequestPhase.FINISHED else self._home[rid]
+        run_sync(home.update(rid, phase))  # applies it, and shares it with the others
 
     def _fail(self, rec: RequestRecord, w: _Worker | None, error: str) -> None:
         rec.error = error
@@ -571,7 +622,7 @@ class Simulation:
         if used > tot.peak_kv_blocks_used:
             tot.peak_kv_blocks_used = used
         if events:
-            self.router.ingest.handle_batch(RawEventBatch(w.id, _SESSION, events))
+            self._ingest(RawEventBatch(w.id, _SESSION, events))
         w.dirty = True
         self._between_steps(w)
 
@@ -638,7 +689,7 @@ class Simulation:
         if w.in_pipe:
             w.tail_events.extend(w.events)
         else:
-            self.router.ingest.handle_batch(RawEventBatch(w.id, _SESSION, w.events))
+            self._ingest(RawEventBatch(w.id, _SESSION, w.events))
         w.events = []
 
     # ---- remote prefill --------------------------------------------------------------
@@ -700,7 +751,7 @@ class Simulation:
         now = self.now
         keep = self._tick_no % self._sample_every == 0
         self._tick_no += 1
-        router = self.router
+        routers = self.routers
         prompt = hit = 0
         for w in self.decoders:
             run = w.run
@@ -715,7 +766,8 @@ class Simulation:
                 self.worker_samples.append(WorkerSample(
                     now, w.id, ld.requests_running, ld.requests_waiting, ld.kv_blocks_used,
                     ld.kv_blocks_total, ld.active_prefill_tokens))
-            router.apply_load(w.last_load)
+            for router in routers:
+                router.apply_load(w.last_load)
             sched = w.engine.scheduler
             prompt += sched.prompt_tokens_total
             hit += sched.prefix_hit_tokens_total
@@ -746,7 +798,8 @@ class Simulation:
             worker_samples=self.worker_samples, hit_samples=self.hit_samples,
             oracle_hit_rate=self.oracle, slo=dict(self.cfg.sim.slo), duration_s=self.now,
             wall_s=wall_s, steps=self._steps, fast_forward_steps=self._ff_steps,
-            ttft_predictions=list(self.router.ttft.errors or []) if self.router.ttft else [])
+            ttft_predictions=[e for r in self.routers if r.ttft is not None
+                              for e in r.ttft.errors or ()])
 
 
 @dataclass(frozen=True, slots=True)

@@ -200,6 +200,38 @@ async def test_burst_sharing_a_system_prompt_spreads(nc, nats_url, wait_for) -> 
         await w.close()
 
 
+async def test_a_burst_over_two_replicas_spreads_as_over_one(nc, nats_url, wait_for) -> None:
+    # The burst above, routed alternately by two replicas (as processors spread requests):
+    # each route waits until the other replica has counted the one before (the shared
+    # add takes a NATS hop), so neither sends the holder more than one router would.
+    ns = "t5r"
+    disc = await Discovery.open(nc, ns, _cfg(nats_url, ns).discovery)
+    ws = [FakeWorker(nc, ns, f"w{i}", disc) for i in range(4)]
+    for w in ws:
+        await w.start()
+    async with Router(_cfg(nats_url, ns), replica=0, seed=3) as r1, \
+            Router(_cfg(nats_url, ns), replica=1, seed=4) as r2:
+        routers = (r1, r2)
+        await wait_for(lambda: all(len(r.workers) == 4 and all(r.ingest.synced(w.id) for w in ws)
+                                   for r in routers), what="sync")
+        ws[0].store(SYSTEM)
+        await wait_for(lambda: all(r.index.num_blocks("w0") == 8 for r in routers), what="events")
+        picks = []
+        for i in range(16):
+            r, other = routers[i % 2], routers[1 - i % 2]
+            picks.append((await r.route(RouteRequest(f"b{i}", SYSTEM + [i] * 8))).worker_id)
+            await wait_for(lambda o=other, n=i + 1: o.load.inflight_count() == n, what="shared add")
+        assert picks[0] == "w0"
+        assert len(set(picks)) >= 3, picks
+        assert max(picks.count(w.id) for w in ws) <= 8, picks
+        # both hold the whole burst in their load view, worker by worker
+        for w in ws:
+            assert r1.load.view(w.id) == r2.load.view(w.id)
+            assert r1.load.inflight_count(w.id) == r2.load.inflight_count(w.id) == picks.count(w.id)
+    for w in ws:
+        await w.close()
+
+
 async def test_garbage_on_the_event_subject_is_counted_and_ingest_stays_up(nc, nats_url, wait_for) -> None:
     ns = "t6"
     disc = await Discovery.open(nc, ns, _cfg(nats_url, ns).discovery)

@@ -58,7 +58,9 @@ def test_matches_the_formula(n: int, cached: int, depth: int, qtok: int) -> None
 
 # ---- the predict policy: times from a step model ----------------------------------------
 MODEL = MockStepModel(step_base_s=0.01, per_prefill_token_s=1e-4, per_decode_seq_s=1e-3)
-PREDICT = CFG.model_copy(update={"max_prefill_queue_size": 100, "max_prefill_queue_tokens": 10**6})
+# itl_weight 0: the request's own TTFT alone (the running streams' delay: its own test)
+PREDICT = CFG.model_copy(update={"max_prefill_queue_size": 100, "max_prefill_queue_tokens": 10**6,
+                                 "itl_weight": 0.0})
 
 
 def times(pending: int = 0, running: int = 0, prefill_workers: int = 1,
@@ -110,3 +112,16 @@ def test_the_predict_policy_keeps_the_bounds_and_needs_prefill_workers() -> None
     assert not d.remote and d.reason is DecisionReason.NO_PREFILL_WORKERS
     threshold = PREDICT.model_copy(update={"policy": "threshold"})
     assert decide_prefill(threshold, 2000, 0, 5, 9000, times()).reason is DecisionReason.REMOTE
+
+
+def test_the_delay_a_local_prefill_adds_to_running_streams_counts_against_it() -> None:
+    slow_queue = (5, 9000)  # remote is ~2x slower for the request itself
+    alone = decide_prefill(PREDICT, 2000, 0, *slow_queue, times(running=8))
+    assert not alone.remote
+    weighted = PREDICT.model_copy(update={"itl_weight": 1.0})
+    d = decide_prefill(weighted, 2000, 0, *slow_queue, times(running=8))
+    # + 8 streams x the 2000 tokens' compute (0.2 s) each
+    assert d.local_s == pytest.approx(alone.local_s + 8 * 2000 * 1e-4)
+    assert d.remote and d.reason is DecisionReason.REMOTE_FASTER
+    # no running streams: nobody is delayed, the request's own time decides
+    assert not decide_prefill(weighted, 2000, 0, *slow_queue, times(running=0)).remote

@@ -103,11 +103,24 @@ def test_compose_ports_match_the_config(compose: dict) -> None:
     assert cfg.decode.advertise_host == "decode" and services["decode"]["hostname"] == "decode"
 
 
+def test_compose_runs_a_second_router_replica_as_replica_1(compose: dict) -> None:
+    ports = _part_ports("compose.yaml")["router"]
+    services = compose["services"]
+    one, first = services["router-1"], services["router"]
+    args = build_parser().parse_args(one["command"][1:])
+    assert args._key == ("router",) and args.replica == 1
+    assert one["command"][:-1] == first["command"][:-1]
+    assert sorted(int(p) for p in one["expose"]) == sorted(p + 1 for p in ports.values())
+    assert one["hostname"] == "router-1" and one["environment"] == first["environment"]
+    assert one["volumes"] == first["volumes"]
+
+
 def test_prometheus_scrapes_every_part_on_its_metrics_port(compose: dict) -> None:
     prom = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
     targets = {t for job in prom["scrape_configs"] for sc in job["static_configs"] for t in sc["targets"]}
     ports = _part_ports("compose.yaml")
     want = {f"{part}:{ports[part]['metrics' if part != 'frontend' else 'http']}" for part in TANDEM_PARTS}
+    want.add(f"router-1:{ports['router']['metrics'] + 1}")  # the second router replica
     assert targets == want
     mount = next(v for v in compose["services"]["prometheus"]["volumes"] if "prometheus.yml" in v)
     assert (DEPLOY / mount.split(":")[0]).resolve() == DEPLOY / "prometheus" / "prometheus.yml"
@@ -190,6 +203,27 @@ def test_k8s_parts_run_real_subcommands_on_the_config_ports(k8s: dict) -> None:
         assert pod["metadata"]["labels"] == docs["Deployment"]["spec"]["selector"]["matchLabels"]
         metrics = ports[part].get("metrics", ports[part].get("http"))
         assert pod["metadata"]["annotations"]["prometheus.io/port"] == str(metrics)
+
+
+def test_k8s_runs_a_second_router_replica_as_replica_1(k8s: dict) -> None:
+    ports = _part_ports("k8s.yaml")["router"]
+    first = {d["kind"]: d for d in k8s["router.yaml"]}
+    docs = {d["kind"]: d for d in k8s["router-1.yaml"]}
+    pod = docs["Deployment"]["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    (first_container,) = first["Deployment"]["spec"]["template"]["spec"]["containers"]
+    args = build_parser().parse_args(container["command"][1:])
+    assert args._key == ("router",) and args.replica == 1
+    assert container["command"][:-1] == first_container["command"][:-1]
+    assert container["env"] == first_container["env"]
+    want = {label: port + 1 for label, port in ports.items()}
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == want
+    assert {p["name"]: p["port"] for p in docs["Service"]["spec"]["ports"]} == want
+    assert pod["metadata"]["annotations"]["prometheus.io/port"] == str(want["metrics"])
+    labels = docs["Deployment"]["spec"]["selector"]["matchLabels"]
+    assert pod["metadata"]["labels"] == labels == docs["Service"]["spec"]["selector"]
+    # selectors apart: neither Deployment nor Service takes the other replica's pods
+    assert labels != first["Deployment"]["spec"]["selector"]["matchLabels"]
 
 
 def test_k8s_nats_has_jetstream_on_the_config_port(k8s: dict) -> None:

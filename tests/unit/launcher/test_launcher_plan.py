@@ -53,6 +53,26 @@ def test_disagg_plan_replica_ports() -> None:
     check_port_conflicts(specs)
 
 
+def test_router_replicas_each_get_a_process_and_ports() -> None:
+    specs = _plan("disagg.yaml", ["router.replicas=3", "router.metrics_port=9250"])
+    routers = [s for s in specs if s.part == "router"]
+    assert [s.name for s in routers] == ["router-0", "router-1", "router-2"]
+    assert [s.name for s in specs][:4] == ["nats", "router-0", "router-1", "router-2"]
+    assert _ports(routers) == {"router-0": [9200, 9250], "router-1": [9201, 9251],
+                               "router-2": [9202, 9252]}
+    assert [s.ready.port for s in routers] == [9200, 9201, 9202]
+    parser = build_parser()
+    assert [parser.parse_args(list(s.argv[3:])).replica for s in routers] == [0, 1, 2]
+    check_port_conflicts(specs)
+
+
+def test_router_replicas_on_the_default_ports_clash() -> None:
+    # replica 1's gRPC port is replica 0's metrics port: router.metrics_port must move
+    specs = plan(parse_config({"router": {"replicas": 2}}), None)
+    with pytest.raises(ValueError, match=r"port 9201 is planned twice: router-0 metrics and router-1 grpc"):
+        check_port_conflicts(specs)
+
+
 def test_children_get_config_overrides_replica_and_pinned_threads() -> None:
     overrides = ["engine.threads=3", "router.mode=round_robin"]
     specs = _plan("disagg.yaml", overrides)
