@@ -148,3 +148,15 @@ def test_shifted_ids_keep_the_sharing_within_and_nothing_across() -> None:
     assert sb.prompt_ids[:2] == sa.prompt_ids[:2]  # a shared prefix stays shared
     assert (sb.index, sb.output_len, sa.arrival_s, sb.after) == (1, 4, 1.5, 0)
     assert shifted_ids([a], 0) == [a]
+
+
+def test_report_renders_a_sweep_file_as_markdown() -> None:
+    from services.bench.report import sweep_rows
+
+    agg, disagg = _sweeps()
+    rows = sweep_rows(json.loads(json.dumps(sweep_json([agg, disagg], [0.25, 0.5, 1.0], 0.9,
+                                                       SLOS))))
+    assert rows[2] == "| agg | 0.25 | 100% | 450 | 900 | 300 | 0.25 | 0.5 |"
+    assert len(rows) == 2 + 6 + 1
+    assert rows[-1] == ("\ndisagg vs agg: goodput 2.00x; at 0.5 req/s TTFT p99 1.25x, "
+                        "ITL p99 10.00x (agg / disagg)")
