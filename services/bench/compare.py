@@ -26,7 +26,7 @@ from services.bench.cluster import running_cluster
 from services.bench.metrics import parse_slos
 from services.bench.rate_sweep import report, run_rates
 from services.bench.results import header, write_json
-from services.bench.serve import build_workload, format_summary, run_and_measure
+from services.bench.serve import build_workload, format_summary, run_and_measure, slim
 from services.bench.sweep import check_sweep, parse_rates
 from services.common.config import load_config
 from services.launcher.up import served_name
@@ -117,12 +117,6 @@ def run_sweep(spec: RunSpec, args: argparse.Namespace, log_dir: Path,
     return results
 
 
-def slim(results: dict[str, dict]) -> dict[str, dict]:
-    """The runs without per-request rows and ITL samples: what benchmarks/results/ keeps."""
-    return {n: {k: r[k] for k in ("meta", "summary", "oracle_prefix_hit_rate")}
-            for n, r in results.items()}
-
-
 def _specs(args: argparse.Namespace) -> list[RunSpec]:
     """The runs (explicit ``--run``s, else the preset's) with ``--set-all`` added to each;
     the workload and SLOs are checked too, before any cluster is started."""
@@ -163,7 +157,7 @@ def main(args: argparse.Namespace) -> int:
         print(format_summary(results[spec.name]), flush=True)
     print(ratio_table(results))
     write_json(args.json_path, {**head, "runs": results})
-    write_json(args.summary_json, {**head, "runs": slim(results)})
+    write_json(args.summary_json, {**head, "runs": {n: slim(r) for n, r in results.items()}})
     if args.plot_dir:
         from services.bench.plots import compare_cdfs
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from services.bench.metrics import parse_slos
 from services.bench.results import write_json
-from services.bench.serve import build_workload, format_summary, run_and_measure
+from services.bench.serve import build_workload, format_summary, run_and_measure, slim
 from services.bench.sweep import LayoutSweep, RatePoint, comparison_table, layout_table, sweep_json
 from services.bench.workloads import shifted_ids
 
@@ -47,17 +47,13 @@ def run_rates(args: argparse.Namespace, base_url: str, model: str,
     return results
 
 
-def _slim(res: dict) -> dict:
-    return {k: res[k] for k in ("meta", "summary", "oracle_prefix_hit_rate")}
-
-
 def report(head: dict, runs: Mapping[str, Sequence[dict]], rates: Sequence[float],
            args: argparse.Namespace) -> list[LayoutSweep]:
     """Print each layout's table and the side-by-side summary; write ``--json``,
     ``--summary-json`` (where the command has it) and ``--plot``'s attainment plot."""
     slos = parse_slos(args.slo)
-    sweeps = [LayoutSweep.of(name, [RatePoint.of(r, res, slos) for r, res in zip(rates, results,
-                                                                                 strict=True)],
+    sweeps = [LayoutSweep.of(name, [RatePoint.of(r, res, slos)
+                                    for r, res in zip(rates, results, strict=True)],
                              args.attainment)
               for name, results in runs.items()]
     for s in sweeps:
@@ -67,7 +63,7 @@ def report(head: dict, runs: Mapping[str, Sequence[dict]], rates: Sequence[float
     write_json(args.json_path, {**head, "sweep": section, "rate_runs": dict(runs)})
     write_json(getattr(args, "summary_json", None),
                {**head, "sweep": section,
-                "rate_runs": {n: [_slim(r) for r in rs] for n, rs in runs.items()}})
+                "rate_runs": {n: [slim(r) for r in rs] for n, rs in runs.items()}})
     if args.plot_dir:
         from services.bench.plots import attainment_plot
 

@@ -56,6 +56,11 @@ def result_json(run: RunResult, summary: Summary, oracle: float, meta: dict) -> 
             "requests": reqs, "itl_ms": itls}
 
 
+def slim(res: dict) -> dict:
+    """A result without its per-request rows and ITL samples: what benchmarks/results/ keeps."""
+    return {k: res[k] for k in ("meta", "summary", "oracle_prefix_hit_rate")}
+
+
 def _load_1m() -> float | None:
     la = load_average()
     return la[0] if la else None
