@@ -61,6 +61,19 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, s")
 
 
+def add_sweep_args(p: argparse.ArgumentParser) -> None:
+    """``--rates``: drive the cluster at each rate in turn (services/bench/rate_sweep.py)."""
+    g = p.add_argument_group("rate sweep")
+    g.add_argument("--rates", default=None, metavar="R1,R2,...",
+                   help="requests/s: run the workload at each rate in turn on the same cluster "
+                        "(instead of --rate) and report SLO attainment per rate and goodput "
+                        "(the highest rate meeting --attainment); needs --slo ttft_ms and tpot_ms")
+    g.add_argument("--attainment", type=float, default=0.9,
+                   help="share of requests that must meet both SLOs for a rate to count")
+    g.add_argument("--rate-settle", type=float, default=5.0,
+                   help="seconds to wait between rates")
+
+
 def _engine(sub: argparse._SubParsersAction, add_config: AddConfig) -> None:
     p = sub.add_parser("engine", help="engine prefill/decode tokens/s and matmul GFLOP/s")
     add_config(p)
@@ -164,8 +177,10 @@ def _serve(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="stream a workload against an OpenAI-compatible server")
     add_server_args(p)
     add_workload_args(p)
+    add_sweep_args(p)
     add_json_arg(p, "results and every request's row")
-    p.add_argument("--plot", dest="plot_dir", default=None, help="write TTFT/ITL CDF PNGs here")
+    p.add_argument("--plot", dest="plot_dir", default=None,
+                   help="write TTFT/ITL CDF PNGs here (with --rates: SLO attainment by rate)")
     p.set_defaults(_key=("bench", "serve"))
 
 
@@ -179,10 +194,12 @@ def _compare(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--set-all", action="append", default=[], metavar="KEY=VALUE",
                    help="a config override added to every run, e.g. decode.replicas=64")
     add_workload_args(p)
+    add_sweep_args(p)
     add_json_arg(p, "all results and every request's row")
     p.add_argument("--summary-json", default=None, metavar="FILE",
                    help="write the results without per-request rows (what benchmarks/results/ keeps)")
-    p.add_argument("--plot", dest="plot_dir", default=None, help="write TTFT/ITL CDF PNGs here")
+    p.add_argument("--plot", dest="plot_dir", default=None,
+                   help="write TTFT/ITL CDF PNGs here (with --rates: SLO attainment by rate)")
     p.add_argument("--plot-prefix", default="", help="file name prefix of the plots")
     p.add_argument("--log-dir", default="/tmp/tandem-bench", help="cluster logs and run dirs")
     p.add_argument("--ready-timeout", type=float, default=300.0)

@@ -7,19 +7,27 @@ on; then prints every run's figures and their ratio to the first run (the baseli
 
 The JSON is ``{"command", "machine", "runs": {NAME: result}}``, each result as `bench
 serve` writes it; ``--summary-json`` leaves out the per-request rows and ITL samples.
+
+With ``--rates`` each run's cluster is started once and driven at every rate in turn
+(services/bench/rate_sweep.py); the tables are then SLO attainment by rate per run, each
+run's goodput (the highest rate it sustains), and each run against the first.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from services.bench.cluster import running_cluster
 from services.bench.metrics import parse_slos
+from services.bench.rate_sweep import report, run_rates
 from services.bench.results import header, write_json
-from services.bench.serve import build_workload, format_summary, run_and_measure
+from services.bench.serve import build_workload, format_summary, run_and_measure, slim
+from services.bench.sweep import check_sweep, parse_rates
 from services.common.config import load_config
 from services.launcher.up import served_name
 
@@ -78,21 +86,35 @@ def ratio_table(results: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def run_one(spec: RunSpec, args: argparse.Namespace, log_dir: Path) -> dict:
+@contextmanager
+def _cluster(spec: RunSpec, args: argparse.Namespace, log_dir: Path) -> Iterator[tuple[str, str]]:
+    """The run's cluster, up: yields its frontend URL and served model name."""
     cfg = load_config(spec.config, list(spec.overrides))
     url = f"http://127.0.0.1:{cfg.frontend.port}"
     with running_cluster(spec.config, spec.overrides, url, log_dir / spec.name,
                          log_dir / f"{spec.name}.log", args.ready_timeout, args.settle):
-        res = run_and_measure(args, url, served_name(cfg))
-    res["meta"]["run"] = {"name": spec.name, "config": spec.config,
-                          "overrides": list(spec.overrides)}
+        yield url, served_name(cfg)
+
+
+def _run_meta(spec: RunSpec) -> dict:
+    return {"name": spec.name, "config": spec.config, "overrides": list(spec.overrides)}
+
+
+def run_one(spec: RunSpec, args: argparse.Namespace, log_dir: Path) -> dict:
+    with _cluster(spec, args, log_dir) as (url, model):
+        res = run_and_measure(args, url, model, build_workload(args))
+    res["meta"]["run"] = _run_meta(spec)
     return res
 
 
-def slim(results: dict[str, dict]) -> dict[str, dict]:
-    """The runs without per-request rows and ITL samples: what benchmarks/results/ keeps."""
-    return {n: {k: r[k] for k in ("meta", "summary", "oracle_prefix_hit_rate")}
-            for n, r in results.items()}
+def run_sweep(spec: RunSpec, args: argparse.Namespace, log_dir: Path,
+              rates: Sequence[float]) -> list[dict]:
+    """One result per rate, all from one start of the run's cluster."""
+    with _cluster(spec, args, log_dir) as (url, model):
+        results = run_rates(args, url, model, rates)
+    for res in results:
+        res["meta"]["run"] = _run_meta(spec)
+    return results
 
 
 def _specs(args: argparse.Namespace) -> list[RunSpec]:
@@ -105,19 +127,29 @@ def _specs(args: argparse.Namespace) -> list[RunSpec]:
     if bad:
         raise ValueError(f"--set-all {bad[0]!r}: expected KEY=VALUE")
     build_workload(args)
-    parse_slos(args.slo)
+    slos = parse_slos(args.slo)
+    if args.rates is not None:
+        check_sweep(slos, args.attainment, args.arrival)
     return [RunSpec(s.name, s.config, (*s.overrides, *args.set_all)) for s in specs]
 
 
 def main(args: argparse.Namespace) -> int:
     head = header(args)
     try:
+        rates = None if args.rates is None else parse_rates(args.rates)
         specs = _specs(args)
     except (ValueError, OSError) as e:
         print(f"tandem bench compare: {e}", file=sys.stderr)
         return 2
     log_dir = Path(args.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
+    if rates is not None:
+        runs: dict[str, list[dict]] = {}
+        for spec in specs:
+            print(f"== {spec.name}: {spec.config} {' '.join(spec.overrides)}", flush=True)
+            runs[spec.name] = run_sweep(spec, args, log_dir, rates)
+        report(head, runs, rates, args)
+        return 0
     results: dict[str, dict] = {}
     for spec in specs:
         print(f"== {spec.name}: {spec.config} {' '.join(spec.overrides)}", flush=True)
@@ -125,7 +157,7 @@ def main(args: argparse.Namespace) -> int:
         print(format_summary(results[spec.name]), flush=True)
     print(ratio_table(results))
     write_json(args.json_path, {**head, "runs": results})
-    write_json(args.summary_json, {**head, "runs": slim(results)})
+    write_json(args.summary_json, {**head, "runs": {n: slim(r) for n, r in results.items()}})
     if args.plot_dir:
         from services.bench.plots import compare_cdfs
 

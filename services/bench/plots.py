@@ -66,3 +66,30 @@ def compare_cdfs(runs: Mapping[str, Mapping], out_dir: str | Path, prefix: str =
     ttft = {n: [r["ttft_ms"] for r in res["requests"] if r["ok"]] for n, res in runs.items()}
     itl = {n: res["itl_ms"] for n, res in runs.items()}
     return latency_cdfs(ttft, itl, out_dir, prefix)
+
+
+def attainment_plot(series: Mapping[str, tuple[Sequence[float], Sequence[float]]], target: float,
+                    path: str | Path) -> Path:
+    """SLO attainment against request rate, one line per layout (NAME -> (rates,
+    attainments)), the target as a dashed line; writes a small PNG to ``path``."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(5, 3.2), dpi=90)
+    for name, (rates, attained) in series.items():
+        ax.plot(rates, attained, marker="o", label=name)
+    ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:.0%}")
+    rates = sorted({r for rs, _ in series.values() for r in rs})
+    if rates and rates[-1] >= 4 * rates[0]:  # doubling rates: a log axis spaces them evenly
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(rates, [f"{r:g}" for r in rates])
+    ax.set_xlabel("request rate (req/s)")
+    ax.set_ylabel("SLO attainment")
+    ax.set_title("share of requests meeting every SLO")
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower left", fontsize=8)
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+    return out

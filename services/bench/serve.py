@@ -49,11 +49,16 @@ def result_json(run: RunResult, summary: Summary, oracle: float, meta: dict) -> 
                      "cached_tokens": r.cached_tokens}
         if r.ok:
             ttft, tpot, gaps, e2e = request_latencies(r)
-            row.update(ttft_ms=ttft, tpot_ms=tpot, e2e_ms=e2e)
+            row.update(ttft_ms=ttft, tpot_ms=tpot, e2e_ms=e2e, max_itl_ms=max(gaps, default=None))
             itls.extend(gaps)
         reqs.append(row)
     return {"meta": meta, "summary": summary.to_dict(), "oracle_prefix_hit_rate": oracle,
             "requests": reqs, "itl_ms": itls}
+
+
+def slim(res: dict) -> dict:
+    """A result without its per-request rows and ITL samples: what benchmarks/results/ keeps."""
+    return {k: res[k] for k in ("meta", "summary", "oracle_prefix_hit_rate")}
 
 
 def _load_1m() -> float | None:
@@ -61,9 +66,10 @@ def _load_1m() -> float | None:
     return la[0] if la else None
 
 
-def run_and_measure(args: argparse.Namespace, base_url: str, model: str) -> dict:
-    """Build the workload, run it, return the result JSON (see ``result_json``)."""
-    reqs = build_workload(args)
+def run_and_measure(args: argparse.Namespace, base_url: str, model: str,
+                    reqs: list[workloads.BenchRequest]) -> dict:
+    """Run ``reqs`` (``build_workload(args)``) as ``args`` say, return the result JSON (see
+    ``result_json``)."""
     slos = parse_slos(args.slo)
     oracle = workloads.oracle_hit_rate([r.prompt_ids for r in reqs], args.block_size)
     load_before = _load_1m()
@@ -98,10 +104,28 @@ def format_summary(res: dict) -> str:
     return "\n".join(lines)
 
 
+def _sweep(args: argparse.Namespace, head: dict) -> int:
+    # NOTE: imported here: rate_sweep builds on this module's run_and_measure
+    from services.bench.rate_sweep import report, run_rates
+    from services.bench.sweep import check_sweep, parse_rates
+
+    try:
+        rates = parse_rates(args.rates)
+        check_sweep(parse_slos(args.slo), args.attainment, args.arrival)
+        results = run_rates(args, args.base_url, args.model, rates)
+    except ValueError as e:
+        print(f"tandem bench serve: {e}", file=sys.stderr)
+        return 2
+    report(head, {args.model: results}, rates, args)
+    return 0 if all(r["summary"]["completed"] for r in results) else 1
+
+
 def main(args: argparse.Namespace) -> int:
     head = header(args)
+    if args.rates is not None:
+        return _sweep(args, head)
     try:
-        res = run_and_measure(args, args.base_url, args.model)
+        res = run_and_measure(args, args.base_url, args.model, build_workload(args))
     except ValueError as e:
         print(f"tandem bench serve: {e}", file=sys.stderr)
         return 2

@@ -174,6 +174,16 @@ def mixed_lengths(num_requests: int, short_len: int, long_len: int, long_fractio
             for i, lg in enumerate(is_long)]
 
 
+def shifted_ids(requests: Sequence[BenchRequest], shift: int) -> list[BenchRequest]:
+    """The same requests with every token id moved by ``shift`` (mod the id range): equal
+    ids stay equal and distinct ones distinct, so lengths, order, arrivals and the prefix
+    sharing *within* the list are kept, while a cache warmed by the unshifted list almost
+    never matches a block (a rate sweep's rates share one cluster, and its prefix cache)."""
+    span = ID_HIGH - ID_LOW
+    return [BenchRequest(r.index, tuple(ID_LOW + (i - ID_LOW + shift) % span for i in r.prompt_ids),
+                         r.output_len, r.arrival_s, r.after) for r in requests]
+
+
 def oracle_hit_rate(prompts: Sequence[Sequence[int]], block_size: int) -> float:
     """Share of prompt tokens an infinite prefix cache would hit, sending ``prompts`` in
     order: each prompt's leading full blocks already computed by an earlier prompt."""

@@ -60,3 +60,37 @@ async def test_bench_serve_counts_failures(tmp_path: Path) -> None:
     s = json.loads(out.read_text())["summary"]
     assert rc == 1 and (s["completed"], s["failed"]) == (0, 3)
     assert s["errors"] == {"ConnectError": 3}
+
+
+async def test_bench_serve_rate_sweep_sends_fresh_prompts_per_rate(nats_url: str, tok: Tokenizer,
+                                                                   tmp_path: Path) -> None:
+    cfg = mock_cluster_cfg(namespace="bench2", nats={"url": nats_url})
+    out = tmp_path / "sweep.json"
+    async with running_cluster(cfg, tok) as c:
+        # one 64-token system prompt under 3 questions, at two rates on one server
+        rc = await asyncio.to_thread(tandem, [
+            "bench", "serve", "--base-url", c.url, "--model", MODEL, "--workload", "shared-prefix",
+            "--num-requests", "3", "--groups", "1", "--system-len", "64", "--question-len", "8",
+            "--output-len", "4", "--rates", "20,10", "--rate-settle", "0.1",
+            "--slo", "ttft_ms=600000", "--slo", "tpot_ms=600000", "--json", str(out),
+            "--plot", str(tmp_path / "plots")])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    layout = res["sweep"]["layouts"][MODEL]
+    assert [p["rate"] for p in layout["points"]] == [10.0, 20.0]
+    assert all(p["attainment"] == 1.0 for p in layout["points"])
+    assert layout["goodput_rps"] == 20.0 and res["sweep"]["comparisons"] == []
+    first, second = res["rate_runs"][MODEL]
+    # the second rate's first request finds nothing the first rate left in the cache: its
+    # token ids are shifted (unshifted, it would hit the 64-token system prompt)
+    assert second["meta"]["token_id_shift"] == 1
+    assert second["requests"][0]["cached_tokens"] == 0
+    assert first["oracle_prefix_hit_rate"] == second["oracle_prefix_hit_rate"] > 0
+    assert {p.name for p in (tmp_path / "plots").iterdir()} == {"slo_attainment.png"}
+
+
+async def test_bench_serve_rate_sweep_needs_both_slos(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = await asyncio.to_thread(tandem, [
+        "bench", "serve", "--base-url", "http://127.0.0.1:9", "--model", MODEL,
+        "--rates", "1,2", "--slo", "ttft_ms=1000"])
+    assert rc == 2 and "--slo tpot_ms=MS" in capsys.readouterr().err

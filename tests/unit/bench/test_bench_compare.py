@@ -6,8 +6,9 @@ import argparse
 
 import pytest
 
-from services.bench.compare import RunSpec, _specs, ratio_table, slim
+from services.bench.compare import RunSpec, _specs, ratio_table
 from services.bench.presets import PRESETS
+from services.bench.serve import slim
 from services.cli import build_parser
 
 
@@ -73,6 +74,6 @@ def test_specs_are_checked_before_any_cluster_starts() -> None:
 
 
 def test_slim_keeps_the_summary_not_the_samples() -> None:
-    full = {"kv": {"meta": {}, "summary": {}, "oracle_prefix_hit_rate": 0.5,
-                   "requests": [{}], "itl_ms": [1.0]}}
-    assert slim(full) == {"kv": {"meta": {}, "summary": {}, "oracle_prefix_hit_rate": 0.5}}
+    full = {"meta": {}, "summary": {}, "oracle_prefix_hit_rate": 0.5, "requests": [{}],
+            "itl_ms": [1.0]}
+    assert slim(full) == {"meta": {}, "summary": {}, "oracle_prefix_hit_rate": 0.5}
