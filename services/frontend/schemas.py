@@ -17,7 +17,15 @@ import functools
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    field_validator,
+    model_validator,
+)
 
 from services.api.images import ImageData
 from services.api.processor import (
@@ -438,6 +446,16 @@ class CompletionRequest(_Sampling):
 
     def num_prompt_logprobs(self) -> int | None:
         return self.logprobs if self.echo else None
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_kind(cls, v: Any) -> Any:
+        # NOTE: else pydantic reports the first member's complaint ("prompt.0: Input should
+        # be a valid string" for a mixed list), which misleads a token-id caller.
+        if isinstance(v, list) and len({type(x) for x in v}) > 1:
+            raise ValueError("prompt: a list of prompts holds one kind: strings, token ids "
+                             "(integers) or lists of token ids")
+        return v
 
     @model_validator(mode="after")
     def _check_prompt(self) -> CompletionRequest:

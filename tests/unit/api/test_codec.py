@@ -10,7 +10,7 @@ import pytest
 from services.api.outputs import FinishReason, TokenLogprob, TokenOutput, Usage
 from services.api.prefill import PrefillJob
 from services.api.prefill_codec import job_from_bytes, job_to_pb
-from services.api.processor import ChatMessage, Delta, ProcessRequest, TextLogprob
+from services.api.processor import ChatMessage, Delta, ProcessRequest, TextLogprob, Tool
 from services.api.processor_codec import delta_from_pb, delta_to_pb, request_from_pb, request_to_pb
 from services.api.request_codec import sampling_from_pb, sampling_to_pb
 from services.api.sampling import SamplingParams
@@ -96,11 +96,14 @@ def test_generate_request_and_outputs_round_trip() -> None:
 def test_process_request_and_deltas_round_trip() -> None:
     for req in (ProcessRequest("a", messages=(ChatMessage("user", "hi"),), sampling=FULL, model="m"),
                 ProcessRequest("b", prompt="text"),
-                ProcessRequest("c", prompt_ids=(1, 2, 3), sampling=SamplingParams(temperature=0))):
+                ProcessRequest("c", prompt_ids=(1, 2, 3), sampling=SamplingParams(temperature=0)),
+                ProcessRequest("d", prompt="text", echo=True),
+                ProcessRequest("e", prompt="text", tools=(Tool("f"),), parallel_tool_calls=False)):
         assert request_from_pb(request_to_pb(req)) == req
     lp = TextLogprob("Hi", -0.5, (("Hi", -0.5), ("Hello", -1.25)))
     for d in (Delta("x"), Delta("", FinishReason.STOP, Usage(3, 4, 1)),
-              Delta("Hi", logprobs=(lp,), index=2)):
+              Delta("Hi", logprobs=(lp,), index=2),
+              Delta("Hi", logprobs=(TextLogprob("H", None), lp, TextLogprob("i", 0.0)))):
         assert delta_from_pb(delta_to_pb(d)) == d
 
 
