@@ -137,10 +137,12 @@ class DecodeWorker:
         d = self.cfg.decode.disagg
         n = len(request.prompt_token_ids)
         queue = self.queue
-        # NOTE: a multimodal request prefills here: its embeddings are in this process; so
-        # does one asking for prompt logprobs: a prefill worker returns KV and one token.
-        if (queue is None or not d.enabled or n <= d.max_local_prefill_length or request.images
-                or request.sampling.prompt_logprobs is not None):
+        if request.sampling.prompt_logprobs is not None:
+            # NOTE: prompt logprobs need every prompt position's logits, which a prefill
+            # worker does not send (KV and one token): prefilled here, as with disagg off.
+            return decide_prefill(d.model_copy(update={"enabled": False}), n, 0, 0, 0)
+        # NOTE: a multimodal request prefills here: its embeddings are in this process.
+        if queue is None or not d.enabled or n <= d.max_local_prefill_length or request.images:
             # NOTE: local whatever the prefix hit: skip the step thread round trip to look it up.
             cfg = d if queue is not None else d.model_copy(update={"enabled": False})
             return decide_prefill(cfg, n, 0, 0, 0)
