@@ -20,8 +20,8 @@ from services.api.route import RequestPhase, RouteRequest, RouteResponse
 from services.api.sampling import SamplingParams
 from services.common.errors import InvalidRequest, ModelNotFound, Overloaded, Unavailable
 from services.processor.metrics import ProcessorMetrics
-from services.processor.stages.echo import Echo
 from services.processor.router_reports import RouterReports
+from services.processor.stages.echo import Echo
 from services.processor.stages.ledger import Ledger
 from services.processor.stages.migrate import Migration
 from services.processor.stages.prompt import Prompt, PromptStage
