@@ -103,8 +103,9 @@ class StreamStage:
                 failure, last = "aborted the request", None
             if failure is None:
                 break
-            if len(produced) >= limit:
-                # NOTE: the worker died after its last token but before the finish message.
+            if limit and len(produced) >= limit:
+                # NOTE: the worker died after its last token but before the finish message
+                # (max_tokens 0 has none: it moves, for the prompt logprobs it asked).
                 last = TokenOutput(request_id, [], True, FinishReason.LENGTH, len(ids))
                 break
             route = await migration.move(route, produced, failure, overloaded)
