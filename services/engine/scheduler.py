@@ -456,9 +456,8 @@ class Scheduler:
         out = ScheduledSeq(seq.request_id, toks[start:end], start, seq.block_table,
                            sample, seq.sampling, len(toks) - seq.num_prompt_tokens,
                            images=seq.request.images if start < seq.num_prompt_tokens else ())
-        last_target = min(end, seq.num_prompt_tokens - 1)
-        if start < last_target and seq.wants_prompt_logprobs:
-            out.prompt_targets = tuple(toks[start + 1 : last_target + 1])
+        if start < seq.num_prompt_tokens - 1 and seq.wants_prompt_logprobs:
+            out.prompt_targets = tuple(toks[start + 1 : min(end, seq.num_prompt_tokens - 1) + 1])
         seq.num_computed_tokens = end
         sp = seq.sampling
         if sample and sp.processes_logits:

@@ -131,7 +131,8 @@ class _TorchPending:
 
     def result(self) -> RunnerOutput:
         if self._out is None:
-            index, seqs, host, done, timing, prompt_lps = self._future.result()  # re-raises a forward error
+            # re-raises a forward error
+            index, seqs, host, done, timing, prompt_lps = self._future.result()
             if done is not None:
                 done.synchronize()
             if timing is not None:
@@ -356,11 +357,12 @@ class TorchRunner(ModelRunner):
             ids = torch.where(ids < 0, self._future[(-1 - ids).clamp_(min=0)], ids)
         hidden = self.model(ids, step.positions, step.meta, self._kv_layers,
                             step.mm_rows, step.mm_embeds)  # (T, H)
-        prompt_lps = self._prompt_logprobs(hidden, batch, step.prompt_rows) if step.prompt_rows else None
+        prompt_lps = (self._prompt_logprobs(hidden, batch, step.prompt_rows) if step.prompt_rows
+                      else None)
         if not step.sample_index:
             return StepForward(step.sample_index, step.sample_seqs, None, prompt_lps)
         return StepForward(step.sample_index, step.sample_seqs,
-                        self.model.compute_logits(hidden[step.sample_rows]), prompt_lps)
+                           self.model.compute_logits(hidden[step.sample_rows]), prompt_lps)
 
     def _prompt_logprobs(self, hidden: torch.Tensor, batch: ScheduledBatch,
                          rows: list[tuple[int, int]]) -> PromptLogprobs:
