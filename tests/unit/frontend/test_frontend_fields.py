@@ -181,6 +181,13 @@ async def test_max_tokens_zero_with_echo_is_the_prompt_alone(api: Api, tok: Toke
     assert ch["logprobs"]["top_logprobs"][1:] == [{}] * (len(tok.encode(PROMPT)) - 1)
     u = r.json()["usage"]
     assert u["completion_tokens"] == 0 and u["prompt_tokens"] == len(tok.encode(PROMPT))
+    # n choices: each echoes the prompt with its logprobs (computed once, by choice 0)
+    r = await api.http.post("/v1/completions",
+                            json=completion(echo=True, logprobs=0, max_tokens=0, n=3))
+    assert r.status_code == 200, r.text
+    chs = r.json()["choices"]
+    assert [c["index"] for c in chs] == [0, 1, 2] and all(c["text"] == PROMPT for c in chs)
+    assert all(c["logprobs"] == ch["logprobs"] for c in chs)
     await api.idle()
 
 
