@@ -62,3 +62,6 @@ class TokenOutput:
     logprobs: list[TokenLogprob] | None = None
     # Which of the request's ``sampling.n`` choices; ``finished`` is that choice's end.
     index: int = 0
+    # With sampling.prompt_logprobs, on the request's first output (choice 0): prompt
+    # token i's (i >= 1) given the tokens before it, at [i - 1].
+    prompt_logprobs: list[TokenLogprob] | None = None

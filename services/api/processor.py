@@ -71,15 +71,21 @@ class ProcessRequest:
     model: str = ""  # "" = the served model
     tools: tuple[Tool, ...] = ()  # chat only
     tool_choice: ToolChoice = field(default_factory=ToolChoice)
+    # Completions only: each choice's text starts with the prompt's and, with
+    # sampling.prompt_logprobs, its logprobs with the prompt tokens'.
+    echo: bool = False
+    # Chat only: False answers with at most one tool call (the first the model wrote).
+    parallel_tool_calls: bool = True
 
 
 @dataclass(frozen=True, slots=True)
 class TextLogprob:
-    """A generated token as text (the decoding of that one token), its logprob and the
-    ``top`` alternatives' ((text, logprob), ...), most likely first."""
+    """A token as text (the decoding of that one token), its logprob and the ``top``
+    alternatives' ((text, logprob), ...), most likely first. ``logprob`` None: an echoed
+    prompt's first token, which nothing predicts."""
 
     token: str
-    logprob: float
+    logprob: float | None
     top: tuple[tuple[str, float], ...] = ()
 
 

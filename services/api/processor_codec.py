@@ -33,6 +33,8 @@ def request_to_pb(req: ProcessRequest) -> processor_pb2.ProcessRequest:
                                            mode=req.tool_choice.mode, name=req.tool_choice.name))
     msg.tools.extend(processor_pb2.Tool(name=t.name, description=t.description,
                                         parameters=t.parameters) for t in req.tools)
+    msg.echo = req.echo
+    msg.single_tool_call = not req.parallel_tool_calls
     if req.messages is not None:
         msg.chat.messages.extend(processor_pb2.ChatMessage(role=m.role, content=m.content,
                                                            images=message_images_to_pb(m.images))
@@ -60,6 +62,7 @@ def request_from_pb(m: processor_pb2.ProcessRequest) -> ProcessRequest:
         if which == "chat" else None,
         prompt=m.prompt if which == "prompt" else None,
         prompt_ids=tuple(m.prompt_ids.ids) if which == "prompt_ids" else None,
+        echo=m.echo, parallel_tool_calls=not m.single_tool_call,
     )
 
 
@@ -71,7 +74,7 @@ def delta_to_pb(d: Delta) -> processor_pb2.ProcessResponse:
     if d.usage is not None:
         msg.usage.CopyFrom(usage_to_pb(d.usage))
     msg.logprobs.extend(
-        processor_pb2.TextLogprob(token=x.token, logprob=x.logprob,
+        processor_pb2.TextLogprob(token=x.token, logprob=x.logprob,  # None: left unset
                                   top_tokens=[t for t, _ in x.top],
                                   top_logprobs=[v for _, v in x.top])
         for x in d.logprobs)
@@ -82,7 +85,7 @@ def delta_from_pb(m: processor_pb2.ProcessResponse) -> Delta:
     return Delta(m.text, finish_from_pb(m.finish_reason),
                  usage_from_pb(m.usage) if m.HasField("usage") else None,
                  tuple(ToolCall(c.id, c.name, c.arguments) for c in m.tool_calls),
-                 tuple(TextLogprob(x.token, x.logprob,
+                 tuple(TextLogprob(x.token, x.logprob if x.HasField("logprob") else None,
                                    tuple(zip(x.top_tokens, x.top_logprobs, strict=True)))
                        for x in m.logprobs),
                  m.index)

@@ -22,7 +22,7 @@ def sampling_to_pb(s: SamplingParams) -> request_pb2.SamplingParams:
         stop_token_ids=s.stop_token_ids, ignore_eos=s.ignore_eos,
         seed_step_offset=s.seed_step_offset, presence_penalty=s.presence_penalty,
         frequency_penalty=s.frequency_penalty, logit_bias=dict(s.logit_bias),
-        min_tokens=s.min_tokens, n=s.n)
+        min_tokens=s.min_tokens, n=s.n, min_p=s.min_p)
     if s.seed is not None:
         msg.seed = s.seed
     if s.max_tokens is not None:
@@ -31,6 +31,8 @@ def sampling_to_pb(s: SamplingParams) -> request_pb2.SamplingParams:
         msg.repetition_penalty = s.repetition_penalty
     if s.logprobs is not None:
         msg.logprobs = s.logprobs
+    if s.prompt_logprobs is not None:
+        msg.prompt_logprobs = s.prompt_logprobs
     if s.structured is not None:
         msg.structured.CopyFrom(structured_to_pb(s.structured))
     return msg
@@ -64,7 +66,7 @@ def sampling_from_pb(m: request_pb2.SamplingParams) -> SamplingParams:
     d = _DEFAULT
     return SamplingParams(
         temperature=m.temperature if m.HasField("temperature") else d.temperature,
-        top_k=m.top_k, top_p=m.top_p if m.HasField("top_p") else d.top_p,
+        top_k=m.top_k, top_p=m.top_p if m.HasField("top_p") else d.top_p, min_p=m.min_p,
         seed=m.seed if m.HasField("seed") else None,
         max_tokens=m.max_tokens if m.HasField("max_tokens") else None,
         stop=tuple(m.stop), stop_token_ids=tuple(m.stop_token_ids), ignore_eos=m.ignore_eos,
@@ -74,6 +76,7 @@ def sampling_from_pb(m: request_pb2.SamplingParams) -> SamplingParams:
         else d.repetition_penalty,
         logit_bias=tuple(sorted(m.logit_bias.items())), min_tokens=m.min_tokens,
         logprobs=m.logprobs if m.HasField("logprobs") else None, n=m.n or 1,
+        prompt_logprobs=m.prompt_logprobs if m.HasField("prompt_logprobs") else None,
         structured=structured_from_pb(m.structured) if m.HasField("structured") else None)
 
 

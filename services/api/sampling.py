@@ -30,8 +30,9 @@ _UINT32 = 1 << 32  # what proto/request.proto carries counts and token ids in
 class SamplingParams:
     """How one request samples and when it stops, from the API to the engine.
 
-    temperature 0 is greedy; top_k 0 and top_p 1 disable them. ``max_tokens`` None: up to
-    the context length. ``stop`` strings are matched on the text by the processor (the
+    temperature 0 is greedy; top_k 0, top_p 1 and min_p 0 disable them. ``max_tokens`` None:
+    up to the context length; 0: the prompt only (computed for its ``prompt_logprobs``, the
+    token drawn after it dropped). ``stop`` strings are matched on the text by the processor (the
     engine sees token ids only); ``stop_token_ids`` end the request in the engine. The
     constructor rejects a bad value with a ValueError that names the field.
     """
@@ -39,6 +40,9 @@ class SamplingParams:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    # Drop tokens whose probability is below min_p times the most likely one's (after
+    # temperature), as vLLM and llama.cpp do.
+    min_p: float = 0.0
     seed: int | None = None
     max_tokens: int | None = None
     stop: tuple[str, ...] = ()
@@ -59,6 +63,10 @@ class SamplingParams:
     min_tokens: int = 0
     # None: no logprobs; k >= 0: the chosen token's logprob and the k most likely tokens'.
     logprobs: int | None = None
+    # The same for every prompt token after the first (from the model's raw logits): such a
+    # request computes its whole prompt, never taking positions from the prefix cache, and
+    # prefills on its decode worker.
+    prompt_logprobs: int | None = None
     # Choices: they share the prompt's prefill and KV blocks (scheduler.py, "n choices");
     # choice i draws with seed + i.
     n: int = 1
@@ -75,8 +83,10 @@ class SamplingParams:
             raise ValueError(f"top_p: must be in (0, 1], got {self.top_p}")
         if self.seed is not None and not -_INT64 <= self.seed < _INT64:
             raise ValueError(f"seed: must fit in a signed 64-bit integer, got {self.seed}")
-        if self.max_tokens is not None and not 1 <= self.max_tokens < _UINT32:
-            raise ValueError(f"max_tokens: must be in [1, 2^32), got {self.max_tokens}")
+        if not (math.isfinite(self.min_p) and 0 <= self.min_p <= 1):
+            raise ValueError(f"min_p: must be in [0, 1] (0 = off), got {self.min_p}")
+        if self.max_tokens is not None and not 0 <= self.max_tokens < _UINT32:
+            raise ValueError(f"max_tokens: must be in [0, 2^32), got {self.max_tokens}")
         if len(self.stop) > MAX_STOP_STRINGS:
             raise ValueError(f"stop: at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
         for s in self.stop:
@@ -115,6 +125,9 @@ class SamplingParams:
             raise ValueError(f"n: must be in [1, {MAX_N}], got {self.n}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"logprobs: must be in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs}")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"prompt_logprobs: must be in [0, {MAX_TOP_LOGPROBS}], "
+                             f"got {self.prompt_logprobs}")
 
     @property
     def greedy(self) -> bool:

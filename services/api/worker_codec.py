@@ -42,6 +42,8 @@ def output_to_pb(out: TokenOutput, completion_tokens: int) -> worker_pb2.Generat
     msg = worker_pb2.GenerateResponse(token_ids=out.token_ids, index=out.index)
     if out.logprobs is not None:
         msg.logprobs.extend(logprob_to_pb(lp) for lp in out.logprobs)
+    if out.prompt_logprobs is not None:
+        msg.prompt_logprobs.extend(logprob_to_pb(lp) for lp in out.prompt_logprobs)
     if out.finished:
         msg.finish_reason = finish_to_pb(out.finish_reason)
         u = msg.usage
@@ -56,4 +58,6 @@ def output_from_pb(request_id: str, m: worker_pb2.GenerateResponse) -> TokenOutp
     return TokenOutput(request_id, list(m.token_ids), reason is not None, reason,
                        m.usage.prompt_tokens, m.usage.cached_tokens,
                        logprobs=[logprob_from_pb(x) for x in m.logprobs] if m.logprobs else None,
-                       index=m.index)
+                       index=m.index,
+                       prompt_logprobs=([logprob_from_pb(x) for x in m.prompt_logprobs]
+                                        if m.prompt_logprobs else None))

@@ -146,6 +146,10 @@ class DecodeWorker:
         d = self.cfg.decode.disagg
         n = len(request.prompt_token_ids)
         queue = self.queue
+        if request.sampling.prompt_logprobs is not None:
+            # NOTE: prompt logprobs need every prompt position's logits, which a prefill
+            # worker does not send (KV and one token): prefilled here, as with disagg off.
+            return decide_prefill(d.model_copy(update={"enabled": False}), n, 0, 0, 0)
         # NOTE: a multimodal request prefills here: its embeddings are in this process.
         if queue is None or not d.enabled or n <= d.max_local_prefill_length or request.images:
             # NOTE: local whatever the prefix hit: skip the step thread round trip to look it up.

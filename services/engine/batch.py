@@ -60,7 +60,10 @@ class ScheduledSeq:
     sampling batch carries ``penalty_init`` to fill them. ``banned_ids`` (EOS and stop
     token ids, until ``min_tokens``) cannot be sampled this step.
     ``images`` are the prompt's image spans; the runner puts their embeddings in place of
-    the placeholder tokens this step computes.
+    the placeholder tokens this step computes. ``prompt_targets`` (a request with
+    ``sampling.prompt_logprobs``) are the prompt tokens at positions ``start_pos + 1 ..
+    start_pos + len(prompt_targets)``: the logits of this step's first
+    ``len(prompt_targets)`` positions give their logprobs.
     """
 
     request_id: str
@@ -74,6 +77,7 @@ class ScheduledSeq:
     penalty_init: PenaltyInit | None = None
     banned_ids: tuple[int, ...] = ()
     images: tuple[ImageSpan, ...] = ()
+    prompt_targets: tuple[int, ...] = ()
 
     @property
     def end_pos(self) -> int:
@@ -109,10 +113,12 @@ class ScheduledBatch:
 @dataclass(slots=True)
 class RunnerOutput:
     """``sampled[i]`` is the new token of ``batch.seqs[i]``, or None where it did not sample;
-    ``logprobs[i]`` its logprobs where the request asked for them (None: nobody asked)."""
+    ``logprobs[i]`` its logprobs where the request asked for them (None: nobody asked);
+    ``prompt_logprobs[i]`` those of its ``prompt_targets`` (None: no row had targets)."""
 
     sampled: list[int | None]
     logprobs: list[TokenLogprob | None] | None = None
+    prompt_logprobs: list[list[TokenLogprob] | None] | None = None
 
 
 class PendingOutput(Protocol):

@@ -1,4 +1,4 @@
-"""Token sampling for a batch: greedy, temperature, top-k, top-p and per-request seeds.
+"""Token sampling for a batch: greedy, temperature, min-p, top-k, top-p and per-request seeds.
 
 A sampled row draws its token by inverse CDF: one uniform ``u`` per row and a
 ``searchsorted`` into the cumulative probabilities. Drawing a single number per row (not
@@ -14,7 +14,7 @@ One step's pipeline (``sample_tensor``), in this order:
 2. the structured-output grammar mask;
 3. logprobs, from these processed logits (before temperature: what the model, as
    constrained, says of each token);
-4. temperature, top-k/top-p and the draw.
+4. temperature, min-p, top-k/top-p and the draw.
 
 Top-k/top-p work on the ``topk`` candidates of each row instead of a full vocabulary sort;
 they fall back to the full sort only when a top-p row's nucleus does not fit the candidates.
@@ -124,7 +124,7 @@ class Sampler:
         return out
 
     def _draw(self, logits: torch.Tensor, seqs: Sequence[ScheduledSeq]) -> torch.Tensor:
-        """Temperature, top-k/top-p and the draw: (B,) int64 on the logits' device."""
+        """Temperature, min-p, top-k/top-p and the draw: (B,) int64 on the logits' device."""
         params = [s.sampling for s in seqs]
         greedy_rows = [p.greedy for p in params]
         if all(greedy_rows):
@@ -134,6 +134,8 @@ class Sampler:
         # Greedy rows go through the same math with temperature 1, then take the argmax.
         temps = [1.0 if g else p.temperature for p, g in zip(params, greedy_rows, strict=True)]
         scaled = logits / torch.tensor(temps, device=dev)[:, None]  # (B, V)
+        if any(not g and p.min_p > 0 for p, g in zip(params, greedy_rows, strict=True)):
+            scaled = filter_min_p(scaled, params)
         if any(not g and (p.top_k > 1 or p.top_p < 1.0) for p, g in zip(params, greedy_rows, strict=True)):
             scaled = filter_top_k_top_p(scaled, params)
         probs = torch.softmax(scaled, dim=-1)  # (B, V)
@@ -159,6 +161,35 @@ class Sampler:
                 g.manual_seed(_mix_seed(s.sampling.seed, s.num_generated + s.sampling.seed_step_offset))
                 u[i] = torch.rand(1, generator=g, dtype=torch.float64).item()
         return u
+
+
+def prompt_token_logprobs(logits: torch.Tensor, targets: Sequence[int], k: int
+                          ) -> list[TokenLogprob]:
+    """logits (n, V) at n consecutive prompt positions -> the logprob of the prompt token
+    that follows each (``targets``, n of them) and the ``k`` most likely tokens', from the
+    model's own logits (no penalties, bias, grammar or temperature: what the model says of
+    the prompt, as vLLM's prompt logprobs)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)  # (n, V)
+    tgt = torch.tensor(list(targets), dtype=torch.int64, device=logits.device)
+    chosen = logp.gather(1, tgt[:, None]).squeeze(1).clamp(min=MIN_LOGPROB).tolist()
+    if k:
+        top_v, top_i = logp.topk(k, dim=-1)  # (n, k)
+        vals, ids = top_v.clamp(min=MIN_LOGPROB).tolist(), top_i.tolist()
+    else:
+        vals = ids = [[] for _ in chosen]
+    return [TokenLogprob(t, c, tuple(zip(i, v, strict=True)))
+            for t, c, i, v in zip(targets, chosen, ids, vals, strict=True)]
+
+
+def filter_min_p(scaled: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """Set every logit whose probability is below its row's ``min_p`` times the row's
+    largest probability to -inf (a row with min_p 0 keeps every token).
+
+    NOTE: p_i >= min_p * p_max  <=>  logit_i >= logit_max + log(min_p): no softmax needed.
+    """
+    min_p = torch.tensor([p.min_p for p in params], device=scaled.device)  # (B,)
+    threshold = scaled.amax(dim=-1) + torch.log(min_p)  # (B,); min_p 0 -> -inf
+    return scaled.masked_fill(scaled < threshold[:, None], float("-inf"))
 
 
 def filter_top_k_top_p(scaled: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:

@@ -192,7 +192,8 @@ class Scheduler:
         seq = self._new_seq(request)
         # NOTE: the hashes match_prefix computes stay on the sequence for its admission, so
         # this costs only the pool lookups, which a second lookup repeats at admission.
-        seq.num_expected_hit_tokens = self.kv.match_prefix(seq).num_tokens
+        if not seq.wants_prompt_logprobs:
+            seq.num_expected_hit_tokens = self.kv.match_prefix(seq).num_tokens
         if request.sampling.n > 1:
             seq.group = [seq]
         self.seqs[request.request_id] = seq
@@ -412,7 +413,10 @@ class Scheduler:
         first = True
         while waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = waiting[0]
-            hit = self.kv.match_prefix(seq) if not seq.block_table else NO_HIT
+            # NOTE: prompt logprobs need the logits of every prompt position: such a
+            # request takes nothing from the prefix cache (its blocks still go there).
+            hit = (self.kv.match_prefix(seq) if not seq.block_table and not seq.wants_prompt_logprobs
+                   else NO_HIT)
             computed = hit.num_tokens if hit.block_ids else seq.num_computed_tokens
             remaining = seq.num_tokens - computed
             cap = min(budget, self.long_prefill) if len(waiting) > 1 else budget
@@ -452,6 +456,8 @@ class Scheduler:
         out = ScheduledSeq(seq.request_id, toks[start:end], start, seq.block_table,
                            sample, seq.sampling, len(toks) - seq.num_prompt_tokens,
                            images=seq.request.images if start < seq.num_prompt_tokens else ())
+        if start < seq.num_prompt_tokens - 1 and seq.wants_prompt_logprobs:
+            out.prompt_targets = tuple(toks[start + 1 : min(end, seq.num_prompt_tokens - 1) + 1])
         seq.num_computed_tokens = end
         sp = seq.sampling
         if sample and sp.processes_logits:
@@ -592,13 +598,16 @@ class Scheduler:
         outputs: list[TokenOutput] = []
         any_finished = False
         logprobs = result.logprobs or [None] * len(batch.seqs)
-        for sched, seq, tok, lp in zip(batch.seqs, batch.owners, result.sampled, logprobs,
-                                       strict=True):
+        prompt_lps = result.prompt_logprobs
+        for i, (sched, seq, tok, lp) in enumerate(zip(batch.seqs, batch.owners, result.sampled,
+                                                      logprobs, strict=True)):
             st = seq.status
             if st is SeqStatus.FINISHED:
                 continue  # aborted, or finished by the batch before: its token is dropped
             if st is SeqStatus.RUNNING:  # else preempted since: its blocks are gone
                 self.kv.cache_computed_blocks(seq, sched.end_pos)
+            if sched.prompt_targets:
+                self._keep_prompt_logprobs(seq, sched, prompt_lps[i] if prompt_lps else None)
             if not sched.sample:
                 continue
             if tok is None:
@@ -610,6 +619,15 @@ class Scheduler:
         if any_finished:
             self.running = [s for s in self.running if s.status is SeqStatus.RUNNING]
         return outputs
+
+    def _keep_prompt_logprobs(self, seq: Sequence, sched: ScheduledSeq,
+                              lps: list[TokenLogprob] | None) -> None:
+        if lps is None or len(lps) != len(sched.prompt_targets):
+            raise RuntimeError(f"runner computed no prompt logprobs for {sched.request_id!r}")
+        if seq.prompt_logprobs is None:
+            seq.prompt_logprobs = []
+        # NOTE: by position: a chunk computed again (after a preemption) replaces its own.
+        seq.prompt_logprobs[sched.start_pos:] = lps
 
     def _append_token(self, seq: Sequence, tok: int, lp: TokenLogprob | None = None
                       ) -> TokenOutput:
@@ -624,8 +642,11 @@ class Scheduler:
         seq.token_ids[pos] = tok
         sp = seq.sampling
         reason: FinishReason | None = None
-        error = seq.grammar.advance(tok) if seq.grammar is not None else None
-        if error is not None:
+        drop = sp.max_tokens == 0  # the prompt only: the token drawn after it is dropped
+        error = seq.grammar.advance(tok) if seq.grammar is not None and not drop else None
+        if drop:
+            reason = FinishReason.LENGTH
+        elif error is not None:
             reason = FinishReason.ERROR
             if self.grammar is not None:
                 self.grammar.stats.errors += 1
@@ -636,11 +657,14 @@ class Scheduler:
             reason = FinishReason.LENGTH
         if seq.first_token_at == 0.0 or reason is not None:
             self._time_token(seq, reason is not None)
-        out = self._output(seq, [tok] if error is None else [], reason)
+        first = pos == seq.num_prompt_tokens
+        out = self._output(seq, [tok] if error is None and not drop else [], reason)
         if error is not None:
             out.error = f"request {seq.request_id!r}: {error}"
-        elif lp is not None:
+        elif lp is not None and not drop:
             out.logprobs = [lp]
+        if first and seq.prompt_logprobs is not None:
+            out.prompt_logprobs, seq.prompt_logprobs = seq.prompt_logprobs, None
         if reason is not None:
             if seq.request.export_kv_from_block is not None and self.kv_exporter is not None:
                 out.kv = self._export(seq)

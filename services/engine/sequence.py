@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from services.api.outputs import FinishReason
+from services.api.outputs import FinishReason, TokenLogprob
 from services.api.sampling import SamplingParams
 from services.common.hashing import BlockHash
 from services.engine.request import GenerateRequest
@@ -66,6 +66,8 @@ class Sequence:
     choice: int = 0
     group: list[Sequence] | None = None
     forked: bool = False
+    # sampling.prompt_logprobs: those computed so far, prompt token i's at [i - 1].
+    prompt_logprobs: list[TokenLogprob] | None = None
     # The scheduler's clock when it arrived, was first scheduled (a remote prefill: parked)
     # and produced its first token (0.0: not yet): the phases of EngineTimings.
     queued_at: float = 0.0
@@ -87,6 +89,14 @@ class Sequence:
     @property
     def num_generated(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """Whether its prompt is still to be computed for its prompt logprobs: choice 0 of a
+        request that asked, before its first token (a preempted one resumes from the cache:
+        its prompt logprobs went out with that token)."""
+        return (self.request.sampling.prompt_logprobs is not None and self.choice == 0
+                and len(self.token_ids) == self.num_prompt_tokens)
 
     @property
     def finished(self) -> bool:

@@ -36,6 +36,7 @@ from services.frontend.errors import APIError, ServingErrors, route_error
 from services.frontend.guard import REQUEST_ID, CatchAll
 from services.frontend.images import resolve_images
 from services.frontend.metrics import FrontendMetrics
+from services.frontend.prompts import merged
 from services.frontend.render import Renderer
 from services.frontend.schemas import ChatCompletionRequest, CompletionRequest
 from services.frontend.streaming import ClientGone, collect, first_delta, sse, unless_disconnected
@@ -96,8 +97,13 @@ def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readines
             # request another round trip.
             r = Renderer(chat, ("chatcmpl-" if chat else "cmpl-") + rid, body.model,
                          logprobs=body.num_logprobs() is not None)
-            urls = body.image_urls() if isinstance(body, ChatCompletionRequest) else []
-            if urls:
+            choices = body.n
+            if isinstance(body, CompletionRequest):
+                reqs = body.to_processes(rid)
+                choices *= len(reqs)
+                deltas = (processor.generate(reqs[0]) if len(reqs) == 1
+                          else merged(processor.generate, reqs, body.n))
+            elif urls := body.image_urls():
                 images = await unless_disconnected(request, resolve_images(urls, cfg.multimodal))
                 deltas = processor.generate(body.to_process(rid, images))
             else:
@@ -107,12 +113,12 @@ def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readines
             return _fail(m, t0, _api_error(e, errors, rid))
         if body.stream:
             gen = sse(m, r, deltas, first, t0, body.include_usage, fc.request_timeout_s,
-                      errors, rid, body.n)
+                      errors, rid, choices)
             return StreamingResponse(gen, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
             choices, usage = await unless_disconnected(
-                request, collect(m, deltas, first, t0, fc.request_timeout_s, body.n))
+                request, collect(m, deltas, first, t0, fc.request_timeout_s, choices))
         except (ServingError, APIError, ClientGone) as e:
             return _fail(m, t0, _api_error(e, errors, rid))
         response = JSONResponse(r.full(choices, usage))

@@ -62,8 +62,11 @@ class Renderer:
             offsets.append(at)
             at += len(x.token)
         self._text_offset[index] = at
+        # NOTE: an echoed prompt's first token has no logprob: null, and null top logprobs
+        # (OpenAI's and vLLM's shape).
         return {"tokens": [x.token for x in lps], "token_logprobs": [x.logprob for x in lps],
-                "top_logprobs": [dict(x.top) for x in lps], "text_offset": offsets}
+                "top_logprobs": [None if x.logprob is None else dict(x.top) for x in lps],
+                "text_offset": offsets}
 
     def _base(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}

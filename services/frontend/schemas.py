@@ -1,7 +1,9 @@
 """Request bodies of the OpenAI API (pydantic), and their translation to ProcessRequest.
 
-Unknown fields are ignored (clients send many optional ones); known fields we do not
-implement are accepted only at their no-op values (e.g. ``n=1``), else a 400 names them.
+Every field of OpenAI's chat-completions and completions requests is honoured, refused
+with a 400 that names it (at any value but its no-op one: ``modalities: ["text"]`` is
+fine), or ignored where the spec lets a server ignore it (``user``, ``metadata``: only
+stored, and we store nothing); docs/api.md holds the table. Unknown fields are ignored.
 
 Numbers and booleans are strict: ``"8"`` or ``true`` is no max_tokens, ``"true"`` no
 stream (a client sending them has a bug worth a 400, not a guess); an integer is still a
@@ -15,7 +17,15 @@ import functools
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    field_validator,
+    model_validator,
+)
 
 from services.api.images import ImageData
 from services.api.processor import (
@@ -50,6 +60,9 @@ Text = Annotated[str, AfterValidator(_unicode)]
 Int = Annotated[int, Strict()]
 Float = Annotated[float, Strict()]  # strict float still takes an int, never a bool or a string
 Bool = Annotated[bool, Strict()]
+# Prompts of one completions request times its n: each is a request of its own in the
+# cluster, all started at once.
+MAX_PROMPT_CHOICES = 256
 # Token ids cross gRPC as uint32; the processor checks them against the vocabulary.
 TokenId = Annotated[int, Strict(), Field(ge=0, lt=2**32)]
 
@@ -91,6 +104,10 @@ class ChatMessageIn(_Body):
     role: ChatRole
     content: Text | list[ContentPart] | None = None
     tool_calls: list[ToolCallIn] | None = None  # an assistant's earlier calls
+    tool_call_id: Text | None = None  # a tool message: the call it answers
+    # Refused: an assistant's audio answer or a deprecated function call sent back.
+    audio: Any = None
+    function_call: Any = None
 
     def text(self) -> str:
         return self.text_and_images(0, {})[0]
@@ -128,6 +145,9 @@ class FunctionDef(_Body):
     name: Text = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     description: Text | None = None
     parameters: dict[str, Any] | None = None
+    # Arguments exactly to the schema: what a forced call's grammar gives; refused where
+    # the model may call freely (tool_choice "auto": the call is parsed from its text).
+    strict: Bool | None = None
 
 
 class ToolDef(_Body):
@@ -146,6 +166,11 @@ class NamedToolChoice(_Body):
 
 class StreamOptions(_Body):
     include_usage: Bool = False
+    include_obfuscation: Bool | None = None  # ignored: our chunks carry no padding field
+
+
+def _refused(field: str, why: str) -> ValueError:
+    return ValueError(f"{field}: not supported ({why})")
 
 
 class _Sampling(_Body):
@@ -164,8 +189,13 @@ class _Sampling(_Body):
     frequency_penalty: Float | None = Field(None, ge=-2, le=2)
     # token id (a JSON object's keys are strings) -> bias added to its logit
     logit_bias: dict[str, Float] | None = None
+    # Ignored by spec: identifiers for the caller's abuse tracking and cache routing (the
+    # KV-aware router finds shared prefixes without a key).
     user: Text | None = None
+    safety_identifier: Text | None = None
+    prompt_cache_key: Text | None = None
     # vLLM's extras
+    min_p: Float | None = Field(None, ge=0, le=1)
     stop_token_ids: list[TokenId] = Field(default_factory=list)
     ignore_eos: Bool = False
     repetition_penalty: Float | None = Field(None, gt=0)
@@ -181,7 +211,7 @@ class _Sampling(_Body):
     @model_validator(mode="after")
     def _check_unsupported(self) -> _Sampling:
         if self.best_of is not None and self.best_of != 1:
-            raise ValueError("best_of: only best_of=1 is supported (n choices are all returned)")
+            raise _refused("best_of", "only best_of=1: the n choices are all returned")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options: only allowed when stream is true")
         limit = self.requested_max_tokens()
@@ -191,6 +221,10 @@ class _Sampling(_Body):
 
     def num_logprobs(self) -> int | None:
         """How many top logprobs per token (0: only the chosen token's); None: none."""
+        return None
+
+    def num_prompt_logprobs(self) -> int | None:
+        """The same for the prompt's tokens (completions' echo)."""
         return None
 
     def logit_bias_pairs(self) -> tuple[tuple[int, float], ...]:
@@ -237,14 +271,15 @@ class _Sampling(_Body):
             return SamplingParams(
                 max_tokens=max_tokens,
                 temperature=1.0 if self.temperature is None else self.temperature,
-                top_p=1.0 if self.top_p is None else self.top_p,
+                top_p=1.0 if self.top_p is None else self.top_p, min_p=self.min_p or 0.0,
                 top_k=max(self.top_k or 0, 0), seed=self.seed, stop=tuple(self.stop_list()),
                 stop_token_ids=tuple(self.stop_token_ids), ignore_eos=self.ignore_eos,
                 presence_penalty=self.presence_penalty or 0.0,
                 frequency_penalty=self.frequency_penalty or 0.0,
                 repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
                 logit_bias=self.logit_bias_pairs(), min_tokens=self.min_tokens,
-                logprobs=self.num_logprobs(), n=self.n, structured=structured)
+                logprobs=self.num_logprobs(), n=self.n, structured=structured,
+                prompt_logprobs=self.num_prompt_logprobs())
         except ValueError as e:
             field = str(e).split(":", 1)[0]
             raise InvalidRequest(str(e), param=field, code="invalid_value") from None
@@ -257,7 +292,66 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: Int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     tools: list[ToolDef] | None = Field(None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: Bool | None = None
+    parallel_tool_calls: Bool | None = None  # false: at most one call in the answer
+    modalities: list[Literal["text", "audio"]] | None = None  # ["text"] only
+    # Ignored by spec: stored with the completion (we store nothing; ``store: true`` is
+    # refused) and prompt-cache hints (the prefix cache is automatic).
+    metadata: dict[str, Text] | None = None
+    prompt_cache_retention: Text | None = None
+    prompt_cache_options: Any = None
+    # Refused unless null (or their no-op value): nothing here can honour them.
+    audio: Any = None
+    prediction: Any = None
+    web_search_options: Any = None
+    functions: Any = None
+    function_call: Any = None
+    moderation: Any = None
+    reasoning_effort: Text | None = None
+    verbosity: Text | None = None
+    store: Bool | None = None
+    service_tier: Text | None = None
+
+    @model_validator(mode="after")
+    def _check_refused(self) -> ChatCompletionRequest:
+        why = {
+            "audio": "text output only", "prediction": "no predicted outputs",
+            "web_search_options": "no web search", "moderation": "no moderation",
+            "functions": "deprecated: send tools", "function_call": "deprecated: send tool_choice",
+            "reasoning_effort": "not a reasoning model",
+        }
+        for name, reason in why.items():
+            if getattr(self, name) is not None:
+                raise _refused(name, reason)
+        if self.modalities is not None and self.modalities != ["text"]:
+            raise _refused("modalities", 'only ["text"]')
+        if self.verbosity not in (None, "medium"):
+            raise _refused("verbosity", "the model's answer length is its own; only \"medium\"")
+        if self.store:
+            raise _refused("store", "completions are not stored")
+        if self.service_tier not in (None, "auto", "default"):
+            raise _refused("service_tier", 'one tier: "auto" or "default"')
+        for i, m in enumerate(self.messages):
+            for name in ("audio", "function_call"):
+                if getattr(m, name) is not None:
+                    raise _refused(f"messages.{i}.{name}",
+                                   "no audio" if name == "audio" else "deprecated: send tool_calls")
+        return self
+
+    @model_validator(mode="after")
+    def _check_tool_call_ids(self) -> ChatCompletionRequest:
+        """A tool message answers a call an earlier assistant message made."""
+        made: set[str] = set()
+        for i, m in enumerate(self.messages):
+            if m.role == "assistant":
+                made.update(c.id for c in m.tool_calls or () if c.id is not None)
+            elif m.role == "tool":
+                if m.tool_call_id is None:
+                    raise ValueError(f"messages.{i}.tool_call_id: a tool message must name the "
+                                     "call it answers")
+                if m.tool_call_id not in made:
+                    raise ValueError(f"messages.{i}.tool_call_id: {m.tool_call_id!r} names no "
+                                     "tool call of an earlier assistant message")
+        return self
 
     @model_validator(mode="after")
     def _check_logprobs(self) -> ChatCompletionRequest:
@@ -279,6 +373,13 @@ class ChatCompletionRequest(_Sampling):
                              "not in tools")
         if tc == "required" and not names:
             raise ValueError("tool_choice: \"required\" needs tools")
+        if tc in (None, "auto"):
+            for i, t in enumerate(self.tools or ()):
+                if t.function.strict:
+                    raise _refused(f"tools.{i}.function.strict",
+                                   'with tool_choice "auto" the call is parsed from free text; '
+                                   'strict arguments need tool_choice "required" or a named '
+                                   "function, whose call follows the schema exactly")
         return self
 
     def tool_list(self) -> tuple[Tool, ...]:
@@ -327,12 +428,15 @@ class ChatCompletionRequest(_Sampling):
         limit = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
         msgs = tuple(ChatMessage(m.role, *m.text_and_images(i, images or {})) for i, m in enumerate(self.messages))
         return ProcessRequest(request_id, messages=msgs, sampling=self.sampling(limit), model=self.model,
-                              tools=self.tool_list(), tool_choice=self.choice())
+                              tools=self.tool_list(), tool_choice=self.choice(),
+                              parallel_tool_calls=self.parallel_tool_calls is not False)
 
 
 class CompletionRequest(_Sampling):
-    prompt: Text | list[Text] | list[TokenId]
-    max_tokens: Int | None = Field(16, ge=1)  # OpenAI's default for /v1/completions
+    # One prompt or several (a choice per prompt per n): text, or token ids.
+    prompt: Text | list[Text] | list[TokenId] | list[list[TokenId]]
+    # OpenAI's default for /v1/completions; 0 (with echo): the prompt only
+    max_tokens: Int | None = Field(16, ge=0)
     echo: Bool = False
     suffix: Text | None = None
     logprobs: Int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
@@ -340,29 +444,55 @@ class CompletionRequest(_Sampling):
     def num_logprobs(self) -> int | None:
         return self.logprobs
 
+    def num_prompt_logprobs(self) -> int | None:
+        return self.logprobs if self.echo else None
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_kind(cls, v: Any) -> Any:
+        # NOTE: else pydantic reports the first member's complaint ("prompt.0: Input should
+        # be a valid string" for a mixed list), which misleads a token-id caller.
+        if isinstance(v, list) and len({type(x) for x in v}) > 1:
+            raise ValueError("prompt: a list of prompts holds one kind: strings, token ids "
+                             "(integers) or lists of token ids")
+        return v
+
     @model_validator(mode="after")
     def _check_prompt(self) -> CompletionRequest:
-        if isinstance(self.prompt, list):
-            if not self.prompt:
+        p = self.prompt
+        if isinstance(p, list):
+            if not p:
                 raise ValueError("prompt: must not be empty")
-            if isinstance(self.prompt[0], str) and len(self.prompt) != 1:
-                raise ValueError("prompt: only one prompt per request is supported")
-        if self.echo:
-            raise ValueError("echo: not supported")
+            if isinstance(p[0], list) and not all(p):
+                raise ValueError("prompt: a token-id prompt must not be empty")
+            if len(p) * self.n > MAX_PROMPT_CHOICES and not isinstance(p[0], int):
+                raise ValueError(f"prompt: at most {MAX_PROMPT_CHOICES} prompts times n choices "
+                                 f"per request, got {len(p)} x {self.n}")
         if self.suffix:
-            raise ValueError("suffix: not supported")
+            raise _refused("suffix", "no fill-in-the-middle")
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens: 0 asks for the prompt alone, which needs echo: true")
         return self
 
-    def to_process(self, request_id: str) -> ProcessRequest:
+    def prompts(self) -> list[str | tuple[int, ...]]:
+        """Each prompt: its text or its token ids."""
         p = self.prompt
         if isinstance(p, str):
-            return ProcessRequest(request_id, prompt=p, sampling=self.sampling(self.max_tokens),
-                                  model=self.model)
-        if isinstance(p[0], str):
-            return ProcessRequest(request_id, prompt=str(p[0]),
-                                  sampling=self.sampling(self.max_tokens), model=self.model)
-        return ProcessRequest(request_id, prompt_ids=tuple(int(t) for t in p),
-                              sampling=self.sampling(self.max_tokens), model=self.model)
+            return [p]
+        if isinstance(p[0], int):
+            return [tuple(p)]  # type: ignore[arg-type]
+        return [x if isinstance(x, str) else tuple(x) for x in p]  # type: ignore[misc]
+
+    def to_processes(self, request_id: str) -> list[ProcessRequest]:
+        """One ProcessRequest per prompt (ids ``request_id``, or ``request_id-i`` for
+        several)."""
+        prompts = self.prompts()
+        sampling = self.sampling(self.max_tokens)
+        return [ProcessRequest(request_id if len(prompts) == 1 else f"{request_id}-{i}",
+                               prompt=p if isinstance(p, str) else None,
+                               prompt_ids=None if isinstance(p, str) else p,
+                               sampling=sampling, model=self.model, echo=self.echo)
+                for i, p in enumerate(prompts)]
 
 
 @functools.cache

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aservices/gen/request.proto\x12\x0etandem.request\"\xda\x04\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\r\n\x05top_k\x18\x02 \x01(\r\x12\x12\n\x05top_p\x18\x03 \x01(\x01H\x01\x88\x01\x01\x12\x11\n\x04seed\x18\x04 \x01(\x03H\x02\x88\x01\x01\x12\x17\n\nmax_tokens\x18\x05 \x01(\rH\x03\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\x18\n\x10seed_step_offset\x18\t \x01(\r\x12\x34\n\nstructured\x18\n \x01(\x0b\x32 .tandem.request.StructuredOutput\x12\x18\n\x10presence_penalty\x18\x0b \x01(\x01\x12\x19\n\x11\x66requency_penalty\x18\x0c \x01(\x01\x12\x1f\n\x12repetition_penalty\x18\r \x01(\x01H\x04\x88\x01\x01\x12\x41\n\nlogit_bias\x18\x0e \x03(\x0b\x32-.tandem.request.SamplingParams.LogitBiasEntry\x12\x12\n\nmin_tokens\x18\x0f \x01(\r\x12\x15\n\x08logprobs\x18\x10 \x01(\rH\x05\x88\x01\x01\x12\t\n\x01n\x18\x11 \x01(\r\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seedB\r\n\x0b_max_tokensB\x15\n\x13_repetition_penaltyB\x0b\n\t_logprobs\"X\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x0f\n\x07top_ids\x18\x03 \x03(\r\x12\x14\n\x0ctop_logprobs\x18\x04 \x03(\x02\"\xc4\x01\n\x10StructuredOutput\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x02 \x01(\x08H\x00\x12\x0f\n\x05regex\x18\x03 \x01(\tH\x00\x12:\n\x06\x63hoice\x18\x04 \x01(\x0b\x32(.tandem.request.StructuredOutput.ChoicesH\x00\x12\x11\n\x07grammar\x18\x05 \x01(\tH\x00\x1a\x1a\n\x07\x43hoices\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\tB\x06\n\x04kind\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r*N\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x08\n\x04STOP\x10\x01\x12\n\n\x06LENGTH\x10\x02\x12\t\n\x05\x41\x42ORT\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aservices/gen/request.proto\x12\x0etandem.request\"\x9b\x05\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\r\n\x05top_k\x18\x02 \x01(\r\x12\x12\n\x05top_p\x18\x03 \x01(\x01H\x01\x88\x01\x01\x12\x11\n\x04seed\x18\x04 \x01(\x03H\x02\x88\x01\x01\x12\x17\n\nmax_tokens\x18\x05 \x01(\rH\x03\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\x18\n\x10seed_step_offset\x18\t \x01(\r\x12\x34\n\nstructured\x18\n \x01(\x0b\x32 .tandem.request.StructuredOutput\x12\x18\n\x10presence_penalty\x18\x0b \x01(\x01\x12\x19\n\x11\x66requency_penalty\x18\x0c \x01(\x01\x12\x1f\n\x12repetition_penalty\x18\r \x01(\x01H\x04\x88\x01\x01\x12\x41\n\nlogit_bias\x18\x0e \x03(\x0b\x32-.tandem.request.SamplingParams.LogitBiasEntry\x12\x12\n\nmin_tokens\x18\x0f \x01(\r\x12\x15\n\x08logprobs\x18\x10 \x01(\rH\x05\x88\x01\x01\x12\t\n\x01n\x18\x11 \x01(\r\x12\r\n\x05min_p\x18\x12 \x01(\x01\x12\x1c\n\x0fprompt_logprobs\x18\x13 \x01(\rH\x06\x88\x01\x01\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seedB\r\n\x0b_max_tokensB\x15\n\x13_repetition_penaltyB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobs\"X\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x0f\n\x07top_ids\x18\x03 \x03(\r\x12\x14\n\x0ctop_logprobs\x18\x04 \x03(\x02\"\xc4\x01\n\x10StructuredOutput\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x02 \x01(\x08H\x00\x12\x0f\n\x05regex\x18\x03 \x01(\tH\x00\x12:\n\x06\x63hoice\x18\x04 \x01(\x0b\x32(.tandem.request.StructuredOutput.ChoicesH\x00\x12\x11\n\x07grammar\x18\x05 \x01(\tH\x00\x1a\x1a\n\x07\x43hoices\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\tB\x06\n\x04kind\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r*N\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x08\n\x04STOP\x10\x01\x12\n\n\x06LENGTH\x10\x02\x12\t\n\x05\x41\x42ORT\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,18 +33,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
-  _globals['_FINISHREASON']._serialized_start=1022
-  _globals['_FINISHREASON']._serialized_end=1100
+  _globals['_FINISHREASON']._serialized_start=1087
+  _globals['_FINISHREASON']._serialized_end=1165
   _globals['_SAMPLINGPARAMS']._serialized_start=47
-  _globals['_SAMPLINGPARAMS']._serialized_end=649
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=515
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=563
-  _globals['_TOKENLOGPROB']._serialized_start=651
-  _globals['_TOKENLOGPROB']._serialized_end=739
-  _globals['_STRUCTUREDOUTPUT']._serialized_start=742
-  _globals['_STRUCTUREDOUTPUT']._serialized_end=938
-  _globals['_STRUCTUREDOUTPUT_CHOICES']._serialized_start=904
-  _globals['_STRUCTUREDOUTPUT_CHOICES']._serialized_end=930
-  _globals['_USAGE']._serialized_start=940
-  _globals['_USAGE']._serialized_end=1020
+  _globals['_SAMPLINGPARAMS']._serialized_end=714
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=560
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=608
+  _globals['_TOKENLOGPROB']._serialized_start=716
+  _globals['_TOKENLOGPROB']._serialized_end=804
+  _globals['_STRUCTUREDOUTPUT']._serialized_start=807
+  _globals['_STRUCTUREDOUTPUT']._serialized_end=1003
+  _globals['_STRUCTUREDOUTPUT_CHOICES']._serialized_start=969
+  _globals['_STRUCTUREDOUTPUT_CHOICES']._serialized_end=995
+  _globals['_USAGE']._serialized_start=1005
+  _globals['_USAGE']._serialized_end=1085
 # @@protoc_insertion_point(module_scope)

@@ -21,18 +21,20 @@ class GenerateRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_request_pb2.SamplingParams, _Mapping]] = ..., images: _Optional[_Iterable[_Union[_multimodal_pb2.PromptImage, _Mapping]]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("token_ids", "finish_reason", "usage", "logprobs", "index")
+    __slots__ = ("token_ids", "finish_reason", "usage", "logprobs", "index", "prompt_logprobs")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     finish_reason: _request_pb2.FinishReason
     usage: _request_pb2.Usage
     logprobs: _containers.RepeatedCompositeFieldContainer[_request_pb2.TokenLogprob]
     index: int
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[_request_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_request_pb2.Usage, _Mapping]] = ..., logprobs: _Optional[_Iterable[_Union[_request_pb2.TokenLogprob, _Mapping]]] = ..., index: _Optional[int] = ...) -> None: ...
+    prompt_logprobs: _containers.RepeatedCompositeFieldContainer[_request_pb2.TokenLogprob]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[_request_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_request_pb2.Usage, _Mapping]] = ..., logprobs: _Optional[_Iterable[_Union[_request_pb2.TokenLogprob, _Mapping]]] = ..., index: _Optional[int] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_request_pb2.TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class KvChunk(_message.Message):
     __slots__ = ("request_id", "first_token", "first_block", "num_blocks", "dtype", "shape", "prefill_worker_id", "offset", "data", "shm_name", "transfer_token", "first_logprob")

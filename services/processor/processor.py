@@ -4,7 +4,7 @@
 in order: the prompt (chat template, tokens, checked against the context), its sampling
 settings, the router's decode worker, that worker's tokens streamed as text (one choice,
 migrating when the worker fails, or ``n`` choices), the tool calls read out of the text,
-and the ledger (outcome metrics, the router's FINISHED). The router is the in-process
+the prompt echoed (completions' ``echo``), and the ledger (outcome metrics, the router's FINISHED). The router is the in-process
 ``Router`` or a ``RouterClient`` (same ``route``/``update``).
 
 Router bookkeeping: ``update(PREFILLED)`` at the first token, ``update(FINISHED)`` at the end
@@ -23,6 +23,7 @@ from services.processor.images import ImagePrompting
 from services.processor.metrics import ProcessorMetrics
 from services.processor.router_reports import Publish, RouterLike, RouterReports
 from services.processor.stages.choices import ChoicesStage
+from services.processor.stages.echo import Echo
 from services.processor.stages.ledger import Ledger
 from services.processor.stages.prompt import PromptStage
 from services.processor.stages.route import RouteStage
@@ -77,13 +78,16 @@ class Processor:
             raise
         ledger = Ledger(self.metrics, self.reports, rid, len(prompt.ids))
         tools = ToolCallStage.for_request(req)
+        echo = Echo.for_request(self._tok, req, prompt)
         try:
-            stream = (self._stream.stream(rid, prompt, sampling, stops, route) if sampling.n == 1
-                      else self._choices.stream(rid, prompt, sampling, route))
+            stream = (self._stream.stream(rid, prompt, sampling, stops, route, echo)
+                      if sampling.n == 1 else self._choices.stream(rid, prompt, sampling, route, echo))
             async for out in stream:
                 delta = tools.apply(out) if tools is not None else out
                 if delta is None:
                     continue
+                if echo is not None:
+                    delta = echo.apply(delta)
                 if ledger.note(delta):  # the request's last delta
                     await ledger.release()
                 yield delta

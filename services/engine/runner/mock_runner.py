@@ -30,8 +30,9 @@ import xxhash
 
 from services.api.outputs import TokenLogprob
 from services.common.config import EngineConfig
-from services.engine.batch import PendingOutput, RunnerOutput, ScheduledBatch
+from services.engine.batch import PendingOutput, RunnerOutput, ScheduledBatch, ScheduledSeq
 from services.engine.runner.base import KvSpec, ModelRunner, RunnerInfo
+from services.engine.sampler import MIN_LOGPROB
 
 _MOCK_SEED = 7
 
@@ -123,6 +124,7 @@ class MockRunner(ModelRunner):
     def execute(self, batch: ScheduledBatch) -> RunnerOutput:
         sampled: list[int | None] = []
         logprobs: list[TokenLogprob | None] = []
+        prompt_lps: list[list[TokenLogprob] | None] = []
         k, v = self._flat[0], self._flat[1]  # numpy views of the cache tensor
         future = self._future
         slot = batch.future_base
@@ -140,6 +142,7 @@ class MockRunner(ModelRunner):
             slots = self._slots(table, s.start_pos, s.end_pos)
             k[slots] = toks
             v[slots] = self._pos1[s.start_pos : s.end_pos]
+            prompt_lps.append(self._prompt_logprobs(s, table) if s.prompt_targets else None)
             if not s.sample:
                 sampled.append(None)
                 logprobs.append(None)
@@ -169,7 +172,19 @@ class MockRunner(ModelRunner):
         self.busy_seconds += delay
         if not self._launching:
             _MockPending(RunnerOutput([]), self._device_free_at, self._sleep).wait()
-        return RunnerOutput(sampled, logprobs if any(x is not None for x in logprobs) else None)
+        return RunnerOutput(sampled, logprobs if any(x is not None for x in logprobs) else None,
+                            prompt_lps if any(x is not None for x in prompt_lps) else None)
+
+    def _prompt_logprobs(self, s: ScheduledSeq, table: np.ndarray) -> list[TokenLogprob]:
+        """Each target's logprob under the deterministic mock model: 0 where it is the token
+        the oracle gives after the tokens before it, else MIN_LOGPROB (probability 0)."""
+        known = self._flat[0][self._slots(table, 0, s.start_pos + len(s.prompt_targets))]
+        out: list[TokenLogprob] = []
+        for j, t in enumerate(s.prompt_targets):
+            best = self.next_token(known[: s.start_pos + j + 1].astype("<u4"))
+            top = ((best, 0.0),)[: s.sampling.prompt_logprobs or 0]
+            out.append(TokenLogprob(t, 0.0 if t == best else MIN_LOGPROB, top))
+        return out
 
     def export_kv(self, block_ids: Seq[int]) -> torch.Tensor:
         idx = torch.tensor(list(block_ids), dtype=torch.long)

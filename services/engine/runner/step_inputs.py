@@ -7,7 +7,7 @@ order, then one token per decode sequence in batch order, which is what
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -26,6 +26,8 @@ class StepInputs:
     has_futures: bool = False  # input_ids hold placeholders (< 0) for the runner to resolve
     mm_rows: torch.Tensor | None = None  # (M,) int64: flat rows whose embedding is an image's
     mm_embeds: torch.Tensor | None = None  # (M, H): the image embeddings for those rows
+    # (batch index, flat row of its first token) of each sequence with prompt_targets
+    prompt_rows: list[tuple[int, int]] = field(default_factory=list)
 
 
 def validate_batch(batch: ScheduledBatch, block_size: int, num_blocks: int, max_model_len: int) -> None:
@@ -86,6 +88,8 @@ def build_step_inputs(
         has_futures=bool(ids) and min(ids) < 0,
         mm_rows=mm_rows,
         mm_embeds=mm_embeds,
+        prompt_rows=[(i, last_row[i] - len(s.token_ids) + 1)
+                     for i, s in enumerate(batch.seqs) if s.prompt_targets],
     )
 
 

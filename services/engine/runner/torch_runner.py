@@ -8,7 +8,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -26,7 +26,7 @@ from services.engine.quant.groups import QuantSource
 from services.engine.runner.base import KvSpec, ModelRunner, RunnerInfo
 from services.engine.runner.cpu_decode import CpuDecode
 from services.engine.runner.step_inputs import build_step_inputs, validate_batch
-from services.engine.sampler import Sampled, Sampler
+from services.engine.sampler import Sampled, Sampler, prompt_token_logprobs
 from services.model.arch import ModelArchConfig
 
 if TYPE_CHECKING:
@@ -78,28 +78,43 @@ def stays_four_bit(cfg: EngineConfig, source: QuantSource) -> bool:
     return source.four_bit and cfg.quantization in ("auto", "int4") and cfg.tensor_parallel_size == 1
 
 
+# A batch's prompt logprobs (RunnerOutput.prompt_logprobs), on the host; None: no row asked.
+PromptLogprobs = list[list[TokenLogprob] | None] | None
+
+
+class StepForward(NamedTuple):
+    """One step's forward: the batch index and sequence of each sampled row, their logits
+    (N, V) (None when nothing is sampled) and the batch's prompt logprobs."""
+
+    sample_index: list[int]
+    sample_seqs: list[ScheduledSeq]
+    logits: torch.Tensor | None
+    prompt_logprobs: PromptLogprobs = None
+
+
 # What the forward thread hands back for one batch: the batch index of each sampled row,
 # the sampling sequences, the draw (on the host, or being copied there), the event that
-# copy completes on (CUDA), and timing events bracketing the batch's device work (CUDA).
+# copy completes on (CUDA), timing events bracketing the batch's device work (CUDA), and
+# the prompt logprobs.
 _Launched = tuple[list[int], list[ScheduledSeq], Sampled | None, "torch.cuda.Event | None",
-                  "tuple[torch.cuda.Event, torch.cuda.Event] | None"]
+                  "tuple[torch.cuda.Event, torch.cuda.Event] | None", PromptLogprobs]
 
 
 def _runner_output(n: int, index: list[int], seqs: list[ScheduledSeq],
-                   host: Sampled | None) -> RunnerOutput:
+                   host: Sampled | None, prompt_lps: PromptLogprobs = None) -> RunnerOutput:
     """The batch's RunnerOutput from the host copy of its draw (rows ``index``)."""
     sampled: list[int | None] = [None] * n
     if host is None:
-        return RunnerOutput(sampled)
+        return RunnerOutput(sampled, prompt_logprobs=prompt_lps)
     for i, tok in zip(index, host.tokens.tolist(), strict=True):
         sampled[i] = tok
     lps = host.token_logprobs(seqs)
     if lps is None:
-        return RunnerOutput(sampled)
+        return RunnerOutput(sampled, prompt_logprobs=prompt_lps)
     logprobs: list[TokenLogprob | None] = [None] * n
     for i, lp in zip(index, lps, strict=True):
         logprobs[i] = lp
-    return RunnerOutput(sampled, logprobs)
+    return RunnerOutput(sampled, logprobs, prompt_lps)
 
 
 class _TorchPending:
@@ -116,12 +131,13 @@ class _TorchPending:
 
     def result(self) -> RunnerOutput:
         if self._out is None:
-            index, seqs, host, done, timing = self._future.result()  # re-raises a forward error
+            # re-raises a forward error
+            index, seqs, host, done, timing, prompt_lps = self._future.result()
             if done is not None:
                 done.synchronize()
             if timing is not None:
                 self._runner.busy_seconds += timing[0].elapsed_time(timing[1]) / 1e3
-            self._out = _runner_output(self._n, index, seqs, host)
+            self._out = _runner_output(self._n, index, seqs, host, prompt_lps)
         return self._out
 
 
@@ -257,13 +273,14 @@ class TorchRunner(ModelRunner):
             return RunnerOutput([])
         t0 = time.perf_counter()
         with torch.inference_mode():
-            sample_index, sample_seqs, logits = self._forward(batch)
+            fwd = self._forward(batch)
             host = None
-            if logits is not None:
-                host = self.sampler.sample_tensor(logits, sample_seqs,
+            if fwd.logits is not None:
+                host = self.sampler.sample_tensor(fwd.logits, fwd.sample_seqs,
                                                   mask=batch.grammar_mask).to_host()
         self.busy_seconds += time.perf_counter() - t0
-        return _runner_output(len(batch.seqs), sample_index, sample_seqs, host)
+        return _runner_output(len(batch.seqs), fwd.sample_index, fwd.sample_seqs, host,
+                              fwd.prompt_logprobs)
 
     def reserve_future_slots(self, n: int) -> None:
         self._future = torch.zeros(n, dtype=torch.int64, device=self.device)
@@ -298,7 +315,7 @@ class TorchRunner(ModelRunner):
                 stream.wait_event(ready)
                 timing = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                 timing[0].record()
-            sample_index, sample_seqs, logits = self._forward(batch)
+            sample_index, sample_seqs, logits, prompt_lps = self._forward(batch)
             host = None
             if logits is not None:
                 # on the device; with a grammar it waits for the mask the scheduler thread fills
@@ -314,22 +331,23 @@ class TorchRunner(ModelRunner):
                 done.record()
         if stream is None:
             self.busy_seconds += time.perf_counter() - t0
-        return sample_index, sample_seqs, host, done, timing
+        return sample_index, sample_seqs, host, done, timing, prompt_lps
 
     def logits_for(self, batch: ScheduledBatch) -> torch.Tensor:
         """Run the step like ``execute`` (KV is written) but return the logits (N, V) of
         the sampling sequences, in batch order, as float32 on the CPU."""
         with torch.inference_mode():
-            _, _, logits = self._forward(batch)
+            logits = self._forward(batch).logits
         if logits is None:
             return torch.empty(0, self.vocab_size)
         return logits.float().cpu().clone()  # a normal (not inference-mode) tensor
 
-    def _forward(self, batch: ScheduledBatch) -> tuple[list[int], list[ScheduledSeq], torch.Tensor | None]:
-        """The step's forward: the batch index and sequence of each sampled row, and their
-        logits (N, V); None when nothing is sampled."""
+    def _forward(self, batch: ScheduledBatch) -> StepForward:
+        """The step's forward (see ``StepForward``)."""
         validate_batch(batch, self.block_size, self.kv_spec.num_blocks, self.max_model_len)
-        if self.graphs is not None:
+        # NOTE: a graph returns the sampled rows' logits only: a step with prompt logprobs to
+        # compute runs eagerly.
+        if self.graphs is not None and not any(s.prompt_targets for s in batch.seqs):
             key = self.graphs.bucket(batch)
             if key is not None:
                 return self._graph_forward(batch, key)
@@ -339,21 +357,36 @@ class TorchRunner(ModelRunner):
             ids = torch.where(ids < 0, self._future[(-1 - ids).clamp_(min=0)], ids)
         hidden = self.model(ids, step.positions, step.meta, self._kv_layers,
                             step.mm_rows, step.mm_embeds)  # (T, H)
+        prompt_lps = (self._prompt_logprobs(hidden, batch, step.prompt_rows) if step.prompt_rows
+                      else None)
         if not step.sample_index:
-            return step.sample_index, step.sample_seqs, None
-        return step.sample_index, step.sample_seqs, self.model.compute_logits(hidden[step.sample_rows])
+            return StepForward(step.sample_index, step.sample_seqs, None, prompt_lps)
+        return StepForward(step.sample_index, step.sample_seqs,
+                           self.model.compute_logits(hidden[step.sample_rows]), prompt_lps)
 
-    def _graph_forward(self, batch: ScheduledBatch, key: tuple[int, int]
-                       ) -> tuple[list[int], list[ScheduledSeq], torch.Tensor | None]:
+    def _prompt_logprobs(self, hidden: torch.Tensor, batch: ScheduledBatch,
+                         rows: list[tuple[int, int]]) -> PromptLogprobs:
+        """The logprobs of each ``rows`` sequence's prompt_targets, from the logits of its
+        first positions (one sequence at a time: a (n, V) float32 block per chunk)."""
+        out: list[list[TokenLogprob] | None] = [None] * len(batch.seqs)
+        for i, first in rows:
+            s = batch.seqs[i]
+            n = len(s.prompt_targets)
+            k = s.sampling.prompt_logprobs or 0
+            logits = self.model.compute_logits(hidden[first : first + n])  # (n, V)
+            out[i] = prompt_token_logprobs(logits, s.prompt_targets, k)
+        return out
+
+    def _graph_forward(self, batch: ScheduledBatch, key: tuple[int, int]) -> StepForward:
         assert self.graphs is not None
         logits = self.graphs.run(batch, key, self._future)  # (n, V), batch order
         index = [i for i, s in enumerate(batch.seqs) if s.sample]
         seqs = [batch.seqs[i] for i in index]
         if not index:
-            return index, seqs, None
+            return StepForward(index, seqs, None)
         if len(index) < len(batch.seqs):
             logits = logits[torch.tensor(index, device=self.device)]
-        return index, seqs, logits
+        return StepForward(index, seqs, logits)
 
     # -- KV transfer -----------------------------------------------------------------------
 

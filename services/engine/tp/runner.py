@@ -25,11 +25,11 @@ from pathlib import Path
 import torch
 
 from services.common.config import EngineConfig
-from services.engine.batch import ScheduledBatch, ScheduledSeq
+from services.engine.batch import ScheduledBatch
 from services.engine.parallel import comm
 from services.engine.parallel.shard import TpShard, check_tp_layout
 from services.engine.request import GenerateRequest
-from services.engine.runner.torch_runner import TorchRunner
+from services.engine.runner.torch_runner import StepForward, TorchRunner
 from services.engine.tp.broadcast import PayloadBroadcaster
 from services.engine.tp.messages import ExportKv, ImportKv, RankFailed, RankReady, Shutdown
 from services.engine.tp.rank_main import (
@@ -144,7 +144,7 @@ class TpRunner(TorchRunner):
 
     # -- forward ---------------------------------------------------------------------------
 
-    def _forward(self, batch: ScheduledBatch) -> tuple[list[int], list[ScheduledSeq], torch.Tensor | None]:
+    def _forward(self, batch: ScheduledBatch) -> StepForward:
         msg = self._encoder.encode(batch, self._handles, self._dropped)
         self._dropped = []
         self._rank0_steps += 1

@@ -9,7 +9,10 @@ them (one module each, one entry each):
 4. ``stream`` (one choice) or ``choices`` (``n`` > 1): the worker's tokens as text deltas
    (detokenizer, stop strings, logprobs as text, usage); ``stream`` moves the request to
    another worker when its own fails (``migrate``).
-5. ``tool_calls``: the text read for tool calls, per choice.
-6. ``ledger``: the request's outcome metrics and its FINISHED report to the router,
+5. ``tool_calls``: the text read for tool calls, per choice (at most one call with
+   ``parallel_tool_calls`` false).
+6. ``echo``: completions' echo, the prompt's text and logprobs before each choice's first
+   delta.
+7. ``ledger``: the request's outcome metrics and its FINISHED report to the router,
    whatever the end was.
 """

@@ -18,6 +18,7 @@ from services.model.tokenizer import Tokenizer
 from services.processor.detokenizer import IncrementalDetokenizer
 from services.processor.metrics import ProcessorMetrics
 from services.processor.router_reports import RouterReports
+from services.processor.stages.echo import Echo
 from services.processor.stages.logprobs import text_logprob
 from services.processor.stages.prompt import Prompt
 from services.processor.stages.route import routed_cached_tokens
@@ -35,9 +36,10 @@ class ChoicesStage:
         self._block_size = block_size
 
     async def stream(self, request_id: str, prompt: Prompt, sampling: SamplingParams,
-                     route: RouteResponse) -> AsyncIterator[Delta]:
+                     route: RouteResponse, echo: Echo | None = None) -> AsyncIterator[Delta]:
         """Every choice's deltas as the worker sends them; Unavailable when the worker
-        fails, aborts or sends a choice that does not exist."""
+        fails, aborts or sends a choice that does not exist. ``echo`` takes the prompt
+        logprobs (choice 0's first output brings them, before any other choice's)."""
         ids = prompt.ids
         n = sampling.n
         detoks = [IncrementalDetokenizer(self._tok) for _ in range(n)]
@@ -54,6 +56,8 @@ class ChoicesStage:
                     raise Unavailable(f"decode worker {route.worker_id} sent choice {i} of {n}")
                 if chunk.finish_reason is FinishReason.ABORT:
                     raise Unavailable(f"decode worker {route.worker_id} aborted the request")
+                if echo is not None:
+                    echo.take(chunk.prompt_logprobs)
                 if chunk.finish_reason is not None:
                     cached = chunk.num_cached_tokens
                 if done[i]:

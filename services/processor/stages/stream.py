@@ -19,6 +19,7 @@ from services.model.tokenizer import Tokenizer
 from services.processor.detokenizer import IncrementalDetokenizer
 from services.processor.metrics import ProcessorMetrics
 from services.processor.router_reports import RouterReports
+from services.processor.stages.echo import Echo
 from services.processor.stages.logprobs import text_logprob
 from services.processor.stages.migrate import Migration
 from services.processor.stages.prompt import Prompt
@@ -38,11 +39,14 @@ class StreamStage:
         self._migration_limit = migration_limit
 
     async def stream(self, request_id: str, prompt: Prompt, sampling: SamplingParams,
-                     stops: StopMatcher, route: RouteResponse) -> AsyncIterator[Delta]:
+                     stops: StopMatcher, route: RouteResponse, echo: Echo | None = None
+                     ) -> AsyncIterator[Delta]:
         """Stream from ``route``'s worker; when it fails (dies, refuses, ends the stream
         without a finish or aborts), migrate: route ``ids + produced`` again excluding the
         failed workers, with ``max_tokens`` less what was produced and the seeded draws
-        continued. The last delta carries the finish reason and the usage."""
+        continued (and no prompt logprobs asked again: they came with the first token).
+        The last delta carries the finish reason and the usage; ``echo`` takes the prompt
+        logprobs."""
         ids = prompt.ids
         limit = sampling.max_tokens
         assert limit is not None  # resolved by the sampling stage
@@ -56,13 +60,16 @@ class StreamStage:
         while True:
             attempt_ids = ids + produced if produced else ids
             attempt_sp = replace(sampling, max_tokens=limit - len(produced),
-                                 seed_step_offset=sampling.seed_step_offset + len(produced))
+                                 seed_step_offset=sampling.seed_step_offset + len(produced),
+                                 prompt_logprobs=None if produced else sampling.prompt_logprobs)
             chunks = worker_stream(self._workers, route.address, request_id, prompt, attempt_ids, attempt_sp)
             failure: str | None = None
             overloaded = False
             first = True
             try:
                 async for chunk in chunks:
+                    if echo is not None:
+                        echo.take(chunk.prompt_logprobs)
                     if chunk.token_ids:
                         if first:
                             first = False
@@ -96,8 +103,9 @@ class StreamStage:
                 failure, last = "aborted the request", None
             if failure is None:
                 break
-            if len(produced) >= limit:
-                # NOTE: the worker died after its last token but before the finish message.
+            if limit and len(produced) >= limit:
+                # NOTE: the worker died after its last token but before the finish message
+                # (max_tokens 0 has none: it moves, for the prompt logprobs it asked).
                 last = TokenOutput(request_id, [], True, FinishReason.LENGTH, len(ids))
                 break
             route = await migration.move(route, produced, failure, overloaded)

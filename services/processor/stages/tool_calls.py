@@ -11,15 +11,18 @@ from services.processor.tools import ToolCallParser
 
 
 class ToolCallStage:
-    def __init__(self, tools: tuple[Tool, ...], choice: ToolChoice) -> None:
+    def __init__(self, tools: tuple[Tool, ...], choice: ToolChoice, parallel: bool = True) -> None:
         self._tools = tools
         self._choice = choice
+        self._parallel = parallel
         self._parsers: dict[int, ToolCallParser] = {}
 
     @classmethod
     def for_request(cls, req: ProcessRequest) -> ToolCallStage | None:
         """None where the request offers no tools to call."""
-        return cls(req.tools, req.tool_choice) if req.tools and req.tool_choice.mode != "none" else None
+        if not req.tools or req.tool_choice.mode == "none":
+            return None
+        return cls(req.tools, req.tool_choice, req.parallel_tool_calls)
 
     def apply(self, d: Delta) -> Delta | None:
         """``d`` with its text through its choice's parser; None when nothing is left to send."""
@@ -31,7 +34,8 @@ class ToolCallStage:
             d = replace(d, text=text)
         else:
             rest, calls = parser.finish()
-            d = replace(d, text=text + rest, tool_calls=calls)
+            # NOTE: parallel_tool_calls false: the first call the model wrote, alone.
+            d = replace(d, text=text + rest, tool_calls=calls if self._parallel else calls[:1])
         if not d.text and not d.logprobs and d.finish_reason is None and d.usage is None:
             return None
         return d

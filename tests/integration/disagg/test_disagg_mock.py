@@ -49,6 +49,16 @@ async def test_remote_equals_local_and_both_paths_are_counted(nats_url: str) -> 
     assert remote.tokens == local.tokens and len(local.tokens) == 8
 
 
+async def test_a_prompt_logprobs_request_prefills_locally_however_long(nats_url: str) -> None:
+    """A prefill worker sends KV and one token, not the prompt's logprobs."""
+    cfg = _cfg(nats_url)
+    async with decode_worker(cfg) as d, prefill_worker(cfg):
+        r = await generate(d, "lp", LONG, max_tokens=2, prompt_logprobs=0)
+        assert r.where == PrefillLocation.LOCAL and len(r.tokens) == 2
+        assert metric(d.worker, "tandem_worker_prefill_total", where="remote") == 0
+        await settle(d.engine, 0)
+
+
 async def test_partial_prefix_hit_transfers_only_missing_blocks(nats_url: str) -> None:
     cfg = _cfg(nats_url, max_local_prefill_length=8)
     async with decode_worker(cfg) as d, prefill_worker(cfg):

@@ -5,6 +5,7 @@ worker (gRPC) -> the real engine (mock runner here; the real SmolLM2 in the last
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import httpx
@@ -128,6 +129,34 @@ async def test_client_disconnect_aborts_on_the_engine(nats_url: str, tok: Tokeni
         async with httpx.AsyncClient() as http:
             m = (await http.get(c.url + "/metrics")).text
         assert 'tandem_frontend_requests_total{status="499"} 2.0' in m
+
+
+async def test_a_client_leaving_a_several_prompt_request_aborts_every_prompt(
+        nats_url: str, tok: Tokenizer) -> None:
+    cfg = cfg_for(nats_url, "fe5", engine={"max_model_len": 4096, "num_kv_blocks": 512,
+                                           "mock": {"step_base_s": 0.01}})
+    async with running_cluster(cfg, tok) as c:
+        body = {"model": MODEL, "prompt": ["Go on", "and on", "forever"], "n": 2,
+                "max_tokens": 2000, "stream": True}
+        async with httpx.AsyncClient(timeout=30) as http:
+            async with http.stream("POST", c.url + "/v1/completions", json=body) as resp:
+                assert resp.status_code == 200
+                seen = set()
+                async for line in resp.aiter_lines():
+                    if line.startswith("data: {"):
+                        seen.add(json.loads(line[6:])["choices"][0]["index"])
+                    if len(seen) == 6:
+                        break
+                assert c.node.engine.stats().num_running == 6  # 3 prompts x 2 choices
+        for _ in range(500):  # bounded wait, not a timing assertion
+            s = c.node.engine.stats()
+            if s.kv_blocks_used == 0 and s.num_running == 0 and s.num_waiting == 0:
+                break
+            await asyncio.sleep(0.02)
+        s = c.node.engine.stats()
+        assert (s.kv_blocks_used, s.num_running, s.num_waiting) == (0, 0, 0), s
+        await c.node.engine.check_integrity()
+        await c.wait_router_released()
 
 
 async def test_errors_over_the_wire(nats_url: str, tok: Tokenizer) -> None:

@@ -24,7 +24,8 @@ BAD_SAMPLING = [
     ("top_p", request_pb2.SamplingParams(top_p=float("nan"))),
     ("top_p", request_pb2.SamplingParams(top_p=-1.0)),
     ("top_k", request_pb2.SamplingParams(top_k=(1 << 32) - 1)),
-    ("max_tokens", request_pb2.SamplingParams(max_tokens=0)),
+    ("min_p", request_pb2.SamplingParams(min_p=1.5)),
+    ("prompt_logprobs", request_pb2.SamplingParams(prompt_logprobs=21)),
     ("stop", request_pb2.SamplingParams(stop=["x"] * 10_000)),
 ]
 

@@ -10,7 +10,7 @@ import pytest
 from services.api.outputs import FinishReason, TokenLogprob, TokenOutput, Usage
 from services.api.prefill import PrefillJob
 from services.api.prefill_codec import job_from_bytes, job_to_pb
-from services.api.processor import ChatMessage, Delta, ProcessRequest, TextLogprob
+from services.api.processor import ChatMessage, Delta, ProcessRequest, TextLogprob, Tool
 from services.api.processor_codec import delta_from_pb, delta_to_pb, request_from_pb, request_to_pb
 from services.api.request_codec import sampling_from_pb, sampling_to_pb
 from services.api.sampling import SamplingParams
@@ -39,7 +39,8 @@ FULL = SamplingParams(temperature=0.7, top_k=40, top_p=0.9, seed=-(2**63), max_t
                       stop=("\n\n", "END"), stop_token_ids=(7, 9), ignore_eos=True,
                       seed_step_offset=3, presence_penalty=-0.5, frequency_penalty=1.25,
                       repetition_penalty=1.1, logit_bias=((3, -100.0), (40, 2.5)), min_tokens=4,
-                      logprobs=0, n=3, structured=StructuredOutput.json_schema({"type": "object"}))
+                      logprobs=0, n=3, structured=StructuredOutput.json_schema({"type": "object"}),
+                      min_p=0.05, prompt_logprobs=2)
 
 
 def test_sampling_round_trips_every_field_and_keeps_unset_apart_from_zero() -> None:
@@ -56,10 +57,10 @@ def test_sampling_round_trips_every_field_and_keeps_unset_apart_from_zero() -> N
 @pytest.mark.parametrize(("field", "value"), [
     ("temperature", float("inf")), ("temperature", float("nan")), ("temperature", -1.0),
     ("top_p", 0.0), ("top_p", float("nan")), ("top_p", -1.0), ("top_k", 1 << 21),
-    ("max_tokens", 0), ("stop", [""]), ("stop", ["x"] * 17), ("stop", ["x" * 257]),
+    ("min_p", 1.5), ("min_p", float("nan")), ("stop", [""]), ("stop", ["x"] * 17), ("stop", ["x" * 257]),
     ("stop_token_ids", list(range(65))),
     ("presence_penalty", 2.5), ("frequency_penalty", float("nan")), ("repetition_penalty", 0.0),
-    ("logprobs", 21), ("n", 17),
+    ("logprobs", 21), ("prompt_logprobs", 21), ("n", 17),
 ])
 def test_a_bad_value_on_the_wire_is_refused_naming_the_field(field: str, value: object) -> None:
     msg = request_pb2.SamplingParams()
@@ -88,16 +89,21 @@ def test_generate_request_and_outputs_round_trip() -> None:
     lps = [TokenLogprob(8, -0.5, ((8, -0.5), (2, -1.25))), TokenLogprob(9, -2.0)]
     with_lp = TokenOutput("r1", [8, 9], logprobs=lps, index=2)
     assert output_from_pb("r1", output_to_pb(with_lp, 2)) == with_lp
+    with_prompt_lp = TokenOutput("r1", [8], logprobs=lps[:1], prompt_logprobs=lps)
+    assert output_from_pb("r1", output_to_pb(with_prompt_lp, 1)) == with_prompt_lp
 
 
 def test_process_request_and_deltas_round_trip() -> None:
     for req in (ProcessRequest("a", messages=(ChatMessage("user", "hi"),), sampling=FULL, model="m"),
                 ProcessRequest("b", prompt="text"),
-                ProcessRequest("c", prompt_ids=(1, 2, 3), sampling=SamplingParams(temperature=0))):
+                ProcessRequest("c", prompt_ids=(1, 2, 3), sampling=SamplingParams(temperature=0)),
+                ProcessRequest("d", prompt="text", echo=True),
+                ProcessRequest("e", prompt="text", tools=(Tool("f"),), parallel_tool_calls=False)):
         assert request_from_pb(request_to_pb(req)) == req
     lp = TextLogprob("Hi", -0.5, (("Hi", -0.5), ("Hello", -1.25)))
     for d in (Delta("x"), Delta("", FinishReason.STOP, Usage(3, 4, 1)),
-              Delta("Hi", logprobs=(lp,), index=2)):
+              Delta("Hi", logprobs=(lp,), index=2),
+              Delta("Hi", logprobs=(TextLogprob("H", None), lp, TextLogprob("i", 0.0)))):
         assert delta_from_pb(delta_to_pb(d)) == d
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from services.api.sampling import SamplingParams
-from services.engine.sampler import Sampler, filter_top_k_top_p
+from services.engine.sampler import Sampler, filter_min_p, filter_top_k_top_p
 from tests.support.tiny_model import seq
 
 V = 64
@@ -66,6 +66,36 @@ def test_top_k_keeps_the_k_best():
     n = 2000
     out = Sampler(4).sample(_nucleus_logits(n), _seqs(n, SamplingParams(top_k=3)))
     assert set(out) == {0, 1, 2}
+
+
+def test_min_p_drops_tokens_below_its_share_of_the_best():
+    n = 4000
+    # probabilities 0.5, 0.3, 0.15, then ~0.0008 each: min_p 0.5 keeps p >= 0.25 (tokens 0, 1)
+    out = Sampler(3).sample(_nucleus_logits(n), _seqs(n, SamplingParams(min_p=0.5)))
+    assert set(out) == {0, 1}
+    frac0 = _counts(out)[0].item() / n  # renormalised: 0.5 / 0.8 = 0.625, sd ~ 0.008
+    assert abs(frac0 - 0.625) < 0.05
+
+
+def test_min_p_near_one_at_temperature_one_is_greedy():
+    logits = torch.randn(64, V, generator=torch.Generator().manual_seed(11))
+    out = Sampler(0).sample(logits, _seqs(64, SamplingParams(temperature=1.0, min_p=0.999)))
+    assert out == logits.argmax(-1).tolist()
+
+
+def test_min_p_applies_after_temperature_and_per_row():
+    # Token 1 holds 0.3/0.5 = 0.6 of the best's probability at temperature 1; at temperature
+    # 0.25 it holds 0.6**4 = 0.13, below min_p 0.2: dropped only there. Row 1 has no min_p.
+    logits = _nucleus_logits(2)
+    params = [SamplingParams(temperature=0.25, min_p=0.2), SamplingParams(temperature=0.25)]
+    kept = filter_min_p(logits / 0.25, params).isfinite()
+    assert kept[0].nonzero().flatten().tolist() == [0]
+    assert bool(kept[1].all())
+
+
+def test_min_p_out_of_range_is_refused():
+    with pytest.raises(ValueError, match="min_p"):
+        SamplingParams(min_p=1.5)
 
 
 def test_full_distribution_is_followed():

@@ -86,6 +86,38 @@ async def test_stream_migrates_with_identical_text_and_usage(tok: Tokenizer) -> 
     await pool.close()
 
 
+async def test_an_echo_with_prompt_logprobs_migrates_with_the_prompt_echoed_once(
+        tok: Tokenizer) -> None:
+    cfg = mock_cluster_cfg(engine={"mock": {"step_base_s": 0.01}})
+    router = RecordingRouter(cfg)
+    pool = ChannelPool()
+    prompt = "Once upon a time there was"
+
+    def echo(rid: str) -> ProcessRequest:
+        return ProcessRequest(rid, prompt=prompt, model=MODEL, echo=True, sampling=SamplingParams(
+            max_tokens=30, temperature=0, logprobs=0, prompt_logprobs=0))
+
+    async with AsyncExitStack() as stack:
+        nodes = [await stack.enter_async_context(worker_decode_node(cfg, tok, f"w{i}"))
+                 for i in range(2)]
+        for i, n in enumerate(nodes):
+            router.worker_joined(Registration("decode", f"w{i}", address=n.address))
+        p = make_processor(cfg, tok, router, CTX, pool)
+        ref = [d async for d in p.generate(echo("ref"))]
+        deltas, killed = await _run_killing_after(p, echo("mig"), nodes, after=3)
+        assert killed is not None
+        survivor = next(n for n in nodes if n is not killed)
+        assert "mig" in survivor.worker.generate_calls  # the stream really moved
+        text = "".join(d.text for d in deltas)
+        assert text.startswith(prompt) and text == "".join(d.text for d in ref)
+        lps = [x for d in deltas for x in d.logprobs]
+        assert lps == [x for d in ref for x in d.logprobs]
+        assert len(lps) == len(tok.encode(prompt)) + 30 and lps[0].logprob is None
+        assert [x.logprob is None for x in lps].count(True) == 1
+        await survivor.engine.check_integrity()
+    await pool.close()
+
+
 async def test_stop_string_state_carries_over_a_migration(tok: Tokenizer) -> None:
     cfg = mock_cluster_cfg(engine={"mock": {"step_base_s": 0.01}})
     router = Router(cfg)

@@ -7,13 +7,21 @@ from collections.abc import AsyncIterator, Sequence
 
 import pytest
 
-from services.api.outputs import FinishReason, TokenOutput, Usage
-from services.api.processor import ChatMessage, Delta, ProcessRequest, Tool, ToolChoice
+from services.api.outputs import FinishReason, TokenLogprob, TokenOutput, Usage
+from services.api.processor import (
+    ChatMessage,
+    Delta,
+    ProcessRequest,
+    TextLogprob,
+    Tool,
+    ToolChoice,
+)
 from services.api.route import RequestPhase, RouteRequest, RouteResponse
 from services.api.sampling import SamplingParams
 from services.common.errors import InvalidRequest, ModelNotFound, Overloaded, Unavailable
 from services.processor.metrics import ProcessorMetrics
 from services.processor.router_reports import RouterReports
+from services.processor.stages.echo import Echo
 from services.processor.stages.ledger import Ledger
 from services.processor.stages.migrate import Migration
 from services.processor.stages.prompt import Prompt, PromptStage
@@ -203,6 +211,53 @@ def test_tool_calls_are_parsed_per_choice() -> None:
     assert last is not None and last.text == "" and [c.name for c in last.tool_calls] == ["f"]
     usage = stage.apply(Delta("", usage=Usage(1, 2, 0)))
     assert usage is not None and usage.usage == Usage(1, 2, 0)
+
+
+def test_parallel_tool_calls_false_answers_with_the_first_call_alone() -> None:
+    tools = (Tool("f"), Tool("g"))
+    two = (f'{OPEN}{{"name": "g", "arguments": {{"a": 1}}}}{CLOSE}\n'
+           f'{OPEN}{{"name": "f", "arguments": {{}}}}{CLOSE}')
+    for parallel, names in ((True, ["g", "f"]), (False, ["g"])):
+        stage = ToolCallStage.for_request(ProcessRequest("r", prompt="x", tools=tools,
+                                                         parallel_tool_calls=parallel))
+        assert stage is not None
+        last = stage.apply(Delta(two, FinishReason.STOP))
+        assert last is not None and [c.name for c in last.tool_calls] == names
+
+
+class _Letters:
+    """Token id i decodes to chr(97 + i)."""
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return "".join(chr(97 + i) for i in ids)
+
+
+def test_echo_puts_the_prompt_and_its_logprobs_before_each_choice() -> None:
+    req = ProcessRequest("r", prompt_ids=(0, 1, 2), echo=True,
+                         sampling=SamplingParams(prompt_logprobs=1, logprobs=1, n=2))
+    echo = Echo.for_request(_Letters(), req, Prompt([0, 1, 2]))
+    assert echo is not None
+    echo.take([TokenLogprob(1, -0.5, ((3, -0.25),)), TokenLogprob(2, -1.5, ((2, -1.5),))])
+    gen = TextLogprob("d", -0.1)
+    first = echo.apply(Delta("d", logprobs=(gen,), index=1))
+    assert first.text == "abcd" and first.index == 1
+    assert first.logprobs == (TextLogprob("a", None), TextLogprob("b", -0.5, (("d", -0.25),)),
+                              TextLogprob("c", -1.5, (("c", -1.5),)), gen)
+    assert echo.apply(Delta("e", index=1)) == Delta("e", index=1)  # once per choice
+    assert echo.apply(Delta("", FinishReason.LENGTH, index=0)).text == "abc"
+    assert echo.apply(Delta("", usage=Usage(3, 2, 0))) == Delta("", usage=Usage(3, 2, 0))
+    plain = Echo.for_request(_Letters(), ProcessRequest("r", prompt="xyz", echo=True), Prompt([0]))
+    assert plain is not None and plain.apply(Delta("!")) == Delta("xyz!")
+    assert Echo.for_request(_Letters(), ProcessRequest("r", prompt="xyz"), Prompt([0])) is None
+
+
+def test_echo_without_the_asked_prompt_logprobs_is_unavailable() -> None:
+    req = ProcessRequest("r", prompt="abc", echo=True, sampling=SamplingParams(prompt_logprobs=0))
+    echo = Echo.for_request(_Letters(), req, Prompt([0, 1, 2]))
+    assert echo is not None
+    echo.take(None)
+    with pytest.raises(Unavailable, match="no prompt logprobs"):
+        echo.apply(Delta("d"))
 
 
 async def test_ledger_counts_the_outcome_and_releases_once() -> None:

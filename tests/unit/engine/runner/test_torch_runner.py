@@ -60,6 +60,31 @@ def test_execute_samples_only_where_asked(hf_and_arch):
     assert r.execute(batch()).sampled == []
 
 
+@pytest.mark.parametrize("overlapped", [False, True])
+def test_prompt_logprobs_match_a_full_forward_across_chunks(hf_and_arch, overlapped: bool):
+    """Two chunks of one prompt beside another sequence (a decode-shaped row first): each
+    chunk's prompt targets get the logprobs of the full causal forward, top-k included."""
+    hf, arch = hf_and_arch
+    r = make_runner(arch, hf.state_dict())
+    sp = SamplingParams(temperature=0, prompt_logprobs=2)
+    ref = torch.log_softmax(hf_logits(hf, PROMPT), -1)  # (T, V)
+    got = []
+    for start, end in ((0, 6), (6, 10)):
+        s = seq("p", PROMPT[start:end], start, [1, 2, 3], sample=end == 10, sampling=sp)
+        s.prompt_targets = tuple(PROMPT[start + 1 : min(end, 9) + 1])
+        b = batch(seq("o", [7], 0, [9], sample=False), s)
+        out = r.launch(b).result() if overlapped else r.execute(b)
+        assert out.prompt_logprobs is not None and out.prompt_logprobs[0] is None
+        got += out.prompt_logprobs[1]
+    assert [lp.token_id for lp in got] == PROMPT[1:]
+    want = [ref[i, PROMPT[i + 1]].item() for i in range(9)]
+    assert [lp.logprob for lp in got] == pytest.approx(want, abs=1e-4)
+    for i, lp in enumerate(got):
+        top_v, top_i = ref[i].topk(2)
+        assert [t for t, _ in lp.top] == top_i.tolist()
+        assert [v for _, v in lp.top] == pytest.approx(top_v.tolist(), abs=1e-4)
+
+
 def test_seeded_sampling_reproducible_across_runners(hf_and_arch):
     hf, arch = hf_and_arch
     sp = SamplingParams(temperature=1.0, seed=1234)
