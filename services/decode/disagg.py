@@ -23,6 +23,7 @@ class DecisionReason(enum.StrEnum):
     QUEUE_FULL = "queue_full"  # queue holds max_prefill_queue_size requests or more
     QUEUE_TOKENS = "queue_tokens"  # queued prefill tokens + this one would exceed the bound
     NO_PREFILL_WORKERS = "no_prefill_workers"  # predict: prefill.replicas is 0
+    PROMPT_LOGPROBS = "prompt_logprobs"  # needs every prompt position's logits: only here
 
 
 @dataclass(frozen=True, slots=True)

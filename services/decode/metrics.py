@@ -8,6 +8,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from services.common.config import DisaggConfig
+from services.decode.disagg import DecisionReason
 from services.decode.kv_receiver import KvRefusal
 from services.disagg.prefill_outcome import PrefillLocation
 from services.engine.engine import EngineStats
@@ -29,6 +30,8 @@ class DecodeMetrics:
             "Remote prefills that ended as local prefills, by reason", ["reason"], registry=r)
         self.decisions = Counter("tandem_worker_prefill_decisions_total",
                                  "Prefill decisions by reason", ["reason"], registry=r)
+        for reason in DecisionReason:
+            self.decisions.labels(reason.value)
         self.kv_bytes_received = Counter("tandem_worker_kv_transfer_bytes_received_total",
                                          "KV bytes accepted from prefill workers", registry=r)
         self.kv_transfers_refused = Counter(

@@ -27,7 +27,7 @@ from services.api.prefill import PrefillJob
 from services.common.config import ClusterConfig
 from services.common.errors import InvalidRequest, Overloaded, Unavailable
 from services.decode.admission import refusal
-from services.decode.disagg import PrefillDecision, decide_prefill, worker_times
+from services.decode.disagg import DecisionReason, PrefillDecision, decide_prefill, worker_times
 from services.decode.kv_receiver import ExpectedKv, KvReceiver, KvTransferError, ReceivedKv
 from services.decode.metrics import DecodeMetrics
 from services.disagg.kv_shm import host_id
@@ -148,8 +148,8 @@ class DecodeWorker:
         queue = self.queue
         if request.sampling.prompt_logprobs is not None:
             # NOTE: prompt logprobs need every prompt position's logits, which a prefill
-            # worker does not send (KV and one token): prefilled here, as with disagg off.
-            return decide_prefill(d.model_copy(update={"enabled": False}), n, 0, 0, 0)
+            # worker does not send (KV and one token): prefilled here.
+            return PrefillDecision(False, DecisionReason.PROMPT_LOGPROBS, n)
         # NOTE: a multimodal request prefills here: its embeddings are in this process.
         if queue is None or not d.enabled or n <= d.max_local_prefill_length or request.images:
             # NOTE: local whatever the prefix hit: skip the step thread round trip to look it up.

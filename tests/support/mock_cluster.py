@@ -30,6 +30,11 @@ SMALL_ENGINE: dict[str, Any] = {
 }
 
 
+# The tests of the remote path want a long prompt prefilled remotely whenever the bounds
+# allow; the predict policy (which keeps a prompt local where that is sooner) has its own.
+REMOTE_WHEN_ALLOWED: dict[str, Any] = {"decode": {"disagg": {"policy": "threshold"}}}
+
+
 def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     """``base`` with ``over`` merged in at every depth: a nested dict in ``over`` changes only
     the keys it names."""
@@ -46,6 +51,7 @@ def mock_cluster_cfg(nats_url: str | None = None, *, small: bool = False,
     external nats-server and a fresh namespace (each test its own streams and consumers).
     ``small``: ``SMALL_ENGINE`` on top of ``MOCK_ENGINE``, and ``NO_MODEL``."""
     data: dict[str, Any] = {
+        **REMOTE_WHEN_ALLOWED,
         "model": {"name": MODEL, "path": NO_MODEL} if small else {"name": MODEL},
         "engine": merged(MOCK_ENGINE, SMALL_ENGINE) if small else MOCK_ENGINE,
         "discovery": {"ttl_s": 2.0, "heartbeat_s": 0.5},
@@ -57,7 +63,8 @@ def mock_cluster_cfg(nats_url: str | None = None, *, small: bool = False,
 
 
 def cluster_cfg(nats_url: str, **sections: Any) -> ClusterConfig:
-    """A config for a runner other than the mock (``sections`` taken as given) on ``nats_url``
-    in a fresh namespace."""
-    return parse_config({"namespace": f"t{uuid.uuid4().hex[:10]}",
-                         "nats": {"url": nats_url, "embedded": False}, **sections})
+    """A config for a runner other than the mock (``sections`` merged over
+    ``REMOTE_WHEN_ALLOWED``) on ``nats_url`` in a fresh namespace."""
+    return parse_config(merged({"namespace": f"t{uuid.uuid4().hex[:10]}",
+                                "nats": {"url": nats_url, "embedded": False},
+                                **REMOTE_WHEN_ALLOWED}, sections))

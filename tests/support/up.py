@@ -71,10 +71,14 @@ class Up:
 
 
 def start_up(config: Path, run_dir: Path, args: Sequence[str] = (), overrides: Sequence[str] = ()) -> Up:
-    """`tandem up -c config --run-dir run_dir [args...] [--set override ...]`, output in
+    """`tandem up -c config --run-dir run_dir [args...] [--set override ...]` (with
+    ``decode.disagg.policy=threshold`` first), output in
     ``run_dir.parent/up.log``. Its own session, so a test can end it and everything under it
     with one killpg; stopped, its parts included, when the test run is terminated."""
     log = run_dir.parent / f"{run_dir.name}-up.log"
+    # NOTE: the remote path's tests want a long prompt remote whenever allowed (a later
+    # --set of the key wins)
+    overrides = ["decode.disagg.policy=threshold", *overrides]
     argv = [sys.executable, "-m", "services.cli", "up", "-c", str(config), "--run-dir", str(run_dir),
             *args, *(a for o in overrides for a in ("--set", o))]
     with log.open("w") as out:

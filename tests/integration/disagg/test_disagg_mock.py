@@ -56,6 +56,8 @@ async def test_a_prompt_logprobs_request_prefills_locally_however_long(nats_url:
         r = await generate(d, "lp", LONG, max_tokens=2, prompt_logprobs=0)
         assert r.where == PrefillLocation.LOCAL and len(r.tokens) == 2
         assert metric(d.worker, "tandem_worker_prefill_total", where="remote") == 0
+        assert metric(d.worker, "tandem_worker_prefill_decisions_total",
+                      reason="prompt_logprobs") == 1
         await settle(d.engine, 0)
 
 
