@@ -87,7 +87,7 @@ _Launched = tuple[list[int], list[ScheduledSeq], Sampled | None, "torch.cuda.Eve
 
 
 # NOTE: cuDNN's fused attention, torch's first choice on Hopper, builds an execution plan
-# for each new input shape (~45 ms on an H200), and a prefill's shape is its prompt's
+# for each new input shape (~40 ms on an H200), and a prefill's shape is its prompt's
 # length: steps with prefill tokens run on flash / memory-efficient attention instead
 # (docs/benchmarks.md "On an H200"). Pure decode keeps cuDNN: its graphs fix the shapes.
 PREFILL_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]

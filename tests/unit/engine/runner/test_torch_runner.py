@@ -165,7 +165,7 @@ def test_prefill_attention_backends_apply_to_prefill_steps_only(hf_and_arch, mon
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_prefill_attention_skips_cudnn_and_decode_keeps_it(hf_and_arch, monkeypatch: pytest.MonkeyPatch):
-    """cuDNN attention builds a plan per new shape (~45 ms on an H200): prefill steps, whose
+    """cuDNN attention builds a plan per new shape (~40 ms on an H200): prefill steps, whose
     shapes are prompt lengths, must not use it; eager pure-decode steps keep the defaults."""
     hf, arch = hf_and_arch
     r = TorchRunner(arch, hf.state_dict(), EngineConfig(device="cuda", dtype="float32", block_size=4,
