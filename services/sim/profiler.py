@@ -146,11 +146,13 @@ class Profiler:
     def prefill(self, tokens: int, prefix: int) -> MeasuredStep:
         """One step computing ``tokens`` prompt tokens after ``prefix`` cached ones."""
         head = self._heads.get(prefix)
-        if head is None:  # computed once per prefix length; each point's hit keeps it cached
+        if head is None:
             head = self._heads[prefix] = self._prompt(prefix)
-            if prefix:
-                self._add(head, 1)
-                self._drain()
+        # NOTE: the prompts of other points may have evicted the head since it was computed
+        # (the warm-up computes the largest prefix first): computed again, untimed, if so.
+        if prefix and self.engine.prefix_hit_tokens(head + head[:1]) < prefix:
+            self._add(head, 1)
+            self._drain()
         self._add(head + self._prompt(tokens), 1)
         step = self._timed_step()
         self._drain()

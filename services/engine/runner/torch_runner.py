@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from services.api.outputs import TokenLogprob
 from services.common.config import EngineConfig
@@ -98,6 +99,13 @@ class StepForward(NamedTuple):
 # the prompt logprobs.
 _Launched = tuple[list[int], list[ScheduledSeq], Sampled | None, "torch.cuda.Event | None",
                   "tuple[torch.cuda.Event, torch.cuda.Event] | None", PromptLogprobs]
+
+
+# NOTE: cuDNN's fused attention, torch's first choice on Hopper, builds an execution plan
+# for each new input shape (~40 ms on an H200), and a prefill's shape is its prompt's
+# length: steps with prefill tokens run on flash / memory-efficient attention instead
+# (docs/benchmarks.md "On an H200"). Pure decode keeps cuDNN: its graphs fix the shapes.
+PREFILL_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def _runner_output(n: int, index: list[int], seqs: list[ScheduledSeq],
@@ -198,6 +206,8 @@ class TorchRunner(ModelRunner):
         # thread beside them competes instead of overlapping (measured 0.78-0.97x).
         self.overlap_pays = self.device.type == "cuda"
         self.pins_host_memory = self.device.type == "cuda"
+        # SDPA backends of steps with prefill tokens (None: torch's own choice)
+        self.prefill_attention = PREFILL_SDPA_BACKENDS if self.device.type == "cuda" else None
         if self.device.type == "cpu":
             torch.set_num_threads(cfg.threads)
         self.max_model_len = max_model_len or cfg.max_model_len or arch.max_position_embeddings
@@ -355,8 +365,10 @@ class TorchRunner(ModelRunner):
         ids = step.input_ids
         if step.has_futures:  # tokens the previous batch sampled: read on the device
             ids = torch.where(ids < 0, self._future[(-1 - ids).clamp_(min=0)], ids)
-        hidden = self.model(ids, step.positions, step.meta, self._kv_layers,
-                            step.mm_rows, step.mm_embeds)  # (T, H)
+        with (sdpa_kernel(self.prefill_attention) if self.prefill_attention and step.meta.num_prefill_tokens
+              else contextlib.nullcontext()):
+            hidden = self.model(ids, step.positions, step.meta, self._kv_layers,
+                                step.mm_rows, step.mm_embeds)  # (T, H)
         prompt_lps = (self._prompt_logprobs(hidden, batch, step.prompt_rows) if step.prompt_rows
                       else None)
         if not step.sample_index:

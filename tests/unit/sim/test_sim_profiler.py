@@ -50,6 +50,18 @@ def test_the_profiler_records_the_shapes_it_asked_for() -> None:
     profiler.engine.check_integrity()
 
 
+def test_a_prefix_evicted_since_it_was_computed_is_computed_again() -> None:
+    """The warm-up computes the largest prefix first; the points before its own (here six
+    prompts through a 1,024-token pool) evict it, and its point must still hit it."""
+    profiler = Profiler(build_engine(_cfg("engine.num_kv_blocks=64")).engine)
+    profiler.prefill(16, 256)
+    for _ in range(6):
+        profiler.prefill(256, 0)
+    step = profiler.prefill(16, 256)
+    assert step.shape == BatchShape(16, 16 * 272, 0, 0, 16 * 272, 272)
+    profiler.engine.check_integrity()
+
+
 def test_the_profile_of_the_mock_finds_its_costs() -> None:
     cfg = _cfg()
     engine = build_engine(cfg).engine

@@ -147,3 +147,55 @@ def test_import_rejects_bad_shape_dtype_and_ids(hf_and_arch):
         r.import_kv([1, 1], good)
     with pytest.raises(ValueError, match="out of range"):
         r.export_kv([-1])
+
+
+
+def _cudnn_flags_at_attention(r: TorchRunner, monkeypatch: pytest.MonkeyPatch) -> tuple[list[bool], list[bool]]:
+    """Whether the cuDNN SDPA backend was enabled at each attention call of a prefill step
+    and of the decode step after it."""
+    from services.engine.layers import attention
+
+    seen: list[bool] = []
+    sdpa = attention.F.scaled_dot_product_attention
+
+    def spy(*a, **kw):
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return sdpa(*a, **kw)
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", spy)
+    r.execute(batch(seq("a", PROMPT, 0, [0, 1, 2])))
+    prefill, seen[:] = seen[:], []
+    r.execute(batch(seq("a", [7], len(PROMPT), [0, 1, 2])))
+    return prefill, seen
+
+
+def test_prefill_attention_backends_apply_to_prefill_steps_only(hf_and_arch, monkeypatch: pytest.MonkeyPatch):
+    """The mechanism on CPU (the runner sets it on CUDA only): with ``prefill_attention``
+    set, a prefill step attends without cuDNN, a decode step with torch's defaults, and the
+    logits do not change."""
+    hf, arch = hf_and_arch
+    r = make_runner(arch, hf.state_dict())
+    assert r.prefill_attention is None  # CPU: torch's own choice
+    r.prefill_attention = torch_runner.PREFILL_SDPA_BACKENDS
+    want = hf_logits(hf, PROMPT)[-1]
+    got = r.logits_for(batch(seq("a", PROMPT, 0, [0, 1, 2])))[0]
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    r = make_runner(arch, hf.state_dict())
+    r.prefill_attention = torch_runner.PREFILL_SDPA_BACKENDS
+    prefill, decode = _cudnn_flags_at_attention(r, monkeypatch)
+    assert prefill and not any(prefill)
+    assert decode and all(decode)
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # the context leaves the flags as they were
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_prefill_attention_skips_cudnn_and_decode_keeps_it(hf_and_arch, monkeypatch: pytest.MonkeyPatch):
+    """cuDNN attention builds a plan per new shape (~40 ms on an H200): prefill steps, whose
+    shapes are prompt lengths, must not use it; eager pure-decode steps keep the defaults."""
+    hf, arch = hf_and_arch
+    r = TorchRunner(arch, hf.state_dict(), EngineConfig(device="cuda", dtype="float32", block_size=4,
+                                                        num_kv_blocks=16, cuda_graphs=False))
+    assert r.prefill_attention == torch_runner.PREFILL_SDPA_BACKENDS
+    prefill, decode = _cudnn_flags_at_attention(r, monkeypatch)
+    assert prefill and not any(prefill)
+    assert decode and all(decode)
