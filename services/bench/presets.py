@@ -26,7 +26,7 @@ def _modes(config: str, modes: Sequence[str], extra: str = "") -> tuple[str, ...
     return tuple(f"{m}={config}@router.mode={m}{extra}" for m in modes)
 
 
-_MOCK_MODES = ("round_robin", "random", "kv")
+_MOCK_MODES = ("round_robin", "random", "kv", "ttft")
 
 PRESETS: dict[str, Preset] = {
     "mock-mooncake": Preset(
@@ -47,7 +47,7 @@ PRESETS: dict[str, Preset] = {
     # cached (round robin makes each cache churn through all 8).
     "real-routing-pressure": Preset(
         "routing with the real model on 2 workers under cache pressure (round_robin, kv)",
-        _modes("configs/agg.yaml", ("round_robin", "kv"), ",engine.num_kv_blocks=160"),
+        _modes("configs/agg.yaml", ("round_robin", "kv", "ttft"), ",engine.num_kv_blocks=160"),
         {"workload": "shared-prefix", "groups": 8, "system_len": 512, "question_len": 16,
          "output_len": 8, "num_requests": 80, "arrival": "poisson", "rate": 1.0,
          "slo": ["ttft_ms=2000"]}),
