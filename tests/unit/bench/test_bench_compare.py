@@ -47,7 +47,7 @@ def test_preset_sets_workload_and_runs_and_later_options_override() -> None:
     assert (a.workload, a.groups, a.system_len, a.num_requests) == ("shared-prefix", 8, 512, 160)
     assert a.slo == ["ttft_ms=2000", "e2e_ms=9000"]
     specs = _specs(a)
-    assert [s.name for s in specs] == ["round_robin", "kv"]
+    assert [s.name for s in specs] == ["round_robin", "kv", "ttft"]
     assert specs[1].overrides == ("router.mode=kv", "engine.num_kv_blocks=160", "frontend.port=8300")
     # the preset's own list is not changed by a parse that appended to it
     assert PRESETS["real-routing-pressure"].options["slo"] == ["ttft_ms=2000"]
