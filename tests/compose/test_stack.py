@@ -177,11 +177,16 @@ def test_prometheus_holds_tandem_series_from_every_part(stack: Stack) -> None:
         return found if set(PARTS) <= found else None
 
     wait_for("tandem_* series from every part in Prometheus", jobs, 120, 5)
-    # the requests above are counted by the frontend and seen by the workers
-    served = _prom_query('sum(tandem_frontend_requests_total{status="200"})')
-    assert served and float(served[0]["value"][1]) >= 3
-    remote = _prom_query('sum(tandem_worker_prefill_total{where="remote"})')
-    assert remote and float(remote[0]["value"][1]) >= 1
+    # the requests above, counted by the frontend, and the long prompt's remote prefill,
+    # once the next scrapes have seen them
+    def at_least(q: str, n: float) -> bool:
+        got = _prom_query(q)
+        return bool(got) and float(got[0]["value"][1]) >= n
+
+    wait_for("the chat requests counted", lambda: at_least(
+        'sum(tandem_frontend_requests_total{status="200"})', 3), 60, 5)
+    wait_for("a remote prefill counted", lambda: at_least(
+        'sum(tandem_worker_prefill_total{where="remote"})', 1), 60, 5)
 
 
 def test_grafana_lists_the_dashboard_and_a_panel_query_returns_data(stack: Stack) -> None:
