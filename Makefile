@@ -11,7 +11,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Pytest arguments, e.g. `make test ARGS="tests/unit -x"`.
 ARGS ?=
 
-.PHONY: setup nats kernels model run test bench lint proto clean
+.PHONY: setup nats kernels model run test compose-test bench lint proto clean
 
 setup: $(STAMP) nats kernels
 
@@ -45,6 +45,12 @@ run: setup model
 
 test: setup model
 	$(PY) -m pytest -q $(ARGS)
+
+# The compose stack against a real Docker (deploy/compose-test.sh): builds the images,
+# starts deploy/docker-compose.yaml (with compose.hostnet.yaml: no network is created),
+# checks it as a user would, tears it down. Says SKIPPED where no Docker daemon can be had.
+compose-test: setup
+	PY=$(PY) bash deploy/compose-test.sh
 
 bench: setup model
 	$(VENV)/bin/tandem bench engine --json benchmarks/results/engine.json

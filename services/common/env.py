@@ -11,6 +11,10 @@ def cache_dir() -> Path:
     return Path(os.environ.get("TANDEM_CACHE_DIR", Path.home() / ".cache" / "tandem"))
 
 
+# Arguments services/launcher/replica_slot.py adds to the part's command (shell words).
+PART_ARGS = "TANDEM_PART_ARGS"
+
+
 def in_ci() -> bool:
     """True under CI (``CI=true``): tests that need the real model fail instead of skip."""
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")

@@ -8,10 +8,12 @@ is refused. Each child gets its user and password in its environment, never on i
 line (``ps`` shows every local user the command line; a process's environment only to its
 owner).
 
-The deploys (compose, k8s) use one user per role instead, with role-wide permissions, and
-passwords the server reads from its environment (``$TANDEM_NATS_PASSWORD_<ROLE>``):
+The deploys use one user per role instead, with role-wide permissions. Kubernetes: the
+server reads the passwords from its environment (``$TANDEM_NATS_PASSWORD_<ROLE>``);
 ``python -m services.launcher.nats_auth conf`` prints that config (deploy/nats/ holds it)
-and ``python -m services.launcher.nats_auth env`` prints fresh passwords for it.
+and ``python -m services.launcher.nats_auth env`` prints fresh passwords for it. Compose:
+its one-shot secrets service writes the same users with their passwords into a private
+file (services/launcher/deploy_secrets.py).
 """
 
 from __future__ import annotations
@@ -154,7 +156,7 @@ def deploy_password() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``conf [--namespace NS]``: the deploys' nats-server config; ``env``: fresh
-    passwords for it, as ``VAR=value`` lines (compose's --env-file, kustomize's envs)."""
+    passwords for it, as ``VAR=value`` lines (kustomize's envs)."""
     parser = argparse.ArgumentParser(prog="python -m services.launcher.nats_auth")
     sub = parser.add_subparsers(dest="what", required=True)
     conf = sub.add_parser("conf", help="print the deploy nats-server config (users by role)")

@@ -12,9 +12,11 @@ import yaml
 from services.cli import _HANDLERS, build_parser
 from services.common.config import load_config
 from services.common.nats_client import ROLES
+from services.launcher.deploy_secrets import ROLE_UIDS, DeploySecrets
 from services.launcher.nats import NatsServerNotFoundError, find_nats_server
 from services.launcher.nats_auth import deploy_users, password_var, render_conf
 from services.launcher.plan import plan
+from services.launcher.replica_slot import parse_args as parse_slot_args
 
 ROOT = Path(__file__).resolve().parents[3]
 DEPLOY = ROOT / "deploy"
@@ -49,6 +51,14 @@ CONTRACT_METRICS = {
 }
 
 
+class _ComposeLoader(yaml.SafeLoader):
+    """Compose's YAML: ``!reset []`` (an override's "drop the base file's value") reads as
+    the string "!reset"."""
+
+
+_ComposeLoader.add_constructor("!reset", lambda loader, node: "!reset")
+
+
 def _load_all(path: Path) -> list[dict]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d]
 
@@ -70,6 +80,14 @@ def _check_tandem_command(argv: list[str], part: str, config_path: str) -> None:
     assert args.config == config_path
 
 
+def _tandem_argv(command: list[str]) -> list[str]:
+    """The tandem command a service runs, through replica_slot for a scaled worker (which
+    adds ``--replica <slot>``)."""
+    if command[:3] == ["python", "-m", "services.launcher.replica_slot"]:
+        return [*parse_slot_args(command[3:]).command, "--replica", "0"]
+    return command
+
+
 # -- compose --------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -79,16 +97,32 @@ def compose() -> dict:
 
 def test_compose_services_run_real_tandem_subcommands(compose: dict) -> None:
     services = compose["services"]
-    assert set(TANDEM_PARTS) | {"nats", "prometheus", "grafana"} <= set(services)
+    assert set(TANDEM_PARTS) | {"secrets", "nats", "prometheus", "grafana"} <= set(services)
     for part in TANDEM_PARTS:
         svc = services[part]
         mount = next(v for v in svc["volumes"] if v.startswith("../configs/compose.yaml:"))
         target = mount.split(":")[1]
         assert (DEPLOY / mount.split(":")[0]).resolve() == ROOT / "configs" / "compose.yaml"
-        _check_tandem_command(svc["command"], part, target)
+        _check_tandem_command(_tandem_argv(svc["command"]), part, target)
         assert svc["build"]["dockerfile"] == "deploy/Dockerfile"
         assert (DEPLOY / svc["build"]["context"] / svc["build"]["dockerfile"]).is_file()
-    assert "-js" in services["nats"]["command"] and services["nats"]["image"].startswith("nats:2.10")
+    assert "-js" in services["nats"]["command"]
+    # the official images by default; `make compose-test` sets local builds where none can be pulled
+    assert services["nats"]["image"] == "${TANDEM_NATS_IMAGE:-nats:2.10}"
+    assert services["prometheus"]["image"].startswith("${TANDEM_PROMETHEUS_IMAGE:-prom/prometheus:")
+    assert services["grafana"]["image"].startswith("${TANDEM_GRAFANA_IMAGE:-grafana/grafana:")
+
+
+def test_scaled_workers_take_a_slot_and_publish_their_own_address(compose: dict) -> None:
+    services = compose["services"]
+    for part in ("decode", "prefill", "encode"):
+        args = parse_slot_args(services[part]["command"][3:])
+        assert args.directory == Path(f"/slots/{part}")
+        assert any(v.startswith("replica-slots:/slots") for v in services[part]["volumes"])
+        assert "--replica" not in args.command and "hostname" not in services[part]
+    for part in ("decode", "encode"):  # the parts that serve gRPC to peers
+        args = parse_slot_args(services[part]["command"][3:])
+        assert args.advertise_ip == f"{part}.advertise_host"
 
 
 def test_compose_ports_match_the_config(compose: dict) -> None:
@@ -100,42 +134,33 @@ def test_compose_ports_match_the_config(compose: dict) -> None:
     assert services["frontend"]["ports"] == [f"{cfg.frontend.port}:{cfg.frontend.port}"]
     assert services["nats"]["expose"] == [str(int(cfg.nats.url.rsplit(":", 1)[1]))]
     assert cfg.nats.url.split("//")[1].split(":")[0] == "nats"
-    assert cfg.decode.advertise_host == "decode" and services["decode"]["hostname"] == "decode"
 
 
-def test_compose_runs_a_second_router_replica_as_replica_1(compose: dict) -> None:
-    ports = _part_ports("compose.yaml")["router"]
-    services = compose["services"]
-    one, first = services["router-1"], services["router"]
-    args = build_parser().parse_args(one["command"][1:])
-    assert args._key == ("router",) and args.replica == 1
-    assert one["command"][:-1] == first["command"][:-1]
-    assert sorted(int(p) for p in one["expose"]) == sorted(p + 1 for p in ports.values())
-    assert one["hostname"] == "router-1" and one["environment"] == first["environment"]
-    assert one["volumes"] == first["volumes"]
+def _scrape_targets(prom: dict) -> set[str]:
+    out: set[str] = set()
+    for job in prom["scrape_configs"]:
+        out |= {t for sc in job.get("static_configs", []) for t in sc["targets"]}
+        out |= {f"{n}:{sc['port']}" for sc in job.get("dns_sd_configs", []) for n in sc["names"]}
+    return out
+
+
+def _metrics_targets(cfg_name: str, host: str | None, replicas: int = 4) -> set[str]:
+    """Every part's metrics address; replicas 0..3 of the scaled workers (base + i)."""
+    ports = _part_ports(cfg_name)
+    out: set[str] = set()
+    for part in TANDEM_PARTS:
+        port = ports[part]["metrics" if part != "frontend" else "http"]
+        n = replicas if part in ("decode", "prefill") else 1
+        out |= {f"{host or part}:{port + i}" for i in range(n)}
+    return out
 
 
 def test_prometheus_scrapes_every_part_on_its_metrics_port(compose: dict) -> None:
     prom = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
-    targets = {t for job in prom["scrape_configs"] for sc in job["static_configs"] for t in sc["targets"]}
-    ports = _part_ports("compose.yaml")
-    want = {f"{part}:{ports[part]['metrics' if part != 'frontend' else 'http']}" for part in TANDEM_PARTS}
-    want.add(f"router-1:{ports['router']['metrics'] + 1}")  # the second router replica
-    assert targets == want
+    assert _scrape_targets(prom) == _metrics_targets("compose.yaml", None)
     mount = next(v for v in compose["services"]["prometheus"]["volumes"] if "prometheus.yml" in v)
     assert (DEPLOY / mount.split(":")[0]).resolve() == DEPLOY / "prometheus" / "prometheus.yml"
-
-
-def test_grafana_provisioning_points_at_prometheus_and_the_dashboard(compose: dict) -> None:
-    ds = yaml.safe_load((DEPLOY / "grafana/provisioning/datasources/prometheus.yaml").read_text())
-    assert ds["datasources"][0]["url"] == "http://prometheus:9090"
-    prov = yaml.safe_load((DEPLOY / "grafana/provisioning/dashboards/tandem.yaml").read_text())
-    dash_dir = prov["providers"][0]["options"]["path"]
-    mounts = dict(v.split(":")[:2][::-1] for v in compose["services"]["grafana"]["volumes"])
-    assert (DEPLOY / mounts[dash_dir]).resolve() == DEPLOY / "grafana" / "dashboards"
-    uid = ds["datasources"][0]["uid"]
-    dash = json.loads((DEPLOY / "grafana/dashboards/tandem.json").read_text())
-    assert all(p["datasource"]["uid"] == uid for p in dash["panels"])
+    assert compose["services"]["prometheus"]["ports"] == ["127.0.0.1:9090:9090"]
 
 
 def test_dashboard_uses_only_contract_metrics_and_covers_the_required_views() -> None:
@@ -163,11 +188,23 @@ def test_contract_metrics_are_the_architecture_docs_metrics_table() -> None:
     assert set(rows) == CONTRACT_METRICS
 
 
-def test_dockerfile_installs_cpu_torch_then_the_package_then_the_model() -> None:
+def test_dockerfile_takes_its_base_and_indexes_as_arguments_and_keeps_g_plus_plus_out() -> None:
     text = (DEPLOY / "Dockerfile").read_text()
-    steps = [line for line in text.splitlines() if line.startswith("RUN ")]
-    assert steps[0] == "RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
-    assert steps.index("RUN pip install .") < steps.index("RUN tandem model pull")
+    lines = text.splitlines()
+    first_from = next(i for i, x in enumerate(lines) if x.startswith("FROM "))
+    assert "ARG BASE_IMAGE=python:3.11-slim" in lines[:first_from]
+    for arg in ("TORCH_VERSION=2.13.0", "TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu",
+                "PIP_INDEX_URL=https://pypi.org/simple", "PIP_FIND_LINKS="):
+        assert f"ARG {arg}" in lines
+    stages = {x.split(" AS ")[1]: x.split()[1] for x in lines if x.startswith("FROM ") and " AS " in x}
+    assert stages == {"base": "${BASE_IMAGE}", "torch": "base", "requirements": "base",
+                      "deps": "torch", "model": "torch", "kernels": "torch", "runtime": "base"}
+    runtime = text.split("AS runtime", 1)[1]
+    assert "apt-get" not in runtime and "g++" not in runtime.replace("TANDEM_CXX", "")
+    # the model and the kernels come from their stages, before the code (which changes most)
+    order = [runtime.index(x) for x in ("--from=deps", "--from=model", "--from=kernels", "COPY services")]
+    assert order == sorted(order)
+    assert 'pull_default_model' in text.split("AS model", 1)[1].split("FROM ", 1)[0]
 
 
 # -- kubernetes -----------------------------------------------------------------------------
@@ -203,27 +240,6 @@ def test_k8s_parts_run_real_subcommands_on_the_config_ports(k8s: dict) -> None:
         assert pod["metadata"]["labels"] == docs["Deployment"]["spec"]["selector"]["matchLabels"]
         metrics = ports[part].get("metrics", ports[part].get("http"))
         assert pod["metadata"]["annotations"]["prometheus.io/port"] == str(metrics)
-
-
-def test_k8s_runs_a_second_router_replica_as_replica_1(k8s: dict) -> None:
-    ports = _part_ports("k8s.yaml")["router"]
-    first = {d["kind"]: d for d in k8s["router.yaml"]}
-    docs = {d["kind"]: d for d in k8s["router-1.yaml"]}
-    pod = docs["Deployment"]["spec"]["template"]
-    (container,) = pod["spec"]["containers"]
-    (first_container,) = first["Deployment"]["spec"]["template"]["spec"]["containers"]
-    args = build_parser().parse_args(container["command"][1:])
-    assert args._key == ("router",) and args.replica == 1
-    assert container["command"][:-1] == first_container["command"][:-1]
-    assert container["env"] == first_container["env"]
-    want = {label: port + 1 for label, port in ports.items()}
-    assert {p["name"]: p["containerPort"] for p in container["ports"]} == want
-    assert {p["name"]: p["port"] for p in docs["Service"]["spec"]["ports"]} == want
-    assert pod["metadata"]["annotations"]["prometheus.io/port"] == str(want["metrics"])
-    labels = docs["Deployment"]["spec"]["selector"]["matchLabels"]
-    assert pod["metadata"]["labels"] == labels == docs["Service"]["spec"]["selector"]
-    # selectors apart: neither Deployment nor Service takes the other replica's pods
-    assert labels != first["Deployment"]["spec"]["selector"]["matchLabels"]
 
 
 def test_k8s_nats_has_jetstream_on_the_config_port(k8s: dict) -> None:
@@ -265,20 +281,64 @@ def test_the_deploy_nats_config_is_valid_and_names_every_password(tmp_path: Path
         assert f"password: ${password_var(role)}," in NATS_CONF.read_text()
 
 
-def test_compose_gives_every_part_its_role_user_and_nats_the_passwords(compose: dict) -> None:
+def test_compose_gives_every_part_its_role_user_and_secret_files(compose: dict) -> None:
     services = compose["services"]
-    for part in TANDEM_PARTS:
-        environ = services[part]["environment"]
+    made = DeploySecrets.fresh().files("tandem")
+    for part in (*TANDEM_PARTS, "encode"):
+        svc = services[part]
+        assert svc["user"] == str(ROLE_UIDS[part])
+        environ = svc["environment"]
         assert environ["TANDEM_NATS_USER"] == part
-        assert environ["TANDEM_NATS_PASSWORD"].startswith(_password_ref(part))
-        assert environ["TANDEM_CLUSTER_TOKEN"].startswith("${TANDEM_CLUSTER_TOKEN:?")
-    assert services["frontend"]["environment"]["TANDEM_API_KEYS"] == "${TANDEM_API_KEYS:-}"
+        assert not any(k in environ for k in ("TANDEM_NATS_PASSWORD", "TANDEM_CLUSTER_TOKEN"))
+        for var, name in (("TANDEM_NATS_PASSWORD_FILE", "nats_password"),
+                          ("TANDEM_CLUSTER_TOKEN_FILE", "cluster_token")):
+            path = environ[var]
+            assert path == f"/secrets/{part}/{name}"
+            assert made[path.removeprefix("/secrets/")][0] == ROLE_UIDS[part]
+        assert "secrets:/secrets:ro" in svc["volumes"]
+        assert svc["depends_on"]["secrets"] == {"condition": "service_completed_successfully"}
+    assert services["frontend"]["environment"]["TANDEM_API_KEYS_FILE"] == "/secrets/frontend/api_keys"
     nats = services["nats"]
-    assert {k: v.split(":?")[0] + ":?" for k, v in nats["environment"].items()} == {
-        password_var(r): _password_ref(r) for r in ROLES}
     conf = nats["command"][nats["command"].index("-c") + 1]
-    mount = next(v for v in nats["volumes"] if v.split(":")[1] == conf)
-    assert (DEPLOY / mount.split(":")[0]).resolve() == NATS_CONF
+    assert conf == "/secrets/nats/nats-server.conf" and made["nats/nats-server.conf"][0] == 0
+    # who mounts the secrets: the parts, NATS, Grafana and the service that makes them
+    mounting = {name for name, svc in services.items()
+                if any(v.split(":")[0] == "secrets" for v in svc.get("volumes", []))}
+    assert mounting == {*TANDEM_PARTS, "encode", "nats", "grafana", "secrets"}
+    assert services["secrets"]["restart"] == "no" and services["secrets"]["user"] == "0"
+
+
+def test_the_hostnet_override_puts_every_service_on_the_host_network(compose: dict) -> None:
+    over = yaml.load((DEPLOY / "compose.hostnet.yaml").read_text(), _ComposeLoader)["services"]
+    assert set(over) == set(compose["services"])
+    for name, svc in over.items():
+        assert svc["network_mode"] == "host", name
+        # published ports mean nothing on the host's network
+        assert over[name].get("ports", "!reset") == "!reset", name
+    hostnet_cfg = load_config(ROOT / "configs" / "compose-hostnet.yaml")
+    bridge_cfg = load_config(ROOT / "configs" / "compose.yaml")
+    # the same cluster on loopback: only the addresses differ
+    same = {"nats", "bind_host", "decode", "encode"}
+    a, b = hostnet_cfg.model_dump(), bridge_cfg.model_dump()
+    assert {k: v for k, v in a.items() if k not in same} == {k: v for k, v in b.items() if k not in same}
+    assert hostnet_cfg.nats.url == "nats://127.0.0.1:4222" and hostnet_cfg.bind_host == "127.0.0.1"
+    assert hostnet_cfg.decode.advertise_host == "127.0.0.1"
+    for part in TANDEM_PARTS:
+        assert over[part]["volumes"] == ["../configs/compose-hostnet.yaml:/etc/tandem/cluster.yaml:ro"]
+    for part in ("decode", "encode"):  # loopback is the address to publish
+        assert parse_slot_args(over[part]["command"][3:]).advertise_ip is None
+    prom = yaml.safe_load((DEPLOY / "prometheus" / "prometheus-hostnet.yml").read_text())
+    assert _scrape_targets(prom) == _metrics_targets("compose-hostnet.yaml", "127.0.0.1")
+    assert "--web.listen-address=127.0.0.1:9090" in over["prometheus"]["command"]
+
+
+def test_the_gpu_override_reserves_a_gpu_per_worker_and_runs_the_engine_on_cuda() -> None:
+    over = yaml.safe_load((DEPLOY / "compose.gpu.yaml").read_text())["services"]
+    assert set(over) == {"decode", "prefill"}
+    for svc in over.values():
+        (device,) = svc["deploy"]["resources"]["reservations"]["devices"]
+        assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
+        assert svc["environment"]["TANDEM_PART_ARGS"] == "--set engine.device=cuda"
 
 
 def _env(container: dict) -> dict[str, dict]:
