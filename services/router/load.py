@@ -33,7 +33,6 @@ class _Inflight:
     prompt_blocks: int
     prefill_blocks: int  # 0 once the first token is out
     added_at: float
-    decoding: bool = False  # the first token is out
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +59,7 @@ class LoadTracker:
         self._inflight: OrderedDict[str, _Inflight] = OrderedDict()
         self._prompt_sum: dict[str, int] = {}
         self._prefill_sum: dict[str, int] = {}
-        self._decoding: dict[str, int] = {}  # in-flight requests past their first token
+        self._count: dict[str, int] = {}  # in-flight requests per worker
 
     # ---- inputs ----------------------------------------------------------------------
     def update_metrics(self, load: WorkerLoad) -> None:
@@ -73,16 +72,15 @@ class LoadTracker:
             return
         self._inflight[request_id] = _Inflight(worker_id, prompt_blocks, prefill_blocks, self._clock())
         self._prompt_sum[worker_id] = self._prompt_sum.get(worker_id, 0) + prompt_blocks
+        self._count[worker_id] = self._count.get(worker_id, 0) + 1
         self._prefill_sum[worker_id] = self._prefill_sum.get(worker_id, 0) + prefill_blocks
 
     def prefilled(self, request_id: str) -> None:
         """The request's first token is out: its prefill no longer loads the worker."""
         e = self._inflight.get(request_id)
-        if e is not None and not e.decoding:
+        if e is not None and e.prefill_blocks:
             self._prefill_sum[e.worker_id] -= e.prefill_blocks
             e.prefill_blocks = 0
-            e.decoding = True
-            self._decoding[e.worker_id] = self._decoding.get(e.worker_id, 0) + 1
 
     def free(self, request_id: str) -> None:
         """The request finished (or was aborted); unknown ids are ignored."""
@@ -96,13 +94,12 @@ class LoadTracker:
             del self._inflight[rid]
         self._prompt_sum.pop(worker_id, None)
         self._prefill_sum.pop(worker_id, None)
-        self._decoding.pop(worker_id, None)
+        self._count.pop(worker_id, None)
 
     def _drop(self, e: _Inflight) -> None:
         self._prompt_sum[e.worker_id] -= e.prompt_blocks
         self._prefill_sum[e.worker_id] -= e.prefill_blocks
-        if e.decoding:
-            self._decoding[e.worker_id] -= 1
+        self._count[e.worker_id] -= 1
 
     def _expire(self) -> None:
         # Insertion order is age order, so expiry only looks at the front.
@@ -148,18 +145,19 @@ class LoadTracker:
 
     def ttft_views(self, worker_ids: list[str]) -> list[tuple[int, int, int, int]]:
         """``(pending_prefill_blocks, active_blocks, running, free_blocks)`` per worker: the
-        first two as ``views``; ``running`` the larger of the worker's reported running
-        requests and the in-flight ones past their first token; ``free_blocks`` the worker's
-        KV blocks less ``active_blocks`` (-1 without fresh metrics)."""
+        first two as ``views``; ``running`` the sequences that will decode beside a new
+        request's prefill: the larger of the worker's reported running + waiting requests and
+        the in-flight ones (those queued ahead are prefilled first, then decode); ``free_blocks``
+        the worker's KV blocks less ``active_blocks`` (-1 without fresh metrics)."""
         now = self._clock()
         stale, bs = self._stale, self._block_size
         prompt_sum, prefill_sum, metrics = self._prompt_sum, self._prefill_sum, self._metrics
-        decoding = self._decoding
+        count = self._count
         out = []
         for w in worker_ids:
             prompt = prompt_sum.get(w, 0)
             prefill = prefill_sum.get(w, 0)
-            running = decoding.get(w, 0)
+            running = count.get(w, 0)
             free = -1
             m = metrics.get(w)
             if m is not None and now - m[1] <= stale:
@@ -169,8 +167,9 @@ class LoadTracker:
                 p = -(-load.active_prefill_tokens // bs)
                 if p > prefill:
                     prefill = p
-                if load.requests_running > running:
-                    running = load.requests_running
+                reported = load.requests_running + load.requests_waiting
+                if reported > running:
+                    running = reported
                 free = max(load.kv_blocks_total - prompt, 0)
             out.append((prefill, prompt, running, free))
         return out
@@ -178,7 +177,7 @@ class LoadTracker:
     def inflight_count(self, worker_id: str | None = None) -> int:
         if worker_id is None:
             return len(self._inflight)
-        return sum(1 for e in self._inflight.values() if e.worker_id == worker_id)
+        return self._count.get(worker_id, 0)
 
     def metrics(self, worker_id: str) -> WorkerLoad | None:
         m = self._metrics.get(worker_id)

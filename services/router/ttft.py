@@ -10,8 +10,9 @@ are cached there:
                   + bias(w)
 
 ``prefill_seconds`` is the engine's step-time model (engine.step_model) summed over the
-chunks the scheduler would run (services/steptime/predict.py); ``running(w)`` and the KV
-the running sequences read come from the load tracker. A worker whose free KV cannot hold
+chunks the scheduler would run (services/steptime/predict.py); ``running(w)`` (the sequences
+that will decode beside it: those running and those queued ahead) and the KV they read come
+from the load tracker. A worker whose free KV cannot hold
 the request's uncached blocks ranks after every worker that can (it would queue for KV).
 
 The lowest prediction wins; every candidate within ``router.affinity_band`` (relative) of it
