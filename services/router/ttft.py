@@ -19,8 +19,10 @@ The lowest prediction wins; every candidate within ``router.affinity_band`` (rel
 is a tie, broken toward the most cached blocks, then the fewest active blocks, then at random.
 
 Correction: the router remembers each prediction it routed by and, when the request's first
-token is reported (RequestPhase.PREFILLED), folds ``actual - predicted`` into ``bias(w)`` as
-an exponentially weighted mean (``router.ttft_bias_alpha``). The absolute and relative
+token is reported (RequestPhase.PREFILLED), folds ``actual - predicted`` into an
+exponentially weighted mean (``router.ttft_bias_alpha``) for the worker and one for the
+cluster. ``bias(w)`` is the worker's once it has ``MIN_WORKER_SAMPLES`` reports, the
+cluster's before. The absolute and relative
 errors go to histograms (tandem_router_ttft_prediction_error_seconds, _ratio).
 """
 
@@ -42,6 +44,10 @@ from services.steptime.predict import prefill_seconds
 MAX_PENDING_PREDICTIONS = 100_000
 # Ranks a worker whose KV cannot hold the request after every worker that can.
 KV_FULL_PENALTY_S = 1e6
+# First tokens a worker reports before its own bias replaces the cluster's: one slow
+# request (a remote prefill, a cold start) must not turn the worker holding a prefix into
+# the slow one.
+MIN_WORKER_SAMPLES = 16
 
 
 class TtftCandidate(NamedTuple):
@@ -72,7 +78,9 @@ class TtftPredictor:
         self.chunk = chunk_tokens
         self.alpha = bias_alpha
         self._clock = clock
-        self.bias: dict[str, float] = {}
+        self.bias: dict[str, float] = {}  # per worker, once it has MIN_WORKER_SAMPLES
+        self.cluster_bias = 0.0
+        self._own: dict[str, tuple[float, int]] = {}  # worker -> (its error mean, reports)
         # request id -> (worker, predicted seconds without the bias, with it, routed at)
         self._pending: OrderedDict[str, tuple[str, float, float, float]] = OrderedDict()
         self._err_s = error_seconds
@@ -93,14 +101,14 @@ class TtftPredictor:
             t += self.model.step_seconds(BatchShape(decode_seqs=c.running, decode_context=context))
         if 0 <= c.free_blocks < uncached:
             t += KV_FULL_PENALTY_S
-        return t + self.bias.get(c.worker_id, 0.0)
+        return t + self.bias.get(c.worker_id, self.cluster_bias)
 
     def routed(self, request_id: str, worker_id: str, predicted_s: float) -> None:
         """Remember the prediction ``request_id`` was routed by, to check it at its first token."""
         pending = self._pending
         if len(pending) >= MAX_PENDING_PREDICTIONS:
             pending.popitem(last=False)
-        bias = self.bias.get(worker_id, 0.0)
+        bias = self.bias.get(worker_id, self.cluster_bias)
         pending[request_id] = (worker_id, predicted_s - bias, predicted_s, self._clock())
 
     def first_token(self, request_id: str) -> None:
@@ -111,8 +119,13 @@ class TtftPredictor:
         worker, raw, predicted, routed_at = entry
         actual = self._clock() - routed_at
         if predicted < KV_FULL_PENALTY_S:  # a penalised prediction says nothing of the model
-            b = self.bias.get(worker, 0.0)
-            self.bias[worker] = b + self.alpha * ((actual - raw) - b)
+            miss, a = actual - raw, self.alpha
+            self.cluster_bias += a * (miss - self.cluster_bias)
+            mean, n = self._own.get(worker, (self.cluster_bias, 0))
+            mean += a * (miss - mean)
+            self._own[worker] = (mean, n + 1)
+            if n + 1 >= MIN_WORKER_SAMPLES:
+                self.bias[worker] = mean
             err = abs(actual - predicted)
             if self._err_s is not None:
                 self._err_s.observe(err)
@@ -127,6 +140,7 @@ class TtftPredictor:
 
     def worker_left(self, worker_id: str) -> None:
         self.bias.pop(worker_id, None)
+        self._own.pop(worker_id, None)
 
 
 def select_by_ttft(predictor: TtftPredictor, candidates: Sequence[TtftCandidate],

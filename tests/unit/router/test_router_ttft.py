@@ -13,7 +13,13 @@ from services.api.wire import WorkerLoad
 from services.common.config import parse_config
 from services.common.discovery import Registration
 from services.router.router import Router
-from services.router.ttft import KV_FULL_PENALTY_S, TtftCandidate, TtftPredictor, select_by_ttft
+from services.router.ttft import (
+    KV_FULL_PENALTY_S,
+    MIN_WORKER_SAMPLES,
+    TtftCandidate,
+    TtftPredictor,
+    select_by_ttft,
+)
 from services.steptime.model import BatchShape, MockStepModel
 from services.steptime.predict import prefill_seconds
 
@@ -66,21 +72,24 @@ def test_first_token_reports_correct_the_workers_bias_and_record_the_error() -> 
     reg = CollectorRegistry()
     err = Histogram("e", "e", registry=reg, buckets=(0.01, 0.1, 1))
     p = TtftPredictor(MODEL, BS, 512, 0.5, clock, err, keep_errors=True)
-    c = TtftCandidate("w", 0, 0, 0, 0, -1)
+    c, other = TtftCandidate("w", 0, 0, 0, 0, -1), TtftCandidate("v", 0, 0, 0, 0, -1)
     base = p.predict(c, 4)
-    for i in range(12):  # the worker is always 0.2 s slower than modelled
+    n = MIN_WORKER_SAMPLES + 4
+    for i in range(n):  # the worker is always 0.2 s slower than modelled
         p.routed(f"r{i}", "w", p.predict(c, 4))
         clock.now += base + 0.2
         p.first_token(f"r{i}")
+        if i + 1 < MIN_WORKER_SAMPLES:  # too few reports: the cluster's bias, for every worker
+            assert "w" not in p.bias and p.predict(c, 4) == p.predict(other, 4)
     assert p.bias["w"] == pytest.approx(0.2, rel=1e-3)
     assert p.predict(c, 4) == pytest.approx(base + 0.2, rel=1e-3)
-    assert p.errors is not None and len(p.errors) == 12
+    assert p.errors is not None and len(p.errors) == n
     assert abs(p.errors[-1][1] - p.errors[-1][0]) < 0.001 < abs(p.errors[0][1] - p.errors[0][0])
-    assert reg.get_sample_value("e_count") == 12
+    assert reg.get_sample_value("e_count") == n
     p.routed("gone", "w", 1.0)
     p.forget("gone")
     p.first_token("gone")  # aborted before its first token: nothing learnt
-    assert len(p.errors) == 12
+    assert len(p.errors) == n
     p.worker_left("w")
     assert "w" not in p.bias
 
@@ -98,7 +107,7 @@ async def test_the_router_in_ttft_mode_avoids_a_busy_worker_and_learns_from_repo
     clock.now = 0.5
     await router.update("r1", RequestPhase.PREFILLED)
     assert router.ttft is not None and router.ttft.errors and router.ttft.errors[0][1] == 0.5
-    assert "b" in router.ttft.bias
+    assert router.ttft.cluster_bias > 0 and "b" not in router.ttft.bias  # one report: too few
     await router.update("r1", RequestPhase.FINISHED)
     assert router.load.inflight_count() == 0
     assert router.metrics.registry.get_sample_value(
