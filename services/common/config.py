@@ -187,8 +187,11 @@ class RouterConfig(_Strict):
     # ttft mode: workers predicted within this fraction of the fastest count as tied, and
     # the tie goes to the most cached prefix (cache affinity keeps later turns' hits).
     affinity_band: float = Field(0.1, ge=0)
-    # ttft mode: weight of the newest (actual - predicted) TTFT in a worker's bias.
-    ttft_bias_alpha: float = Field(0.05, ge=0, le=1)
+    # ttft mode: weight of the newest (actual - predicted) TTFT in a worker's bias. 0 (off)
+    # by default: on a cluster of like workers the bias follows the TTFT's noise and costs
+    # hit rate (docs/benchmarks.md "Choosing the decisions"); 0.05 for unlike workers or an
+    # engine without its own profile.
+    ttft_bias_alpha: float = Field(0.0, ge=0, le=1)
     # Routed-but-unfinished requests are forgotten after this long without a free
     # (a processor that died mid-request must not pin load on a worker forever).
     inflight_ttl_s: float = Field(600.0, gt=0)

@@ -16,7 +16,7 @@ def _cfg(url: str, ns: str):
         "namespace": ns, "nats": {"url": url},
         "engine": {"runner": "mock", "block_size": 4, "max_num_batched_tokens": 64},
         "discovery": {"ttl_s": 1.0, "heartbeat_s": 0.2},
-        "router": {"mode": "ttft"},
+        "router": {"mode": "ttft", "ttft_bias_alpha": 0.05},
     })
 
 

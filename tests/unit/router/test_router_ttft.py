@@ -96,7 +96,8 @@ def test_first_token_reports_correct_the_workers_bias_and_record_the_error() -> 
 
 async def test_the_router_in_ttft_mode_avoids_a_busy_worker_and_learns_from_reports() -> None:
     clock = Clock()
-    cfg = parse_config({"router": {"mode": "ttft"}, "engine": {"runner": "mock", "block_size": BS}})
+    cfg = parse_config({"router": {"mode": "ttft", "ttft_bias_alpha": 0.05},
+                        "engine": {"runner": "mock", "block_size": BS}})
     router = Router(cfg, seed=0, clock=clock, keep_ttft_errors=True)
     for w in ("a", "b"):
         router.worker_joined(Registration("decode", w, address=f"{w}:1"))
