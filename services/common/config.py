@@ -171,7 +171,7 @@ class RouterMode(enum.StrEnum):
 
 
 class RouterConfig(_Strict):
-    mode: RouterMode = RouterMode.TTFT
+    mode: RouterMode = RouterMode.KV
     # Router processes `tandem up` starts; replica i serves on port + i and metrics_port + i
     # (the two ranges must not overlap: at 2 or more, move metrics_port off 9201). A Deployment
     # (k8s) or `--scale` (compose) sets its own count: each of those is replica 0 in its pod.
