@@ -51,7 +51,8 @@ def _start(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Popen, 
         f"decode.metrics_port={ports['decode_m']}", f"prefill.metrics_port={ports['prefill_m']}",
         f"processor.port={ports['proc']}", f"processor.metrics_port={ports['proc_m']}",
         f"frontend.port={ports['front']}", f"launcher.metrics_port={ports['launcher_m']}",
-        *FLOAT32,
+        # a long prompt remote whenever the bounds allow (the remote-path test below)
+        "decode.disagg.policy=threshold", *FLOAT32,
     ]
     argv = [sys.executable, "-m", "services.cli", "up", "-c", "configs/local.yaml",
             "--run-dir", str(tmp_path_factory.mktemp("run")), "--ready-timeout", "300",

@@ -58,7 +58,8 @@ def up(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         f"decode.metrics_port={dec_m}", f"prefill.metrics_port={free_port_pair()}",
         f"processor.port={free_port()}", f"processor.metrics_port={free_port()}",
         f"frontend.port={front}", "engine.runner=mock",
-        "decode.disagg.max_local_prefill_length=16", f"frontend.api_keys=[{API_KEY}]",
+        "decode.disagg.max_local_prefill_length=16", "decode.disagg.policy=threshold",
+        f"frontend.api_keys=[{API_KEY}]",
     ]
     argv = [sys.executable, "-m", "services.cli", "up", "-c", "configs/local.yaml",
             "--run-dir", str(run_dir), "--ready-timeout", "240"]
