@@ -123,29 +123,14 @@ class LoadTracker:
         return LoadView(prefill, prompt)
 
     def views(self, worker_ids: list[str]) -> list[tuple[int, int]]:
-        """``(pending_prefill_blocks, active_blocks)`` per worker, as ``view`` computes them;
-        one pass with hoisted lookups because the router calls it for every worker per route."""
-        now = self._clock()
-        stale, bs = self._stale, self._block_size
-        prompt_sum, prefill_sum, metrics = self._prompt_sum, self._prefill_sum, self._metrics
-        out = []
-        for w in worker_ids:
-            prompt = prompt_sum.get(w, 0)
-            prefill = prefill_sum.get(w, 0)
-            m = metrics.get(w)
-            if m is not None and now - m[1] <= stale:
-                load = m[0]
-                if load.kv_blocks_used > prompt:
-                    prompt = load.kv_blocks_used
-                p = -(-load.active_prefill_tokens // bs)
-                if p > prefill:
-                    prefill = p
-            out.append((prefill, prompt))
-        return out
+        """``(pending_prefill_blocks, active_blocks)`` per worker, as ``view`` computes them
+        (the first two fields of ``ttft_views``)."""
+        return [(prefill, active) for prefill, active, _, _ in self.ttft_views(worker_ids)]
 
     def ttft_views(self, worker_ids: list[str]) -> list[tuple[int, int, int, int]]:
         """``(pending_prefill_blocks, active_blocks, running, free_blocks)`` per worker: the
-        first two as ``views``; ``running`` the sequences that will decode beside a new
+        first two as ``view`` computes them, in one pass with hoisted lookups because the
+        router calls it for every worker per route; ``running`` the sequences that will decode beside a new
         request's prefill: the larger of the worker's reported running + waiting requests and
         the in-flight ones (those queued ahead are prefilled first, then decode); ``free_blocks``
         the worker's KV blocks less ``active_blocks`` (-1 without fresh metrics)."""
