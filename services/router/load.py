@@ -113,27 +113,21 @@ class LoadTracker:
 
     # ---- outputs ---------------------------------------------------------------------
     def view(self, worker_id: str) -> LoadView:
-        prompt = self._prompt_sum.get(worker_id, 0)
-        prefill = self._prefill_sum.get(worker_id, 0)
-        m = self._metrics.get(worker_id)
-        if m is not None and self._clock() - m[1] <= self._stale:
-            load = m[0]
-            prompt = max(prompt, load.kv_blocks_used)
-            prefill = max(prefill, -(-load.active_prefill_tokens // self._block_size))
-        return LoadView(prefill, prompt)
+        return LoadView(*self.views([worker_id])[0])
 
     def views(self, worker_ids: list[str]) -> list[tuple[int, int]]:
-        """``(pending_prefill_blocks, active_blocks)`` per worker, as ``view`` computes them
-        (the first two fields of ``ttft_views``)."""
+        """``(pending_prefill_blocks, active_blocks)`` per worker: the first two fields of
+        ``ttft_views``."""
         return [(prefill, active) for prefill, active, _, _ in self.ttft_views(worker_ids)]
 
     def ttft_views(self, worker_ids: list[str]) -> list[tuple[int, int, int, int]]:
-        """``(pending_prefill_blocks, active_blocks, running, free_blocks)`` per worker: the
-        first two as ``view`` computes them, in one pass with hoisted lookups because the
-        router calls it for every worker per route; ``running`` the sequences that will decode beside a new
-        request's prefill: the larger of the worker's reported running + waiting requests and
-        the in-flight ones (those queued ahead are prefilled first, then decode); ``free_blocks``
-        the worker's KV blocks less ``active_blocks`` (-1 without fresh metrics)."""
+        """``(pending_prefill_blocks, active_blocks, running, free_blocks)`` per worker, by the
+        merging rule in the module docstring, in one pass with hoisted lookups because the
+        router calls it for every worker per route. ``running``: the sequences that will decode
+        beside a new request's prefill, the larger of the worker's reported running + waiting
+        requests and the in-flight ones (those queued ahead are prefilled first, then decode);
+        ``free_blocks``: the worker's KV blocks less ``active_blocks`` (-1 without fresh
+        metrics)."""
         now = self._clock()
         stale, bs = self._stale, self._block_size
         prompt_sum, prefill_sum, metrics = self._prompt_sum, self._prefill_sum, self._metrics
