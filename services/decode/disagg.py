@@ -129,10 +129,8 @@ def _predict(cfg: DisaggConfig, effective: int, cached: int, depth: int, queued:
     target = cfg.itl_target_ms / 1e3
     if target and t.running:
         decode = BatchShape(decode_seqs=t.running, decode_context=t.decode_context)
-        first = min(chunk, effective)
-        with_chunk = BatchShape(first, first * (cached + first), t.running, t.decode_context,
-                                first * (cached + first) if cached else 0,
-                                cached + first if cached else 0)
+        with_chunk, _ = prefill_shape(min(chunk, effective), chunk, cached, t.running,
+                                      t.decode_context)
         if model.step_seconds(with_chunk) > target >= model.step_seconds(decode):
             return PrefillDecision(True, DecisionReason.ITL_TARGET, effective, local, remote)
     return PrefillDecision(False, DecisionReason.LOCAL_FASTER, effective, local, remote)
