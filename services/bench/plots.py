@@ -45,12 +45,7 @@ def cdf_plot(series: Mapping[str, Sequence[float]], xlabel: str, title: str, pat
     ax.set_ylim(0, 1.01)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    return _save(fig, path)
 
 
 def latency_cdfs(ttft_ms: Mapping[str, Sequence[float]], itl_ms: Mapping[str, Sequence[float]],
@@ -87,9 +82,14 @@ def attainment_plot(series: Mapping[str, tuple[Sequence[float], Sequence[float]]
     ax.set_ylim(0, 1.02)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower left", fontsize=8)
+    return _save(fig, path)
+
+
+def _save(fig: Any, path: str | Path) -> Path:
+    """Write ``fig`` to ``path`` (its folder made) and free it."""
     fig.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out)
-    plt.close(fig)
+    pyplot().close(fig)
     return out
