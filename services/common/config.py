@@ -397,6 +397,46 @@ class SimConfig(_Strict):
         return v
 
 
+class PlannerConfig(_Strict):
+    """`tandem planner`: moves the prefill/decode split with the load (docs/planner.md).
+
+    The parts ignore it; the launcher, compose and k8s start the planner when ``enabled``."""
+
+    enabled: bool = False
+    # Targets: the planner sizes the split so that the next intervals' quantiles stay under
+    # them.
+    ttft_p90_s: float = Field(2.0, gt=0)
+    itl_p90_s: float = Field(0.1, gt=0)
+    min_prefill: int = Field(0, ge=0)
+    max_prefill: int = Field(4, ge=0)
+    min_decode: int = Field(1, ge=1)
+    max_decode: int = Field(8, ge=1)
+    max_total_workers: int = Field(8, ge=1)
+    # One decision per interval; a change waits cooldown_s after the one before it.
+    interval_s: float = Field(10.0, gt=0)
+    cooldown_s: float = Field(30.0, ge=0)
+    # How candidate splits are judged: "formula" (tokens to prefill per second against
+    # measured prefill throughput, KV blocks and ITL for decode) or "simulate" (the formula's
+    # neighbours run forward in the simulator from the cluster's state).
+    policy: Literal["formula", "simulate"] = "simulate"
+    lookahead_intervals: int = Field(3, ge=1)
+    # Seconds from a start to a worker ready (model load, registration): what the lookahead
+    # charges a scale-up. Measured by the actuator where it can be; this is the prior.
+    worker_ready_s: float = Field(10.0, ge=0)
+    actuator: Literal["local", "kubernetes", "sim"] = "local"
+    metrics_port: int | None = Field(9650, ge=1, le=65535)
+
+    @model_validator(mode="after")
+    def _check_bounds(self) -> PlannerConfig:
+        if self.max_prefill < self.min_prefill:
+            raise ValueError("planner.max_prefill must be at least planner.min_prefill")
+        if self.max_decode < self.min_decode:
+            raise ValueError("planner.max_decode must be at least planner.min_decode")
+        if self.max_total_workers < self.min_prefill + self.min_decode:
+            raise ValueError("planner.max_total_workers must be at least min_prefill + min_decode")
+        return self
+
+
 class ClusterConfig(_Strict):
     namespace: str = Field("tandem", pattern=r"^[A-Za-z0-9_-]+$")
     # The interface every part's gRPC and metrics ports listen on (the frontend's HTTP port
@@ -415,6 +455,7 @@ class ClusterConfig(_Strict):
     multimodal: MultimodalConfig = MultimodalConfig()
     encode: EncodeConfig = EncodeConfig()
     sim: SimConfig = SimConfig()
+    planner: PlannerConfig = PlannerConfig()
 
     @model_validator(mode="after")
     def _check_budget(self) -> ClusterConfig:
