@@ -119,7 +119,7 @@ class EngineConfig(_Strict):
     cpu_kernels: bool | Literal["auto"] = "auto"
     # Which instruction set's build of those kernels runs: auto = the best the CPU's flags
     # allow; a named set the CPU lacks is a start-up error; none = torch's kernels only
-    # (cpu_kernels/isa.py; neon is reserved, not built yet).
+    # (cpu_kernels/isa.py; neon on aarch64).
     cpu_isa: Literal["auto", "avx512_bf16", "avx512_vnni", "avx512", "avx2", "neon", "none"] = "auto"
     mock: MockRunnerConfig = MockRunnerConfig()
 
