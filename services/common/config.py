@@ -121,6 +121,12 @@ class EngineConfig(_Strict):
     # allow; a named set the CPU lacks is a start-up error; none = torch's kernels only
     # (cpu_kernels/isa.py; neon on aarch64).
     cpu_isa: Literal["auto", "avx512_bf16", "avx512_vnni", "avx512", "avx2", "neon", "none"] = "auto"
+    # Batch-invariant forward: a token's logits are the same bits whatever shares its step,
+    # however its prompt is chunked, cache hit or not (so a seeded request's text is too).
+    # CPU with the int4 kernels only (every step through their one-call kernel); a model
+    # or device where they cannot run is a start-up error. Costs prefill speed
+    # (docs/engine.md, "Deterministic mode").
+    deterministic: bool = False
     mock: MockRunnerConfig = MockRunnerConfig()
 
 
