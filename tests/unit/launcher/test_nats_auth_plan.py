@@ -47,7 +47,8 @@ def test_subject_matching_helper() -> None:
 
 
 # What each part does on NATS (docs/architecture.md, "NATS subjects", "Discovery", "Prefill
-# queue"), as (role, publish?, subject): each must be allowed for that role and no other.
+# queue"), as (role or roles, publish?, subject): each must be allowed for those roles and
+# no other.
 JS = "$JS.API"
 USES = [
     ("decode", True, S.kv_events("decode-0")),
@@ -61,7 +62,8 @@ USES = [
     ("prefill", False, S.prefill_cancel),
     ("router", True, S.kv_dump("decode-0")),
     ("router", False, S.kv_events_all),
-    ("router", False, S.load_all),
+    (("router", "planner"), False, S.load_all),  # the planner reads the load samples too
+    ("planner", True, f"{JS}.STREAM.MSG.GET.{S.prefill_stream}"),  # the oldest job's age
     ("router", False, S.router_inflight),
     ("prefill", True, f"{JS}.CONSUMER.MSG.NEXT.{S.prefill_stream}.{S.prefill_consumer}"),
     ("prefill", True, f"$JS.ACK.{S.prefill_stream}.{S.prefill_consumer}.1.2.3.4.5.6"),
@@ -69,10 +71,13 @@ USES = [
 
 
 @pytest.mark.parametrize(("role", "publish", "subject"), USES)
-def test_each_use_is_allowed_for_its_role_alone(role: str, publish: bool, subject: str) -> None:
+def test_each_use_is_allowed_for_its_role_alone(role: str | tuple[str, ...], publish: bool,
+                                                subject: str) -> None:
     check = can_pub if publish else can_sub
-    assert check(role, subject, ("decode-0",) if role == "decode" else ("*",))
-    for other in set(ROLES) - {role}:
+    roles = (role,) if isinstance(role, str) else role
+    for r in roles:
+        assert check(r, subject, ("decode-0",) if r == "decode" else ("*",)), (r, subject)
+    for other in set(ROLES) - set(roles):
         assert not check(other, subject), (other, subject)
 
 
