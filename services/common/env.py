@@ -79,3 +79,13 @@ def api_keys() -> list[str]:
     else:
         keys = (secret(API_KEYS) or "").splitlines()
     return [k.strip() for k in keys if k.strip()]
+
+
+# `tandem planner`: a policy from outside the package, "module:factory" (the factory takes
+# the PlannerConfig and returns a Policy): experiments and the tests' fake policies. Unset:
+# the built-in policy ``planner.policy`` names.
+PLANNER_POLICY = "TANDEM_PLANNER_POLICY"
+
+
+def planner_policy() -> str | None:
+    return os.environ.get(PLANNER_POLICY) or None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from services.common.config import PlannerConfig
 from services.planner.decision import Action, Decision, Split
 from services.planner.signals import ClusterSignals, IntervalStats
 
@@ -50,3 +51,22 @@ class MemoryActuator:
             raise RuntimeError("the endpoint refused")
         self.applied.append(desired)
         self.split = desired
+
+
+@dataclass
+class OneMoreDecode:
+    """Asks once for one more decode worker, then holds (`tandem planner`'s policy in the
+    launcher's integration test, through TANDEM_PLANNER_POLICY)."""
+
+    asked: bool = False
+
+    def decide(self, signals: ClusterSignals, current: Split) -> Decision:
+        if self.asked:
+            return Decision(signals.t, current, current, Action.HOLD, "steady")
+        self.asked = True
+        return Decision(signals.t, current, Split(current.prefill, current.decode + 1),
+                        Action.SCALE_UP, "one_more")
+
+
+def one_more_decode(_pc: PlannerConfig) -> OneMoreDecode:
+    return OneMoreDecode()
