@@ -202,10 +202,10 @@ def role_permissions(namespace: str, role: str, user: str | None = None,
                 *(s.prefill_progress(i) for i in instances)]
         responses = True
     elif role == "planner":
-        # it reads: the load samples, the prefill queue's state and its oldest job
+        # it reads the load samples and the prefill stream's state, never a job (a job
+        # carries a prompt and its KV transfer token)
         sub.append(s.load_all)
-        pub += [f"{_JS_API}.STREAM.INFO.{queue}", f"{_JS_API}.CONSUMER.INFO.{queue}.{consumer}",
-                f"{_JS_API}.STREAM.MSG.GET.{queue}", f"{_JS_API}.DIRECT.GET.{queue}"]
+        pub.append(f"{_JS_API}.STREAM.INFO.{queue}")
     elif role == "prefill":
         pub += [*ensure_queue,
                 f"{_JS_API}.CONSUMER.MSG.NEXT.{queue}.{consumer}",  # fetch jobs

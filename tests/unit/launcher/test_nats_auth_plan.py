@@ -63,7 +63,6 @@ USES = [
     ("router", True, S.kv_dump("decode-0")),
     ("router", False, S.kv_events_all),
     (("router", "planner"), False, S.load_all),  # the planner reads the load samples too
-    ("planner", True, f"{JS}.STREAM.MSG.GET.{S.prefill_stream}"),  # the oldest job's age
     ("router", False, S.router_inflight),
     ("prefill", True, f"{JS}.CONSUMER.MSG.NEXT.{S.prefill_stream}.{S.prefill_consumer}"),
     ("prefill", True, f"$JS.ACK.{S.prefill_stream}.{S.prefill_consumer}.1.2.3.4.5.6"),
@@ -141,7 +140,7 @@ def test_permissions_follow_the_namespace() -> None:
     assert "blue.kv.events.*" in p.subscribe and "$KV.blue_discovery.>" in p.subscribe
     assert not any("tandem" in a for a in p.publish + p.subscribe)
     with pytest.raises(ValueError, match="unknown role"):
-        role_permissions(NS, "planner")
+        role_permissions(NS, "launcher")
 
 
 # -- the launcher's users and config -------------------------------------------------------
@@ -255,3 +254,17 @@ def test_deploy_passwords_stay_strings_in_the_nats_config() -> None:
 
     pws = [deploy_password() for _ in range(200)]
     assert all(p[0].isalpha() and len(p) >= 32 for p in pws) and len(set(pws)) == 200
+
+
+def test_replicas_the_planner_may_start_get_their_users_too(tmp_path: Path) -> None:
+    from services.launcher.plan import reserve
+
+    cfg = load_config(CONFIGS / "local.yaml", ["planner.enabled=true", "planner.max_decode=2"])
+    specs = plan(cfg, None)
+    spare = reserve(cfg, None)
+    locked = lock_nats(cfg, specs + spare, tmp_path)
+    by_name = {s.name: s for s in locked}
+    assert by_name["decode-1"].env["TANDEM_NATS_USER"] == "decode-1"
+    assert by_name["planner"].env["TANDEM_NATS_USER"] == "planner"
+    conf = (tmp_path / "nats-server.conf").read_text()
+    assert '{user: "decode-1"' in conf and '{user: "planner"' in conf
