@@ -66,7 +66,9 @@ class PlannerLoop:
         if decision.desired != current:
             try:
                 await self._actuator.apply(decision.desired)
-                self._expected = decision.desired
+                # NOTE: read back, not assumed: an observe-only actuator changes nothing,
+                # and what it reports next round must not look like a hand change
+                self._expected = await self._actuator.current()
             except Exception as e:  # an API or endpoint refusal: the next round reads back
                 self._expected = None
                 self.metrics.apply_errors.inc()

@@ -48,8 +48,12 @@ def build_policy(pc: PlannerConfig) -> Policy:
                             f"set {env.PLANNER_POLICY}=module:factory for another one")
 
 
-def build_actuator(cfg: ClusterConfig) -> Actuator:
+async def build_actuator(cfg: ClusterConfig, part: Setup) -> Actuator:
     pc = cfg.planner
+    if pc.actuator == "observe":
+        from services.planner.actuators.observe import ObserveActuator
+
+        return ObserveActuator(await part.discovery())
     if pc.actuator == "local":
         from services.planner.actuators.local import LocalActuator
 
@@ -70,7 +74,7 @@ def build_actuator(cfg: ClusterConfig) -> Actuator:
 async def _build(part: Setup) -> PartSpec:
     pc = part.cfg.planner
     policy = build_policy(pc)
-    actuator = build_actuator(part.cfg)
+    actuator = await build_actuator(part.cfg, part)
     if hasattr(actuator, "close"):
         part.on_close(actuator.close, "actuator")
     collector = LiveCollector(part.nc, part.cfg.namespace, await part.discovery())
@@ -81,7 +85,10 @@ async def _build(part: Setup) -> PartSpec:
                        cooldown_s=pc.cooldown_s, metrics=metrics)
 
     async def start_loop(_bound: lifecycle.Bound) -> None:
-        part.task(loop.run(part.stop), "planner loop")
+        if pc.enabled:
+            part.task(loop.run(part.stop), "planner loop")
+        else:  # a deploy that always runs the part (k8s): the config switches it on
+            log.info("planner: planner.enabled is false: not deciding")
 
     return PartSpec(
         advertised_host(part.host), 0.0, registry=metrics.registry, metrics_port=pc.metrics_port,

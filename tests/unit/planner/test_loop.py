@@ -98,3 +98,15 @@ async def test_run_steps_every_interval_until_stopped() -> None:
     await asyncio.wait_for(task, 1.0)
     assert 2 <= len(act.applied) <= 4
     assert act.split.decode == 1 + len(act.applied)
+
+
+async def test_an_actuator_that_applies_nothing_is_not_taken_for_a_hand_change() -> None:
+    class Observe(MemoryActuator):
+        async def apply(self, desired: Split) -> None:
+            self.applied.append(desired)  # noted, not carried out (planner.actuator=observe)
+
+    loop = PlannerLoop(QueuePolicy(), ScriptedCollector([5000, 5000]), Observe(Split(1, 1)),
+                       interval_s=10.0, cooldown_s=30.0, clock=Clock())
+    assert (await loop.step()).desired == Split(1, 2)
+    d = await loop.step()
+    assert (d.action, d.reason, d.desired) == (Action.SCALE_UP, "queue", Split(1, 2))
