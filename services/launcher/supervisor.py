@@ -77,6 +77,7 @@ class _Slot:
     tracker: RestartTracker
     child: _Child
     restart_at: float | None = None  # set while it waits out a backoff
+    scaled: bool = False  # started by ``scale`` while the cluster runs
 
     @property
     def ready(self) -> bool:
@@ -237,6 +238,15 @@ class Supervisor:
         healthy_s = now - child.ready_at if child.ready_at is not None else 0.0
         d = slot.tracker.on_death(healthy_s)
         how = describe_exit(child.proc.returncode)
+        if d.give_up and slot.scaled:
+            # NOTE: a replica the planner added does not take the cluster down with it
+            self.say(f"error: {slot.spec.name} {how}: {d.quick_failures} quick failures in a row; "
+                     "giving it up (it was started by a scale, the cluster goes on without it)")
+            self._say_tail(child)
+            with self._scale_lock:
+                self._slots.remove(slot)
+            self._write_pids()
+            return None
         if d.give_up:
             self.say(f"error: {slot.spec.name} {how}: {d.quick_failures} quick failures in a row "
                      f"(none stayed up {self.policy.stable_after_s:g} s), more than "
@@ -257,10 +267,11 @@ class Supervisor:
             again = f"after restart {child.attempt} " if child.attempt else ""
             self.say(f"ready    {child.spec.name:<12} {took:6.1f} s  {again}({child.spec.ready.describe()})")
             self._set_up(child.spec.name, True)
-        elif child.attempt and now - child.started > self.ready_timeout:
-            # a restart that hangs is a failure like a crash: kill it, the next tick restarts it
-            self.say(f"error: {child.spec.name} not ready {self.ready_timeout:g} s after restart "
-                     f"{child.attempt}: killing it")
+        elif (child.attempt or slot.scaled) and now - child.started > self.ready_timeout:
+            # a restart (or a scaled start) that hangs is a failure like a crash: kill it,
+            # the next tick restarts it
+            after = f"restart {child.attempt}" if child.attempt else "its start"
+            self.say(f"error: {child.spec.name} not ready {self.ready_timeout:g} s after {after}: killing it")
             _signal_group(child.proc.pid, signal.SIGKILL)
 
     # -- scaling (the planner's local actuator) ---------------------------------------------
@@ -295,7 +306,7 @@ class Supervisor:
             busy = {sl.spec.name for sl in live} | {d.child.spec.name for d in self._draining}
             free = [sp for sp in self._pool[part] if sp.name not in busy]
             for spec in free[:max(0, n - len(live))]:
-                self._start(spec)
+                self._start(spec).scaled = True
             order = {sp.name: i for i, sp in enumerate(self._pool[part])}
             for sl in sorted(live, key=lambda sl: order[sl.spec.name])[n:]:
                 self._drain(sl)
@@ -331,7 +342,7 @@ class Supervisor:
     def _tick(self) -> int | None:
         """One round over every process: deaths, restarts due, readiness. None, or the exit
         status ``run`` should return (after the caller stops everything)."""
-        for slot in self._slots:
+        for slot in list(self._slots):  # a scaled replica given up leaves it
             if self.stop_event.is_set():
                 return 0
             now = time.monotonic()

@@ -56,6 +56,8 @@ class PlannerLoop:
         if adopted:
             self.metrics.adopted.inc()
             self._hold_until = now + self._cooldown_s
+            log.info("planner: the split went from %s to %s outside the planner: adopted, no "
+                     "change for %g s", _fmt(self._expected), _fmt(current), self._cooldown_s)
         self._expected = current
         decision = self._policy.decide(signals, current)
         if decision.desired != current and now < self._hold_until:

@@ -2,7 +2,10 @@
 `tandem planner` as a part of the cluster and serves its control endpoint; a policy that
 asks for one more decode worker (TANDEM_PLANNER_POLICY, tests/support/planner_fakes.py)
 makes the launcher start decode-1 in its reserved slot, which logs in to NATS with the user
-made for it, registers in discovery and serves requests; the planner's metrics say so."""
+made for it, registers in discovery and serves requests; the planner's metrics say so. Then
+a scale-down by hand through the control endpoint (the cluster token required): decode-1
+drains and exits 0, nothing restarts it, and the planner adopts the hand change instead of
+scaling back up."""
 
 from __future__ import annotations
 
@@ -47,6 +50,7 @@ def test_the_planner_asks_for_a_decode_worker_and_it_joins_and_serves(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     needs_nats_server()
     monkeypatch.setenv("TANDEM_PLANNER_POLICY", "tests.support.planner_fakes:one_more_decode")
+    monkeypatch.setenv("TANDEM_CLUSTER_TOKEN", "planner-test-token")  # the launcher's, not a fresh one
     cfg = _cfg()
     up = start_up(write_config(cfg, tmp_path / "cluster.yaml"), tmp_path / "run", ["--ready-timeout", "180"])
     try:
@@ -75,9 +79,25 @@ def test_the_planner_asks_for_a_decode_worker_and_it_joins_and_serves(
                 assert time.monotonic() < deadline, "decode-1 never served a request"
                 assert set(pool.map(chat, range(16))) == {200}
         assert "\nrestart  " not in up.output()  # no part died
+
+        control = f"http://127.0.0.1:{cfg.planner.control_port}/split"
+        assert httpx.post(control, json={"prefill": 0, "decode": 1}).status_code == 401
+        r = httpx.post(control, json={"prefill": 0, "decode": 1},
+                       headers={"Authorization": "Bearer planner-test-token"})
+        assert (r.status_code, r.json()) == (202, {"prefill": 0, "decode": 1})
+        up.wait_for(r"^draining decode-1 \(pid \d+\)$", timeout=30)
+        up.wait_for(r"^drained  decode-1 \(exited with code 0\)$", timeout=60)
+        assert "decode-1" not in up.pids()
+        deadline = time.monotonic() + 30
+        while metric(planner_metrics, "tandem_planner_adopted_changes_total") < 1:
+            assert time.monotonic() < deadline, httpx.get(planner_metrics).text
+            time.sleep(0.5)
+        assert metric(planner_metrics, 'tandem_planner_actual_replicas{role="decode"}') == 1
+        assert up.output().count("starting decode-1") == 1  # neither restarted nor re-added
+        assert chat(0) == 200
     finally:
         code = up.stop()
     out = up.output()
     assert code == 0, out
-    assert "stopped  planner" in out and "stopped  decode-1" in out
+    assert "stopped  planner" in out
     assert all(gone(pid) for pid in up.pids().values())

@@ -123,3 +123,28 @@ def test_the_control_endpoint_needs_the_token_and_moves_the_split(running: Runni
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_scaled_replica_that_keeps_dying_is_given_up_and_the_cluster_goes_on(tmp_path: Path) -> None:
+    from services.launcher.restart import RestartPolicy
+
+    base = free_port()
+    broken = ProcessSpec(name="decode-1", part="decode", argv=(sys.executable, "-c", "raise SystemExit(3)"),
+                         ports=(PortUse("grpc", base + 1, "decode.port"),),
+                         ready=Readiness("tcp", "127.0.0.1", base + 1))
+    out = io.StringIO()
+    sup = Supervisor([_spec("decode", 0, base)], tmp_path, out=out, poll_s=0.05, reserve=[broken],
+                     policy=RestartPolicy(backoff_s=0.05, max_quick_restarts=2))
+    t = threading.Thread(target=sup.run, kwargs={"install_signals": False})
+    t.start()
+    r = Running(sup, out)
+    try:
+        r.wait_for("ready    decode-0")
+        sup.scale({"decode": 2})
+        r.wait_for("giving it up (it was started by a scale, the cluster goes on without it)")
+        assert sup.replicas() == {"decode": 1, "prefill": 0}
+        assert t.is_alive() and "stopping the cluster" not in out.getvalue()
+        assert set(_pids(tmp_path)) == {"decode-0"}
+    finally:
+        sup.stop_event.set()
+        t.join(timeout=30)
