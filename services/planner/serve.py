@@ -11,6 +11,7 @@ in discovery as role ``planner``. SIGTERM/SIGINT: the loop stops between two rou
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import logging
 import sys
@@ -40,7 +41,10 @@ def build_policy(pc: PlannerConfig) -> Policy:
     override = env.planner_policy()
     if override:
         module, _, name = override.partition(":")
-        factory: Callable[[PlannerConfig], Policy] = getattr(importlib.import_module(module), name)
+        try:
+            factory: Callable[[PlannerConfig], Policy] = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError, ValueError) as e:
+            raise PlannerSetupError(f"{env.PLANNER_POLICY}={override}: {e}") from None
         return factory(pc)
     # NOTE: the built-in policies (formula, simulate) land with services/planner/formula.py
     # and lookahead.py; until they are wired here the planner refuses to start.
@@ -71,9 +75,8 @@ async def build_actuator(cfg: ClusterConfig, part: Setup) -> Actuator:
     raise PlannerSetupError("planner.actuator=sim runs inside `tandem sim`, not `tandem planner`")
 
 
-async def _build(part: Setup) -> PartSpec:
+async def _build(part: Setup, policy: Policy) -> PartSpec:
     pc = part.cfg.planner
-    policy = build_policy(pc)
     actuator = await build_actuator(part.cfg, part)
     if hasattr(actuator, "close"):
         part.on_close(actuator.close, "actuator")
@@ -100,7 +103,8 @@ async def _build(part: Setup) -> PartSpec:
 async def serve(cfg: ClusterConfig, replica: int = 0) -> None:
     # NOTE: httpx logs every request at INFO: the scrapes and the actuator's calls, each round
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    await lifecycle.run(cfg, "planner", replica, _build)
+    policy = build_policy(cfg.planner)  # before NATS: a planner without a policy stops at once
+    await lifecycle.run(cfg, "planner", replica, functools.partial(_build, policy=policy))
 
 
 def main(args: argparse.Namespace) -> int:
