@@ -79,6 +79,12 @@ def test_the_planner_asks_for_a_decode_worker_and_it_joins_and_serves(
                 assert time.monotonic() < deadline, "decode-1 never served a request"
                 assert set(pool.map(chat, range(16))) == {200}
         assert "\nrestart  " not in up.output()  # no part died
+        # the planner reads the traffic, logged in as its NATS user with its permissions
+        deadline = time.monotonic() + 30
+        while metric(planner_metrics, "tandem_planner_arrival_rate") == 0:
+            assert time.monotonic() < deadline, httpx.get(planner_metrics).text
+            assert chat(0) == 200
+        assert "round failed" not in (up.run_dir / "logs" / "planner.log").read_text()
 
         control = f"http://127.0.0.1:{cfg.planner.control_port}/split"
         assert httpx.post(control, json={"prefill": 0, "decode": 1}).status_code == 401
