@@ -41,6 +41,7 @@ def api_client(namespace: str | None) -> tuple[client.ApiClient, str]:
 
 class KubernetesActuator:
     def __init__(self, api: client.ApiClient, namespace: str, deployments: dict[Role, str]) -> None:
+        self._api = api
         self._apps = client.AppsV1Api(api)
         self._namespace = namespace
         self._deployments = deployments
@@ -65,3 +66,6 @@ class KubernetesActuator:
                                  (Role.DECODE, desired.decode, now.decode)):
             if want != have:
                 await asyncio.to_thread(self._patch, role, want)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._api.close)

@@ -38,6 +38,7 @@ async def test_reads_the_deployments_and_scales_only_what_changes(fake: FakeK8s)
     await act.apply(Split(0, 2))
     assert fake.patches == [("decode", 3), ("prefill", 0), ("decode", 2)]
     assert await act.current() == Split(0, 2)
+    await act.close()
 
 
 async def test_a_hand_scaled_deployment_is_adopted_not_fought(fake: FakeK8s) -> None:
