@@ -73,7 +73,8 @@ async def test_one_round_reads_every_signal(nats_url: str) -> None:
     await ensure_prefill_queue(js, subjects, PrefillConfig())
     for i, n in enumerate(PROMPTS):
         job = prefill_pb2.RemotePrefillRequest(
-            request_id=f"req-{i}", token_ids=[(7919 * k) % 49152 for k in range(n)],
+            # ids like English text's under SmolLM2's vocabulary (mostly 2-byte varints)
+            request_id=f"req-{i}", token_ids=[128 + (7919 * k) % 16000 for k in range(n)],
             decode_worker_id="decode-0", kv_transfer_address="127.0.0.1:1", num_blocks=n // 16,
             deadline_unix_ms=int(time.time() * 1000) + 60_000, attempt=1, transfer_token=os.urandom(16))
         await js.publish(subjects.prefill_queue, job.SerializeToString())
@@ -96,7 +97,7 @@ async def test_one_round_reads_every_signal(nats_url: str) -> None:
         assert (d1.kv_blocks_total, d1.requests_running) == (0, 0)  # no sample yet
         assert (p0.kv_blocks_used, p0.requests_waiting, p0.pending_prefill_tokens) == (30, 2, 700)
         assert first.prefill_queue_jobs == 3
-        assert first.prefill_queue_tokens == pytest.approx(sum(PROMPTS), rel=0.15)
+        assert first.prefill_queue_tokens == pytest.approx(sum(PROMPTS), rel=0.1)
         assert first.prefill_queue_oldest_wait_s == pytest.approx(5.0, abs=1.0)
         assert first.last.arrivals == 0 and first.last.ttft_p90_s is None  # no baseline yet
 
