@@ -14,6 +14,14 @@ def cache_dir() -> Path:
 # Arguments services/launcher/replica_slot.py adds to the part's command (shell words).
 PART_ARGS = "TANDEM_PART_ARGS"
 
+# A part's instance id (discovery key, worker id) when its replica index cannot be unique:
+# the pods of one Kubernetes Deployment run one command, so each is given its pod's name.
+INSTANCE_ID = "TANDEM_INSTANCE_ID"
+
+
+def instance_id() -> str | None:
+    return os.environ.get(INSTANCE_ID) or None
+
 
 def in_ci() -> bool:
     """True under CI (``CI=true``): tests that need the real model fail instead of skip."""

@@ -411,3 +411,10 @@ def test_k8s_planner_runs_tandem_planner_and_may_scale_the_worker_deployments_al
     names = {d["metadata"]["name"] for f in ("prefill.yaml", "decode.yaml") for d in k8s[f]
              if d["kind"] == "Deployment"}
     assert names == set(rule["resourceNames"])
+
+
+def test_k8s_worker_pods_take_their_pod_name_as_instance_id_so_their_deployments_scale(k8s: dict) -> None:
+    for part in ("decode", "prefill"):
+        (container,) = {d["kind"]: d for d in k8s[f"{part}.yaml"]}["Deployment"]["spec"]["template"][
+            "spec"]["containers"]
+        assert _env(container)["TANDEM_INSTANCE_ID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
