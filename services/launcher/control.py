@@ -74,11 +74,11 @@ def serve_control(target: Scalable, port: int, token: str) -> ThreadingHTTPServe
             if self.path != PATH:
                 self._reply(404, {"error": f"only {PATH}"})
                 return
-            length = int(self.headers.get("Content-Length") or 0)
-            if length > _MAX_BODY:
-                self._reply(413, {"error": "body too large"})
-                return
             try:
+                length = int(self.headers.get("Content-Length") or 0)
+                if length > _MAX_BODY:
+                    self._reply(413, {"error": "body too large"})
+                    return
                 want = Split.from_json(json.loads(self.rfile.read(length) or b"null"))
                 target.scale(want.to_json())
             except ValueError as e:  # json's errors are ValueErrors too
