@@ -36,7 +36,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --upgrade pip
 	# torch first: 2.13.0 is the CPU build already on disk; a bare `torch` pulls CUDA wheels.
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q -e '.[dev,planner]'
 	touch $(STAMP)
 
 nats:

@@ -429,8 +429,18 @@ class PlannerConfig(_Strict):
     # Seconds from a start to a worker ready (model load, registration): what the lookahead
     # charges a scale-up. Measured by the actuator where it can be; this is the prior.
     worker_ready_s: float = Field(10.0, ge=0)
-    actuator: Literal["local", "kubernetes", "sim"] = "local"
+    # local: `tandem up`'s supervisor; kubernetes: the Deployments' scale; observe: decide,
+    # log and export only (the split discovery sees; a dry run of a policy on live traffic);
+    # sim: `tandem sim`.
+    actuator: Literal["local", "kubernetes", "observe", "sim"] = "local"
     metrics_port: int | None = Field(9650, ge=1, le=65535)
+    # local: the `tandem up` launcher's control endpoint the planner calls (bound to
+    # 127.0.0.1, the cluster token required; docs/planner.md, "The control endpoint").
+    control_port: int = Field(9651, ge=1, le=65535)
+    # kubernetes: the Deployments scaled, in k8s_namespace (None: the planner pod's own).
+    k8s_namespace: str | None = None
+    k8s_prefill_deployment: str = "prefill"
+    k8s_decode_deployment: str = "decode"
 
     @model_validator(mode="after")
     def _check_bounds(self) -> PlannerConfig:
