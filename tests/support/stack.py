@@ -10,6 +10,8 @@ from typing import Any
 
 import grpc
 
+from services.api.images import PromptImage
+from services.api.move import MoveSource
 from services.api.outputs import TokenOutput
 from services.api.processor import ChatMessage, ProcessRequest
 from services.api.route import RequestPhase, RouteRequest, RouteResponse
@@ -38,9 +40,10 @@ class RecordingDecodeWorker(DecodeWorker):
         super().__init__(*args, **kwargs)
         self.generate_calls: list[str] = []
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenOutput]:
+    async def generate(self, request: GenerateRequest, images: tuple[PromptImage, ...] = (),
+                       move_from: MoveSource | None = None) -> AsyncIterator[TokenOutput]:
         self.generate_calls.append(request.request_id)
-        async with aclosing(super().generate(request)) as outs:
+        async with aclosing(super().generate(request, images, move_from)) as outs:
             async for o in outs:
                 yield o
 
@@ -70,10 +73,12 @@ async def worker_decode_node(cfg: ClusterConfig, tok: Tokenizer | None = None,
     async with AsyncEngine(engine) as ae:
         worker = RecordingDecodeWorker(ae, cfg, worker_id)
         server, port = await serve_decode_worker(worker, "127.0.0.1", 0)
+        worker.kv_address = f"127.0.0.1:{port}"
         try:
             yield DecodeNode(ae, server, port, worker)
         finally:
             await server.stop(grace=0)
+            await worker.close()
 
 
 def make_processor(cfg: ClusterConfig, tok: Tokenizer, router: RouterLike, context_length: int,
