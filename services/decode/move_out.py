@@ -74,10 +74,11 @@ class MoveOutbox:
     def num_held(self) -> int:
         return len(self._held)
 
-    def source(self, request_id: str) -> MoveSource:
-        """Where the held request's KV waits (its stream's ``moved`` message)."""
-        h = self._held[request_id]
-        return MoveSource(self._worker_id, self.address, h.token)
+    def source(self, request_id: str) -> MoveSource | None:
+        """Where the held request's KV waits (its stream's ``moved`` message); None when it
+        is no longer held (freed at the timeout before its stream ended): a replay then."""
+        h = self._held.get(request_id)
+        return MoveSource(self._worker_id, self.address, h.token) if h is not None else None
 
     async def move_all(self) -> None:
         """Hold what can move, hand back the rest, end their streams; return once every held

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from services.api.processor import ProcessRequest
+from services.api.processor import ChatMessage, ProcessRequest
 from services.api.sampling import SamplingParams
 from services.api.structured import StructuredOutput
 from services.common.address_book import ChannelPool
@@ -20,8 +20,8 @@ from services.common.discovery import Registration
 from services.engine.factory import build_engine
 from services.model.tokenizer import Tokenizer
 from tests.support.mock_cluster import MODEL, mock_cluster_cfg
+from tests.support.moves import assert_no_leaks, metric, prefill_steps, run_draining_after
 from tests.support.stack import RecordingRouter, make_processor, worker_decode_node
-from tests.unit.processor.test_move import assert_no_leaks, metric, prefill_steps, run_draining_after
 
 pytestmark = pytest.mark.asyncio
 
@@ -40,8 +40,6 @@ def _request(rid: str, constrained: bool) -> ProcessRequest:
     else:
         text = "Tell me a short story about a lighthouse keeper."
         sp = SamplingParams(max_tokens=40, temperature=1.0, seed=1234, ignore_eos=True)
-    from services.api.processor import ChatMessage
-
     return ProcessRequest(rid, messages=(ChatMessage("user", text),), model=MODEL, sampling=sp)
 
 

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from services.api.processor import ProcessRequest
 from services.common.address_book import ChannelPool
 from services.common.discovery import Registration
-from services.engine.timings import StepKind
+from services.decode.move_out import MoveNotHeld
 from services.model.tokenizer import Tokenizer
 from tests.support.mock_cluster import mock_cluster_cfg
-from tests.support.stack import DecodeNode, RecordingRouter, chat, make_processor, worker_decode_node
+from tests.support.moves import assert_no_leaks, metric, prefill_steps, run_draining_after
+from tests.support.stack import RecordingRouter, chat, make_processor, worker_decode_node
 
 CTX = 512
 
@@ -25,40 +25,6 @@ CTX = 512
 @pytest.fixture(scope="module")
 def tok(smollm2_path: Path) -> Tokenizer:
     return Tokenizer.from_path(smollm2_path)
-
-
-def metric(node: DecodeNode, name: str, **labels: str) -> float:
-    v = node.worker.metrics.registry.get_sample_value(name, labels)
-    return 0.0 if v is None else v
-
-
-def prefill_steps(node: DecodeNode) -> int:
-    """Steps of the node's engine that computed prompt tokens."""
-    t = node.engine.engine.timings
-    return t.step_seconds[StepKind.PREFILL].count + t.step_seconds[StepKind.MIXED].count
-
-
-async def run_draining_after(p, req: ProcessRequest, nodes: list[DecodeNode], router,
-                             after: int) -> tuple[list, DecodeNode]:
-    """Consume ``req``; after ``after`` deltas the node serving it leaves the router and
-    drains (as on SIGTERM: discovery first)."""
-    deltas, src, drain = [], None, None
-    async for d in p.generate(req):
-        deltas.append(d)
-        if len(deltas) == after and src is None:
-            src = next(n for n in nodes if req.request_id in n.worker.generate_calls)
-            router.worker_left(src.worker.worker_id)
-            drain = asyncio.create_task(src.worker.drain(10))
-    assert src is not None and drain is not None
-    assert await drain  # idle at the end: every held request was pulled or freed
-    return deltas, src
-
-
-async def assert_no_leaks(*nodes: DecodeNode) -> None:
-    for n in nodes:
-        await n.engine.check_integrity()
-        assert n.engine.stats().kv_blocks_used == 0
-        assert n.worker.outbox.num_held == 0 and n.worker.receiver.num_waiting == 0
 
 
 async def test_a_drained_worker_moves_its_stream_with_its_kv(tok: Tokenizer) -> None:
@@ -92,4 +58,76 @@ async def test_a_drained_worker_moves_its_stream_with_its_kv(tok: Tokenizer) -> 
         for w in ("w0", "w1"):
             assert router.load.inflight_count(w) == 0
         await assert_no_leaks(*nodes)
+    await pool.close()
+
+
+async def test_a_move_whose_kv_cannot_be_pulled_falls_back_to_replay(
+        tok: Tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The source's MoveKv answers NOT_FOUND (as for a request it no longer holds): the
+    target prefills prompt + produced tokens instead (the replay), with the same text; the
+    source frees the held KV at decode.move_timeout_s; nothing is left held on either side."""
+    cfg = mock_cluster_cfg(engine={"mock": {"step_base_s": 0.01}},
+                           decode={"move_timeout_s": 0.3})
+    router = RecordingRouter(cfg)
+    pool = ChannelPool()
+    async with AsyncExitStack() as stack:
+        nodes = [await stack.enter_async_context(worker_decode_node(cfg, tok, f"w{i}"))
+                 for i in range(2)]
+        for i, n in enumerate(nodes):
+            router.worker_joined(Registration("decode", f"w{i}", address=n.address))
+        p = make_processor(cfg, tok, router, CTX, pool)
+        ref = [d async for d in p.generate(chat("ref", max_tokens=30, temperature=0))]
+
+        async def gone(req):
+            raise MoveNotHeld(f"no request {req.request_id!r} held")
+            yield b""  # an async generator, as MoveOutbox.pull
+
+        for n in nodes:
+            monkeypatch.setattr(n.worker.outbox, "pull", gone)
+        deltas, src = await asyncio.wait_for(
+            run_draining_after(p, chat("mv", max_tokens=30, temperature=0), nodes, router, 4), 30)
+        dst = next(n for n in nodes if n is not src)
+        assert "".join(d.text for d in deltas) == "".join(d.text for d in ref)
+        assert deltas[-1].usage.completion_tokens == 30
+        assert metric(src, "tandem_worker_requests_moved_total", outcome="expired") == 1
+        assert metric(dst, "tandem_worker_moves_received_total", outcome="replayed") == 1
+        assert metric(dst, "tandem_worker_moves_received_total", outcome="imported") == 0
+        for w in ("w0", "w1"):
+            assert router.load.inflight_count(w) == 0
+        await assert_no_leaks(*nodes)
+    await pool.close()
+
+
+async def test_waiting_requests_are_handed_back_and_running_ones_moved(tok: Tokenizer) -> None:
+    """One seat: the second request waits on the draining worker; it is handed back (the
+    processor routes it again from scratch) while the running one moves with its KV."""
+    cfg = mock_cluster_cfg(engine={"max_num_seqs": 1, "mock": {"step_base_s": 0.01}})
+    router = RecordingRouter(cfg)
+    pool = ChannelPool()
+    async with AsyncExitStack() as stack:
+        src = await stack.enter_async_context(worker_decode_node(cfg, tok, "w0"))
+        router.worker_joined(Registration("decode", "w0", address=src.address))
+        p = make_processor(cfg, tok, router, CTX, pool)
+        ref = "".join([d.text async for d in p.generate(chat("ref", max_tokens=30, temperature=0))])
+
+        async def text(rid: str) -> str:
+            return "".join([d.text async for d in p.generate(chat(rid, max_tokens=30, temperature=0))])
+
+        running = asyncio.create_task(text("a"))
+        waiting = asyncio.create_task(text("b"))
+        while src.engine.stats().num_waiting < 1 or src.engine.stats().num_running < 1:
+            await asyncio.sleep(0.005)
+        dst = await stack.enter_async_context(worker_decode_node(cfg, tok, "w1"))
+        router.worker_joined(Registration("decode", "w1", address=dst.address))
+        router.worker_left("w0")
+        assert await asyncio.wait_for(src.worker.drain(10), 20)
+        assert await asyncio.wait_for(running, 20) == ref
+        assert await asyncio.wait_for(waiting, 20) == ref
+        assert metric(src, "tandem_worker_requests_moved_total", outcome="pulled") == 1
+        assert metric(src, "tandem_worker_requests_moved_total", outcome="handed_back") == 1
+        assert metric(dst, "tandem_worker_moves_received_total", outcome="imported") == 1
+        reg = p.metrics.registry
+        assert reg.get_sample_value("tandem_processor_moves_total", {"kind": "kv"}) == 1
+        assert reg.get_sample_value("tandem_processor_moves_total", {"kind": "replay"}) == 1
+        await assert_no_leaks(src, dst)
     await pool.close()
