@@ -99,6 +99,10 @@ class MoveOutbox:
                 if not h.pulling:
                     self._release(rid, MoveOutcome.EXPIRED)
             await self._empty.wait()  # pulls under way end on their own (the RPC's timeout)
+        finally:
+            # NOTE: cancelled (the drain's grace ran out): free whatever is still held.
+            for rid in list(self._held):
+                self._release(rid, MoveOutcome.EXPIRED)
 
     async def pull(self, req: worker_pb2.MoveKvRequest) -> AsyncIterator[bytes]:
         """The serialized KvChunks of a held request's KV (its last token as the header's
