@@ -58,8 +58,12 @@ class MoveOutbox:
 
     def __init__(self, engine: AsyncEngine, worker_id: str, chunk_bytes: int,
                  timeout_s: float,
-                 on_moved: Callable[[MoveOutcome, float | None], None] | None = None) -> None:
+                 on_moved: Callable[[MoveOutcome, float | None], None] | None = None,
+                 on_handed_back: Callable[[str], None] | None = None) -> None:
         self._engine = engine
+        # Called with each handed-back request id: a remote prefill waiting for its KV stops
+        # waiting (the KvReceiver's cancel), so its stream ends now, not at its timeout.
+        self._on_handed_back = on_handed_back or (lambda rid: None)
         self._worker_id = worker_id
         self._chunk_bytes = chunk_bytes
         self._timeout_s = timeout_s
@@ -87,8 +91,9 @@ class MoveOutbox:
         now = time.monotonic()
         for r in hold.held:
             self._held[r.request_id] = _Held(r, new_token(), now)
-        for _ in hold.handed_back:
+        for rid in hold.handed_back:
             self._on_moved(MoveOutcome.HANDED_BACK, None)
+            self._on_handed_back(rid)
         if self._held:
             self._empty.clear()
         self._engine.end_moved_streams(hold)

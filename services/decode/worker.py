@@ -65,7 +65,8 @@ class DecodeWorker:
         dc = cfg.decode
         # Moves: off this worker when it drains, onto it from draining ones.
         self.outbox = MoveOutbox(engine, worker_id, cfg.prefill.kv_chunk_bytes, dc.move_timeout_s,
-                                 on_moved=self.metrics.request_moved)
+                                 on_moved=self.metrics.request_moved,
+                                 on_handed_back=self.receiver.cancel)
         self.kv_address = kv_address
         self._moves_in = MoveReceiver(engine, self.receiver, dc.move_timeout_s, self._spawn_abort,
                                       on_moved_in=self.metrics.move_received)

@@ -355,15 +355,16 @@ class Scheduler:
         (``LLMEngine.settle``). A running one-choice request that produced a token and has
         only that last token uncomputed is HELD: blocks kept, never scheduled again, until
         ``export_held`` copies them or ``abort`` frees them. Every other one (waiting,
-        parked, ready, mid-prefill, n > 1) is aborted, its id returned second: it goes back
-        to the processor (no token of it is lost; a partial prefill is recomputed)."""
+        parked, ready, mid-prefill, n > 1, with images: a target would hash its blocks
+        without them) is aborted, its id returned second: it goes back to the processor (no
+        token of it is lost; a partial prefill is recomputed)."""
         held: list[HeldRequest] = []
         back: list[str] = []
         for rid, seq in list(self.seqs.items()):
             n = seq.num_tokens - 1
             if (seq.status is SeqStatus.RUNNING and seq.group is None and seq.num_generated > 0
                     and seq.num_computed_tokens == n and seq.token_ids[-1] >= 0
-                    and not seq.length_capped):
+                    and not seq.length_capped and not seq.request.images):
                 self.running.remove(seq)
                 seq.status = SeqStatus.HELD
                 self.held[rid] = seq
