@@ -27,6 +27,8 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 
+import grpc
+
 from services.api.processor import ProcessRequest
 from services.api.sampling import SamplingParams
 from services.bench.results import finish, header, write_json
@@ -49,7 +51,7 @@ MODES = ("move", "replay")
 @dataclass
 class _Node:
     worker: DecodeWorker
-    server: object  # grpc.aio.Server
+    server: grpc.aio.Server
     address: str
 
 

@@ -6,9 +6,8 @@ from contextlib import aclosing
 
 import grpc
 
-from services.api.move import RequestMoved
 from services.api.worker_codec import generate_request_from_pb, move_source_to_pb, output_to_pb
-from services.common.errors import ServingError, abort, decode_or_abort
+from services.common.errors import RequestMoved, ServingError, abort, decode_or_abort
 from services.common.grpc_server import serve_grpc
 from services.decode.move_out import MoveNotHeld, MoveTokenRefused
 from services.decode.worker import DecodeWorker

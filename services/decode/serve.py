@@ -69,8 +69,12 @@ async def _build(part: Setup) -> PartSpec:
         if images is not None:
             encoders.book.start(discovery)
             part.on_close(encoders.book.close, "encode address book")
+    async def has_peers() -> bool:
+        return any(r.instance_id != worker_id for r in await discovery.registrations("decode"))
+
     worker = DecodeWorker(ae, cfg, worker_id, queue, metrics=metrics,
-                          embedder=images.embedder if images is not None else None)
+                          embedder=images.embedder if images is not None else None,
+                          has_peers=has_peers)
     part.on_close(worker.close, "move channels")
     tp_hooks.attach(runner, metrics.registry, part.stop)
     layout = KvLayout.of(ae.kv_spec, cfg.engine.tensor_parallel_size)

@@ -17,16 +17,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import replace
 
 from services.api.images import PromptImage
-from services.api.move import MoveSource, RequestMoved
+from services.api.move import MoveSource
 from services.api.outputs import TokenOutput
 from services.api.prefill import PrefillJob
 from services.common.config import ClusterConfig
-from services.common.errors import InvalidRequest, Overloaded, Unavailable
+from services.common.errors import InvalidRequest, Overloaded, RequestMoved, Unavailable
 from services.decode.admission import refusal
 from services.decode.disagg import DecisionReason, PrefillDecision, decide_prefill, worker_times
 from services.decode.kv_receiver import ExpectedKv, KvReceiver, KvTransferError, ReceivedKv
@@ -47,18 +47,24 @@ from services.steptime.profile import step_model_for
 
 log = logging.getLogger(__name__)
 
+PEERS_TIMEOUT_S = 2.0  # how long a drain asks discovery for other decode workers
+
 
 class DecodeWorker:
     """One decode worker. ``queue`` None runs without disaggregation (always local)."""
 
     def __init__(self, engine: AsyncEngine, cfg: ClusterConfig, worker_id: str,
                  queue: PrefillQueue | None = None, kv_address: str = "",
-                 metrics: DecodeMetrics | None = None, embedder: ImageEmbedder | None = None) -> None:
+                 metrics: DecodeMetrics | None = None, embedder: ImageEmbedder | None = None,
+                 has_peers: Callable[[], Awaitable[bool]] | None = None) -> None:
         self.engine = engine
         self.cfg = cfg
         self.worker_id = worker_id
         self.queue = queue
         self.embedder = embedder  # None: a text-only model
+        # Whether another decode worker is registered (discovery): a drain with none to take
+        # the requests lets them finish here instead. None: assume there is.
+        self._has_peers = has_peers
         self.metrics = metrics or DecodeMetrics(engine.stats, cfg.decode.disagg)
         self.receiver = KvReceiver(on_bytes=self.metrics.kv_bytes_received.inc,
                                    on_refused=self.metrics.kv_transfer_refused)
@@ -157,12 +163,25 @@ class DecodeWorker:
         self._draining = True
         deadline = time.monotonic() + grace_s
         try:
-            if self.cfg.decode.drain == "move":
+            if self.cfg.decode.drain == "move" and await self._peers_to_move_to():
                 await asyncio.wait_for(self.outbox.move_all(), grace_s)
             await asyncio.wait_for(self._idle.wait(), max(deadline - time.monotonic(), 0.0))
         except TimeoutError:
             return False
         return True
+
+    async def _peers_to_move_to(self) -> bool:
+        if self._has_peers is None:
+            return True
+        try:
+            if await asyncio.wait_for(self._has_peers(), PEERS_TIMEOUT_S):
+                return True
+        except Exception as e:  # discovery unreachable: move anyway (failures replay)
+            log.warning("decode worker %s: other decode workers unknown (%s); moving", self.worker_id, e)
+            return True
+        log.info("decode worker %s: no other decode worker to move to; letting requests finish",
+                 self.worker_id)
+        return False
 
     async def _with_embeddings(self, request: GenerateRequest, images: tuple[PromptImage, ...]
                                ) -> GenerateRequest:

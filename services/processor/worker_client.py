@@ -12,12 +12,12 @@ from collections.abc import AsyncIterator, Sequence
 import grpc
 
 from services.api.images import PromptImage
-from services.api.move import MoveSource, RequestMoved
+from services.api.move import MoveSource
 from services.api.outputs import FinishReason, TokenOutput
 from services.api.sampling import SamplingParams
 from services.api.worker_codec import generate_request_to_pb, move_source_from_pb, output_from_pb
 from services.common.address_book import ChannelPool
-from services.common.errors import from_rpc_error
+from services.common.errors import RequestMoved, from_rpc_error
 from services.common.grpc_auth import call_metadata
 from services.gen import worker_pb2_grpc
 

@@ -3,7 +3,7 @@ engine (mock runner unless given one) on real gRPC, plus the processor, in-proce
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -62,7 +62,8 @@ class DecodeNode:
 
 @asynccontextmanager
 async def worker_decode_node(cfg: ClusterConfig, tok: Tokenizer | None = None,
-                             worker_id: str = "w0", engine: LLMEngine | None = None
+                             worker_id: str = "w0", engine: LLMEngine | None = None,
+                             has_peers: Callable[[], Awaitable[bool]] | None = None
                              ) -> AsyncIterator[DecodeNode]:
     """The real decode worker (services/decode: admission limits, drain, RESOURCE_EXHAUSTED)
     over ``engine`` (default: the mock runner's, from ``cfg``), local prefill only, served by
@@ -71,7 +72,7 @@ async def worker_decode_node(cfg: ClusterConfig, tok: Tokenizer | None = None,
         stops = tok.stop_token_ids if tok is not None else (cfg.engine.mock.eos_token_id,)
         engine = LLMEngine(MockRunner(cfg.engine), cfg.engine, stops, worker_id=worker_id)
     async with AsyncEngine(engine) as ae:
-        worker = RecordingDecodeWorker(ae, cfg, worker_id)
+        worker = RecordingDecodeWorker(ae, cfg, worker_id, has_peers=has_peers)
         server, port = await serve_decode_worker(worker, "127.0.0.1", 0)
         worker.kv_address = f"127.0.0.1:{port}"
         try:

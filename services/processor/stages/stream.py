@@ -12,12 +12,18 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
-from services.api.move import MoveSource, RequestMoved
+from services.api.move import MoveSource
 from services.api.outputs import FinishReason, TokenOutput, Usage
 from services.api.processor import Delta, TextLogprob
 from services.api.route import RequestPhase, RouteResponse
 from services.api.sampling import SamplingParams
-from services.common.errors import GenerationFailed, InvalidRequest, Overloaded, ServingError
+from services.common.errors import (
+    GenerationFailed,
+    InvalidRequest,
+    Overloaded,
+    RequestMoved,
+    ServingError,
+)
 from services.model.tokenizer import Tokenizer
 from services.processor.detokenizer import IncrementalDetokenizer
 from services.processor.metrics import ProcessorMetrics

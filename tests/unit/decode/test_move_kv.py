@@ -1,7 +1,8 @@
-"""MoveKv's statuses on a draining worker (real gRPC over TCP): a wrong move token is
-PERMISSION_DENIED and leaves the request held for its real target; other blocks than held
-are FAILED_PRECONDITION and free it; after that, or for a request never held, NOT_FOUND.
-The drain then ends with nothing held and no block used."""
+"""A draining worker's side of a move (real gRPC over TCP). MoveKv's statuses: a wrong move
+token is PERMISSION_DENIED and leaves the request held for its real target; other blocks
+than held are FAILED_PRECONDITION and free it; after that, or for a request never held,
+NOT_FOUND; the drain then ends with nothing held and no block used. With no other decode
+worker registered the drain lets its requests finish instead."""
 
 from __future__ import annotations
 
@@ -62,3 +63,26 @@ async def test_move_kv_statuses() -> None:
             "tandem_worker_requests_moved_total", {"outcome": "failed"}) == 1
         await node.engine.check_integrity()
         assert node.engine.stats().kv_blocks_used == 0
+
+
+async def test_with_no_other_decode_worker_a_drain_lets_requests_finish() -> None:
+    async def no_peers() -> bool:
+        return False
+
+    cfg = mock_cluster_cfg(engine={"mock": {"step_base_s": 0.01}})
+    async with worker_decode_node(cfg, None, "w0", has_peers=no_peers) as node, \
+            grpc.aio.insecure_channel(node.address) as ch:
+        stub = worker_pb2_grpc.DecodeWorkerStub(ch)
+        sp = sampling_to_pb(SamplingParams(max_tokens=30, temperature=0, ignore_eos=True))
+        call = stub.Generate(worker_pb2.GenerateRequest(request_id="r", token_ids=list(range(100, 140)),
+                                                        sampling=sp))
+        got, drain, last = 0, None, None
+        async for msg in call:
+            assert not msg.HasField("moved")
+            got += len(msg.token_ids)
+            last = msg
+            if got >= 3 and drain is None:
+                drain = asyncio.create_task(node.worker.drain(10))
+        assert got == 30 and last is not None and last.finish_reason
+        assert drain is not None and await drain
+        assert node.worker.outbox.num_held == 0
