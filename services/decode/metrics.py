@@ -56,7 +56,8 @@ class DecodeMetrics:
         for m in MoveIn:
             self.moves_in.labels(m.value)
         self.move_in_seconds = Histogram(
-            "tandem_worker_move_in_seconds", "From a moved request's arrival to its KV imported",
+            "tandem_worker_move_in_seconds",
+            "From a moved request's arrival to its KV imported (or given up: a replay)",
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=r)
         Gauge("tandem_worker_disagg_max_local_prefill_length",
               "Prefills longer than this (uncached tokens) may go remote",
