@@ -33,6 +33,7 @@ _HANDLERS = {
     ("bench", "overhead"): "services.bench.overhead:main",
     ("bench", "long-prompt"): "services.bench.long_prompt:main",
     ("bench", "part-deaths"): "services.bench.part_deaths:main",
+    ("bench", "move"): "services.bench.move:main",
     ("bench", "report"): "services.bench.report:main",
     ("bench", "anchor"): "services.bench.anchor:main",
     ("sim",): "services.sim.replay:main",

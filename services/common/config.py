@@ -260,8 +260,16 @@ class DecodeConfig(_Strict):
     # for a remote prefill) beyond this are refused with RESOURCE_EXHAUSTED: the frontend
     # answers 429 + Retry-After instead of letting the queue (and every wait in it) grow.
     max_waiting_requests: int = Field(256, ge=0)
-    # On SIGTERM: stop taking requests, let in-flight ones finish for this long, then exit.
+    # On SIGTERM: stop taking requests, let in-flight ones finish (or move) for this long,
+    # then exit.
     grace_period_s: float = Field(10.0, ge=0)
+    # What a drained (SIGTERM'd) worker does with its running requests: "move" them, KV and
+    # all, to other decode workers (docs/reliability.md "Moving requests on scale-down"), or
+    # "finish" them here within grace_period_s.
+    drain: Literal["move", "finish"] = "move"
+    # How long a moved request's KV waits on the draining worker for its target to pull it;
+    # past that its blocks are freed and the target prefills it again (the replay).
+    move_timeout_s: float = Field(5.0, gt=0)
     # Decode workers hosted by one process (`tandem decode --replicas-in-process K`): for
     # the mock runner at scale (configs/scale-mock.yaml); keep 1 for real models.
     replicas_per_process: int = Field(1, ge=1)
