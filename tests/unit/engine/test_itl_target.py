@@ -147,3 +147,27 @@ def test_a_prefix_chunk_costs_its_attention() -> None:
     cost = StepCost.of(PROFILE)
     assert cost.slice_tokens(0.05, 0) > cost.slice_tokens(0.05, 2000) > cost.slice_tokens(0.05, 6000)
     assert BatchShape().num_seqs == 0
+
+
+class _Counting(MockStepModel):
+    """MODEL, counting the calls made to it."""
+
+    calls = 0
+
+    def steps_seconds(self, total: BatchShape, steps: int) -> float:
+        type(self).calls += 1
+        return MockStepModel.steps_seconds(self, total, steps)
+
+
+def test_the_step_model_is_read_once_at_start_not_per_step() -> None:
+    cfg = mock_cfg(block_size=4, num_kv_blocks=512, max_num_seqs=16, max_num_batched_tokens=256,
+                   max_model_len=2048).model_copy(update={"itl_target_ms": 40.0})
+    runner = MockRunner(cfg)
+    eng = LLMEngine(runner, cfg, [EOS], step_model=_Counting(0.004, 0.001, 0.002))
+    at_start = _Counting.calls
+    assert at_start > 0
+    start_streams(eng, runner, 6)
+    eng.add_request(req("long", list(range(200, 1200)), max_tokens=1))
+    for _ in range(10):
+        assert prefill_tokens(step(eng, runner)) == 24
+    assert _Counting.calls == at_start  # the budget is arithmetic on hoisted coefficients
