@@ -82,7 +82,7 @@ class SamplingParams:
     # prefills on its decode worker.
     prompt_logprobs: int | None = None
     # Choices: they share the prompt's prefill and KV blocks (scheduler.py, "n choices");
-    # choice i draws with seed + i.
+    # choice i draws with choice_seed(seed, i) (choice 0 with seed itself).
     n: int = 1
     # Constrained decoding: what the generated text must match (engine/grammar). A migrated
     # request's matcher replays the last ``seed_step_offset`` prompt tokens (produced before).
