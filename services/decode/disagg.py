@@ -56,7 +56,9 @@ class WorkerTimes:
 
     def local_chunk(self, tokens: int, start: int) -> int:
         """The chunk the engine's scheduler gives this prefill beside the running decodes:
-        ``chunk`` tokens, or what the ITL target leaves (ChunkLimit.first_chunk)."""
+        ``chunk`` tokens, or what the ITL target leaves (ChunkLimit.first_chunk). Its first
+        chunk stands for all: deeper ones fit fewer tokens, so a long prompt's local time
+        under a target is underestimated."""
         if self.limit is None:
             return self.chunk
         return self.limit.first_chunk(tokens, start, self.running, self.decode_context,
