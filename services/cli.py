@@ -32,6 +32,7 @@ _HANDLERS = {
     ("bench", "compare"): "services.bench.compare:main",
     ("bench", "overhead"): "services.bench.overhead:main",
     ("bench", "long-prompt"): "services.bench.long_prompt:main",
+    ("bench", "budget"): "services.bench.budget:main",
     ("bench", "part-deaths"): "services.bench.part_deaths:main",
     ("bench", "move"): "services.bench.move:main",
     ("bench", "report"): "services.bench.report:main",

@@ -23,6 +23,20 @@ MAX_TOP_LOGPROBS = 20  # OpenAI's bound for chat top_logprobs and completions lo
 MAX_PENALTY = 2.0  # presence/frequency penalties lie in [-2, 2] (OpenAI)
 MAX_BIAS = 100.0  # logit_bias values lie in [-100, 100] (OpenAI)
 _INT64 = 1 << 63
+_MASK64 = (1 << 64) - 1
+
+
+def choice_seed(seed: int, choice: int) -> int:
+    """The seed choice ``choice`` of a request seeded ``seed`` draws with: ``seed`` itself for
+    choice 0 (an n=1 request's), else a splitmix64 mix of both, a signed int64. Not
+    ``seed + choice``: then choice 1 of seed 7 drew choice 0 of seed 8's tokens."""
+    if not choice:
+        return seed
+    z = ((seed & _MASK64) ^ (choice * 0xD1B54A32D192ED03)) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    z ^= z >> 31
+    return z - (1 << 64) if z >= _INT64 else z
 _UINT32 = 1 << 32  # what proto/request.proto carries counts and token ids in
 
 
@@ -68,7 +82,7 @@ class SamplingParams:
     # prefills on its decode worker.
     prompt_logprobs: int | None = None
     # Choices: they share the prompt's prefill and KV blocks (scheduler.py, "n choices");
-    # choice i draws with seed + i.
+    # choice i draws with choice_seed(seed, i) (choice 0 with seed itself).
     n: int = 1
     # Constrained decoding: what the generated text must match (engine/grammar). A migrated
     # request's matcher replays the last ``seed_step_offset`` prompt tokens (produced before).
@@ -134,10 +148,11 @@ class SamplingParams:
         return self.temperature == 0 or self.top_k == 1
 
     def for_choice(self, i: int) -> SamplingParams:
-        """Choice ``i``'s own sampling: n = 1, and seed + i (wrapped to int64) if seeded."""
+        """Choice ``i``'s own sampling: n = 1, and if seeded, ``choice_seed(seed, i)``: its
+        draws keyed by (seed, choice, position), not those of any other request's seed."""
         seed = self.seed
         if seed is not None:
-            seed = (seed + i + _INT64) % (2 * _INT64) - _INT64
+            seed = choice_seed(seed, i)
         return replace(self, n=1, seed=seed)
 
     @property

@@ -255,6 +255,28 @@ def _long_prompt(sub: argparse._SubParsersAction, add_config: AddConfig) -> None
     p.set_defaults(_key=("bench", "long-prompt"))
 
 
+def _budget(sub: argparse._SubParsersAction, add_config: AddConfig) -> None:
+    p = sub.add_parser("budget", help="the prefill budget study: long and short prompts beside "
+                                      "running streams on one engine, swept over the token "
+                                      "budget and the ITL target")
+    add_config(p)
+    add_json_arg(p)
+    p.add_argument("--budgets", default="256,1024", help="engine.max_num_batched_tokens values")
+    p.add_argument("--itl-targets", default="0,50,100",
+                   help="engine.itl_target_ms values (0: off)")
+    p.add_argument("--streams", type=int, default=8, help="requests decoding throughout")
+    p.add_argument("--requests", type=int, default=12, help="requests arriving beside them")
+    p.add_argument("--rate", type=float, default=1.0, help="arrivals per second")
+    p.add_argument("--long-share", type=float, default=0.4, help="share of long prompts")
+    p.add_argument("--long-tokens", type=int, default=1024)
+    p.add_argument("--short-tokens", type=int, default=64)
+    p.add_argument("--output-tokens", type=int, default=16, help="of each arrival")
+    p.add_argument("--ref-steps", type=int, default=20, help="decode-only steps timed first")
+    p.add_argument("--plot", default=None, metavar="PNG", help="draw the sweep here")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(_key=("bench", "budget"))
+
+
 def _part_deaths(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("part-deaths", help="kill -9 each part of a running `tandem up` cluster "
                                            "under load: failed requests, seconds to recover")
@@ -348,6 +370,7 @@ def add_bench_parsers(sub: argparse._SubParsersAction, add_config: AddConfig) ->
     _serve(bs)
     _compare(bs)
     _long_prompt(bs, add_config)
+    _budget(bs, add_config)
     _part_deaths(bs)
     _move(bs, add_config)
     _overhead(bs, add_config)

@@ -85,6 +85,32 @@ def attainment_plot(series: Mapping[str, tuple[Sequence[float], Sequence[float]]
     return _save(fig, path)
 
 
+def budget_plot(points: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
+    """`bench budget`'s sweep: ITL p99 over the decode-only step (left) and the long prompts'
+    TTFT p50 (right) against the ITL target, one line per token budget; 2x dashed."""
+    plt = pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(8, 3.2), dpi=90)
+    budgets = sorted({p["max_num_batched_tokens"] for p in points})
+    targets = sorted({p["itl_target_ms"] for p in points})
+    xs = range(len(targets))
+    for b in budgets:
+        by = {p["itl_target_ms"]: p for p in points if p["max_num_batched_tokens"] == b}
+        left.plot(xs, [by[t]["itl_p99_over_decode_step"] if t in by else np.nan for t in targets],
+                  marker="o", label=f"budget {b}")
+        right.plot(xs, [by[t]["ttft_long_ms"]["p50"] if t in by else np.nan for t in targets],
+                   marker="o", label=f"budget {b}")
+    left.axhline(2.0, color="grey", linestyle="--", linewidth=1, label="2x")
+    left.set_yscale("log")
+    left.set_ylabel("ITL p99 / decode-only step")
+    right.set_ylabel("long prompt TTFT p50 (ms)")
+    for ax in (left, right):
+        ax.set_xticks(list(xs), [f"{t:g}" if t else "off" for t in targets])
+        ax.set_xlabel("engine.itl_target_ms")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
 def _save(fig: Any, path: str | Path) -> Path:
     """Write ``fig`` to ``path`` (its folder made) and free it."""
     fig.tight_layout()

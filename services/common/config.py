@@ -62,6 +62,13 @@ class MockRunnerConfig(_Strict):
     eos_probability: float = Field(0.0, ge=0, le=1)
 
 
+# NOTE: engine.itl_target_ms's default: the lowest ITL p99 of `tandem bench budget` at the
+# default token budget on the shipped CPU profile's machine; below ~60 ms every chunk beside 8
+# streams is held to one block, which slows prefill ~3x without lowering the tail there
+# (docs/benchmarks.md "The prefill budget under an ITL target").
+ITL_TARGET_MS = 100.0
+
+
 class EngineConfig(_Strict):
     runner: Literal["torch", "mock"] = "torch"
     # This engine's step-time model (docs/simulator.md "Step-time models"): "mock", the mock
@@ -90,6 +97,12 @@ class EngineConfig(_Strict):
     # step's budget, so a short request behind a long one starts within a step (its TTFT is
     # bounded by a chunk, not by the long prompt). Clamped to max_num_batched_tokens.
     long_prefill_token_threshold: int = Field(512, ge=1)
+    # The ITL the running streams keep while prompts prefill beside them (docs/engine.md
+    # "The ITL target"): each step's prefill is cut to what the step-time model
+    # (step_model) says fits in this many ms beside the step's decodes, at least one block
+    # a step. 0 or null: the token budgets alone. Off on a CUDA device under step_model
+    # auto, whose shipped profile models a CPU (profile the device to set one there).
+    itl_target_ms: Annotated[float, Field(ge=0)] | None = ITL_TARGET_MS
     max_model_len: int | None = Field(None, ge=1)  # default: the model's context length
     seed: int = 0
     # Schedule step N+1 while step N computes (docs/engine.md "The overlapped loop");

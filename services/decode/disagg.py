@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from services.common.config import ClusterConfig, DisaggConfig
 from services.engine.engine import EngineStats
+from services.steptime.chunk import ChunkLimit, chunk_limit_for
 from services.steptime.model import BatchShape, StepModel
 from services.steptime.predict import prefill_seconds, prefill_shape
 
@@ -40,8 +41,9 @@ class PrefillDecision:
 class WorkerTimes:
     """What the predict policy reads beside the queue: the engine's step-time model and its
     prefill chunk (``engine.max_num_batched_tokens``), this worker's prefill tokens already
-    waiting, its running decodes and the KV tokens they read, the prefill workers, and the
-    seconds one prompt token's KV takes to arrive (bytes per token over the link)."""
+    waiting, its running decodes and the KV tokens they read, the prefill workers, the
+    seconds one prompt token's KV takes to arrive (bytes per token over the link), and the
+    limit the engine's ITL target puts on a step's prefill (None: none)."""
 
     model: StepModel
     chunk: int
@@ -50,6 +52,17 @@ class WorkerTimes:
     decode_context: int
     prefill_workers: int
     kv_seconds_per_token: float
+    limit: ChunkLimit | None = None
+
+    def local_chunk(self, tokens: int, start: int) -> int:
+        """The chunk the engine's scheduler gives this prefill beside the running decodes:
+        ``chunk`` tokens, or what the ITL target leaves (ChunkLimit.first_chunk). Its first
+        chunk stands for all: deeper ones fit fewer tokens, so a long prompt's local time
+        under a target is underestimated."""
+        if self.limit is None:
+            return self.chunk
+        return self.limit.first_chunk(tokens, start, self.running, self.decode_context,
+                                      self.chunk)
 
 
 def worker_times(cfg: ClusterConfig, model: StepModel, stats: EngineStats,
@@ -59,7 +72,8 @@ def worker_times(cfg: ClusterConfig, model: StepModel, stats: EngineStats,
     return WorkerTimes(model, cfg.engine.max_num_batched_tokens, stats.num_prefill_tokens_pending,
                        stats.num_running, stats.kv_blocks_used * cfg.engine.block_size,
                        cfg.prefill.replicas,
-                       kv_bytes_per_token / (cfg.decode.disagg.kv_transfer_gbps * 1e9))
+                       kv_bytes_per_token / (cfg.decode.disagg.kv_transfer_gbps * 1e9),
+                       chunk_limit_for(cfg.engine, stats.runner.device, model))
 
 
 def decide_prefill(
@@ -80,14 +94,17 @@ def decide_prefill(
     ``times``) goes remote; the predict policy compares
 
     - local: this worker's waiting prefill plus ``effective``, chunked beside its running
-      decodes, plus ``cfg.itl_weight`` x the delay those chunks add to each running stream
+      decodes as its scheduler chunks it (``WorkerTimes.local_chunk``: the token budget,
+      or less under ``engine.itl_target_ms``), plus ``cfg.itl_weight`` x the delay those chunks add to each running stream
       (their compute) x the running streams;
     - remote: the queue's wait (its depth in tokens, estimated as ``max(queued_prefill_tokens,
       queue_depth * effective)``, spread over the prefill workers) + ``effective`` prefilled
       there + its KV's transfer;
 
-    and goes remote when that costs less, or when one local chunk step would exceed
-    ``cfg.itl_target_ms`` for the running streams (and would not without the chunk).
+    and goes remote when that costs less, or when one local chunk step (that same chunk)
+    would exceed ``cfg.itl_target_ms`` for the running streams (and would not without the
+    chunk): under an engine target no greater than it, only a chunk held at the one-block
+    floor does.
     """
     if prompt_len < 0 or not 0 <= cached_tokens <= prompt_len:
         raise ValueError(f"cached_tokens {cached_tokens} must be within [0, prompt_len={prompt_len}]")
@@ -113,7 +130,8 @@ def decide_prefill(
 
 def _predict(cfg: DisaggConfig, effective: int, cached: int, depth: int, queued: int,
              t: WorkerTimes) -> PrefillDecision:
-    model, chunk = t.model, t.chunk
+    model = t.model
+    chunk = max(t.local_chunk(effective, cached), 1)
     local = prefill_seconds(model, t.pending_prefill_tokens + effective, chunk, cached,
                             t.running, t.decode_context)
     if t.running and cfg.itl_weight:
@@ -121,8 +139,9 @@ def _predict(cfg: DisaggConfig, effective: int, cached: int, depth: int, queued:
         shape, steps = prefill_shape(effective, chunk, cached)
         added = model.steps_seconds(shape, steps) - steps * model.step_seconds(BatchShape())
         local += cfg.itl_weight * t.running * max(added, 0.0)
+    # NOTE: a prefill worker runs no decodes: its chunks are the token budget's.
     ahead = max(queued, depth * effective) // t.prefill_workers
-    remote = (prefill_seconds(model, ahead, chunk) + prefill_seconds(model, effective, chunk)
+    remote = (prefill_seconds(model, ahead, t.chunk) + prefill_seconds(model, effective, t.chunk)
               + cfg.kv_transfer_latency_s + effective * t.kv_seconds_per_token)
     if remote < local:
         return PrefillDecision(True, DecisionReason.REMOTE_FASTER, effective, local, remote)

@@ -23,11 +23,13 @@ from services.engine.request import GenerateRequest
 from services.engine.runner.base import ModelRunner, RunnerInfo
 from services.engine.scheduler import InvalidRequestError, Scheduler
 from services.engine.timings import EngineTimings
+from services.steptime.chunk import chunk_limit_for
 
 if TYPE_CHECKING:
     from services.engine.grammar.batch_mask import BatchMask, MaskBuilder
     from services.engine.grammar.compiler import GrammarCompiler
     from services.engine.grammar.stats import GrammarStats
+    from services.steptime.model import StepModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +63,9 @@ class LLMEngine:
     batch N+1, then reads back and applies batch N while N+1 computes: at most one batch
     is in flight ahead of the one being processed (docs/engine.md "The overlapped loop").
 
+    ``step_model``: the device's step-time model for ``engine.itl_target_ms`` (the
+    simulator's device); None: the one ``engine.step_model`` names.
+
     The pool size is the runner's ``kv_spec.num_blocks`` (the runner owns the KV tensor);
     the max length is ``min(cfg.max_model_len or runner.max_model_len, runner.max_model_len)``.
     """
@@ -73,6 +78,7 @@ class LLMEngine:
         worker_id: str = "",
         on_kv_event: Callable[[KvEvent], None] | None = None,
         grammar: GrammarCompiler | None = None,
+        step_model: StepModel | None = None,
     ) -> None:
         spec = runner.kv_spec
         if spec.block_size != cfg.block_size:
@@ -92,6 +98,7 @@ class LLMEngine:
             max_num_batched_tokens=cfg.max_num_batched_tokens,
             max_model_len=max_len,
             long_prefill_token_threshold=cfg.long_prefill_token_threshold,
+            chunk_limit=chunk_limit_for(cfg, runner.info.device, step_model),
             vocab_size=runner.vocab_size,
             eos_token_ids=eos_token_ids,
             kv_exporter=runner.export_kv,

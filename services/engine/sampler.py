@@ -4,8 +4,11 @@ A sampled row draws its token by inverse CDF: one uniform ``u`` per row and a
 ``searchsorted`` into the cumulative probabilities. Drawing a single number per row (not
 noise over the whole vocabulary, which costs ~1 ms per row of a 49k vocabulary on a CPU) keeps
 seeded requests cheap and reproducible: a seeded row's ``u`` comes from its own generator
-seeded from ``(seed, num_generated)``, so the same request gives the same tokens whatever
-else shares the batch and wherever its row is. Unseeded rows draw from one engine generator.
+seeded from ``(seed, num_generated + seed_step_offset)``, where choice ``i`` of an n > 1
+request carries ``choice_seed(seed, i)`` (SamplingParams.for_choice), so the draw is keyed by
+(seed, choice, position): the same request gives the same tokens whatever else shares the
+batch, wherever its row is, and however its prompt was computed (a prefix hit, chunks, a
+remote prefill). The logits themselves may still differ there (docs/engine.md). Unseeded rows draw from one engine generator.
 Uniforms are drawn on the CPU, so a seed means the same draw on every device.
 
 One step's pipeline (``sample_tensor``), in this order:

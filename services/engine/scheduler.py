@@ -10,6 +10,11 @@ the engine can schedule step N+1 while step N computes:
 1. Remote-prefilled sequences (READY) take free seats (``max_num_seqs``).
 2. Every running sequence with one token left (a decode) gets it. Decodes are never
    starved by prefills: the prefill budget is ``max_num_batched_tokens - num_decodes``.
+   Under an ITL target (``chunk_limit``, ``engine.itl_target_ms``) the step's prefill
+   slices also share the seconds the step-time model leaves beside the decodes
+   (services/steptime/chunk.py), whether or not others wait; the first slice of a step
+   takes at least one block whatever the target, so a prompt never starves. With no
+   decode running there is no stream to protect: the token budget alone.
 3. Running sequences in the middle of a chunked prefill continue, chunked to the budget --
    and, while requests wait, to ``long_prefill_token_threshold``, so that one long prompt
    never holds the whole budget: a short request behind it starts within a step.
@@ -38,6 +43,7 @@ A sequence that finished (or was aborted) meanwhile ignores the rest of its batc
 
 from __future__ import annotations
 
+import math
 import time
 from array import array
 from collections import deque
@@ -69,6 +75,7 @@ from services.engine.remote_prefill import (
 from services.engine.request import GenerateRequest
 from services.engine.sequence import SeqStatus, Sequence
 from services.engine.timings import EngineTimings
+from services.steptime.chunk import ChunkLimit
 
 if TYPE_CHECKING:
     from services.engine.grammar.compiler import GrammarCompiler
@@ -80,6 +87,9 @@ class InvalidRequestError(InvalidRequest, ValueError):
 
 class Scheduler:
     """Owns every live Sequence and decides each step's work; see the module docstring.
+
+    ``chunk_limit``: the ITL target's limit on each step's prefill (None: the token budget
+    alone); its ``StepCost`` is read once here, each step only does arithmetic.
 
     ``kv_exporter(block_ids)`` (the runner's ``export_kv``) is called in ``update`` for a
     finishing request that asked for its KV, before its blocks are freed. ``kv_importer``
@@ -98,6 +108,7 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_model_len: int,
         long_prefill_token_threshold: int | None = None,
+        chunk_limit: ChunkLimit | None = None,
         vocab_size: int,
         eos_token_ids: Iterable[int],
         kv_exporter: Callable[[Seq[int]], Any] | None = None,
@@ -112,6 +123,7 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.long_prefill = min(long_prefill_token_threshold or max_num_batched_tokens,
                                 max_num_batched_tokens)
+        self.chunk_limit = chunk_limit
         self.model_max_len = max_model_len
         # NOTE: a sequence can never hold more tokens than the whole pool, or it would
         # preempt itself forever; past that it finishes with LENGTH.
@@ -399,11 +411,20 @@ class Scheduler:
             s = self.ready.popleft()
             s.status = SeqStatus.RUNNING
             running.append(s)
-        num_decodes = sum(1 for s in running
-                          if s.num_tokens - s.num_computed_tokens == 1 and not s.length_capped)
+        num_decodes = decode_context = 0
+        for s in running:
+            if s.num_tokens - s.num_computed_tokens == 1 and not s.length_capped:
+                num_decodes += 1
+                decode_context += s.num_tokens
         budget = self.max_num_batched_tokens - num_decodes
         # NOTE: the cap matters only when someone waits for the budget it leaves.
         chunk_cap = self.long_prefill if self.waiting else budget
+        # Seconds the step's prefill slices may still add under the ITL target; inf: no
+        # target, or no decode running to protect.
+        limit = self.chunk_limit
+        left = (limit.seconds_left(num_decodes, decode_context)
+                if limit is not None and num_decodes else math.inf)
+        prefilled = False  # whether a prefill slice is in the step (the floor is given)
         preempted = 0
         decodes = 0  # sequences scheduled for one decode token: the step's kind
         i = 0
@@ -417,6 +438,8 @@ class Scheduler:
                 n = 1
             else:
                 n = min(remaining, budget, chunk_cap)
+                if left < math.inf:
+                    n = self._under_target(n, seq.num_computed_tokens, left, prefilled)
                 if n <= 0:
                     i += 1
                     continue
@@ -440,11 +463,14 @@ class Scheduler:
                 owners.append(seq)
                 if remaining > 1:
                     budget -= n
+                    if left < math.inf:
+                        left -= self._slice_seconds(n, seq.num_computed_tokens - n)
+                    prefilled = True
                 else:
                     decodes += 1
                 i += 1
         if not preempted:
-            self._admit(out, owners, budget)
+            self._admit(out, owners, budget, left, prefilled)
         else:
             self._expect_hits(preempted)
         batch = ScheduledBatch(out, owners, self._future_base, num_decodes=decodes)
@@ -452,7 +478,26 @@ class Scheduler:
             self._future_base = (self._future_base + self.max_num_seqs) % self.num_future_slots
         return batch
 
-    def _admit(self, out: list[ScheduledSeq], owners: list[Sequence], budget: int) -> None:
+    def _under_target(self, n: int, start: int, left: float, prefilled: bool) -> int:
+        """``n`` cut to what a slice after ``start`` computed tokens fits in ``left`` seconds;
+        the step's first prefill slice keeps at least the floor (one block) of ``n``."""
+        limit = self.chunk_limit
+        assert limit is not None
+        fits = limit.cost.slice_tokens(left, start)
+        if fits >= n:
+            return n
+        return fits if prefilled else max(fits, min(n, limit.floor_tokens))
+
+    def _slice_seconds(self, n: int, start: int) -> float:
+        limit = self.chunk_limit
+        assert limit is not None
+        return limit.cost.slice_seconds(n, start)
+
+    def _admit(self, out: list[ScheduledSeq], owners: list[Sequence], budget: int,
+               left: float, prefilled: bool) -> None:
+        """Admit waiting requests (module docstring, 4.) within ``budget`` tokens and
+        ``left`` seconds of the ITL target (inf: none; ``prefilled``: the step holds a
+        prefill slice already, so the floor is given)."""
         waiting = self.waiting
         first = True
         while waiting and budget > 0 and len(self.running) < self.max_num_seqs:
@@ -464,6 +509,10 @@ class Scheduler:
             computed = hit.num_tokens if hit.block_ids else seq.num_computed_tokens
             remaining = seq.num_tokens - computed
             cap = min(budget, self.long_prefill) if len(waiting) > 1 else budget
+            if left < math.inf:
+                cap = self._under_target(cap, computed, left, prefilled)
+                if cap <= 0:
+                    break
             if remaining <= cap:
                 n = remaining
             elif first or remaining > self.long_prefill:
@@ -479,6 +528,9 @@ class Scheduler:
             out.append(self._schedule_seq(seq, n))
             owners.append(seq)
             budget -= n
+            if left < math.inf:
+                left -= self._slice_seconds(n, computed)
+            prefilled = True
             first = False
 
     def _count_admission(self, seq: Sequence, hit: PrefixHit) -> None:

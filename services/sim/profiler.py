@@ -115,6 +115,8 @@ class Profiler:
         self.engine = engine
         self.serve_overlapped = engine.overlap
         engine.overlap = False  # NOTE: serial steps, so each step's time is its batch's
+        # NOTE: the grid's shapes whole: engine.itl_target_ms would chunk the mixed steps.
+        engine.scheduler.chunk_limit = None
         self.tap = _ShapeTap(engine)
         self._gen = torch.Generator().manual_seed(seed)
         self._ids = 0

@@ -158,7 +158,8 @@ class _Worker:
         self.events: list[list] = []  # raw KV events not yet delivered to the router
         on_event = self._on_event if role == DECODE else None
         self.engine = LLMEngine(self.runner, cfg.engine.model_copy(update={"overlap": False}),
-                                [cfg.engine.mock.eos_token_id], wid, on_kv_event=on_event)
+                                [cfg.engine.mock.eos_token_id], wid, on_kv_event=on_event,
+                                step_model=model)
         # Steps composed and not yet completed on the device, their end times, when the
         # device is free, and the KV events the last of them delivers.
         self.in_pipe = 0

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from services.common.config import ClusterConfig
+from services.common.config import ClusterConfig, EngineConfig
 from services.steptime.model import BatchShape, MockStepModel, StepModel
 
 FORMAT = 1
@@ -258,11 +258,13 @@ def fit_profile(points: list[MeasuredStep], measured_on: dict[str, Any] | None =
 SHIPPED_CPU_PROFILE = Path(__file__).with_name("profiles") / "cpu-smollm2.yaml"
 
 
-def step_model_for(cfg: ClusterConfig) -> StepModel:
+def step_model_for(cfg: ClusterConfig | EngineConfig) -> StepModel:
     """The step model ``engine.step_model`` names: the mock runner's cost (``mock``, or
     ``auto`` with the mock runner), a profile file, or (``auto`` with the torch runner) the
-    shipped CPU profile. ProfileError when a file is missing or bad."""
-    name = cfg.engine.step_model
-    if name == "mock" or (name == "auto" and cfg.engine.runner == "mock"):
-        return MockStepModel.of(cfg.engine.mock)
+    shipped CPU profile. ProfileError when a file is missing or bad. (An engine, which
+    knows its own section only, passes it.)"""
+    engine = cfg if isinstance(cfg, EngineConfig) else cfg.engine
+    name = engine.step_model
+    if name == "mock" or (name == "auto" and engine.runner == "mock"):
+        return MockStepModel.of(engine.mock)
     return ProfileStepModel.load(SHIPPED_CPU_PROFILE if name == "auto" else name)

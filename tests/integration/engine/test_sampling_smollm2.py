@@ -12,6 +12,7 @@ import openai
 import pytest
 import torch
 
+from services.api.sampling import choice_seed
 from services.common.config import ClusterConfig, parse_config
 from services.engine.batch import ScheduledBatch
 from services.engine.engine import LLMEngine
@@ -173,9 +174,12 @@ async def test_n_choices_are_reproducible_and_prefill_once(
                 finish[c.index] = c.finish_reason
     assert [parts[i] for i in range(4)] == texts and set(finish) == {0, 1, 2, 3}
 
-    # Choice 0 is the n=1 request with the same seed; choice i draws with seed + i.
-    single = await client.chat.completions.create(**{**kw, "n": 1, "seed": 2024 + 2})
-    assert single.choices[0].message.content == texts[2]
+    # Choice 0 is the n=1 request with the same seed; choice i draws with a seed mixed from
+    # (seed, i): choice_seed, not seed + i (choice 1 of one seed is no other seed's choice 0).
+    single = await client.chat.completions.create(**{**kw, "n": 1})
+    assert single.choices[0].message.content == texts[0]
+    mixed = await client.chat.completions.create(**{**kw, "n": 1, "seed": choice_seed(2024, 2)})
+    assert mixed.choices[0].message.content == texts[2]
 
 
 async def test_n_choices_each_follow_the_grammar_with_logprobs(client: openai.AsyncOpenAI) -> None:

@@ -248,7 +248,7 @@ def _drain(engine: LLMEngine) -> dict[tuple[str, int], tuple[list[int], FinishRe
 @pytest.mark.parametrize("overlap", [False, True])
 def test_n_choices_fork_after_one_prefill_and_equal_single_requests(tmp_path: Path,
                                                                     overlap: bool) -> None:
-    """n=4 with a seed: choice i equals an n=1 request seeded seed+i (the fork's recomputed
+    """n=4 with a seed: choice i equals an n=1 request seeded for_choice(i) (the fork's recomputed
     tail gives the same first-token logits); the prompt is counted once; every block and
     penalty slot comes back; the same request again gives the same choices."""
     prompt = [(i * 29 + 7) % 120 + 2 for i in range(18)]  # 4 full blocks + 2 tokens

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from services.api.sampling import SamplingParams
+from services.api.sampling import SamplingParams, choice_seed
 from services.engine.sampler import Sampler, filter_min_p, filter_top_k_top_p
 from tests.support.tiny_model import seq
 
@@ -144,6 +144,20 @@ def test_different_seeds_differ_and_unseeded_follow_engine_seed():
     s1 = Sampler(11).sample(logits, _seqs(16, SamplingParams()))
     s2 = Sampler(11).sample(logits, _seqs(16, SamplingParams()))
     assert s1 == s2
+
+
+def test_a_choice_is_part_of_the_key_not_an_offset_of_the_seed():
+    sp = SamplingParams(seed=7, n=3)
+    assert sp.for_choice(0).seed == 7  # choice 0 draws as the n=1 request
+    seeds = [sp.for_choice(i).seed for i in range(3)]
+    assert len(set(seeds)) == 3 and 8 not in seeds  # choice 1 of seed 7 is not seed 8's
+    assert all(-(1 << 63) <= s < 1 << 63 for s in seeds)
+    assert choice_seed(-1, 5) == SamplingParams(seed=-1, n=6).for_choice(5).seed
+    logits = torch.zeros(1, V)
+    draws = [[Sampler(0).sample(logits, [seq("a", [1], 0, [0], sampling=sp.for_choice(c),
+                                             num_generated=g)])[0] for g in range(8)]
+             for c in range(3)]
+    assert len({tuple(d) for d in draws}) == 3
 
 
 def test_row_count_mismatch_is_an_error():

@@ -1,0 +1,130 @@
+"""The prefill a step may take under an ITL target: the one place that computes it, for the
+scheduler's step budget (``engine.itl_target_ms``) and for the decode worker's prediction of
+a local prefill (services/decode/disagg.py).
+
+A step that holds prefill slices beside ``r`` decodes reading ``D`` tokens of KV costs, on
+the linear step models (services/steptime/model.py, profile.py),
+
+    fixed(r, D) + sum over slices of slice(t, s)
+    fixed(r, D) = base + per_decode_seq * r + per_decode_context * D
+    slice(t, 0) = per_token * t + per_context * t * t                (a fresh prompt's first chunk)
+    slice(t, s) = per_token * t + per_prefix_context * t * (s + t) + per_prefix_end * (s + t)
+
+for a slice of ``t`` tokens after ``s`` computed ones. The running streams wait for the
+whole step, so under a target ``T`` a step's slices share ``T - fixed(r, D)`` seconds, and
+``slice_tokens`` solves the quadratic for the most tokens a slice fits in what is left. The
+coefficients are read off the model once (``StepCost.of``): the scheduler's step does float
+arithmetic only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from services.common.config import EngineConfig
+from services.steptime.model import BatchShape, StepModel
+from services.steptime.profile import step_model_for
+
+
+@dataclass(frozen=True, slots=True)
+class StepCost:
+    """A step with prefill on a linear step model, by the terms of the module docstring."""
+
+    base_s: float
+    per_decode_seq_s: float
+    per_decode_context_s: float
+    per_token_s: float
+    per_context_s: float
+    per_prefix_context_s: float  # per_context_s included: a slice after a prefix pays this alone
+    per_prefix_end_s: float
+
+    @classmethod
+    def of(cls, model: StepModel) -> StepCost:
+        """Read the coefficients off ``model`` by evaluating one-step shapes (exact for the
+        linear models; a nonlinear one would be linearised around the empty step)."""
+        base = model.steps_seconds(BatchShape(), 1)
+
+        def per(**field: int) -> float:
+            return model.steps_seconds(BatchShape(**field), 1) - base
+
+        context = per(prefill_context=1)
+        # NOTE: a slice after a prefix counts in both prefill_context and prefill_prefix_context.
+        prefix_context = per(prefill_context=1, prefill_prefix_context=1)
+        return cls(base, per(decode_seqs=1), per(decode_context=1), per(prefill_tokens=1),
+                   context, prefix_context, per(prefill_prefix_end=1))
+
+    def fixed_seconds(self, decode_seqs: int, decode_context: int) -> float:
+        """A prefill step's seconds before its slices: the base and the decodes beside them."""
+        return (self.base_s + self.per_decode_seq_s * decode_seqs
+                + self.per_decode_context_s * decode_context)
+
+    def slice_seconds(self, tokens: int, start: int) -> float:
+        """What a slice of ``tokens`` after ``start`` computed tokens adds to its step."""
+        if start:
+            end = start + tokens
+            return (self.per_token_s * tokens + self.per_prefix_context_s * tokens * end
+                    + self.per_prefix_end_s * end)
+        return self.per_token_s * tokens + self.per_context_s * tokens * tokens
+
+    def slice_tokens(self, seconds: float, start: int) -> int:
+        """The most tokens a slice after ``start`` computed tokens fits in ``seconds``
+        (0 when not one does); the root of ``a t^2 + b t + c = seconds``."""
+        if start:
+            a = self.per_prefix_context_s
+            b = self.per_token_s + a * start + self.per_prefix_end_s
+            left = seconds - self.per_prefix_end_s * start
+        else:
+            a, b, left = self.per_context_s, self.per_token_s, seconds
+        if left <= 0:
+            return 0
+        if a > 0:
+            t = (math.sqrt(b * b + 4 * a * left) - b) / (2 * a)
+        elif b > 0:
+            t = left / b
+        else:
+            return 1 << 62  # tokens cost nothing on this model
+        return int(t)
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkLimit:
+    """What a step may prefill under ``target_s`` (> 0): its slices share the time left
+    after the running decodes, and the step still takes at least ``floor_tokens`` (one KV
+    block) so a prompt never starves, whatever the target."""
+
+    cost: StepCost
+    target_s: float
+    floor_tokens: int
+
+    @classmethod
+    def of(cls, model: StepModel, target_ms: float, block_size: int) -> ChunkLimit:
+        if target_ms <= 0:
+            raise ValueError(f"an ITL target must be positive, got {target_ms} ms")
+        return cls(StepCost.of(model), target_ms / 1e3, block_size)
+
+    def seconds_left(self, decode_seqs: int, decode_context: int) -> float:
+        """Seconds the step's prefill slices share beside these decodes (may be <= 0)."""
+        return self.target_s - self.cost.fixed_seconds(decode_seqs, decode_context)
+
+    def first_chunk(self, tokens: int, start: int, decode_seqs: int, decode_context: int,
+                    budget: int) -> int:
+        """Tokens of the one prefill slice a step takes beside these decodes, of a prompt
+        with ``tokens`` left after ``start`` computed ones, within ``budget`` tokens: what the
+        scheduler gives a lone prefill (decode_seqs 0: no stream to protect, the budget)."""
+        n = min(tokens, budget)
+        if decode_seqs <= 0:
+            return n
+        fits = self.cost.slice_tokens(self.seconds_left(decode_seqs, decode_context), start)
+        return min(n, max(fits, self.floor_tokens))
+
+
+def chunk_limit_for(cfg: EngineConfig, device: str, model: StepModel | None = None
+                    ) -> ChunkLimit | None:
+    """``engine.itl_target_ms``'s limit for an engine computing on ``device`` (its
+    RunnerInfo's) modelled by ``model`` (None: the one ``engine.step_model`` names); None
+    when off: no target, or a CUDA device under ``step_model: auto``, whose shipped profile models a CPU (its chunks would be a GPU's hundredth)."""
+    target = cfg.itl_target_ms
+    if not target or (cfg.step_model == "auto" and device.startswith("cuda")):
+        return None
+    return ChunkLimit.of(model or step_model_for(cfg), target, cfg.block_size)

@@ -1,0 +1,173 @@
+"""engine.itl_target_ms: each step's prefill fits the target beside the running decodes (at
+least one block a step), whether or not others wait; the decode worker's prediction chunks a
+local prefill as the scheduler does (services/steptime/chunk.py, the one place)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from services.common.config import DisaggConfig, EngineConfig
+from services.decode.disagg import DecisionReason, WorkerTimes, decide_prefill
+from services.engine.batch import ScheduledBatch
+from services.engine.engine import LLMEngine
+from services.engine.runner.mock_runner import MockRunner
+from services.sim.runner import batch_shape
+from services.steptime.chunk import ChunkLimit, StepCost, chunk_limit_for
+from services.steptime.model import BatchShape, MockStepModel
+from services.steptime.predict import prefill_shape
+from services.steptime.profile import SHIPPED_CPU_PROFILE, ProfileStepModel
+from tests.support.engine_factory import EOS, mock_cfg, req
+
+PROFILE = ProfileStepModel.load(SHIPPED_CPU_PROFILE)
+
+
+@given(st.integers(1, 4000), st.integers(0, 4000), st.integers(0, 64), st.integers(0, 64 * 2000))
+def test_the_step_cost_is_the_models_own(tokens: int, start: int, seqs: int, context: int) -> None:
+    cost = StepCost.of(PROFILE)
+    shape, steps = prefill_shape(tokens, tokens, start, seqs, context)
+    assert steps == 1
+    got = cost.fixed_seconds(seqs, context) + cost.slice_seconds(tokens, start)
+    assert got == pytest.approx(PROFILE.step_seconds(shape), rel=1e-9)
+
+
+@given(st.floats(0.0, 2.0), st.integers(0, 6000))
+def test_slice_tokens_is_the_most_that_fit(seconds: float, start: int) -> None:
+    cost = StepCost.of(PROFILE)
+    t = cost.slice_tokens(seconds, start)
+    if t:
+        assert cost.slice_seconds(t, start) <= seconds * (1 + 1e-9)
+    assert cost.slice_seconds(t + 1, start) > seconds
+
+
+# The modelled device: 4 ms a step, 1 ms a prefill token, 2 ms a decode (the mock runner
+# itself computes for free: only the scheduler's limit reads this model).
+MODEL = MockStepModel(0.004, 0.001, 0.002)
+
+
+def engine(target_ms: float | None, budget: int = 256) -> tuple[LLMEngine, MockRunner]:
+    cfg = mock_cfg(block_size=4, num_kv_blocks=512, max_num_seqs=16, max_num_batched_tokens=budget,
+                   max_model_len=2048).model_copy(update={"itl_target_ms": target_ms})
+    runner = MockRunner(cfg)
+    return LLMEngine(runner, cfg, [EOS], step_model=MODEL), runner
+
+
+def step(eng: LLMEngine, runner: MockRunner) -> ScheduledBatch:
+    batch = eng.scheduler.schedule()
+    eng.scheduler.update(batch, runner.execute(batch))
+    eng.check_integrity()
+    return batch
+
+
+def prefill_tokens(batch: ScheduledBatch) -> int:
+    return sum(len(s.token_ids) for s in batch.seqs if len(s.token_ids) > 1)
+
+
+def start_streams(eng: LLMEngine, runner: MockRunner, n: int) -> None:
+    for i in range(n):
+        eng.add_request(req(f"d{i}", [100 + i] * 8, max_tokens=1000))
+    while prefill_tokens(step(eng, runner)) or len(eng.scheduler.running) < n:
+        pass
+
+
+@pytest.mark.parametrize("others_wait", [False, True])
+def test_steps_beside_running_streams_keep_the_target(others_wait: bool) -> None:
+    eng, runner = engine(40.0)
+    start_streams(eng, runner, 6)  # a decode-only step: 4 + 6 * 2 = 16 ms
+    eng.add_request(req("long", list(range(200, 1200)), max_tokens=2))
+    if others_wait:
+        for i in range(3):
+            eng.add_request(req(f"s{i}", [300 + i] * 40, max_tokens=2))
+    chunks = []
+    for _ in range(200):
+        batch = step(eng, runner)
+        assert MODEL.step_seconds(batch_shape(batch)) <= 0.040 + 1e-9
+        chunks += [len(s.token_ids) for s in batch.seqs if s.request_id == "long" and not s.sample]
+        if not eng.scheduler.waiting and all(s.num_generated for s in batch.seqs):
+            break
+    # 40 ms - 16 ms leaves 24 tokens of prefill beside the six streams, every step
+    assert chunks == [24] * (1000 // 24)
+
+
+def test_a_target_no_chunk_meets_still_prefills_one_block_a_step() -> None:
+    eng, runner = engine(10.0)  # below even the decode-only step (16 ms)
+    start_streams(eng, runner, 6)
+    eng.add_request(req("long", list(range(200, 300)), max_tokens=1))
+    eng.add_request(req("next", list(range(400, 440)), max_tokens=1))
+    sizes = []
+    while "long" in eng.scheduler.seqs:
+        sizes.append(prefill_tokens(step(eng, runner)))
+    assert sizes == [4] * 25  # one 4-token block a step; the request behind it waits
+
+
+def test_no_running_stream_takes_the_whole_budget_and_no_target_is_the_old_schedule() -> None:
+    eng, runner = engine(40.0)
+    eng.add_request(req("long", list(range(200, 1200)), max_tokens=1))
+    assert prefill_tokens(step(eng, runner)) == 256
+    for target in (None, 0.0):
+        eng, runner = engine(target)
+        assert eng.scheduler.chunk_limit is None
+        start_streams(eng, runner, 6)
+        eng.add_request(req("long", list(range(200, 1200)), max_tokens=1))
+        assert prefill_tokens(step(eng, runner)) == 256 - 6
+
+
+def test_the_decode_worker_predicts_the_schedulers_chunk() -> None:
+    eng, runner = engine(40.0)
+    start_streams(eng, runner, 6)
+    limit = eng.scheduler.chunk_limit
+    context = sum(s.num_tokens for s in eng.scheduler.running)
+    local = WorkerTimes(MODEL, 256, 0, 6, context, 1, 0.0, limit)
+    eng.add_request(req("long", list(range(200, 1200)), max_tokens=1))
+    assert local.local_chunk(1000, 0) == prefill_tokens(step(eng, runner)) == 24
+    # a disagg target equal to the engine's: a local chunk keeps it (no itl_target reason);
+    # predicted with the whole budget as the chunk (no engine target), it would not
+    cfg = DisaggConfig(enabled=True, max_local_prefill_length=100, max_prefill_queue_size=100,
+                       max_prefill_queue_tokens=10**6, itl_weight=0.0, itl_target_ms=40.0)
+    slow_queue = (5, 9000)
+    assert decide_prefill(cfg, 1000, 0, *slow_queue, local).reason is DecisionReason.LOCAL_FASTER
+    unlimited = WorkerTimes(MODEL, 256, 0, 6, context, 1, 0.0)
+    assert decide_prefill(cfg, 1000, 0, *slow_queue, unlimited).reason is DecisionReason.ITL_TARGET
+
+
+def test_the_target_is_off_on_cuda_under_the_auto_step_model() -> None:
+    cfg = EngineConfig(itl_target_ms=50.0)
+    assert chunk_limit_for(cfg, "cuda:0") is None
+    assert isinstance(chunk_limit_for(cfg, "cpu"), ChunkLimit)
+    assert isinstance(chunk_limit_for(cfg.model_copy(update={"step_model": "mock"}), "cuda"),
+                      ChunkLimit)
+    assert chunk_limit_for(EngineConfig(itl_target_ms=None), "cpu") is None
+    with pytest.raises(ValueError, match="positive"):
+        ChunkLimit.of(MODEL, 0.0, 16)
+
+
+def test_a_prefix_chunk_costs_its_attention() -> None:
+    # deeper chunks read more KV: fewer tokens fit in the same time
+    cost = StepCost.of(PROFILE)
+    assert cost.slice_tokens(0.05, 0) > cost.slice_tokens(0.05, 2000) > cost.slice_tokens(0.05, 6000)
+    assert BatchShape().num_seqs == 0
+
+
+class _Counting(MockStepModel):
+    """MODEL, counting the calls made to it."""
+
+    calls = 0
+
+    def steps_seconds(self, total: BatchShape, steps: int) -> float:
+        type(self).calls += 1
+        return MockStepModel.steps_seconds(self, total, steps)
+
+
+def test_the_step_model_is_read_once_at_start_not_per_step() -> None:
+    cfg = mock_cfg(block_size=4, num_kv_blocks=512, max_num_seqs=16, max_num_batched_tokens=256,
+                   max_model_len=2048).model_copy(update={"itl_target_ms": 40.0})
+    runner = MockRunner(cfg)
+    eng = LLMEngine(runner, cfg, [EOS], step_model=_Counting(0.004, 0.001, 0.002))
+    at_start = _Counting.calls
+    assert at_start > 0
+    start_streams(eng, runner, 6)
+    eng.add_request(req("long", list(range(200, 1200)), max_tokens=1))
+    for _ in range(10):
+        assert prefill_tokens(step(eng, runner)) == 24
+    assert _Counting.calls == at_start  # the budget is arithmetic on hoisted coefficients
