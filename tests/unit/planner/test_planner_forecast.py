@@ -19,12 +19,22 @@ def test_constant_series_forecasts_itself() -> None:
 
 
 def test_linear_ramp_is_extrapolated() -> None:
-    h = Holt(alpha=0.8, beta=0.5)
+    h = Holt(alpha=0.8, beta=0.5, phi=1.0)
     for i in range(30):
         h.update(2.0 * i)
     # after a long ramp the trend is the slope: next value 60, three ahead 64
     assert h.forecast(1) == pytest.approx(60.0, abs=0.5)
     assert h.forecast(3) == pytest.approx(64.0, abs=0.5)
+
+
+def test_damped_trend_stops_short_after_a_step() -> None:
+    damped, plain = Holt(), Holt(phi=1.0)
+    for x in (4.0,) * 10 + (1.0,) * 3:  # a phase change: 4/s down to 1/s
+        damped.update(x)
+        plain.update(x)
+    assert plain.forecast(3) < damped.forecast(3)
+    assert damped.forecast(3) > 0.3  # the undamped trend runs the rate to ~0
+    assert damped.forecast(30) == pytest.approx(damped.forecast(31), abs=0.05)
 
 
 def test_forecast_is_never_negative() -> None:
@@ -46,11 +56,13 @@ def test_empty_interval_keeps_lengths_drops_rate() -> None:
 
 
 def test_peak_takes_the_largest_over_the_horizon() -> None:
-    f = LoadForecast(alpha=1.0, beta=1.0)
+    f = LoadForecast(alpha=1.0, beta=1.0, phi=1.0)
     f.update(_stats(1.0))
     f.update(_stats(2.0))
     assert f.ahead(1).rate == pytest.approx(3.0)
     assert f.peak(3).rate == pytest.approx(5.0)
+    f.update(_stats(1.0))  # falling: the peak is the level now
+    assert f.peak(3).rate == pytest.approx(1.0)
 
 
 def test_no_data_forecasts_nothing() -> None:
