@@ -11,13 +11,16 @@ whose oldest job already waited past the target asks for one more than now.
 Decode: the fewest workers ``n`` whose batch ``b`` meets three limits. ``b`` solves Little's
 law ``n * b = rate * output * gap(b)`` with ``gap(b) = step(b) / (1 - f)``: the step model's
 decode step at batch ``b``, stretched by ``f``, the share of each decode worker's time that
-local prefills take. Limits: ``gap(b) <= itl_p90_s``, ``b <= max_num_seqs``, and the KV the
-``n * b`` sequences hold (at input + half the output each) within 90% of the pool. A measured
-ITL p90 over the target asks for one more than now.
+local prefills take. Limits: ``gap(b) <= itl_p90_s``, ``b <= max_num_seqs``, and the KV
+held within 90% of the pools: a request holds input + output blocks from its arrival (a
+remote prefill's are reserved while it queues) for ``ttft_p90_s / 2 + output * gap(b)``, so
+``rate`` times that many requests hold them at once. A measured ITL p90 over the target asks
+for one more than now.
 
 No flapping: a role grows when its need exceeds what runs; it shrinks only when the need at
 ``1 + BAND`` times the load is below what runs (the band), and then to that. A change waits
-``cooldown_s`` after the one before.
+``cooldown_s`` after the one before, but for a scale-up asked by a target missed now (the
+queue's wait, the measured ITL).
 """
 
 from __future__ import annotations
@@ -78,7 +81,7 @@ def decode_need(load: Load, cap: Capacity, cfg: PlannerConfig, limit: int,
     ctx = load.input_tokens + load.output_tokens / 2
     local = 0.0 if cap.remote(load.input_tokens) else rate * load.input_tokens
     p_tok = cap.prefill_s_per_token(load.input_tokens) if local else 0.0
-    blocks = cap.blocks(ctx)
+    blocks = cap.blocks(load.input_tokens + load.output_tokens)
     reason = "decode_itl"
     for n in range(1, limit + 1):
         f = local * p_tok / n
@@ -97,7 +100,8 @@ def decode_need(load: Load, cap: Capacity, cfg: PlannerConfig, limit: int,
             reason = "decode_itl"
         elif b > cap.max_seqs:
             reason = "decode_seats"
-        elif n * b * blocks > KV_HEADROOM * n * cap.kv_blocks:
+        elif (rate * (cfg.ttft_p90_s / 2 + load.output_tokens * gap) * blocks
+              > KV_HEADROOM * n * cap.kv_blocks):
             reason = "decode_kv"
         else:
             return n, "decode_itl" if n == 1 else reason
@@ -155,12 +159,16 @@ class FormulaPolicy:
         desired, reason = self.target(load, signals, current)
         detail = (f"forecast rate={load.rate:.2f}/s in={load.input_tokens:.0f} "
                   f"out={load.output_tokens:.0f}")
-        return self.gate(signals.t, current, desired, reason, detail)
+        urgent = (action_of(current, desired) is Action.SCALE_UP
+                  and ("queue_wait" in reason or "itl_measured" in reason))
+        return self.gate(signals.t, current, desired, reason, detail, urgent)
 
     def gate(self, t: float, current: Split, desired: Split, reason: str,
-             detail: str) -> Decision:
-        """Hold a change inside the cooldown; record when one is made."""
-        if desired != current and t - self.last_change < self.cfg.cooldown_s:
+             detail: str, urgent: bool = False) -> Decision:
+        """Hold a change inside the cooldown, unless ``urgent`` (a target missed now, or a
+        large predicted gain: waiting out the cooldown then costs more than a change
+        undone); record when one is made."""
+        if desired != current and t - self.last_change < self.cfg.cooldown_s and not urgent:
             return Decision(t, current, current, Action.HOLD, "cooldown", detail)
         if desired != current:
             self.last_change = t

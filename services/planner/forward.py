@@ -9,13 +9,16 @@ arrivals, through the same stages with the same step-time model, in ``dt`` slice
   the same length. Prompts longer than ``max_local_prefill_length`` go to the prefill queue,
   the others to the decode workers' local prefill.
 - Prefill workers: a FIFO served at ``T`` tokens per second each (measured, else the step
-  model's); the queue's backlog now is one cohort that arrived half its oldest wait ago;
+  model's); the queue's backlog now is cohorts of its jobs, arrived evenly over its oldest
+  job's wait;
   prompt tokens the prefill workers are computing now join the queue's head.
 - Decode workers: local prefill takes a share ``f`` of their time (at most 90%); the rest
   runs decode steps of batch ``running / workers`` at the step model's time. A cohort's
   inter-token gap is ``step / (1 - f)``, and its largest gap, while a local prefill chunk
-  shares its steps, the step that carries that chunk. A cohort waits (its TTFT running on)
-  while the decode workers' seats or KV blocks are full.
+  shares its steps, the step that carries that chunk. A cohort holds its decode-side KV
+  blocks (prompt + output) from its arrival, as a decode worker reserves them before a
+  remote prefill: it waits for them before its prefill, then for a seat (max_num_seqs)
+  before its first token, its TTFT running on.
 - Running requests now: one cohort that met its TTFT target, with the output tokens they
   have still to produce (WorkerSignals.decode_tokens_left, else half the forecast's).
 - A worker the candidate adds serves ``worker_ready_s`` from now (one starting now: half
@@ -36,6 +39,8 @@ from services.common.config import PlannerConfig
 from services.planner.capacity import Capacity
 from services.planner.decision import Split
 from services.planner.forecast import Load
+
+BACKLOG_PIECES = 16
 
 
 @dataclass(slots=True)
@@ -112,80 +117,68 @@ def run_forward(start: Start, split: Split, loads: list[Load], cap: Capacity,
     pre = _ramp(start.current.prefill, split.prefill, start.prefill_ready, ready_s / 2, ready_s)
     dec = _ramp(start.current.decode, split.decode, start.decode_ready, ready_s / 2, ready_s)
     head = loads[0]
+    arrived: deque[_Cohort] = deque()  # waiting for decode-side KV blocks
     remote_q: deque[_Cohort] = deque()
     local_q: deque[_Cohort] = deque()
-    admit: deque[_Cohort] = deque()
+    seat_q: deque[_Cohort] = deque()  # prefilled, waiting for a decode seat
     running: list[_Cohort] = []
     done: list[_Cohort] = []
+    used = 0.0  # decode-side KV blocks held
     backlog = start.queue_tokens + start.prefill_in_progress
     if backlog:
+        # NOTE: in pieces (their arrivals spread over the oldest's wait): one lump would
+        # finish all at once or not at all, and every split would leave it waiting alike
         jobs = max(1, start.queue_jobs)
-        c = _Cohort(jobs, -start.queue_oldest_wait_s / 2, backlog / jobs, head.output_tokens)
-        c.left = backlog
-        remote_q.append(c)
+        pieces = min(jobs, BACKLOG_PIECES)
+        for i in range(pieces):
+            c = _Cohort(jobs / pieces, -start.queue_oldest_wait_s * (1 - i / pieces),
+                        backlog / jobs, head.output_tokens)
+            c.left = backlog / pieces
+            remote_q.append(c)
+            used += _blocks(c, cap)
     if start.local_pending:
         c = _Cohort(1, 0.0, start.local_pending, head.output_tokens, start.local_pending)
         local_q.append(c)
+        used += _blocks(c, cap)
     if start.running:
         each = (start.decode_tokens_left / start.running if start.decode_tokens_left
                 else head.output_tokens / 2)
         c = _Cohort(start.running, -1.0, head.input_tokens, each, each, ttft=0.0)
         running.append(c)
+        used += _blocks(c, cap)
     total = sum(c.n for c in (*remote_q, *local_q, *running))
     t = 0.0
     while t < horizon - 1e-9:
         load = loads[min(int(t / interval), len(loads) - 1)]
         n_p, n_d = _at(pre, t), max(1, _at(dec, t))
-        # arrivals
         k = load.rate * dt
         if k > 0:
             total += k
             c = _Cohort(k, t, load.input_tokens, load.output_tokens)
             c.left = k * load.input_tokens
-            (remote_q if cap.remote(load.input_tokens) else local_q).append(c)
-        # prefill workers
+            arrived.append(c)
+        # the decode worker holds blocks for a prompt from its arrival (a remote prefill's
+        # are reserved while it queues): no blocks, no prefill
+        while arrived and used + _blocks(arrived[0], cap) <= n_d * cap.kv_blocks:
+            c = arrived.popleft()
+            used += _blocks(c, cap)
+            (remote_q if cap.remote(c.input_tokens) else local_q).append(c)
         tok_s = start.prefill_tok_s or cap.prefill_tok_s(load.input_tokens)
-        budget = n_p * tok_s * dt
-        while remote_q and budget > 0:
-            c = remote_q[0]
-            used = min(budget, c.left)
-            c.left -= used
-            budget -= used
-            if c.left <= 1e-9:
-                remote_q.popleft()
-                admit.append(c)
-        # local prefill on the decode workers
+        _serve(remote_q, n_p * tok_s * dt, seat_q)
         f = 0.0
         local_in = 0.0
         if local_q:
             p_tok = cap.prefill_s_per_token(local_q[0].input_tokens)
-            need_s = sum(c.left for c in local_q) * p_tok
-            f = min(0.9, need_s / (n_d * dt))
-            budget = f * n_d * dt / p_tok
+            f = min(0.9, sum(c.left for c in local_q) * p_tok / (n_d * dt))
             local_in = local_q[0].input_tokens
-            while local_q and budget > 0:
-                c = local_q[0]
-                used = min(budget, c.left)
-                c.left -= used
-                budget -= used
-                if c.left <= 1e-9:
-                    local_q.popleft()
-                    admit.append(c)
-        # admission to decode: seats and KV blocks
+            _serve(local_q, f * n_d * dt / p_tok, seat_q)
         seqs = sum(c.n for c in running)
-        blocks = sum(c.n * cap.blocks(c.input_tokens + c.output_tokens) for c in running)
-        while admit:
-            c = admit[0]
-            need = c.n * cap.blocks(c.input_tokens + c.output_tokens)
-            if seqs + c.n > n_d * cap.max_seqs or blocks + need > n_d * cap.kv_blocks:
-                break
-            admit.popleft()
+        while seat_q and seqs + seat_q[0].n <= n_d * cap.max_seqs:
+            c = seat_q.popleft()
             seqs += c.n
-            blocks += need
             c.ttft = t + dt - c.arrived
             c.left = c.output_tokens - 1
             running.append(c)
-        # decode steps
         if running:
             b = seqs / n_d
             ctx = sum(c.n * (c.input_tokens + c.output_tokens / 2) for c in running) / seqs
@@ -198,7 +191,11 @@ def run_forward(start: Start, split: Split, loads: list[Load], cap: Capacity,
                 c.left -= produced
                 if worst > c.max_gap:
                     c.max_gap = worst
-                (done if c.left <= 0 else still).append(c)
+                if c.left <= 0:
+                    done.append(c)
+                    used -= _blocks(c, cap)
+                else:
+                    still.append(c)
             running = still
         t += dt
     good = 0.0
@@ -207,8 +204,23 @@ def run_forward(start: Start, split: Split, loads: list[Load], cap: Capacity,
         if c.ttft <= ttft_s and c.max_gap <= itl_s:
             good += c.n
     waiting = 0.0
-    for c in (*admit, *remote_q, *local_q):
+    for c in (*arrived, *remote_q, *local_q, *seat_q):
         waiting += c.n
         if horizon - c.arrived <= ttft_s:  # not late yet: its fate is open, count it good
             good += c.n
     return Prediction(split, total, good, waiting)
+
+
+def _blocks(c: _Cohort, cap: Capacity) -> float:
+    return c.n * cap.blocks(c.input_tokens + c.output_tokens)
+
+
+def _serve(queue: deque[_Cohort], budget: float, out: deque[_Cohort]) -> None:
+    """Prefill ``budget`` prompt tokens of ``queue``, first come first served."""
+    while queue and budget > 0:
+        c = queue[0]
+        used = min(budget, c.left)
+        c.left -= used
+        budget -= used
+        if c.left <= 1e-9:
+            out.append(queue.popleft())

@@ -5,8 +5,10 @@ chosen; a tie goes to the fewest requests left waiting at the horizon, then to f
 workers, then to the split running now (no churn for nothing).
 
 It changes the split only when the winner ranks above the split running now by those
-coarse figures (goodput and waiting to ``MIN_GAIN``: no change for the model's noise), and,
-as the formula, not inside the cooldown.
+coarse figures (goodput and waiting to ``MIN_GAIN``: no change for the model's noise); to
+fewer workers only when they rank as well at ``1 + BAND`` times the forecast load (the
+formula's band); and, as the formula, not inside the cooldown unless the gain predicted is
+at least ``URGENT_GAIN``.
 """
 
 from __future__ import annotations
@@ -17,11 +19,14 @@ from services.common.config import PlannerConfig
 from services.planner.bounds import neighbours
 from services.planner.capacity import Capacity
 from services.planner.decision import Action, Decision, Split
-from services.planner.formula import MIN_BUSY_S, FormulaPolicy
+from services.planner.forecast import Load
+from services.planner.formula import BAND, MIN_BUSY_S, FormulaPolicy
 from services.planner.forward import Prediction, Start, run_forward
 from services.planner.signals import ClusterSignals, Role
 
 MIN_GAIN = 0.02
+# A predicted gain this large goes ahead inside the cooldown.
+URGENT_GAIN = 0.2
 
 
 def start_of(signals: ClusterSignals, current: Split) -> Start:
@@ -88,4 +93,12 @@ class SimulatePolicy:
         b, n = rank(best), rank(now)
         reason = ("lookahead_goodput" if b[0] > n[0] else "lookahead_backlog" if b[1] > n[1]
                   else "lookahead_fewer")
-        return f.gate(signals.t, current, best.split, reason, detail)
+        if reason == "lookahead_fewer":
+            # NOTE: the band: fewer workers only if they stay as good at 1 + BAND the load
+            more = [Load(x.rate * (1 + BAND), x.input_tokens, x.output_tokens) for x in loads]
+            hi_best = rank(run_forward(start, best.split, more, self.cap, self.cfg))
+            hi_now = rank(run_forward(start, current, more, self.cap, self.cfg))
+            if hi_best[:2] < hi_now[:2]:
+                return Decision(signals.t, current, current, Action.HOLD, "within_band", detail)
+        urgent = best.goodput - now.goodput >= URGENT_GAIN
+        return f.gate(signals.t, current, best.split, reason, detail, urgent)

@@ -46,7 +46,7 @@ class PlannedResult:
     result: SimResult
     timeline: list[IntervalRow]
     decisions: list[Decision] = field(default_factory=list)
-    moves: int = 0  # decode requests moved off a draining worker
+    moved: set[str] = field(default_factory=set)  # decode requests moved off a draining worker
     reprefilled: int = 0  # of those, prefilled again (their KV did not fit the target)
     leaked_blocks: int = 0
     started: int = 0
@@ -87,7 +87,7 @@ def run_planned(cfg: ClusterConfig, requests: list[SimRequest], model: StepModel
     sim.at(every, tick)
     result = sim.run()
     rows = with_goodput(rows, result, every)
-    return PlannedResult(result, rows, decisions, sim.moves, len(reprefilled),
+    return PlannedResult(result, rows, decisions, sim.moved, len(reprefilled),
                          sim.leaked_blocks, actuator.started, actuator.drained)
 
 

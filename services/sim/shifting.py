@@ -29,8 +29,8 @@ class Phase:
 def shifting_phases(budget: int = 8, phase_s: float = 180.0) -> list[Phase]:
     """Three phases for a budget of ``budget`` workers (rates scale with it from 8)."""
     k = budget / 8
-    decode_heavy = Phase(phase_s, 4.0 * k, 400, 1000)
-    prefill_heavy = Phase(phase_s, 1.1 * k, 3000, 50)
+    decode_heavy = Phase(phase_s, 2.5 * k, 360, 1500)
+    prefill_heavy = Phase(phase_s, 4.0 * k, 700, 40)
     return [decode_heavy, prefill_heavy, decode_heavy]
 
 

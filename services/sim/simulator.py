@@ -261,7 +261,7 @@ class Simulation:
         self.starting: list[_Worker] = []
         self.leaving: list[_Worker] = []
         self.gone: list[_Worker] = []
-        self.moves = 0  # decode requests moved off a draining worker
+        self.moved: set[str] = set()  # decode requests moved off a draining worker
         self.reprefilled: set[str] = set()  # moved ones whose KV did not fit: prefilled again
         self.leaked_blocks = 0  # KV blocks a drained worker still held when it left
 
@@ -892,7 +892,7 @@ class Simulation:
         w.engine.abort(rid)
         w.events = []
         w.inflight -= 1
-        self.moves += 1
+        self.moved.add(rid)
         sim = self.cfg.sim
         nbytes = -(-(len(tokens) - 1) // self.block_size) * self.block_size * sim.kv_bytes_per_token
         delay = sim.kv_transfer_latency_s + nbytes / (sim.kv_transfer_gbps * 1e9)
