@@ -7,7 +7,8 @@ workers, then to the split running now (no churn for nothing).
 It changes the split only when the winner ranks above the split running now by those
 coarse figures (goodput and waiting to ``MIN_GAIN``: no change for the model's noise); to
 fewer workers only when they rank as well at ``1 + BAND`` times the forecast load (the
-formula's band); and, as the formula, not inside the cooldown unless the gain predicted is
+formula's band) and not below the formula's split for a role (its steady state: a few
+intervals are shorter than a long request's life); and, as the formula, not inside the cooldown unless the gain predicted is
 at least ``URGENT_GAIN``.
 """
 
@@ -94,6 +95,13 @@ class SimulatePolicy:
         reason = ("lookahead_goodput" if b[0] > n[0] else "lookahead_backlog" if b[1] > n[1]
                   else "lookahead_fewer")
         if reason == "lookahead_fewer":
+            # NOTE: a horizon of a few intervals is shorter than a long request's life: the
+            # running population is still growing when it ends. Fewer workers than the
+            # formula's steady state (Little's law) wait for a better prediction than a tie.
+            if (best.split.prefill < min(target.prefill, current.prefill)
+                    or best.split.decode < min(target.decode, current.decode)):
+                return Decision(signals.t, current, current, Action.HOLD, "steady_state",
+                                detail)
             # NOTE: the band: fewer workers only if they stay as good at 1 + BAND the load
             more = [Load(x.rate * (1 + BAND), x.input_tokens, x.output_tokens) for x in loads]
             hi_best = rank(run_forward(start, best.split, more, self.cap, self.cfg))
