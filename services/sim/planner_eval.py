@@ -7,7 +7,8 @@ Every run shares one config: the given one with the mock runner's step model
 the goodput rule set from the planner's targets (``sim.slo`` ttft_ms = ttft_p90_s, itl_ms =
 itl_p90_s: a request is good when its TTFT and its largest inter-token gap are within them,
 services/sim/report.py), and the planner's bounds from the budget (min 1 of each role, at
-most budget - 1 of either, budget in all). The planner starts from an even split.
+most budget - 1 of either, budget in all). The planner starts from an even split; it runs
+with the config's ``planner.policy`` (the verdict's) and with the other policy beside it.
 """
 
 from __future__ import annotations
@@ -52,10 +53,15 @@ def eval_config(path: str | None, overrides: list[str], budget: int, p: int, d: 
         f"planner.max_decode={budget - 1}", f"planner.max_total_workers={budget}"])
 
 
-def _run(cfg: ClusterConfig, phase_s: float, seed: int, budget: int, planned: bool) -> PlannedResult:
+def _run(cfg: ClusterConfig, phase_s: float, seed: int, budget: int,
+         policy_name: str | None) -> PlannedResult:
+    """One run; ``policy_name`` None: the split of ``cfg`` throughout."""
     reqs = shifting(shifting_phases(budget, phase_s), seed)
+    if policy_name is not None:
+        cfg = cfg.model_copy(update={"planner": cfg.planner.model_copy(
+            update={"policy": policy_name})})
     model = step_model_for(cfg)
-    policy = policy_for(cfg, model) if planned else None
+    policy = policy_for(cfg, model) if policy_name is not None else None
     return run_planned(cfg, reqs, model, PromptMaker(cfg.sim.seed).tokens, policy)
 
 
@@ -108,18 +114,22 @@ def evaluate(args: argparse.Namespace, budget: int, out: Path) -> dict[str, Any]
 
     runs: list[dict[str, Any]] = []
     half = budget // 2
-    print(f"budget {budget}: planner", file=sys.stderr, flush=True)
-    runs.append(_row("planner", _run(cfg(half, budget - half), args.phase_s, args.seed, budget,
-                                     True), args.phase_s))
+    # the config's policy first (the one the verdict is about), then the other one
+    first = load_config(args.config, [*EVAL_SETTINGS, *args.overrides]).planner.policy
+    for name in (first, "formula" if first == "simulate" else "simulate"):
+        label = "planner" if name == first else f"planner ({name})"
+        print(f"budget {budget}: {label}", file=sys.stderr, flush=True)
+        runs.append(_row(label, _run(cfg(half, budget - half), args.phase_s, args.seed, budget,
+                                     name), args.phase_s))
     base = load_config(args.config, [*EVAL_SETTINGS, *args.overrides])
     default = (base.prefill.replicas, base.decode.replicas)
     for p in range(1, budget):
         print(f"budget {budget}: fixed {p}p{budget - p}d", file=sys.stderr, flush=True)
         runs.append(_row(f"fixed {p}p{budget - p}d", _run(cfg(p, budget - p), args.phase_s,
-                                                            args.seed, budget, False), args.phase_s))
+                                                            args.seed, budget, None), args.phase_s))
     print(f"budget {budget}: default {default[0]}p{default[1]}d", file=sys.stderr, flush=True)
     runs.append(_row(f"default {default[0]}p{default[1]}d", _run(cfg(*default), args.phase_s,
-                                                                args.seed, budget, False), args.phase_s))
+                                                                args.seed, budget, None), args.phase_s))
     fixed = [r for r in runs if r["run"].startswith("fixed")]
     best = max(fixed, key=lambda r: r["goodput_fraction"])
     plan, dflt = runs[0], runs[-1]

@@ -1,5 +1,6 @@
 """The planner evaluation's plots: the planner's split over time, and TTFT p90, ITL p90 and
-goodput per interval for the planner, the best fixed split and the default split, the
+goodput per interval for the planner (and its other policy), the best fixed split and the
+default split, the
 workload's phases shaded; and each run's goodput (matplotlib, as services/sim/plots.py)."""
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ def planner_plots(result: dict[str, Any], out_dir: Path, prefix: str) -> list[Pa
     best = next(r for r in runs if r["run"] == result["verdict"]["best_fixed"])
     default = runs[-1]
     shown = [(plan, "C0"), (best, "C1"), (default, "C2")]
+    shown += [(r, "C3") for r in runs[1:] if r["run"].startswith("planner (")]
     fig, axes = plt.subplots(4, 1, figsize=(8, 10), dpi=90, sharex=True)
     t0 = 0.0
     for k, ph in enumerate(result["phases"]):
@@ -69,8 +71,8 @@ def planner_plots(result: dict[str, Any], out_dir: Path, prefix: str) -> list[Pa
     fig, ax = plt.subplots(figsize=(8, 3.2), dpi=90)
     names = [r["run"] for r in runs]
     ax.bar(range(len(runs)), [r["goodput_fraction"] for r in runs],
-           color=["C0" if n == "planner" else "C2" if n.startswith("default") else "C7"
-                  for n in names])
+           color=["C0" if n == "planner" else "C3" if n.startswith("planner (")
+                  else "C2" if n.startswith("default") else "C7" for n in names])
     ax.set_xticks(range(len(runs)))
     ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("goodput (fraction of requests)")
