@@ -11,7 +11,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Pytest arguments, e.g. `make test ARGS="tests/unit -x"`.
 ARGS ?=
 
-.PHONY: setup nats kernels model run test compose-test bench lint proto clean
+.PHONY: setup nats kernels cross-tools model run test compose-test bench lint proto clean
 
 setup: $(STAMP) nats kernels
 
@@ -24,12 +24,19 @@ kernels: $(STAMP)
 		$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq g++; }
 	@$(PY) -m services.engine.cpu_kernels.build >/dev/null || echo "CPU kernels not built: the engine uses torch's"
 
+# The tests check the ARM (NEON) kernels on x86 too: built by Debian's aarch64 cross
+# compiler, run under qemu-user (tests/unit/engine/cpu_kernels/test_kernel_harness.py).
+cross-tools:
+	@[ "$$(uname -m)" != x86_64 ] || { command -v aarch64-linux-gnu-g++ >/dev/null 2>&1 && command -v qemu-aarch64 >/dev/null 2>&1; } || { \
+		echo "installing g++-aarch64-linux-gnu and qemu-user (Debian packages, for the NEON kernel tests)"; \
+		$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq g++-aarch64-linux-gnu qemu-user; }
+
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# torch first: 2.13.0 is the CPU build already on disk; a bare `torch` pulls CUDA wheels.
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q -e '.[dev,planner]'
 	touch $(STAMP)
 
 nats:
@@ -43,7 +50,7 @@ model: $(STAMP)
 run: setup model
 	$(VENV)/bin/tandem up -c $(CONFIG)
 
-test: setup model
+test: setup model cross-tools
 	$(PY) -m pytest -q $(ARGS)
 
 # The compose stack against a real Docker (deploy/compose-test.sh): builds the images,

@@ -20,6 +20,7 @@ _HANDLERS = {
     ("processor",): "services.processor.serve:main",
     ("frontend",): "services.frontend.serve:main",
     ("up",): "services.launcher.up:main",
+    ("planner",): "services.planner.serve:main",
     ("bench", "engine"): "services.bench.engine:main",
     ("bench", "tp"): "services.bench.tp:main",
     ("bench", "router"): "services.bench.router:main",
@@ -32,6 +33,7 @@ _HANDLERS = {
     ("bench", "overhead"): "services.bench.overhead:main",
     ("bench", "long-prompt"): "services.bench.long_prompt:main",
     ("bench", "part-deaths"): "services.bench.part_deaths:main",
+    ("bench", "move"): "services.bench.move:main",
     ("bench", "report"): "services.bench.report:main",
     ("bench", "anchor"): "services.bench.anchor:main",
     ("sim",): "services.sim.replay:main",
@@ -91,11 +93,15 @@ def build_parser() -> argparse.ArgumentParser:
                            help="host replicas N..N+K-1 in this process (mock runner at scale)")
         p.set_defaults(_key=(part,))
 
+    planner = sub.add_parser("planner", help="move the prefill/decode split with the load (planner.*)")
+    _add_config(planner)
+    planner.set_defaults(_key=("planner",))
+
     up = sub.add_parser("up", help="start the whole cluster from a config and supervise it")
     _add_config(up)
     up.add_argument("--only", default=None, metavar="PARTS",
                     help="start only these parts, comma-separated "
-                         "(nats,router,encode,decode,prefill,processor,frontend)")
+                         "(nats,router,encode,decode,prefill,processor,frontend,planner)")
     up.add_argument("--run-dir", default=None,
                     help="logs, pids and NATS's store (default: a fresh dir under the cache)")
     up.add_argument("--ready-timeout", type=float, default=600.0,

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from services.api.images import PromptImage
+from services.api.move import MoveSource
 from services.api.sampling import SamplingParams
 
 
@@ -18,3 +19,6 @@ class WorkerRequest:
     # A multimodal prompt's images, at their placeholder positions (checked against their
     # content hashes by the codec).
     images: tuple[PromptImage, ...] = ()
+    # A request moved off a draining worker: prompt_token_ids and sampling are a replay's,
+    # and the KV of all but the last token is pulled from here (services/decode/move_in.py).
+    move_from: MoveSource | None = None

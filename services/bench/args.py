@@ -276,6 +276,21 @@ def _part_deaths(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(_key=("bench", "part-deaths"))
 
 
+def _move(sub: argparse._SubParsersAction, add_config: AddConfig) -> None:
+    p = sub.add_parser("move", help="the gap a draining decode worker adds to its streams: "
+                                    "moved (KV pulled) against replayed")
+    add_config(p)
+    add_json_arg(p)
+    p.add_argument("--modes", default="move,replay", help="move (drain) and/or replay (server stopped)")
+    p.add_argument("--streams", type=int, default=4, help="concurrent streams moved per trial")
+    p.add_argument("--trials", type=int, default=3)
+    p.add_argument("--prompt-len", type=int, default=384)
+    p.add_argument("--after", type=int, default=8, help="tokens each stream produces before the move")
+    p.add_argument("--max-tokens", type=int, default=24)
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds for each wait")
+    p.set_defaults(_key=("bench", "move"))
+
+
 def _anchor(sub: argparse._SubParsersAction, add_config: AddConfig) -> None:
     p = sub.add_parser("anchor", help="tandem beside llama.cpp's llama-server on the same GGUF "
                                       "and threads: prefill, decode, served ITL and throughput")
@@ -334,6 +349,7 @@ def add_bench_parsers(sub: argparse._SubParsersAction, add_config: AddConfig) ->
     _compare(bs)
     _long_prompt(bs, add_config)
     _part_deaths(bs)
+    _move(bs, add_config)
     _overhead(bs, add_config)
     _anchor(bs, add_config)
     _report(bs)

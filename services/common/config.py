@@ -119,8 +119,14 @@ class EngineConfig(_Strict):
     cpu_kernels: bool | Literal["auto"] = "auto"
     # Which instruction set's build of those kernels runs: auto = the best the CPU's flags
     # allow; a named set the CPU lacks is a start-up error; none = torch's kernels only
-    # (cpu_kernels/isa.py; neon is reserved, not built yet).
+    # (cpu_kernels/isa.py; neon on aarch64).
     cpu_isa: Literal["auto", "avx512_bf16", "avx512_vnni", "avx512", "avx2", "neon", "none"] = "auto"
+    # Batch-invariant forward: a token's logits are the same bits whatever shares its step,
+    # however its prompt is chunked, cache hit or not (so a seeded request's text is too).
+    # CPU with the int4 kernels only (every step through their one-call kernel); a model
+    # or device where they cannot run is a start-up error. Costs prefill speed
+    # (docs/engine.md, "Deterministic mode").
+    deterministic: bool = False
     mock: MockRunnerConfig = MockRunnerConfig()
 
 
@@ -254,8 +260,16 @@ class DecodeConfig(_Strict):
     # for a remote prefill) beyond this are refused with RESOURCE_EXHAUSTED: the frontend
     # answers 429 + Retry-After instead of letting the queue (and every wait in it) grow.
     max_waiting_requests: int = Field(256, ge=0)
-    # On SIGTERM: stop taking requests, let in-flight ones finish for this long, then exit.
+    # On SIGTERM: stop taking requests, let in-flight ones finish (or move) for this long,
+    # then exit.
     grace_period_s: float = Field(10.0, ge=0)
+    # What a drained (SIGTERM'd) worker does with its running requests: "move" them, KV and
+    # all, to other decode workers (docs/reliability.md "Moving requests on scale-down"), or
+    # "finish" them here within grace_period_s.
+    drain: Literal["move", "finish"] = "move"
+    # How long a moved request's KV waits on the draining worker for its target to pull it;
+    # past that its blocks are freed and the target prefills it again (the replay).
+    move_timeout_s: float = Field(5.0, gt=0)
     # Decode workers hosted by one process (`tandem decode --replicas-in-process K`): for
     # the mock runner at scale (configs/scale-mock.yaml); keep 1 for real models.
     replicas_per_process: int = Field(1, ge=1)
@@ -423,8 +437,18 @@ class PlannerConfig(_Strict):
     # Seconds from a start to a worker ready (model load, registration): what the lookahead
     # charges a scale-up. Measured by the actuator where it can be; this is the prior.
     worker_ready_s: float = Field(10.0, ge=0)
-    actuator: Literal["local", "kubernetes", "sim"] = "local"
+    # local: `tandem up`'s supervisor; kubernetes: the Deployments' scale; observe: decide,
+    # log and export only (the split discovery sees; a dry run of a policy on live traffic);
+    # sim: `tandem sim`.
+    actuator: Literal["local", "kubernetes", "observe", "sim"] = "local"
     metrics_port: int | None = Field(9650, ge=1, le=65535)
+    # local: the `tandem up` launcher's control endpoint the planner calls (bound to
+    # 127.0.0.1, the cluster token required; docs/planner.md, "The control endpoint").
+    control_port: int = Field(9651, ge=1, le=65535)
+    # kubernetes: the Deployments scaled, in k8s_namespace (None: the planner pod's own).
+    k8s_namespace: str | None = None
+    k8s_prefill_deployment: str = "prefill"
+    k8s_decode_deployment: str = "decode"
 
     @model_validator(mode="after")
     def _check_bounds(self) -> PlannerConfig:

@@ -14,6 +14,14 @@ def cache_dir() -> Path:
 # Arguments services/launcher/replica_slot.py adds to the part's command (shell words).
 PART_ARGS = "TANDEM_PART_ARGS"
 
+# A part's instance id (discovery key, worker id) when its replica index cannot be unique:
+# the pods of one Kubernetes Deployment run one command, so each is given its pod's name.
+INSTANCE_ID = "TANDEM_INSTANCE_ID"
+
+
+def instance_id() -> str | None:
+    return os.environ.get(INSTANCE_ID) or None
+
 
 def in_ci() -> bool:
     """True under CI (``CI=true``): tests that need the real model fail instead of skip."""
@@ -79,3 +87,13 @@ def api_keys() -> list[str]:
     else:
         keys = (secret(API_KEYS) or "").splitlines()
     return [k.strip() for k in keys if k.strip()]
+
+
+# `tandem planner`: a policy from outside the package, "module:factory" (the factory takes
+# the PlannerConfig and returns a Policy): experiments and the tests' fake policies. Unset:
+# the built-in policy ``planner.policy`` names.
+PLANNER_POLICY = "TANDEM_PLANNER_POLICY"
+
+
+def planner_policy() -> str | None:
+    return os.environ.get(PLANNER_POLICY) or None

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NoReturn, TypeVar
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 import grpc
+
+if TYPE_CHECKING:
+    from services.api.move import MoveSource
 
 M = TypeVar("M")
 T = TypeVar("T")
@@ -57,6 +60,18 @@ class Unavailable(ServingError):
 
 class Overloaded(Unavailable):
     """The chosen decode worker refused the request: its queue is full (HTTP 429)."""
+
+
+class RequestMoved(Unavailable):
+    """The worker streaming a request is draining and ended the stream: continue it on
+    another worker, from ``source`` (its KV waits there) or, None, by replay (nothing was
+    kept). An Unavailable, so a caller that knows nothing of moves migrates it by replay.
+    Crosses gRPC as a stream's last message (proto/worker.proto GenerateResponse.moved),
+    not as a status."""
+
+    def __init__(self, message: str, source: MoveSource | None) -> None:
+        super().__init__(message)
+        self.source = source
 
 
 @dataclass(frozen=True, slots=True)

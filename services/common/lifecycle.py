@@ -33,6 +33,7 @@ from wsgiref.simple_server import WSGIServer
 import grpc
 from prometheus_client import CollectorRegistry, start_http_server
 
+from services.common import env
 from services.common.config import ClusterConfig
 from services.common.discovery import Discovery, Registration
 from services.common.nats_client import NatsClient, connect
@@ -110,9 +111,10 @@ class Setup:
     place to leave what must be closed at the end."""
 
     def __init__(self, cfg: ClusterConfig, role: str, replica: int, host: str,
-                 nc: NatsClient, stop: asyncio.Event, stack: AsyncExitStack) -> None:
+                 nc: NatsClient, stop: asyncio.Event, stack: AsyncExitStack,
+                 instance: str | None = None) -> None:
         self.cfg, self.role, self.replica, self.host = cfg, role, replica, host
-        self.instance = f"{role}-{replica}"
+        self.instance = instance or f"{role}-{replica}"
         self.nc = nc
         # NOTE: set by SIGTERM/SIGINT only once the ports are about to open; a part may set
         # it itself (a TP rank's death) to stop like a signal would
@@ -156,9 +158,12 @@ async def run(cfg: ClusterConfig, role: str, replica: int, build: Build, *, host
     own_signals = stop is None
     stop = asyncio.Event() if stop is None else stop
     async with AsyncExitStack() as stack:
-        nc = await connect(cfg.nats, f"{role}-{replica}", no_echo=nats_no_echo)
-        stack.push_async_callback(_bounded, nc.close, "NATS close", f"{role}-{replica}")
-        setup = Setup(cfg, role, replica, host, nc, stop, stack)
+        # NOTE: pods of one Deployment share their command (all --replica 0): each takes its
+        # pod's name as instance id (TANDEM_INSTANCE_ID), its ports stay base + replica
+        instance = env.instance_id() or f"{role}-{replica}"
+        nc = await connect(cfg.nats, instance, no_echo=nats_no_echo)
+        stack.push_async_callback(_bounded, nc.close, "NATS close", instance)
+        setup = Setup(cfg, role, replica, host, nc, stop, stack, instance)
         spec = await build(setup)
         if own_signals:
             stop_on_signals(stop)
@@ -197,6 +202,8 @@ async def run(cfg: ClusterConfig, role: str, replica: int, build: Build, *, host
 async def run_many(cfg: ClusterConfig, role: str, first: int, count: int, build: Build) -> None:
     """Replicas ``first .. first+count-1`` of a part in one process, each a full part (own
     ports, discovery record); one signal stops them all."""
+    if count > 1 and env.instance_id():
+        raise ValueError(f"{env.INSTANCE_ID} names one instance: it cannot name {count} in one process")
     stop = stop_on_signals()
     tasks: list[asyncio.Task[None]] = []
     try:

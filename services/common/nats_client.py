@@ -120,7 +120,7 @@ class Subjects:
 # from Subjects so a renamed subject cannot leave a stale permission behind; a part that
 # starts using a new subject or JetStream call needs its role's list extended here.
 
-ROLES = ("frontend", "processor", "router", "decode", "prefill", "encode")
+ROLES = ("frontend", "processor", "router", "decode", "prefill", "encode", "planner")
 
 _JS_API = "$JS.API"
 _DEFAULT_INBOX = "_INBOX"
@@ -201,6 +201,11 @@ def role_permissions(namespace: str, role: str, user: str | None = None,
         sub += [*(s.kv_dump(i) for i in instances),
                 *(s.prefill_progress(i) for i in instances)]
         responses = True
+    elif role == "planner":
+        # it reads the load samples and the prefill stream's state, never a job (a job
+        # carries a prompt and its KV transfer token)
+        sub.append(s.load_all)
+        pub.append(f"{_JS_API}.STREAM.INFO.{queue}")
     elif role == "prefill":
         pub += [*ensure_queue,
                 f"{_JS_API}.CONSUMER.MSG.NEXT.{queue}.{consumer}",  # fetch jobs

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from services.common.config import DisaggConfig
 from services.decode.disagg import DecisionReason
 from services.decode.kv_receiver import KvRefusal
+from services.decode.move_in import MoveIn
+from services.decode.move_out import MoveOutcome
 from services.disagg.prefill_outcome import PrefillLocation
 from services.engine.engine import EngineStats
 from services.engine.stats_metrics import EngineStatsCollector
@@ -39,6 +41,24 @@ class DecodeMetrics:
             "KvTransfer calls answered accepted=false, by reason", ["reason"], registry=r)
         for reason in KvRefusal:
             self.kv_transfers_refused.labels(reason.value)
+        # Moves off a draining worker (docs/reliability.md "Moving requests on scale-down"):
+        # the source counts how each request left, the target how each one continued.
+        self.moved = Counter("tandem_worker_requests_moved_total",
+                             "Requests this draining worker moved off, by outcome", ["outcome"],
+                             registry=r)
+        for o in MoveOutcome:
+            self.moved.labels(o.value)
+        self.move_seconds = Histogram(
+            "tandem_worker_move_seconds", "From holding a request to its KV sent (or freed)",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=r)
+        self.moves_in = Counter("tandem_worker_moves_received_total",
+                                "Moved requests continued here, by how", ["outcome"], registry=r)
+        for m in MoveIn:
+            self.moves_in.labels(m.value)
+        self.move_in_seconds = Histogram(
+            "tandem_worker_move_in_seconds",
+            "From a moved request's arrival to its KV imported (or given up: a replay)",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=r)
         Gauge("tandem_worker_disagg_max_local_prefill_length",
               "Prefills longer than this (uncached tokens) may go remote",
               registry=r).set(disagg.max_local_prefill_length)
@@ -47,6 +67,15 @@ class DecodeMetrics:
               registry=r).set(disagg.max_prefill_queue_size)
         Gauge("tandem_worker_disagg_enabled", "1 if remote prefill is enabled",
               registry=r).set(int(disagg.enabled))
+
+    def request_moved(self, outcome: MoveOutcome, seconds: float | None) -> None:
+        self.moved.labels(outcome.value).inc()
+        if seconds is not None:
+            self.move_seconds.observe(seconds)
+
+    def move_received(self, outcome: MoveIn, seconds: float) -> None:
+        self.moves_in.labels(outcome.value).inc()
+        self.move_in_seconds.observe(seconds)
 
     def kv_transfer_refused(self, reason: KvRefusal) -> None:
         self.kv_transfers_refused.labels(reason.value).inc()

@@ -2,8 +2,10 @@
 
 Replica i serves gRPC on ``decode.port + i`` and /metrics on ``decode.metrics_port + i``,
 registers in discovery as role ``decode`` (instance id ``decode-{i}``), publishes KV events
-and load for the router. SIGTERM/SIGINT: deregister, refuse new requests, let in-flight
-ones finish for up to ``decode.grace_period_s``, exit 0 (services/common/lifecycle.py).
+and load for the router. SIGTERM/SIGINT: deregister, refuse new requests, then with
+``decode.drain: move`` move the running requests to other decode workers (KV and all:
+services/decode/move_out.py), else let them finish; either within
+``decode.grace_period_s``; exit 0 (services/common/lifecycle.py).
 """
 
 from __future__ import annotations
@@ -67,8 +69,13 @@ async def _build(part: Setup) -> PartSpec:
         if images is not None:
             encoders.book.start(discovery)
             part.on_close(encoders.book.close, "encode address book")
+    async def has_peers() -> bool:
+        return any(r.instance_id != worker_id for r in await discovery.registrations("decode"))
+
     worker = DecodeWorker(ae, cfg, worker_id, queue, metrics=metrics,
-                          embedder=images.embedder if images is not None else None)
+                          embedder=images.embedder if images is not None else None,
+                          has_peers=has_peers)
+    part.on_close(worker.close, "move channels")
     tp_hooks.attach(runner, metrics.registry, part.stop)
     layout = KvLayout.of(ae.kv_spec, cfg.engine.tensor_parallel_size)
 

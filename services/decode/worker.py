@@ -17,24 +17,27 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import replace
 
 from services.api.images import PromptImage
+from services.api.move import MoveSource
 from services.api.outputs import TokenOutput
 from services.api.prefill import PrefillJob
 from services.common.config import ClusterConfig
-from services.common.errors import InvalidRequest, Overloaded, Unavailable
+from services.common.errors import InvalidRequest, Overloaded, RequestMoved, Unavailable
 from services.decode.admission import refusal
 from services.decode.disagg import DecisionReason, PrefillDecision, decide_prefill, worker_times
 from services.decode.kv_receiver import ExpectedKv, KvReceiver, KvTransferError, ReceivedKv
 from services.decode.metrics import DecodeMetrics
+from services.decode.move_in import MoveReceiver
+from services.decode.move_out import MoveOutbox
 from services.disagg.kv_shm import host_id
 from services.disagg.prefill_outcome import FallbackReason, PrefillLocation
 from services.disagg.prefill_queue import PrefillQueue
 from services.disagg.transfer_token import new_token
-from services.engine.async_engine import AsyncEngine
+from services.engine.async_engine import AsyncEngine, RequestMoving
 from services.engine.multimodal.embedder import ImageEmbedder
 from services.engine.multimodal.transfer import EncodeFailedError, ReceiveBuffersFullError
 from services.engine.remote_prefill import RemoteKvError, RemotePrefillHandle
@@ -44,22 +47,35 @@ from services.steptime.profile import step_model_for
 
 log = logging.getLogger(__name__)
 
+PEERS_TIMEOUT_S = 2.0  # how long a drain asks discovery for other decode workers
+
 
 class DecodeWorker:
     """One decode worker. ``queue`` None runs without disaggregation (always local)."""
 
     def __init__(self, engine: AsyncEngine, cfg: ClusterConfig, worker_id: str,
                  queue: PrefillQueue | None = None, kv_address: str = "",
-                 metrics: DecodeMetrics | None = None, embedder: ImageEmbedder | None = None) -> None:
+                 metrics: DecodeMetrics | None = None, embedder: ImageEmbedder | None = None,
+                 has_peers: Callable[[], Awaitable[bool]] | None = None) -> None:
         self.engine = engine
         self.cfg = cfg
         self.worker_id = worker_id
         self.queue = queue
         self.embedder = embedder  # None: a text-only model
-        self.kv_address = kv_address
+        # Whether another decode worker is registered (discovery): a drain with none to take
+        # the requests lets them finish here instead. None: assume there is.
+        self._has_peers = has_peers
         self.metrics = metrics or DecodeMetrics(engine.stats, cfg.decode.disagg)
         self.receiver = KvReceiver(on_bytes=self.metrics.kv_bytes_received.inc,
                                    on_refused=self.metrics.kv_transfer_refused)
+        dc = cfg.decode
+        # Moves: off this worker when it drains, onto it from draining ones.
+        self.outbox = MoveOutbox(engine, worker_id, cfg.prefill.kv_chunk_bytes, dc.move_timeout_s,
+                                 on_moved=self.metrics.request_moved,
+                                 on_handed_back=self.receiver.cancel)
+        self.kv_address = kv_address
+        self._moves_in = MoveReceiver(engine, self.receiver, dc.move_timeout_s, self._spawn_abort,
+                                      on_moved_in=self.metrics.move_received)
         self._inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -77,15 +93,30 @@ class DecodeWorker:
     def num_inflight(self) -> int:
         return self._inflight
 
-    async def generate(self, request: GenerateRequest, images: tuple[PromptImage, ...] = ()
-                       ) -> AsyncIterator[TokenOutput]:
+    @property
+    def kv_address(self) -> str:
+        """This worker's gRPC address as discovery publishes it: where prefill workers send
+        KV and where the targets of its moved requests pull theirs."""
+        return self.outbox.address
+
+    @kv_address.setter
+    def kv_address(self, address: str) -> None:
+        self.outbox.address = address
+
+    async def close(self) -> None:
+        await self._moves_in.close()
+
+    async def generate(self, request: GenerateRequest, images: tuple[PromptImage, ...] = (),
+                       move_from: MoveSource | None = None) -> AsyncIterator[TokenOutput]:
         """Stream a request's outputs; this is where a request enters the worker, so it is
         checked here (InvalidRequestError) and nowhere further in. Raises Overloaded,
-        Unavailable (draining, or no encoder produced its images), EngineDeadError. Closing
-        the iterator early aborts it (and the encoding of its images).
+        Unavailable (draining, or no encoder produced its images), EngineDeadError, and
+        RequestMoved when this worker drains with ``decode.drain: move``. Closing the
+        iterator early aborts it (and the encoding of its images).
 
         ``images``: a multimodal prompt's images. They are encoded (here or by an encode
-        worker) before the request is validated, and such a request prefills here."""
+        worker) before the request is validated, and such a request prefills here.
+        ``move_from``: a request moved off a draining worker (services/decode/move_in.py)."""
         if self._draining:
             raise Unavailable(f"decode worker {self.worker_id} is shutting down")
         refused = refusal(self.worker_id, self._inflight, self.engine.stats().num_running,
@@ -103,29 +134,54 @@ class DecodeWorker:
             if images:
                 request = await self._with_embeddings(request, images)
                 self.engine.validate(request)
-            decision = await self._decide(request)
-            self.metrics.decisions.labels(decision.reason.value).inc()
-            if decision.remote:
-                outs = self._remote(request, decision)
+            if move_from is not None and not images:
+                outs = self._moves_in.generate(request, move_from)
             else:
-                self.metrics.prefill.labels(PrefillLocation.LOCAL.value).inc()
-                outs = self.engine.generate(request)
+                decision = await self._decide(request)
+                self.metrics.decisions.labels(decision.reason.value).inc()
+                if decision.remote:
+                    outs = self._remote(request, decision)
+                else:
+                    self.metrics.prefill.labels(PrefillLocation.LOCAL.value).inc()
+                    outs = self.engine.generate(request)
             async with aclosing(outs):
-                async for o in outs:
-                    yield o
+                try:
+                    async for o in outs:
+                        yield o
+                except RequestMoving as e:
+                    source = self.outbox.source(e.request_id) if e.held else None
+                    raise RequestMoved(f"decode worker {self.worker_id} is draining", source) from None
         finally:
             self._inflight -= 1
             if self._inflight == 0:
                 self._idle.set()
 
     async def drain(self, grace_s: float) -> bool:
-        """Refuse new requests and wait up to ``grace_s`` for in-flight ones; True if idle."""
+        """Refuse new requests; with ``decode.drain: move`` move the running ones off (and
+        hand the others back to the processor), then wait up to what is left of ``grace_s``
+        for what is still in flight; True if idle."""
         self._draining = True
+        deadline = time.monotonic() + grace_s
         try:
-            await asyncio.wait_for(self._idle.wait(), grace_s)
+            if self.cfg.decode.drain == "move" and await self._peers_to_move_to():
+                await asyncio.wait_for(self.outbox.move_all(), grace_s)
+            await asyncio.wait_for(self._idle.wait(), max(deadline - time.monotonic(), 0.0))
         except TimeoutError:
             return False
         return True
+
+    async def _peers_to_move_to(self) -> bool:
+        if self._has_peers is None:
+            return True
+        try:
+            if await asyncio.wait_for(self._has_peers(), PEERS_TIMEOUT_S):
+                return True
+        except Exception as e:  # discovery unreachable: move anyway (failures replay)
+            log.warning("decode worker %s: other decode workers unknown (%s); moving", self.worker_id, e)
+            return True
+        log.info("decode worker %s: no other decode worker to move to; letting requests finish",
+                 self.worker_id)
+        return False
 
     async def _with_embeddings(self, request: GenerateRequest, images: tuple[PromptImage, ...]
                                ) -> GenerateRequest:

@@ -24,6 +24,7 @@ from services.api.kv_events import KvEvent
 from services.api.outputs import FinishReason, TokenLogprob, TokenOutput
 from services.common.errors import GenerationFailed, Unavailable
 from services.engine.engine import EngineStats, LLMEngine
+from services.engine.move import MoveHold
 from services.engine.remote_prefill import RemotePrefillHandle
 from services.engine.request import GenerateRequest
 from services.engine.runner.base import KvSpec
@@ -34,6 +35,16 @@ T = TypeVar("T")
 
 class EngineDeadError(Unavailable):
     """The engine's step loop failed or was shut down; the request cannot continue."""
+
+
+class RequestMoving(Exception):  # noqa: N818 (a lifecycle event, not a failure)
+    """Ends the stream of a request taken off this engine's schedule by ``hold_for_move``:
+    ``held`` (its KV waits for an export) or handed back (nothing of it is kept)."""
+
+    def __init__(self, request_id: str, held: bool) -> None:
+        super().__init__(f"request {request_id!r} {'is held to move' if held else 'was handed back'}")
+        self.request_id = request_id
+        self.held = held
 
 
 # (function run on the step thread, its args, future for its result, request it concerns)
@@ -128,6 +139,9 @@ class AsyncEngine:
         try:
             while True:
                 item = await q.get()
+                if isinstance(item, RequestMoving):
+                    finished = True  # held or aborted already: nothing to abort
+                    raise item
                 if isinstance(item, BaseException):
                     # NOTE: one choice failed (its grammar): the others, still live, are
                     # aborted by the finally below.
@@ -178,6 +192,34 @@ class AsyncEngine:
 
     async def fail_remote_prefill(self, request_id: str) -> bool:
         return await self.call(lambda e: e.fail_remote_prefill(request_id))
+
+    # ---- moves off a draining worker (services/decode/move_out.py) ---------------------
+    async def hold_for_move(self) -> MoveHold:
+        """Hold every request that can move and abort the rest (LLMEngine.hold_for_move);
+        the outputs of the batch that was in flight are streamed first. Their streams go on
+        until ``end_moved_streams``."""
+        hold = await self.call(lambda e: e.hold_for_move())
+        self._dispatch(hold.outputs)
+        return hold
+
+    def end_moved_streams(self, hold: MoveHold) -> None:
+        """End each stream of ``hold`` with RequestMoving (held or handed back)."""
+        for h in hold.held:
+            self._deliver(h.request_id, RequestMoving(h.request_id, True))
+        for rid in hold.handed_back:
+            self._deliver(rid, RequestMoving(rid, False))
+
+    def release_held(self, request_id: str) -> None:
+        """Free a held request's blocks (an abort; sync, so a ``finally`` may call it).
+        Nothing to do once the engine is dead."""
+        if self._error is None and self._thread is not None:
+            self._submit(self.engine.abort, (request_id,), None, None)
+
+    async def export_held(self, request_id: str, first_block: int, num_blocks: int,
+                          num_tokens: int) -> tuple[Any, int]:
+        """(KV copy, last token) of a held request (Scheduler.export_held)."""
+        return await self.call(
+            lambda e: e.export_held(request_id, first_block, num_blocks, num_tokens))
 
     async def prefix_hit_tokens(self, token_ids: Sequence[int]) -> int:
         return await self.call(lambda e: e.prefix_hit_tokens(token_ids))

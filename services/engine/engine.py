@@ -17,6 +17,7 @@ from services.common.config import EngineConfig
 from services.engine.batch import PendingOutput, RunnerOutput, ScheduledBatch
 from services.engine.block_pool import BlockPool, BlockPoolIntegrityError
 from services.engine.kv_cache_manager import KvCacheManager
+from services.engine.move import MoveHold
 from services.engine.remote_prefill import RemotePrefillHandle
 from services.engine.request import GenerateRequest
 from services.engine.runner.base import ModelRunner, RunnerInfo
@@ -274,6 +275,35 @@ class LLMEngine:
     def fail_remote_prefill(self, request_id: str) -> bool:
         """Fall back to local prefill; False if the request is not parked."""
         return self.scheduler.fail_remote_prefill(request_id)
+
+    # ---- moves off a draining worker -------------------------------------------------
+    def hold_for_move(self) -> MoveHold:
+        """Read back the batch in flight, then hold what can move and abort the rest
+        (Scheduler.hold_for_move)."""
+        outputs = self.settle()
+        held, back = self.scheduler.hold_for_move()
+        for rid in back:
+            self.runner.request_gone(rid)
+        return MoveHold(held, back, outputs)
+
+    def export_held(self, request_id: str, first_block: int, num_blocks: int,
+                    num_tokens: int) -> tuple[Any, int]:
+        return self.scheduler.export_held(request_id, first_block, num_blocks, num_tokens)
+
+    def settle(self) -> list[TokenOutput]:
+        """Read back and apply the batch in flight (overlap), if any: afterwards every
+        sequence's tokens are resolved. Its grammar mask was filled by the step that
+        launched it."""
+        prev = self._in_flight
+        if prev is None:
+            return []
+        self._in_flight = None
+        batch, pending, ticket = prev
+        result = pending.result()
+        self.kv.fence.completed(ticket)
+        outputs = self.scheduler.update(batch, result)
+        self._forget_finished(outputs)
+        return outputs
 
     # ---- observability --------------------------------------------------------------
     def dump_kv_events(self) -> list[KvEvent]:

@@ -59,6 +59,7 @@ from services.engine.batch import (
     placeholder,
 )
 from services.engine.kv_cache_manager import NO_HIT, KvCacheManager, PrefixHit
+from services.engine.move import HeldRequest, MoveRefused
 from services.engine.remote_prefill import (
     KvImporter,
     RemoteKvError,
@@ -129,6 +130,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.ready: deque[Sequence] = deque()
         self.parked: dict[str, Sequence] = {}
+        self.held: dict[str, Sequence] = {}  # moving off this (draining) worker: move_out.py
         self.seqs: dict[str, Sequence] = {}
         self.num_preemptions = 0
         self.prompt_tokens_total = 0
@@ -236,6 +238,8 @@ class Scheduler:
                 self.ready.remove(s)
             elif st is SeqStatus.PARKED:
                 del self.parked[request_id]
+            elif st is SeqStatus.HELD:
+                del self.held[request_id]
             self._finish(s, FinishReason.ABORT)
         return out
 
@@ -344,6 +348,46 @@ class Scheduler:
         # NOTE: it already waited for the remote prefill; it goes first, like a preemption.
         self.waiting.appendleft(seq)
         return True
+
+    # ---- moves off a draining worker (services/decode/move_out.py) --------------------
+    def hold_for_move(self) -> tuple[list[HeldRequest], list[str]]:
+        """Take every live request off the schedule; call with no batch in flight
+        (``LLMEngine.settle``). A running one-choice request that produced a token and has
+        only that last token uncomputed is HELD: blocks kept, never scheduled again, until
+        ``export_held`` copies them or ``abort`` frees them. Every other one (waiting,
+        parked, ready, mid-prefill, n > 1, with images: a target would hash its blocks
+        without them) is aborted, its id returned second: it goes back to the processor (no
+        token of it is lost; a partial prefill is recomputed)."""
+        held: list[HeldRequest] = []
+        back: list[str] = []
+        for rid, seq in list(self.seqs.items()):
+            n = seq.num_tokens - 1
+            if (seq.status is SeqStatus.RUNNING and seq.group is None and seq.num_generated > 0
+                    and seq.num_computed_tokens == n and seq.token_ids[-1] >= 0
+                    and not seq.length_capped and not seq.request.images):
+                self.running.remove(seq)
+                seq.status = SeqStatus.HELD
+                self.held[rid] = seq
+                held.append(HeldRequest(rid, n, -(-n // self.block_size)))
+            else:
+                self.abort(rid)
+                back.append(rid)
+        return held, back
+
+    def export_held(self, request_id: str, first_block: int, num_blocks: int,
+                    num_tokens: int) -> tuple[Any, int]:
+        """(a copy of the held request's blocks ``[first_block, first_block + num_blocks)``,
+        its last token). KeyError: not held; MoveRefused: the tokens or blocks asked for are
+        not the held ones (the target's prefix cache may spare the leading blocks)."""
+        seq = self.held[request_id]
+        n = seq.num_tokens - 1
+        end = -(-n // self.block_size)
+        if num_tokens != n or first_block < 0 or first_block + num_blocks != end:
+            raise MoveRefused(f"request {request_id!r} holds the KV of {n} tokens in {end} blocks; "
+                              f"asked for {num_tokens} tokens, blocks [{first_block}, "
+                              f"+{num_blocks})")
+        assert self.kv_exporter is not None
+        return self.kv_exporter(seq.block_table[first_block:end]), seq.token_ids[-1]
 
     # ---- one step -------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch:

@@ -20,6 +20,7 @@ class SeqStatus(enum.Enum):
     RUNNING = "running"  # scheduled every step until finished or preempted
     PARKED = "parked"  # blocks allocated, waiting for a remote prefill's KV
     READY = "ready"  # remote prefill imported; joins running when a seat is free
+    HELD = "held"  # moving off a draining worker: blocks kept for one export, never scheduled
     FINISHED = "finished"
 
 

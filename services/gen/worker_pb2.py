@@ -26,21 +26,25 @@ from services.gen import request_pb2 as services_dot_gen_dot_request__pb2
 from services.gen import multimodal_pb2 as services_dot_gen_dot_multimodal__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19services/gen/worker.proto\x12\rtandem.worker\x1a\x1aservices/gen/request.proto\x1a\x1dservices/gen/multimodal.proto\"\x9a\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x30\n\x08sampling\x18\x03 \x01(\x0b\x32\x1e.tandem.request.SamplingParams\x12.\n\x06images\x18\x04 \x03(\x0b\x32\x1e.tandem.multimodal.PromptImage\"\xf6\x01\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x33\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x1c.tandem.request.FinishReason\x12$\n\x05usage\x18\x03 \x01(\x0b\x32\x15.tandem.request.Usage\x12.\n\x08logprobs\x18\x04 \x03(\x0b\x32\x1c.tandem.request.TokenLogprob\x12\r\n\x05index\x18\x05 \x01(\r\x12\x35\n\x0fprompt_logprobs\x18\x06 \x03(\x0b\x32\x1c.tandem.request.TokenLogprob\"\x91\x02\n\x07KvChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0b\x66irst_token\x18\x02 \x01(\r\x12\x13\n\x0b\x66irst_block\x18\x03 \x01(\r\x12\x12\n\nnum_blocks\x18\x04 \x01(\r\x12\r\n\x05\x64type\x18\x05 \x01(\t\x12\r\n\x05shape\x18\x06 \x03(\r\x12\x19\n\x11prefill_worker_id\x18\x07 \x01(\t\x12\x0e\n\x06offset\x18\x08 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\t \x01(\x0c\x12\x10\n\x08shm_name\x18\n \x01(\t\x12\x16\n\x0etransfer_token\x18\x0b \x01(\x0c\x12\x33\n\rfirst_logprob\x18\x0c \x01(\x0b\x32\x1c.tandem.request.TokenLogprob\"H\n\rKvTransferAck\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x16\n\x0e\x62ytes_received\x18\x03 \x01(\x04\x32\xa3\x01\n\x0c\x44\x65\x63odeWorker\x12M\n\x08Generate\x12\x1e.tandem.worker.GenerateRequest\x1a\x1f.tandem.worker.GenerateResponse0\x01\x12\x44\n\nKvTransfer\x12\x16.tandem.worker.KvChunk\x1a\x1c.tandem.worker.KvTransferAck(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19services/gen/worker.proto\x12\rtandem.worker\x1a\x1aservices/gen/request.proto\x1a\x1dservices/gen/multimodal.proto\"D\n\nMoveSource\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x12\n\nmove_token\x18\x03 \x01(\x0c\"\xc8\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x30\n\x08sampling\x18\x03 \x01(\x0b\x32\x1e.tandem.request.SamplingParams\x12.\n\x06images\x18\x04 \x03(\x0b\x32\x1e.tandem.multimodal.PromptImage\x12,\n\tmove_from\x18\x05 \x01(\x0b\x32\x19.tandem.worker.MoveSource\"\xa0\x02\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x33\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x1c.tandem.request.FinishReason\x12$\n\x05usage\x18\x03 \x01(\x0b\x32\x15.tandem.request.Usage\x12.\n\x08logprobs\x18\x04 \x03(\x0b\x32\x1c.tandem.request.TokenLogprob\x12\r\n\x05index\x18\x05 \x01(\r\x12\x35\n\x0fprompt_logprobs\x18\x06 \x03(\x0b\x32\x1c.tandem.request.TokenLogprob\x12(\n\x05moved\x18\x07 \x01(\x0b\x32\x19.tandem.worker.MoveSource\"\x8c\x01\n\rMoveKvRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nmove_token\x18\x02 \x01(\x0c\x12\x13\n\x0b\x66irst_block\x18\x03 \x01(\r\x12\x12\n\nnum_blocks\x18\x04 \x01(\r\x12\x12\n\nnum_tokens\x18\x05 \x01(\r\x12\x16\n\x0etransfer_token\x18\x06 \x01(\x0c\"\x91\x02\n\x07KvChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0b\x66irst_token\x18\x02 \x01(\r\x12\x13\n\x0b\x66irst_block\x18\x03 \x01(\r\x12\x12\n\nnum_blocks\x18\x04 \x01(\r\x12\r\n\x05\x64type\x18\x05 \x01(\t\x12\r\n\x05shape\x18\x06 \x03(\r\x12\x19\n\x11prefill_worker_id\x18\x07 \x01(\t\x12\x0e\n\x06offset\x18\x08 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\t \x01(\x0c\x12\x10\n\x08shm_name\x18\n \x01(\t\x12\x16\n\x0etransfer_token\x18\x0b \x01(\x0c\x12\x33\n\rfirst_logprob\x18\x0c \x01(\x0b\x32\x1c.tandem.request.TokenLogprob\"H\n\rKvTransferAck\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x16\n\x0e\x62ytes_received\x18\x03 \x01(\x04\x32\xe5\x01\n\x0c\x44\x65\x63odeWorker\x12M\n\x08Generate\x12\x1e.tandem.worker.GenerateRequest\x1a\x1f.tandem.worker.GenerateResponse0\x01\x12\x44\n\nKvTransfer\x12\x16.tandem.worker.KvChunk\x1a\x1c.tandem.worker.KvTransferAck(\x01\x12@\n\x06MoveKv\x12\x1c.tandem.worker.MoveKvRequest\x1a\x16.tandem.worker.KvChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'services.gen.worker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_GENERATEREQUEST']._serialized_start=104
-  _globals['_GENERATEREQUEST']._serialized_end=258
-  _globals['_GENERATERESPONSE']._serialized_start=261
-  _globals['_GENERATERESPONSE']._serialized_end=507
-  _globals['_KVCHUNK']._serialized_start=510
-  _globals['_KVCHUNK']._serialized_end=783
-  _globals['_KVTRANSFERACK']._serialized_start=785
-  _globals['_KVTRANSFERACK']._serialized_end=857
-  _globals['_DECODEWORKER']._serialized_start=860
-  _globals['_DECODEWORKER']._serialized_end=1023
+  _globals['_MOVESOURCE']._serialized_start=103
+  _globals['_MOVESOURCE']._serialized_end=171
+  _globals['_GENERATEREQUEST']._serialized_start=174
+  _globals['_GENERATEREQUEST']._serialized_end=374
+  _globals['_GENERATERESPONSE']._serialized_start=377
+  _globals['_GENERATERESPONSE']._serialized_end=665
+  _globals['_MOVEKVREQUEST']._serialized_start=668
+  _globals['_MOVEKVREQUEST']._serialized_end=808
+  _globals['_KVCHUNK']._serialized_start=811
+  _globals['_KVCHUNK']._serialized_end=1084
+  _globals['_KVTRANSFERACK']._serialized_start=1086
+  _globals['_KVTRANSFERACK']._serialized_end=1158
+  _globals['_DECODEWORKER']._serialized_start=1161
+  _globals['_DECODEWORKER']._serialized_end=1390
 # @@protoc_insertion_point(module_scope)

@@ -44,6 +44,11 @@ class DecodeWorkerStub:
                 request_serializer=services_dot_gen_dot_worker__pb2.KvChunk.SerializeToString,
                 response_deserializer=services_dot_gen_dot_worker__pb2.KvTransferAck.FromString,
                 _registered_method=True)
+        self.MoveKv = channel.unary_stream(
+                '/tandem.worker.DecodeWorker/MoveKv',
+                request_serializer=services_dot_gen_dot_worker__pb2.MoveKvRequest.SerializeToString,
+                response_deserializer=services_dot_gen_dot_worker__pb2.KvChunk.FromString,
+                _registered_method=True)
 
 
 class DecodeWorkerServicer:
@@ -67,6 +72,18 @@ class DecodeWorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def MoveKv(self, request, context):
+        """A worker continuing a moved request (GenerateRequest.move_from) pulls its KV from the
+        draining worker that holds it: the stream is KvChunks as KvTransfer takes them, with
+        the caller's transfer_token echoed in the header. NOT_FOUND: no such request is held
+        (never, expired, or already pulled); PERMISSION_DENIED: a wrong move_token;
+        FAILED_PRECONDITION: the blocks or token count asked for are not the held ones. Each
+        held request is pulled at most once: whatever the outcome, its blocks are then freed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DecodeWorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -79,6 +96,11 @@ def add_DecodeWorkerServicer_to_server(servicer, server):
                     servicer.KvTransfer,
                     request_deserializer=services_dot_gen_dot_worker__pb2.KvChunk.FromString,
                     response_serializer=services_dot_gen_dot_worker__pb2.KvTransferAck.SerializeToString,
+            ),
+            'MoveKv': grpc.unary_stream_rpc_method_handler(
+                    servicer.MoveKv,
+                    request_deserializer=services_dot_gen_dot_worker__pb2.MoveKvRequest.FromString,
+                    response_serializer=services_dot_gen_dot_worker__pb2.KvChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -135,6 +157,33 @@ class DecodeWorker:
             '/tandem.worker.DecodeWorker/KvTransfer',
             services_dot_gen_dot_worker__pb2.KvChunk.SerializeToString,
             services_dot_gen_dot_worker__pb2.KvTransferAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MoveKv(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tandem.worker.DecodeWorker/MoveKv',
+            services_dot_gen_dot_worker__pb2.MoveKvRequest.SerializeToString,
+            services_dot_gen_dot_worker__pb2.KvChunk.FromString,
             options,
             channel_credentials,
             insecure,

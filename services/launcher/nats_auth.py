@@ -30,7 +30,7 @@ from pathlib import Path
 from services.common import env
 from services.common.config import ClusterConfig
 from services.common.nats_client import ROLES, role_permissions
-from services.launcher.plan import ProcessSpec, plan
+from services.launcher.plan import ProcessSpec, plan, reserve
 
 CONF_NAME = "nats-server.conf"
 
@@ -125,11 +125,13 @@ def lock_nats(cfg: ClusterConfig, specs: list[ProcessSpec], run_dir: Path) -> li
     or the environment's credentials).
 
     Users are made for every process of the whole plan, not only the ``--only`` selection,
-    so a part started later by hand can log in with a password from the config file.
+    so a part started later by hand can log in with a password from the config file; and
+    for the replicas the planner may start (``plan.reserve``).
     """
     if not any(s.part == "nats" for s in specs):
         return specs
-    users = {u.name: u for u in users_for(plan(cfg, None))}
+    # NOTE: and for the replicas the planner may start later (plan.reserve)
+    users = {u.name: u for u in users_for([*plan(cfg, None), *reserve(cfg, None)])}
     conf = run_dir / CONF_NAME
     write_private(conf, render_conf(cfg.namespace, list(users.values())))
     clear = _clear_config_credentials(cfg)

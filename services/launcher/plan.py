@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -18,7 +19,8 @@ from services.common.config import ClusterConfig
 from services.launcher.nats import nats_argv, nats_endpoint
 from services.launcher.secret_overrides import env_for, split_overrides
 
-PARTS = ("nats", "router", "encode", "decode", "prefill", "processor", "frontend")
+# NOTE: the planner starts last and stops first: nothing is scaled while the cluster stops.
+PARTS = ("nats", "router", "encode", "decode", "prefill", "processor", "frontend", "planner")
 
 _ANY_HOST = ("0.0.0.0", "::", "")
 
@@ -79,6 +81,53 @@ def _threads_env(threads: int) -> dict[str, str]:
     return {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "PYTHONUNBUFFERED": "1"}
 
 
+_ArgvOf = Callable[[str, int | None], tuple[str, ...]]
+
+
+def _argv_of(config_path: str | Path | None, overrides: list[str], python: str) -> tuple[_ArgvOf, dict[str, str]]:
+    """How a part's command line is made (and the secret overrides that go by env)."""
+    common: list[str] = []
+    if config_path is not None:
+        common += ["-c", str(Path(config_path).resolve())]
+    public, secret_env = split_overrides(list(overrides))  # secrets go by env, not argv
+    for o in public:
+        common += ["--set", o]
+
+    def part_argv(part: str, replica: int | None) -> tuple[str, ...]:
+        tail = () if replica is None else ("--replica", str(replica))
+        return (python, "-m", "services.cli", part, *common, *tail)
+
+    return part_argv, secret_env
+
+
+def _decode_spec(cfg: ClusterConfig, first: int, last: int, part_argv: _ArgvOf) -> ProcessSpec:
+    """Replicas first..last in one process (K > 1: the mock runner at scale)."""
+    d = cfg.decode
+    argv = part_argv("decode", first)
+    if d.replicas_per_process > 1:
+        argv += ("--replicas-in-process", str(last - first + 1))
+    ports = tuple(u for i in range(first, last + 1)
+                  for u in (PortUse("grpc", d.port + i, "decode.port"),
+                            PortUse("metrics", d.metrics_port + i, "decode.metrics_port")))
+    return ProcessSpec(
+        name=f"decode-{first}" if d.replicas_per_process == 1 else f"decode-{first}-{last}",
+        part="decode", argv=argv, ports=ports,
+        # the last replica's port: a process starts its workers one after another
+        ready=Readiness("tcp", "127.0.0.1", d.port + last), env=_threads_env(cfg.engine.threads),
+    )
+
+
+def _prefill_spec(cfg: ClusterConfig, i: int, part_argv: _ArgvOf) -> ProcessSpec:
+    # A prefill worker serves no RPC (it pulls from JetStream); its metrics endpoint comes
+    # up once it is running, so that is its readiness.
+    p = cfg.prefill
+    return ProcessSpec(
+        name=f"prefill-{i}", part="prefill", argv=part_argv("prefill", i),
+        ports=(PortUse("metrics", p.metrics_port + i, "prefill.metrics_port"),),
+        ready=Readiness("tcp", "127.0.0.1", p.metrics_port + i), env=_threads_env(cfg.engine.threads),
+    )
+
+
 def plan(
     cfg: ClusterConfig,
     config_path: str | Path | None,
@@ -94,17 +143,7 @@ def plan(
     --replica N``, so children read the same file with the same overrides as the launcher.
     Ports follow the CLI conventions: replica i of router/decode/prefill uses base port + i.
     """
-    common: list[str] = []
-    if config_path is not None:
-        common += ["-c", str(Path(config_path).resolve())]
-    public, secret_env = split_overrides(list(overrides))  # secrets go by env, not argv
-    for o in public:
-        common += ["--set", o]
-
-    def part_argv(part: str, replica: int) -> tuple[str, ...]:
-        return (python, "-m", "services.cli", part, *common, "--replica", str(replica))
-
-    worker_env = _threads_env(cfg.engine.threads)
+    part_argv, secret_env = _argv_of(config_path, overrides, python)
     other_env = _threads_env(1)
     specs: list[ProcessSpec] = []
 
@@ -135,34 +174,12 @@ def plan(
             name=f"encode-{i}", part="encode", argv=part_argv("encode", i),
             ports=(PortUse("grpc", e.port + i, "encode.port"),
                    PortUse("metrics", e.metrics_port + i, "encode.metrics_port")),
-            ready=Readiness("tcp", "127.0.0.1", e.port + i), env=worker_env,
+            ready=Readiness("tcp", "127.0.0.1", e.port + i), env=_threads_env(cfg.engine.threads),
         ))
     d = cfg.decode
-    k = d.replicas_per_process
-    for first in range(0, d.replicas, k):
-        # K > 1: one process hosts replicas first..last (the mock runner at scale).
-        last = min(first + k, d.replicas) - 1
-        argv = part_argv("decode", first)
-        if k > 1:
-            argv += ("--replicas-in-process", str(last - first + 1))
-        ports = tuple(u for i in range(first, last + 1)
-                      for u in (PortUse("grpc", d.port + i, "decode.port"),
-                                PortUse("metrics", d.metrics_port + i, "decode.metrics_port")))
-        specs.append(ProcessSpec(
-            name=f"decode-{first}" if k == 1 else f"decode-{first}-{last}", part="decode",
-            argv=argv, ports=ports,
-            # the last replica's port: a process starts its workers one after another
-            ready=Readiness("tcp", "127.0.0.1", d.port + last), env=worker_env,
-        ))
-    p = cfg.prefill
-    for i in range(p.replicas):
-        # A prefill worker serves no RPC (it pulls from JetStream); its metrics endpoint
-        # comes up once it is running, so that is its readiness.
-        specs.append(ProcessSpec(
-            name=f"prefill-{i}", part="prefill", argv=part_argv("prefill", i),
-            ports=(PortUse("metrics", p.metrics_port + i, "prefill.metrics_port"),),
-            ready=Readiness("tcp", "127.0.0.1", p.metrics_port + i), env=worker_env,
-        ))
+    for first in range(0, d.replicas, d.replicas_per_process):
+        specs.append(_decode_spec(cfg, first, min(first + d.replicas_per_process, d.replicas) - 1, part_argv))
+    specs += [_prefill_spec(cfg, i, part_argv) for i in range(cfg.prefill.replicas)]
     pr = cfg.processor
     specs.append(ProcessSpec(
         name="processor", part="processor", argv=part_argv("processor", 0),
@@ -178,6 +195,33 @@ def plan(
         # cluster's ready condition.
         ready=Readiness("http", _probe_host(f.host), f.port, "/health"), env=other_env,
     ))
+    pl = cfg.planner
+    if pl.enabled:
+        if pl.metrics_port is None:
+            raise ValueError("planner.metrics_port is null: `tandem up` needs it to see the planner ready")
+        specs.append(ProcessSpec(
+            name="planner", part="planner", argv=part_argv("planner", None),
+            ports=(PortUse("metrics", pl.metrics_port, "planner.metrics_port"),),
+            ready=Readiness("tcp", "127.0.0.1", pl.metrics_port), env=other_env,
+        ))
+    return [replace(s, env={**s.env, **env_for(s.part, secret_env)}) for s in specs]
+
+
+def reserve(cfg: ClusterConfig, config_path: str | Path | None, overrides: list[str] = (),
+            *, python: str = sys.executable) -> list[ProcessSpec]:
+    """The worker replicas the planner may start beyond the configured ones (up to
+    ``planner.max_decode``/``max_prefill``), ports base + index like the rest; none unless
+    the planner is enabled with the local actuator. Their NATS users and ports are made
+    and checked with the plan's, so a replica started later can log in and bind."""
+    pl = cfg.planner
+    if not (pl.enabled and pl.actuator == "local"):
+        return []
+    if cfg.decode.replicas_per_process != 1:
+        raise ValueError("planner.actuator=local scales one decode worker per process: "
+                         "set decode.replicas_per_process to 1")
+    part_argv, secret_env = _argv_of(config_path, overrides, python)
+    specs = [_decode_spec(cfg, i, i, part_argv) for i in range(cfg.decode.replicas, pl.max_decode)]
+    specs += [_prefill_spec(cfg, i, part_argv) for i in range(cfg.prefill.replicas, pl.max_prefill)]
     return [replace(s, env={**s.env, **env_for(s.part, secret_env)}) for s in specs]
 
 
@@ -190,9 +234,13 @@ def select_parts(specs: list[ProcessSpec], parts: list[str]) -> list[ProcessSpec
 
 
 def launcher_ports(cfg: ClusterConfig) -> tuple[PortUse, ...]:
-    """What the launcher itself binds: its /metrics, unless ``launcher.metrics_port`` is null."""
+    """What the launcher itself binds: its /metrics, unless ``launcher.metrics_port`` is null,
+    and the planner's control endpoint when the planner runs with the local actuator."""
     port = cfg.launcher.metrics_port
-    return () if port is None else (PortUse("metrics", port, "launcher.metrics_port"),)
+    ports = () if port is None else (PortUse("metrics", port, "launcher.metrics_port"),)
+    if cfg.planner.enabled and cfg.planner.actuator == "local":
+        ports += (PortUse("control", cfg.planner.control_port, "planner.control_port"),)
+    return ports
 
 
 def port_owners(specs: list[ProcessSpec], launcher: tuple[PortUse, ...] = ()) -> list[tuple[str, PortUse]]:

@@ -9,6 +9,11 @@ Contract:
 - A child that dies (any exit the launcher did not ask for) is started again after a
   backoff (services/launcher/restart.py) while the others keep running; one line says so,
   another when it is ready again. With ``fail_fast`` a death stops everything instead.
+- Decode and prefill workers can be scaled while it runs (``scale``, called from any thread:
+  the planner's control endpoint): a missing replica starts in the lowest free slot of its
+  part (its ports base + index, as plan.py assigns them); one over is drained, the highest
+  index first: SIGTERM to its group, never restarted, forgotten once it exits (SIGKILL
+  after ``drain_timeout``). The supervising thread alone starts and drains.
 - ``run()`` returns 0 after a requested stop (SIGINT/SIGTERM or ``stop_event``), 1 when it
   gives up: a child died with ``fail_fast``, a child kept dying at start, or readiness
   timed out at start (after stopping the rest and saying which and why).
@@ -25,7 +30,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -72,10 +77,22 @@ class _Slot:
     tracker: RestartTracker
     child: _Child
     restart_at: float | None = None  # set while it waits out a backoff
+    scaled: bool = False  # started by ``scale`` while the cluster runs
 
     @property
     def ready(self) -> bool:
         return self.restart_at is None and self.child.ready_at is not None
+
+
+@dataclass
+class _Draining:
+    """A replica told to stop for a scale-down: not restarted, killed at ``deadline``."""
+
+    child: _Child
+    deadline: float
+
+
+SCALABLE_PARTS = ("decode", "prefill")
 
 
 def describe_exit(code: int) -> str:
@@ -102,6 +119,8 @@ class Supervisor:
         policy: RestartPolicy | None = None,
         fail_fast: bool = False,
         metrics: LauncherMetrics | None = None,
+        reserve: Sequence[ProcessSpec] = (),
+        drain_timeout: float = 120.0,
     ) -> None:
         if not specs:
             raise ValueError("nothing to start: the plan is empty")
@@ -117,8 +136,15 @@ class Supervisor:
         self.policy = policy if policy is not None else RestartPolicy()
         self.fail_fast = fail_fast
         self.metrics = metrics
+        self.drain_timeout = drain_timeout
         self.stop_event = threading.Event()
         self._slots: list[_Slot] = []
+        # every slot a scalable part may fill, in index order: the plan's, then the reserve's
+        self._pool: dict[str, list[ProcessSpec]] = {
+            part: [sp for sp in (*specs, *reserve) if sp.part == part] for part in SCALABLE_PARTS}
+        self._draining: list[_Draining] = []
+        self._desired: dict[str, int] = {}  # part -> replicas asked for, until reconciled
+        self._scale_lock = threading.Lock()  # _slots' membership, _desired
         self._out_lock = threading.Lock()
         self._t0 = 0.0
         self._last_progress = 0.0
@@ -164,7 +190,8 @@ class Supervisor:
 
     def _start(self, spec: ProcessSpec) -> _Slot:
         slot = _Slot(spec, RestartTracker(self.policy), self._spawn(spec, 0))
-        self._slots.append(slot)
+        with self._scale_lock:
+            self._slots.append(slot)
         self._write_pids()
         self.say(f"starting {spec.name} (pid {slot.child.proc.pid})")
         return slot
@@ -211,6 +238,15 @@ class Supervisor:
         healthy_s = now - child.ready_at if child.ready_at is not None else 0.0
         d = slot.tracker.on_death(healthy_s)
         how = describe_exit(child.proc.returncode)
+        if d.give_up and slot.scaled:
+            # NOTE: a replica the planner added does not take the cluster down with it
+            self.say(f"error: {slot.spec.name} {how}: {d.quick_failures} quick failures in a row; "
+                     "giving it up (it was started by a scale, the cluster goes on without it)")
+            self._say_tail(child)
+            with self._scale_lock:
+                self._slots.remove(slot)
+            self._write_pids()
+            return None
         if d.give_up:
             self.say(f"error: {slot.spec.name} {how}: {d.quick_failures} quick failures in a row "
                      f"(none stayed up {self.policy.stable_after_s:g} s), more than "
@@ -231,16 +267,82 @@ class Supervisor:
             again = f"after restart {child.attempt} " if child.attempt else ""
             self.say(f"ready    {child.spec.name:<12} {took:6.1f} s  {again}({child.spec.ready.describe()})")
             self._set_up(child.spec.name, True)
-        elif child.attempt and now - child.started > self.ready_timeout:
-            # a restart that hangs is a failure like a crash: kill it, the next tick restarts it
-            self.say(f"error: {child.spec.name} not ready {self.ready_timeout:g} s after restart "
-                     f"{child.attempt}: killing it")
+        elif (child.attempt or slot.scaled) and now - child.started > self.ready_timeout:
+            # a restart (or a scaled start) that hangs is a failure like a crash: kill it,
+            # the next tick restarts it
+            after = f"restart {child.attempt}" if child.attempt else "its start"
+            self.say(f"error: {child.spec.name} not ready {self.ready_timeout:g} s after {after}: killing it")
             _signal_group(child.proc.pid, signal.SIGKILL)
+
+    # -- scaling (the planner's local actuator) ---------------------------------------------
+
+    def replicas(self) -> dict[str, int]:
+        """Replicas of each scalable part running or starting (draining ones left out; a
+        scale asked for and not yet carried out counts as done)."""
+        with self._scale_lock:
+            counts = {part: sum(1 for sl in self._slots if sl.spec.part == part) for part in SCALABLE_PARTS}
+            return {**counts, **self._desired}
+
+    def scale(self, counts: dict[str, int]) -> None:
+        """Ask for ``counts[part]`` replicas of each part; the supervising thread starts or
+        drains them at its next tick. ValueError (and nothing asked) when a part cannot be
+        scaled or a count is out of range."""
+        for part, n in counts.items():
+            if part not in SCALABLE_PARTS:
+                raise ValueError(f"{part} cannot be scaled (only {', '.join(SCALABLE_PARTS)})")
+            slots = len(self._pool[part])
+            if not 0 <= n <= slots:
+                raise ValueError(f"{part}: {n} replicas asked, {slots} slots planned "
+                                 f"(planner.max_{part} and the configured replicas)")
+        with self._scale_lock:
+            self._desired.update(counts)
+
+    def _reconcile(self) -> None:
+        """Start or drain replicas until each part has what ``scale`` asked for."""
+        with self._scale_lock:
+            desired, self._desired = self._desired, {}
+        for part, n in desired.items():
+            live = [sl for sl in self._slots if sl.spec.part == part]
+            busy = {sl.spec.name for sl in live} | {d.child.spec.name for d in self._draining}
+            free = [sp for sp in self._pool[part] if sp.name not in busy]
+            for spec in free[:max(0, n - len(live))]:
+                self._start(spec).scaled = True
+            order = {sp.name: i for i, sp in enumerate(self._pool[part])}
+            for sl in sorted(live, key=lambda sl: order[sl.spec.name])[n:]:
+                self._drain(sl)
+
+    def _drain(self, slot: _Slot) -> None:
+        with self._scale_lock:
+            self._slots.remove(slot)
+        self._write_pids()
+        child = slot.child
+        self._set_up(slot.spec.name, False)
+        if slot.restart_at is not None or child.proc.poll() is not None:
+            self.say(f"removed  {slot.spec.name} (it was not running)")
+            return
+        _signal_group(child.proc.pid, slot.spec.stop_signal)
+        self._draining.append(_Draining(child, time.monotonic() + self.drain_timeout))
+        self.say(f"draining {slot.spec.name} (pid {child.proc.pid})")
+
+    def _reap_drained(self) -> None:
+        for d in list(self._draining):
+            c = d.child
+            if c.proc.poll() is None:
+                if time.monotonic() < d.deadline:
+                    continue
+                self.say(f"{c.spec.name} not drained in {self.drain_timeout:g} s: killing it")
+                _signal_group(c.proc.pid, signal.SIGKILL)
+                c.proc.wait()
+            _signal_group(c.proc.pid, signal.SIGKILL)  # what it left in its group
+            if c.reader is not None:
+                c.reader.join(timeout=2.0)
+            self._draining.remove(d)
+            self.say(f"drained  {c.spec.name} ({describe_exit(c.proc.returncode)})")
 
     def _tick(self) -> int | None:
         """One round over every process: deaths, restarts due, readiness. None, or the exit
         status ``run`` should return (after the caller stops everything)."""
-        for slot in self._slots:
+        for slot in list(self._slots):  # a scaled replica given up leaves it
             if self.stop_event.is_set():
                 return 0
             now = time.monotonic()
@@ -295,6 +397,8 @@ class Supervisor:
 
     def _supervise(self) -> int:
         while not self.stop_event.is_set():
+            self._reconcile()
+            self._reap_drained()
             status = self._tick()
             if status is not None:
                 return status
@@ -303,7 +407,13 @@ class Supervisor:
         return 0
 
     def stop_all(self) -> None:
-        """Stop children in reverse start order, one part at a time (replicas together)."""
+        """Stop children in reverse start order, one part at a time (replicas together);
+        replicas still draining get ``stop_timeout`` more, then SIGKILL."""
+        for d in self._draining:
+            d.deadline = min(d.deadline, time.monotonic() + self.stop_timeout)
+        while self._draining:
+            self._reap_drained()
+            time.sleep(self.poll_s)
         groups: list[list[_Child]] = []
         for slot in reversed(self._slots):
             c = slot.child

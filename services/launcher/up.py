@@ -12,9 +12,11 @@ import sys
 import time
 from pathlib import Path
 
+from services.common import env
 from services.common.config import ClusterConfig, ConfigError, load_config
 from services.common.env import cache_dir
 from services.launcher.cluster_token import with_cluster_token
+from services.launcher.control import serve_control
 from services.launcher.metrics import LauncherMetrics
 from services.launcher.nats import NatsServerNotFoundError, find_nats_server
 from services.launcher.nats_auth import lock_nats
@@ -24,6 +26,7 @@ from services.launcher.plan import (
     check_port_conflicts,
     launcher_ports,
     plan,
+    reserve,
     select_parts,
 )
 from services.launcher.preflight import (
@@ -88,8 +91,9 @@ def banner(cfg: ClusterConfig, specs: list[ProcessSpec], run_dir: Path, elapsed:
     return "\n".join(lines)
 
 
-def prepare(args: argparse.Namespace) -> tuple[ClusterConfig, list[ProcessSpec], Path]:
-    """Config, plan and every up-front check; raises ConfigError/PreflightError/ValueError."""
+def prepare(args: argparse.Namespace) -> tuple[ClusterConfig, list[ProcessSpec], list[ProcessSpec], Path]:
+    """Config, plan, the replicas the planner may add (plan.reserve) and every up-front
+    check; raises ConfigError/PreflightError/ValueError."""
     cfg = load_config(args.config, args.overrides)
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir()
     parts = [p.strip() for p in args.only.split(",") if p.strip()] if args.only else list(PARTS)
@@ -105,24 +109,26 @@ def prepare(args: argparse.Namespace) -> tuple[ClusterConfig, list[ProcessSpec],
     )
     if not specs:
         raise PreflightError("nothing to start: the selected parts have no processes")
-    check_port_conflicts(specs, launcher_ports(cfg))
-    check_ports_free(specs, launcher_ports(cfg))
+    spare = select_parts(reserve(cfg, args.config, args.overrides), parts) if "planner" in parts else []
+    check_port_conflicts(specs + spare, launcher_ports(cfg))
+    check_ports_free(specs + spare, launcher_ports(cfg))
     if not cfg.nats.embedded and "nats" in parts:
         check_external_nats(cfg)
     if {"decode", "prefill"} & {s.part for s in specs}:
         check_model(cfg)
-    return cfg, specs, run_dir
+    return cfg, specs, spare, run_dir
 
 
 def main(args: argparse.Namespace) -> int:
     try:
-        cfg, specs, run_dir = prepare(args)
+        cfg, specs, spare, run_dir = prepare(args)
     except (ConfigError, PreflightError, ValueError) as e:
         print(f"tandem up: {e}", file=sys.stderr)
         return 2
     run_dir.mkdir(parents=True, exist_ok=True)
-    specs = lock_nats(cfg, specs, run_dir)  # users for the embedded nats-server
-    specs = with_cluster_token(specs)  # the internal gRPC calls' credential
+    every = lock_nats(cfg, specs + spare, run_dir)  # users for the embedded nats-server
+    every = with_cluster_token(every)  # the internal gRPC calls' credential
+    specs, spare = every[:len(specs)], every[len(specs):]
     mode = "any death stops the cluster (--fail-fast)" if args.fail_fast else "a part that dies is restarted"
     print(f"tandem up: {len(specs)} processes, run directory {run_dir}; {mode}", flush=True)
     metrics = LauncherMetrics([s.name for s in specs])
@@ -138,10 +144,22 @@ def main(args: argparse.Namespace) -> int:
         ready_timeout=args.ready_timeout, stop_timeout=args.stop_timeout,
         banner=lambda elapsed: banner(cfg, specs, run_dir, elapsed, args.fail_fast),
         policy=RestartPolicy.from_config(cfg.launcher), fail_fast=args.fail_fast, metrics=metrics,
+        reserve=spare,
+        # a drained worker's own grace (moving or finishing its requests), then a margin
+        drain_timeout=max(cfg.decode.grace_period_s, cfg.prefill.grace_period_s) + args.stop_timeout,
     )
+    control = None
+    if any(s.part == "planner" for s in specs) and cfg.planner.actuator == "local":
+        token = next(s.env[env.CLUSTER_TOKEN] for s in specs if s.part == "planner")
+        try:
+            control = serve_control(sup, cfg.planner.control_port, token)
+        except OSError as e:
+            print(f"tandem up: planner.control_port {cfg.planner.control_port}: {e}", file=sys.stderr)
+            return 2
     try:
         return sup.run()
     finally:
-        if server is not None:
-            server.shutdown()
-            server.server_close()
+        for srv in (server, control):
+            if srv is not None:
+                srv.shutdown()
+                srv.server_close()

@@ -16,6 +16,20 @@ class Split:
     def total(self) -> int:
         return self.prefill + self.decode
 
+    def to_json(self) -> dict[str, int]:
+        """The body of the launcher's control endpoint (services/launcher/control.py)."""
+        return {"prefill": self.prefill, "decode": self.decode}
+
+    @classmethod
+    def from_json(cls, d: object) -> Split:
+        """ValueError naming the field when ``d`` is not ``{"prefill": n, "decode": m}``."""
+        if not isinstance(d, dict) or set(d) != {"prefill", "decode"}:
+            raise ValueError('a split is {"prefill": <int>, "decode": <int>}')
+        for k, v in d.items():
+            if type(v) is not int or v < 0:
+                raise ValueError(f"split.{k} must be a non-negative integer, got {v!r}")
+        return cls(d["prefill"], d["decode"])
+
 
 class Action(StrEnum):
     HOLD = "hold"

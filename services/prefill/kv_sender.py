@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -14,7 +13,6 @@ import grpc
 import torch
 
 from services.api.outputs import TokenLogprob
-from services.api.request_codec import logprob_to_pb
 from services.common.grpc_auth import call_metadata
 from services.disagg.kv_shm import (
     SHM_UNAVAILABLE,
@@ -23,62 +21,13 @@ from services.disagg.kv_shm import (
     unlink_segment,
     write_segment,
 )
-from services.disagg.kv_wire import chunk_ranges, dtype_name, tensor_bytes
+from services.disagg.kv_wire import kv_chunks, kv_header, tensor_bytes
 from services.gen import worker_pb2
 
 log = logging.getLogger(__name__)
 
 # The generated stub's method path (proto/worker.proto: tandem.worker.DecodeWorker).
 KV_TRANSFER_METHOD = "/tandem.worker.DecodeWorker/KvTransfer"
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
-_OFFSET_TAG = b"\x40"  # KvChunk.offset: field 8, varint
-_DATA_TAG = b"\x4a"  # KvChunk.data: field 9, length-delimited
-
-
-def kv_header(request_id: str, kv: torch.Tensor, first_token: int, first_block: int,
-              prefill_worker_id: str, token: bytes = b"",
-              first_logprob: TokenLogprob | None = None) -> worker_pb2.KvChunk:
-    """The first chunk's header fields (no payload); ``token`` is the job's transfer token."""
-    if kv.dim() != 6 or kv.shape[1] != 2:
-        raise ValueError(f"kv must be (layers, 2, blocks, block_size, heads, dim), got {tuple(kv.shape)}")
-    head = worker_pb2.KvChunk(
-        request_id=request_id, first_token=first_token, first_block=first_block,
-        num_blocks=kv.shape[2], dtype=dtype_name(kv.dtype), shape=list(kv.shape),
-        prefill_worker_id=prefill_worker_id, transfer_token=token)
-    if first_logprob is not None:
-        head.first_logprob.CopyFrom(logprob_to_pb(first_logprob))
-    return head
-
-
-def kv_chunks(request_id: str, kv: torch.Tensor, first_token: int, first_block: int,
-              prefill_worker_id: str, chunk_bytes: int, token: bytes = b"",
-              first_logprob: TokenLogprob | None = None) -> Iterator[bytes]:
-    """The serialized ``KvChunk`` messages of one transfer: header fields on the first,
-    ``offset`` + ``data`` on every one.
-
-    ``kv``: (layers, 2, num_blocks, block_size, kv_heads, head_dim). The messages are
-    encoded here rather than by protobuf so each payload byte is copied once (the slice
-    is joined straight into the message), not twice; the result parses as a KvChunk.
-    """
-    head = kv_header(request_id, kv, first_token, first_block, prefill_worker_id,
-                     token, first_logprob).SerializeToString()
-    raw = tensor_bytes(kv)
-    for off, end in chunk_ranges(len(raw), chunk_bytes):
-        yield b"".join((head, _OFFSET_TAG, _varint(off), _DATA_TAG, _varint(end - off), raw[off:end]))
-        head = b""
 
 
 @dataclass(frozen=True, slots=True)

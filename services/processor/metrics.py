@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
 class ProcessorMetrics:
@@ -21,5 +21,17 @@ class ProcessorMetrics:
         self.migrations = Counter(
             "tandem_processor_migrations_total",
             "Streams moved to another decode worker after theirs failed", registry=r)
+        # Streams a draining decode worker ended (docs/reliability.md "Moving requests on
+        # scale-down"): "kv" with its KV held for the next worker, "replay" handed back.
+        self.moves = Counter(
+            "tandem_processor_moves_total",
+            "Streams continued elsewhere because their decode worker drained, by kind",
+            ["kind"], registry=r)
+        for kind in ("kv", "replay"):
+            self.moves.labels(kind)
+        self.move_gap = Histogram(
+            "tandem_processor_move_gap_seconds",
+            "Between the last token before a move and the first one after it",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=r)
         self.inflight = Gauge(
             "tandem_processor_requests_inflight", "Requests being streamed now", registry=r)

@@ -12,11 +12,12 @@ from collections.abc import AsyncIterator, Sequence
 import grpc
 
 from services.api.images import PromptImage
+from services.api.move import MoveSource
 from services.api.outputs import FinishReason, TokenOutput
 from services.api.sampling import SamplingParams
-from services.api.worker_codec import generate_request_to_pb, output_from_pb
+from services.api.worker_codec import generate_request_to_pb, move_source_from_pb, output_from_pb
 from services.common.address_book import ChannelPool
-from services.common.errors import from_rpc_error
+from services.common.errors import RequestMoved, from_rpc_error
 from services.common.grpc_auth import call_metadata
 from services.gen import worker_pb2_grpc
 
@@ -26,18 +27,21 @@ class DecodeWorkerClient:
         self._pool = pool
 
     async def generate(self, address: str, request_id: str, token_ids: Sequence[int],
-                       sampling: SamplingParams, images: tuple[PromptImage, ...] = ()
-                       ) -> AsyncIterator[TokenOutput]:
+                       sampling: SamplingParams, images: tuple[PromptImage, ...] = (),
+                       move_from: MoveSource | None = None) -> AsyncIterator[TokenOutput]:
         """Stream the worker's outputs until every choice (``sampling.n``) finished, or one
         was aborted. Raises the worker's typed error (services/common/errors.py):
         InvalidRequest, Overloaded, Unavailable (also when it cannot be reached) or
-        ServingError."""
+        ServingError; RequestMoved when the worker drained and moved the request off."""
         stub = self._pool.stub(address, worker_pb2_grpc.DecodeWorkerStub)
-        call = stub.Generate(generate_request_to_pb(request_id, token_ids, sampling, images),
+        call = stub.Generate(generate_request_to_pb(request_id, token_ids, sampling, images, move_from),
                              metadata=call_metadata())
         left = sampling.n
         try:
             async for msg in call:
+                if msg.HasField("moved"):
+                    raise RequestMoved(f"decode worker {address} is draining",
+                                       move_source_from_pb(msg.moved))
                 out = output_from_pb(request_id, msg)
                 yield out
                 if out.finished:

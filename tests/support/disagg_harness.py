@@ -57,6 +57,7 @@ async def decode_worker(cfg: ClusterConfig, worker_id: str = "decode-0") -> Asyn
             await lease.close()
             await channel.close()
             await server.stop(grace=0)
+            await worker.close()
     await nc.close()
 
 

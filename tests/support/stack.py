@@ -3,13 +3,15 @@ engine (mock runner unless given one) on real gRPC, plus the processor, in-proce
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
+from services.api.images import PromptImage
+from services.api.move import MoveSource
 from services.api.outputs import TokenOutput
 from services.api.processor import ChatMessage, ProcessRequest
 from services.api.route import RequestPhase, RouteRequest, RouteResponse
@@ -38,9 +40,10 @@ class RecordingDecodeWorker(DecodeWorker):
         super().__init__(*args, **kwargs)
         self.generate_calls: list[str] = []
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenOutput]:
+    async def generate(self, request: GenerateRequest, images: tuple[PromptImage, ...] = (),
+                       move_from: MoveSource | None = None) -> AsyncIterator[TokenOutput]:
         self.generate_calls.append(request.request_id)
-        async with aclosing(super().generate(request)) as outs:
+        async with aclosing(super().generate(request, images, move_from)) as outs:
             async for o in outs:
                 yield o
 
@@ -59,7 +62,8 @@ class DecodeNode:
 
 @asynccontextmanager
 async def worker_decode_node(cfg: ClusterConfig, tok: Tokenizer | None = None,
-                             worker_id: str = "w0", engine: LLMEngine | None = None
+                             worker_id: str = "w0", engine: LLMEngine | None = None,
+                             has_peers: Callable[[], Awaitable[bool]] | None = None
                              ) -> AsyncIterator[DecodeNode]:
     """The real decode worker (services/decode: admission limits, drain, RESOURCE_EXHAUSTED)
     over ``engine`` (default: the mock runner's, from ``cfg``), local prefill only, served by
@@ -68,12 +72,14 @@ async def worker_decode_node(cfg: ClusterConfig, tok: Tokenizer | None = None,
         stops = tok.stop_token_ids if tok is not None else (cfg.engine.mock.eos_token_id,)
         engine = LLMEngine(MockRunner(cfg.engine), cfg.engine, stops, worker_id=worker_id)
     async with AsyncEngine(engine) as ae:
-        worker = RecordingDecodeWorker(ae, cfg, worker_id)
+        worker = RecordingDecodeWorker(ae, cfg, worker_id, has_peers=has_peers)
         server, port = await serve_decode_worker(worker, "127.0.0.1", 0)
+        worker.kv_address = f"127.0.0.1:{port}"
         try:
             yield DecodeNode(ae, server, port, worker)
         finally:
             await server.stop(grace=0)
+            await worker.close()
 
 
 def make_processor(cfg: ClusterConfig, tok: Tokenizer, router: RouterLike, context_length: int,

@@ -7,7 +7,7 @@ hash of the source, torch's version, the compiler and its flags: every later eng
 on the machine loads it at once, and an edited kernel never loads a stale build. Builds
 are atomic (a temporary file renamed into place), so workers starting together are safe.
 ``python -m services.engine.cpu_kernels.build`` builds the CPU's best set ahead (``make
-setup`` does; ``--all``: every set, as the container image does, which then drops g++;
+setup`` does; ``--all``: every set of the machine's architecture, as the container image does, which then drops g++;
 building needs no AVX-512, only running does). Each
 set's library registers its ops under its own namespace (``torch.ops.tandem_cpu_<isa>``),
 so several load side by side (the tests compare them). Where the CPU lacks the set's
@@ -22,6 +22,7 @@ import functools
 import hashlib
 import logging
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -135,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     if best == "none" and not every:
         print("CPU kernels not built: the CPU has none of " + ", ".join(isas.ISAS), file=sys.stderr)
         return 1
-    builds = [(i, t) for i in isas.ISAS for t in isas.every_cflags(i)] if every else [(best, None)]
+    builds = ([(i, t) for i in isas.for_machine(platform.machine()) for t in isas.every_cflags(i)] if every
+              else [(best, None)])
     try:
         for isa, target in builds:
             print(_built(isa, target))

@@ -15,11 +15,12 @@ _BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 
 @functools.cache
 def cpuinfo_flags() -> frozenset[str]:
-    """The CPU's feature flags from /proc/cpuinfo (empty where it cannot be read)."""
+    """The CPU's feature flags from /proc/cpuinfo: its ``flags`` line on x86, ``Features``
+    on ARM (empty where it cannot be read)."""
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
             for line in f:
-                if line.startswith("flags"):
+                if line.startswith(("flags", "Features")):
                     return frozenset(line.partition(":")[2].split())
     except OSError:
         pass

@@ -48,6 +48,16 @@ using Act = uint16_t;
 using Act = float;
 #endif
 
+Int4Weight as_weight(const at::Tensor& codes, const at::Tensor& sm, int64_t n) {
+  TORCH_CHECK(codes.dtype() == at::kByte && codes.dim() == 2 && codes.is_contiguous() && codes.size(1) % 256 == 0,
+              "codes: contiguous uint8 (tiles, groups * 256)");
+  const int64_t tiles = codes.size(0), groups = codes.size(1) / 256;
+  TORCH_CHECK(sm.dtype() == at::kHalf && sm.is_contiguous() && sm.numel() == tiles * groups * 32,
+              "scale/min: contiguous float16 (tiles, groups, 2, 16)");
+  TORCH_CHECK(n > (tiles - 1) * 16 && n <= tiles * 16, "int4 weight: ", n, " rows do not fill ", tiles, " tiles");
+  return {codes.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(sm.data_ptr<at::Half>()), n, tiles, groups};
+}
+
 inline void put(float x, uint16_t* out) { *out = f32_to_bf16(x); }
 inline void put(float x, float* out) { *out = x; }
 

@@ -9,8 +9,10 @@ it, so no path ever executes an instruction the CPU lacks:
 | avx512_vnni   | int8 activations per 32-group, ``vpdpbusd`` (zmm)       | quads       |
 | avx512        | int8 activations, ``vpmaddubsw`` + ``vpmaddwd`` (zmm)   | quads       |
 | avx2          | int8 activations, ``vpdpbusd`` ymm with AVX-VNNI, else ``vpmaddubsw`` + ``vpmaddwd`` | quads |
+| neon          | int8 activations, ``sdot`` (ARMv8.2 dot product)        | quads       |
 
-``none`` is torch's kernels only; ``neon`` is reserved for ARM (not built yet).
+``none`` is torch's kernels only. The x86 sets build with x86 g++ flags, ``neon`` with
+``-march=armv8.2-a+dotprod``: a machine builds and loads only its own architecture's.
 """
 
 from __future__ import annotations
@@ -18,14 +20,16 @@ from __future__ import annotations
 from collections.abc import Set
 from dataclasses import dataclass
 
-ISAS = ("avx512_bf16", "avx512_vnni", "avx512", "avx2")  # best first
-CHOICES = ("auto", *ISAS, "neon", "none")
+ISAS = ("avx512_bf16", "avx512_vnni", "avx512", "avx2", "neon")  # best first (neon: ARM only)
+CHOICES = ("auto", *ISAS, "none")
 _AVX512 = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma", "f16c"})
 REQUIRED_FLAGS: dict[str, frozenset[str]] = {
     "avx512_bf16": _AVX512 | {"avx512_bf16"},
     "avx512_vnni": _AVX512 | {"avx512_vnni"},
     "avx512": _AVX512,
     "avx2": frozenset({"avx2", "fma", "f16c"}),
+    # /proc/cpuinfo's "Features" on aarch64: Advanced SIMD and its dot product
+    "neon": frozenset({"asimd", "asimddp"}),
 }
 _AVX512_CFLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c")
 
@@ -40,7 +44,14 @@ def cflags(isa: str, flags: Set[str]) -> tuple[str, ...]:
         return _AVX512_CFLAGS
     if isa == "avx2":
         return ("-mavx2", "-mfma", "-mf16c", *(("-mavxvnni",) if "avx_vnni" in flags else ()))
+    if isa == "neon":
+        return ("-march=armv8.2-a+dotprod",)
     raise ValueError(f"no kernel build for {isa!r}")
+
+
+def for_machine(machine: str) -> tuple[str, ...]:
+    """The sets built for ``machine`` (``platform.machine()``): the x86 sets or neon."""
+    return ("neon",) if machine in ("aarch64", "arm64") else tuple(i for i in ISAS if i != "neon")
 
 
 def every_cflags(isa: str) -> list[tuple[str, ...]]:
@@ -62,8 +73,7 @@ def resolve(name: str, flags: Set[str]) -> str:
     if name == "none":
         return name
     if name not in REQUIRED_FLAGS:
-        raise ValueError(f"engine.cpu_isa={name}: no kernels are built for it on this machine "
-                         f"(x86 only: {', '.join(ISAS)})")
+        raise ValueError(f"engine.cpu_isa={name}: unknown (one of {', '.join(CHOICES)})")
     missing = REQUIRED_FLAGS[name] - flags
     if missing:
         raise ValueError(f"engine.cpu_isa={name}: the CPU lacks {', '.join(sorted(missing))}")

@@ -2,21 +2,28 @@
 // Q4 x Q8 dot products reach their speed): each row of the input is quantized per 32-wide
 // group to int8 (one float scale per group, and the group's sum for the weights' min
 // term), the 4-bit codes (0..15, unsigned) times the int8 inputs summed in int32 by
-// vpdpbusd (AVX512-VNNI, or AVX-VNNI on 256 bits) or vpmaddubsw + vpmaddwd, then per group
+// vpdpbusd (AVX512-VNNI, or AVX-VNNI on 256 bits), vpmaddubsw + vpmaddwd, or NEON's sdot
+// (the codes fit a signed byte), then per group
 //   y += scale_w * scale_x * dot + min_w * scale_x * sum(xq).
 //
 // Codes ("quads" layout in quant/pack.py): per tile and group, 4 chunks of 64 bytes; in chunk j
 // the 4 bytes of lane i (output row i) hold that row's inputs 4j..4j+3 in their low
 // nibbles and 16+4j..16+4j+3 in their high nibbles. One AND (and one shift) gives a
 // vector whose every 32-bit lane is a row's 4 codes: vpdpbusd's operand as loaded, with
-// one broadcast of 4 int8 inputs. Under AVX2 a chunk's two halves are rows 0-7 and 8-15.
+// one broadcast of 4 int8 inputs. Under AVX2 a chunk's two halves are rows 0-7 and 8-15;
+// under NEON its four q registers are rows 0-3, 4-7, 8-11 and 12-15.
+//
+// Every set computes each output the same way (exact int32 dot products, then the same
+// float32 operations in the same order), so their results are bit-identical.
 #pragma once
 
 #include "pool.h"
 #include "simd.h"
 #include "weight.h"
 
+#if !defined(__aarch64__)
 #include <immintrin.h>
+#endif
 
 #include <cmath>
 #include <vector>
@@ -33,7 +40,75 @@ struct QuantX {
   int64_t kx, groups;
 };
 
-#if defined(__AVX512F__)
+#if defined(__aarch64__)
+inline float32x4_t load4(const float* p) { return vld1q_f32(p); }
+inline float32x4_t load4(const uint16_t* p) { return simd::bf16x4(p); }
+
+// One 32-wide group: 32 int8 at q, returns (scale, sum of q).
+template <class T>
+inline void quantize_group(const T* x, int8_t* q, float& d, int32_t& sum) {
+  float32x4_t v[8];
+  float32x4_t m = vdupq_n_f32(0.0f);
+  for (int i = 0; i < 8; ++i) m = vmaxq_f32(m, vabsq_f32(v[i] = load4(x + 4 * i)));
+  const float amax = vmaxvq_f32(m);
+  d = amax / 127.0f;
+  const float32x4_t inv = vdupq_n_f32(amax > 0 ? 127.0f / amax : 0.0f);
+  int32x4_t n[8];
+  int32x4_t s = vdupq_n_s32(0);
+  for (int i = 0; i < 8; ++i) s = vaddq_s32(s, n[i] = vcvtnq_s32_f32(vmulq_f32(v[i], inv)));  // ties to even
+  sum = vaddvq_s32(s);
+  for (int h = 0; h < 2; ++h) {
+    const int16x8_t a = vcombine_s16(vqmovn_s32(n[4 * h]), vqmovn_s32(n[4 * h + 1]));
+    const int16x8_t b = vcombine_s16(vqmovn_s32(n[4 * h + 2]), vqmovn_s32(n[4 * h + 3]));
+    vst1q_s8(q + 16 * h, vcombine_s8(vqmovn_s16(a), vqmovn_s16(b)));
+  }
+}
+
+// One tile (16 output rows, four q registers of 4) for MB input rows starting at row m0.
+template <int MB>
+inline void gemv_tile(const Int4Weight& w, int64_t tile, const QuantX& x, int64_t m0, const float* bias, float* y,
+                      int64_t ldy) {
+  const uint8_t* c = w.codes + tile * w.groups * 256;
+  const uint16_t* sm = w.sm + tile * w.groups * 32;
+  const uint8x16_t nib = vdupq_n_u8(0x0f);
+  float32x4_t acc[MB][4];
+  for (int m = 0; m < MB; ++m)
+    for (int r = 0; r < 4; ++r) acc[m][r] = vdupq_n_f32(0.0f);
+  for (int64_t g = 0, xg = 0; g < w.groups; ++g, xg = xg + 1 == x.groups ? 0 : xg + 1) {
+    const uint8_t* cg = c + g * 256;
+    for (int k = 0; k < 4; ++k) __builtin_prefetch(cg + 1024 + 64 * k);
+    int32x4_t dot[MB][4];
+    for (int m = 0; m < MB; ++m)
+      for (int r = 0; r < 4; ++r) dot[m][r] = vdupq_n_s32(0);
+    for (int j = 0; j < 4; ++j) {
+      for (int r = 0; r < 4; ++r) {
+        const uint8x16_t v = vld1q_u8(cg + 64 * j + 16 * r);
+        const int8x16_t cl = vreinterpretq_s8_u8(vandq_u8(v, nib)), ch = vreinterpretq_s8_u8(vshrq_n_u8(v, 4));
+        for (int m = 0; m < MB; ++m) {
+          const int32_t* xq = reinterpret_cast<const int32_t*>(x.q + (m0 + m) * x.kx + xg * kGroup);
+          dot[m][r] = vdotq_s32(dot[m][r], cl, vreinterpretq_s8_s32(vdupq_n_s32(xq[j])));
+          dot[m][r] = vdotq_s32(dot[m][r], ch, vreinterpretq_s8_s32(vdupq_n_s32(xq[4 + j])));
+        }
+      }
+    }
+    for (int r = 0; r < 4; ++r) {
+      const float32x4_t scale = simd::f16x4(sm + g * 32 + 4 * r), mins = simd::f16x4(sm + g * 32 + 16 + 4 * r);
+      for (int m = 0; m < MB; ++m) {
+        const int64_t i = (m0 + m) * x.groups + xg;
+        acc[m][r] = vfmaq_f32(acc[m][r], vcvtq_f32_s32(dot[m][r]), vmulq_n_f32(scale, x.d[i]));
+        acc[m][r] = vfmaq_n_f32(acc[m][r], mins, x.ds[i]);
+      }
+    }
+  }
+  const int64_t n0 = tile * 16, left = std::min<int64_t>(16, w.n - n0);
+  for (int m = 0; m < MB; ++m) {
+    alignas(16) float out[16];
+    for (int r = 0; r < 4; ++r) vst1q_f32(out + 4 * r, acc[m][r]);
+    float* row = y + (m0 + m) * ldy + n0;
+    for (int64_t i = 0; i < left; ++i) row[i] = out[i] + (bias ? bias[n0 + i] : 0.0f);
+  }
+}
+#elif defined(__AVX512F__)
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const uint16_t* p) { return simd::load_bf16(p).v; }
 

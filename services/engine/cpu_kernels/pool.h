@@ -4,7 +4,12 @@
 #include <ATen/Parallel.h>  // at::get_num_threads: the pool's size
 #include <c10/util/Exception.h>
 
-#include <immintrin.h>  // _mm_pause
+#if defined(__aarch64__)
+inline void cpu_relax() { asm volatile("yield" ::: "memory"); }
+#else
+#include <immintrin.h>
+inline void cpu_relax() { _mm_pause(); }
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -47,7 +52,7 @@ class Pool {
     ticket_.store(gen << 48 | static_cast<uint64_t>(n), std::memory_order_release);  // front 0, back n
     if (sleepers_.load(std::memory_order_acquire) > 0) ticket_.notify_all();
     work(true);
-    while (done_.load(std::memory_order_acquire) < n) _mm_pause();
+    while (done_.load(std::memory_order_acquire) < n) cpu_relax();
   }
 
  private:
@@ -84,7 +89,7 @@ class Pool {
       const auto spin_until = clock::now() + std::chrono::microseconds(200);
       int polls = 0;
       while (ticket_.load(std::memory_order_acquire) == seen) {
-        _mm_pause();
+        cpu_relax();
         if (++polls % 256 == 0 && clock::now() > spin_until) {
           sleepers_.fetch_add(1, std::memory_order_acq_rel);
           ticket_.wait(seen, std::memory_order_acquire);

@@ -1,17 +1,72 @@
 // 16 float32 lanes for the kernels' elementwise work (norms, rotary, attention, SiLU), on
 // whatever vector width the translation unit is compiled for: one zmm under AVX-512, two
-// ymm under AVX2. bfloat16 <-> float32 is integer shifts, so no path needs AVX512-BF16
-// outside the bf16 matmul.
+// ymm under AVX2, four q registers under NEON. bfloat16 <-> float32 is integer shifts, so
+// no path needs AVX512-BF16 outside the bf16 matmul.
 #pragma once
 
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#else
 #include <immintrin.h>
+#endif
 
 #include <cstdint>
 #include <cstring>
 
 namespace simd {
 
-#if defined(__AVX512F__)
+#if defined(__aarch64__)
+struct vf {
+  float32x4_t v[4];
+};
+// Each operation on the 4 registers (the loops unroll).
+#define TANDEM_VF_MAP2(name, op)                           \
+  inline vf name(vf a, vf b) {                             \
+    vf r;                                                  \
+    for (int i = 0; i < 4; ++i) r.v[i] = op(a.v[i], b.v[i]); \
+    return r;                                              \
+  }
+TANDEM_VF_MAP2(operator+, vaddq_f32)
+TANDEM_VF_MAP2(operator-, vsubq_f32)
+TANDEM_VF_MAP2(operator*, vmulq_f32)
+TANDEM_VF_MAP2(operator/, vdivq_f32)
+TANDEM_VF_MAP2(max, vmaxq_f32)
+TANDEM_VF_MAP2(min, vminq_f32)
+#undef TANDEM_VF_MAP2
+inline vf set1(float x) {
+  const float32x4_t s = vdupq_n_f32(x);
+  return {{s, s, s, s}};
+}
+inline vf zero() { return set1(0.0f); }
+inline vf load(const float* p) { return {{vld1q_f32(p), vld1q_f32(p + 4), vld1q_f32(p + 8), vld1q_f32(p + 12)}}; }
+inline void store(float* p, vf a) {
+  for (int i = 0; i < 4; ++i) vst1q_f32(p + 4 * i, a.v[i]);
+}
+inline vf fmadd(vf a, vf b, vf c) {
+  vf r;
+  for (int i = 0; i < 4; ++i) r.v[i] = vfmaq_f32(c.v[i], a.v[i], b.v[i]);
+  return r;
+}
+inline vf round(vf a) {  // to nearest, ties to even
+  vf r;
+  for (int i = 0; i < 4; ++i) r.v[i] = vrndnq_f32(a.v[i]);
+  return r;
+}
+// a * 2^n for integral n in [-126, 127]: n becomes the exponent field of a float.
+inline vf ldexp(vf a, vf n) {
+  vf r;
+  for (int i = 0; i < 4; ++i) {
+    const int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtnq_s32_f32(n.v[i]), vdupq_n_s32(127)), 23);
+    r.v[i] = vmulq_f32(a.v[i], vreinterpretq_f32_s32(e));
+  }
+  return r;
+}
+inline float sum(vf a) { return vaddvq_f32(vaddq_f32(vaddq_f32(a.v[0], a.v[1]), vaddq_f32(a.v[2], a.v[3]))); }
+inline float32x4_t bf16x4(const uint16_t* p) { return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16)); }
+inline vf load_bf16(const uint16_t* p) { return {{bf16x4(p), bf16x4(p + 4), bf16x4(p + 8), bf16x4(p + 12)}}; }
+inline float32x4_t f16x4(const uint16_t* p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
+inline vf load_f16(const uint16_t* p) { return {{f16x4(p), f16x4(p + 4), f16x4(p + 8), f16x4(p + 12)}}; }
+#elif defined(__AVX512F__)
 struct vf {
   __m512 v;
 };

@@ -1,7 +1,6 @@
-// An int4 weight in quant/pack.py's layout, as the matmul kernels read it.
+// An int4 weight in quant/pack.py's layout, as the matmul kernels read it (torch-free: the
+// kernel headers build into a test harness without torch, tests/unit/engine/cpu_kernels).
 #pragma once
-
-#include <ATen/ATen.h>
 
 #include <cstdint>
 
@@ -17,15 +16,5 @@ struct Int4Weight {
   const uint16_t* sm;    // (tiles, groups, 2, 16) float16
   int64_t n, tiles, groups;
 };
-
-Int4Weight as_weight(const at::Tensor& codes, const at::Tensor& sm, int64_t n) {
-  TORCH_CHECK(codes.dtype() == at::kByte && codes.dim() == 2 && codes.is_contiguous() && codes.size(1) % 256 == 0,
-              "codes: contiguous uint8 (tiles, groups * 256)");
-  const int64_t tiles = codes.size(0), groups = codes.size(1) / 256;
-  TORCH_CHECK(sm.dtype() == at::kHalf && sm.is_contiguous() && sm.numel() == tiles * groups * 32,
-              "scale/min: contiguous float16 (tiles, groups, 2, 16)");
-  TORCH_CHECK(n > (tiles - 1) * 16 && n <= tiles * 16, "int4 weight: ", n, " rows do not fill ", tiles, " tiles");
-  return {codes.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(sm.data_ptr<at::Half>()), n, tiles, groups};
-}
 
 }  // namespace

@@ -51,6 +51,16 @@ class DecodeGroup:
 
 
 @dataclass(slots=True)
+class TokenRows:
+    """Every new token as its own row, as the CPU step kernel attends them in
+    ``engine.deterministic`` mode: its sequence's block table (T, nb_max), padded with
+    block 0, and its context length with itself (T,)."""
+
+    block_table: torch.Tensor
+    ctx_len: torch.Tensor
+
+
+@dataclass(slots=True)
 class AttentionMetadata:
     """What attention needs for one step, shared by every layer."""
 
@@ -58,6 +68,7 @@ class AttentionMetadata:
     num_prefill_tokens: int  # rows [0, P) are prefill chunks, [P, T) decode tokens
     prefills: list[PrefillChunk] = field(default_factory=list)
     decode: DecodeGroup | None = None
+    token_rows: TokenRows | None = None  # built only when asked (per_token)
 
 
 def build_attention_metadata(
@@ -66,11 +77,13 @@ def build_attention_metadata(
     block_size: int,
     device: torch.device,
     dtype: torch.dtype = torch.float32,
+    per_token: bool = False,
 ) -> AttentionMetadata:
     """Build the metadata for one step; masks are additive (0 / -inf) in ``dtype``.
 
     ``prefills``: ``(start_pos, block_ids, num_new_tokens)`` per chunk, in flat order;
     ``decodes``: ``(position, block_ids)`` per single-token sequence, after the prefills.
+    ``per_token``: also each token's own row (``TokenRows``).
     """
     slots: list[int] = []
     chunks: list[PrefillChunk] = []
@@ -106,7 +119,22 @@ def build_attention_metadata(
         num_prefill_tokens=row,
         prefills=chunks,
         decode=decode,
+        token_rows=_token_rows(prefills, decodes, block_size, device) if per_token else None,
     )
+
+
+def _token_rows(prefills: list[tuple[int, list[int], int]], decodes: list[tuple[int, list[int]]],
+                block_size: int, device: torch.device) -> TokenRows:
+    seqs = [(start, ids, n) for start, ids, n in prefills] + [(p, ids, 1) for p, ids in decodes]
+    width = max((start + n - 1) // block_size + 1 for start, _, n in seqs)
+    tables: list[list[int]] = []
+    ctx: list[int] = []
+    for start, ids, n in seqs:
+        table = ids[:width] + [0] * (width - min(len(ids), width))
+        tables.extend([table] * n)
+        ctx.extend(range(start + 1, start + n + 1))
+    return TokenRows(torch.tensor(tables, dtype=torch.int64, device=device),
+                     torch.tensor(ctx, dtype=torch.int64, device=device))
 
 
 def _additive(keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""A decode-only step's decoder stack in one call of decode.cpp's ``decode_forward``.
+"""A decode-only step's decoder stack in one call of decode.cpp's ``decode_forward`` (and
+in ``engine.deterministic`` mode every step's, each new token its own row).
 
 Where the model runs on our int4 CPU kernels (every decoder linear an Int4Matmul on the
 kernel, bfloat16, no tensor parallelism), a step whose rows are all single decode tokens
@@ -8,6 +9,13 @@ dense bfloat16 GEMMs at 32 and 64 sequences too (docs/benchmarks.md, "Engine").
 The numbers differ from the eager bfloat16 forward only in rounding: the residual stream
 stays float32 and each matmul's output is not rounded to bfloat16 (on the int8 paths the
 matmuls' inputs are rounded to int8 per 32-group, as the eager forward's are there too).
+
+Deterministic mode: the kernel computes each row alone in a fixed order (the matmuls'
+rows do not mix, attention reads the row's context from the cache key by key), and a
+prefill chunk's tokens are rows like any decode token (each one's K/V is in the cache
+before any row of the layer attends). So a token's K/V and logits are the same bits
+whatever else shares the step, however its prompt was chunked, and whether its prefix
+came from the cache.
 """
 
 from __future__ import annotations
@@ -29,8 +37,9 @@ def _kernel_matmul(linear: torch.nn.Module) -> Int4Matmul | None:
 class CpuDecode:
     """The weights of every layer in ``decode_forward``'s order, gathered once at load."""
 
-    def __init__(self, model: torch.nn.Module, block_size: int) -> None:
+    def __init__(self, model: torch.nn.Module, block_size: int, every_step: bool = False) -> None:
         arch = model.arch
+        self.every_step = every_step  # engine.deterministic: prefill and mixed steps too
         first = _kernel_matmul(model.layers[0].qkv_proj)
         assert first is not None and first.kernels is not None  # supports() checked
         self._decode_forward = getattr(torch.ops, first.kernels.namespace).decode_forward
@@ -67,14 +76,17 @@ class CpuDecode:
         return True
 
     def takes(self, meta: AttentionMetadata, mm_rows: torch.Tensor | None) -> bool:
+        if mm_rows is not None:
+            return False
+        if self.every_step:
+            return meta.token_rows is not None
         # NOTE: CUDA graphs' padded metadata has no ctx_len (and never reaches a CPU model).
-        return (meta.num_prefill_tokens == 0 and meta.decode is not None and meta.decode.ctx_len is not None
-                and mm_rows is None)
+        return meta.num_prefill_tokens == 0 and meta.decode is not None and meta.decode.ctx_len is not None
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                  kv_layers: list[torch.Tensor]) -> torch.Tensor:
-        d = meta.decode
-        assert d is not None and d.ctx_len is not None  # takes() checked
+        rows = meta.token_rows if self.every_step else meta.decode
+        assert rows is not None and rows.ctx_len is not None  # takes() checked
         return self._decode_forward(
-            input_ids, positions, meta.slot_mapping, d.block_table, d.ctx_len, self.embed, kv_layers,
+            input_ids, positions, meta.slot_mapping, rows.block_table, rows.ctx_len, self.embed, kv_layers,
             self.weights, self.cos, self.sin, self.final_norm, self.dims, self.eps)

@@ -52,7 +52,7 @@ def validate_batch(batch: ScheduledBatch, block_size: int, num_blocks: int, max_
 
 
 def build_step_inputs(
-    batch: ScheduledBatch, block_size: int, device: torch.device, dtype: torch.dtype
+    batch: ScheduledBatch, block_size: int, device: torch.device, dtype: torch.dtype, per_token: bool = False
 ) -> StepInputs:
     prefill_idx = [i for i, s in enumerate(batch.seqs) if len(s.token_ids) > 1]
     decode_idx = [i for i, s in enumerate(batch.seqs) if len(s.token_ids) == 1]
@@ -75,6 +75,7 @@ def build_step_inputs(
         block_size,
         device,
         dtype,
+        per_token,
     )
     sample_index = [i for i, s in enumerate(batch.seqs) if s.sample]
     mm_rows, mm_embeds = _image_rows(batch, last_row, device, dtype)

@@ -243,8 +243,14 @@ class TorchRunner(ModelRunner):
                                    kernels.isa if kernels is not None else "none")
             log.info("engine: %s, %s, quantization %s, CPU kernels %s (engine.cpu_isa %s)", self.device,
                      self.dtype, self.quantization, self.info.cpu_isa, cfg.cpu_isa)
+            self.deterministic = cfg.deterministic
+            if cfg.deterministic and (kernels is None or not CpuDecode.supports(self.model)):
+                raise ValueError(
+                    "engine.deterministic: true runs every step on the CPU int4 kernels' one-call step, "
+                    f"which cannot run here ({self.device}, {self.dtype}, quantization {self.quantization}, "
+                    f"CPU kernels {kernels.isa if kernels is not None else 'none'}, TP={self.tp.size})")
             if kernels is not None and CpuDecode.supports(self.model):
-                self.model.cpu_decode = CpuDecode(self.model, cfg.block_size)
+                self.model.cpu_decode = CpuDecode(self.model, cfg.block_size, every_step=cfg.deterministic)
                 # NOTE: a decode step in one C++ call holds no GIL and leaves a core's worth of
                 # gaps, so scheduling beside it pays (bench engine: 1.13x at 32 sequences,
                 # 0.96x at 1; docs/benchmarks.md "Overlap scheduler").
@@ -361,7 +367,7 @@ class TorchRunner(ModelRunner):
             key = self.graphs.bucket(batch)
             if key is not None:
                 return self._graph_forward(batch, key)
-        step = build_step_inputs(batch, self.block_size, self.device, self.dtype)
+        step = build_step_inputs(batch, self.block_size, self.device, self.dtype, per_token=self.deterministic)
         ids = step.input_ids
         if step.has_futures:  # tokens the previous batch sampled: read on the device
             ids = torch.where(ids < 0, self._future[(-1 - ids).clamp_(min=0)], ids)

@@ -1,20 +1,29 @@
 """Stage 4, one choice: the decode worker's tokens as text deltas, moved to another worker
-when the one streaming fails, so the client sees one uninterrupted stream.
+when the one streaming fails or drains, so the client sees one uninterrupted stream.
 
 Greedy requests continue exactly; seeded ones too (the worker continues the seeded draw
 sequence at the produced count). The detokenizer and stop matcher live here, across
-workers, so the text continues with nothing repeated or lost."""
+workers, so the text continues with nothing repeated or lost. A draining worker's request
+goes on with its KV pulled from there (``move_from``) rather than prefilled again."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
+from services.api.move import MoveSource
 from services.api.outputs import FinishReason, TokenOutput, Usage
 from services.api.processor import Delta, TextLogprob
 from services.api.route import RequestPhase, RouteResponse
 from services.api.sampling import SamplingParams
-from services.common.errors import GenerationFailed, InvalidRequest, Overloaded, ServingError
+from services.common.errors import (
+    GenerationFailed,
+    InvalidRequest,
+    Overloaded,
+    RequestMoved,
+    ServingError,
+)
 from services.model.tokenizer import Tokenizer
 from services.processor.detokenizer import IncrementalDetokenizer
 from services.processor.metrics import ProcessorMetrics
@@ -45,6 +54,8 @@ class StreamStage:
         without a finish or aborts), migrate: route ``ids + produced`` again excluding the
         failed workers, with ``max_tokens`` less what was produced and the seeded draws
         continued (and no prompt logprobs asked again: they came with the first token).
+        When the worker drains (RequestMoved) the same happens, and the next worker gets
+        ``move_from`` (where the KV waits) until one of them streams a token.
         The last delta carries the finish reason and the usage; ``echo`` takes the prompt
         logprobs."""
         ids = prompt.ids
@@ -57,14 +68,17 @@ class StreamStage:
         tail = ""  # text that goes out with the finish reason
         lps: list[TextLogprob] = []  # logprobs not sent yet: they go with the next delta
         last: TokenOutput | None = None
+        move_from: MoveSource | None = None
+        moved_at = 0.0  # when the last move's message came (0.0: none pending)
         while True:
             attempt_ids = ids + produced if produced else ids
             attempt_sp = replace(sampling, max_tokens=limit - len(produced),
                                  seed_step_offset=sampling.seed_step_offset + len(produced),
                                  prompt_logprobs=None if produced else sampling.prompt_logprobs)
-            chunks = worker_stream(self._workers, route.address, request_id, prompt, attempt_ids, attempt_sp)
+            chunks = worker_stream(self._workers, route.address, request_id, prompt, attempt_ids,
+                                   attempt_sp, move_from)
             failure: str | None = None
-            overloaded = False
+            overloaded = moved = False
             first = True
             try:
                 async for chunk in chunks:
@@ -73,6 +87,10 @@ class StreamStage:
                     if chunk.token_ids:
                         if first:
                             first = False
+                            move_from = None  # used: a later failure replays
+                            if moved_at:
+                                self._metrics.move_gap.observe(time.monotonic() - moved_at)
+                                moved_at = 0.0
                             await self._reports.send(request_id, RequestPhase.PREFILLED)
                         produced.extend(chunk.token_ids)
                         self._metrics.completion_tokens.inc(len(chunk.token_ids))
@@ -93,6 +111,10 @@ class StreamStage:
                     failure = "ended the stream unfinished"
             except (InvalidRequest, GenerationFailed):
                 raise  # the request itself is bad: another worker would refuse or fail it too
+            except RequestMoved as e:
+                failure, moved, move_from = e.message, True, e.source
+                self._metrics.moves.labels("kv" if e.source is not None else "replay").inc()
+                moved_at = time.monotonic()
             except Overloaded as e:
                 failure, overloaded = e.message, True
             except ServingError as e:
@@ -108,7 +130,7 @@ class StreamStage:
                 # (max_tokens 0 has none: it moves, for the prompt logprobs it asked).
                 last = TokenOutput(request_id, [], True, FinishReason.LENGTH, len(ids))
                 break
-            route = await migration.move(route, produced, failure, overloaded)
+            route = await migration.move(route, produced, failure, overloaded, moved)
         if stops.stopped:
             # NOTE: we cancelled the worker before its final usage: the cached count is the
             # router's view of the prefix this worker held.

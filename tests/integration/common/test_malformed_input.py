@@ -94,6 +94,8 @@ async def test_garbage_to_every_grpc_method_is_refused_and_the_service_stays_up(
                         channels["decode"], "/tandem.worker.DecodeWorker/Generate", payload),
                     "DecodeWorker/KvTransfer": await _raw_client_stream(
                         channels["decode"], "/tandem.worker.DecodeWorker/KvTransfer", payload),
+                    "DecodeWorker/MoveKv": await _raw_stream(
+                        channels["decode"], "/tandem.worker.DecodeWorker/MoveKv", payload),
                     "Router/Route": await _raw_unary(
                         channels["router"], "/tandem.router.Router/Route", payload),
                     "Router/Update": await _raw_unary(

@@ -109,3 +109,25 @@ async def test_a_server_stop_that_never_ends_is_bounded(nats_url: str, with_drai
         assert await disc.registrations("thing") == []
     finally:
         await nc.close()
+
+
+async def test_an_instance_id_from_the_environment_keeps_the_replica_ports(
+        nats_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a Kubernetes pod: every pod of a Deployment runs --replica 0, each its own name
+    monkeypatch.setenv("TANDEM_INSTANCE_ID", "thing-7d9f8c-x2x4q")
+    cfg = parse_config({}, [f"nats.url={nats_url}", "namespace=lifecycle3"])
+    nc = await connect(cfg.nats, "test")
+    try:
+        disc = await Discovery.open(nc, cfg.namespace, cfg.discovery)
+        stop, started = asyncio.Event(), asyncio.Event()
+        task = asyncio.create_task(lifecycle.run(cfg, "thing", 0, _part([], disc), host="127.0.0.1",
+                                                 stop=stop, started=started))
+        await _started(task, started)
+        [reg] = await disc.registrations("thing")
+        assert (reg.instance_id, reg.address) == ("thing-7d9f8c-x2x4q", "10.0.0.7:4000")
+        stop.set()
+        await asyncio.wait_for(task, 10)
+        with pytest.raises(ValueError, match="cannot name 2 in one process"):
+            await lifecycle.run_many(cfg, "thing", 0, 2, _part([], disc))
+    finally:
+        await nc.close()

@@ -93,6 +93,21 @@ def test_generate_request_and_outputs_round_trip() -> None:
     assert output_from_pb("r1", output_to_pb(with_prompt_lp, 1)) == with_prompt_lp
 
 
+def test_a_moved_request_round_trips_its_source_and_needs_a_produced_token() -> None:
+    from dataclasses import replace
+
+    from services.api.move import MoveSource
+
+    src = MoveSource("decode-1", "10.0.0.2:9301", bytes(range(32)))
+    req = generate_request_from_pb(generate_request_to_pb("r1", [5, 6, 7], FULL, move_from=src))
+    assert req.move_from == src and req.sampling == FULL
+    assert generate_request_from_pb(generate_request_to_pb("r1", [5, 6, 7], FULL)).move_from is None
+    fresh = replace(FULL, seed_step_offset=0)
+    with pytest.raises(ValueError, match="move_from"):  # nothing produced: nothing to move
+        generate_request_from_pb(generate_request_to_pb("r1", [5, 6, 7], fresh, move_from=src))
+    assert str(src.token) not in repr(src)  # the token never reaches a log line
+
+
 def test_process_request_and_deltas_round_trip() -> None:
     for req in (ProcessRequest("a", messages=(ChatMessage("user", "hi"),), sampling=FULL, model="m"),
                 ProcessRequest("b", prompt="text"),

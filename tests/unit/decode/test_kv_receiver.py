@@ -18,9 +18,9 @@ from services.decode.kv_receiver import (
     KvRefusal,
     KvTransferError,
 )
+from services.disagg.kv_wire import kv_chunks
 from services.disagg.transfer_token import new_token
 from services.gen import worker_pb2
-from services.prefill.kv_sender import kv_chunks
 
 pytestmark = pytest.mark.asyncio
 

@@ -11,9 +11,9 @@ import torch
 
 from services.decode.kv_receiver import NOT_WAITING, ExpectedKv, KvReceiver, KvTransferError
 from services.disagg import kv_shm
+from services.disagg.kv_wire import kv_header
 from services.disagg.transfer_token import new_token
 from services.gen import worker_pb2
-from services.prefill.kv_sender import kv_header
 
 pytestmark = pytest.mark.asyncio
 

@@ -6,9 +6,8 @@ import pytest
 import torch
 
 from services.decode.kv_buffers import KvBufferPool
-from services.disagg.kv_wire import split_kv_chunk
+from services.disagg.kv_wire import kv_chunks, split_kv_chunk
 from services.gen import worker_pb2
-from services.prefill.kv_sender import kv_chunks
 
 
 def test_split_matches_protobuf_parse_for_every_chunk() -> None:

@@ -284,11 +284,16 @@ def test_the_deploy_nats_config_is_valid_and_names_every_password(tmp_path: Path
 def test_compose_gives_every_part_its_role_user_and_secret_files(compose: dict) -> None:
     services = compose["services"]
     made = DeploySecrets.fresh().files("tandem")
-    for part in (*TANDEM_PARTS, "encode"):
+    for part in (*TANDEM_PARTS, "encode", "planner"):
         svc = services[part]
         assert svc["user"] == str(ROLE_UIDS[part])
         environ = svc["environment"]
         assert environ["TANDEM_NATS_USER"] == part
+        if part == "planner":  # it calls no part's gRPC: no cluster token
+            assert environ["TANDEM_NATS_PASSWORD_FILE"] == "/secrets/planner/nats_password"
+            assert "TANDEM_CLUSTER_TOKEN_FILE" not in environ and svc["profiles"] == ["planner"]
+            _check_tandem_command(svc["command"], "planner", "/etc/tandem/cluster.yaml")
+            continue
         assert not any(k in environ for k in ("TANDEM_NATS_PASSWORD", "TANDEM_CLUSTER_TOKEN"))
         for var, name in (("TANDEM_NATS_PASSWORD_FILE", "nats_password"),
                           ("TANDEM_CLUSTER_TOKEN_FILE", "cluster_token")):
@@ -304,7 +309,7 @@ def test_compose_gives_every_part_its_role_user_and_secret_files(compose: dict) 
     # who mounts the secrets: the parts, NATS, Grafana and the service that makes them
     mounting = {name for name, svc in services.items()
                 if any(v.split(":")[0] == "secrets" for v in svc.get("volumes", []))}
-    assert mounting == {*TANDEM_PARTS, "encode", "nats", "grafana", "secrets"}
+    assert mounting == {*TANDEM_PARTS, "encode", "planner", "nats", "grafana", "secrets"}
     assert services["secrets"]["restart"] == "no" and services["secrets"]["user"] == "0"
 
 
@@ -379,3 +384,37 @@ def test_k8s_nats_requires_the_generated_users(k8s: dict) -> None:
     secret = yaml.safe_load((DEPLOY / "k8s" / "kustomization.yaml").read_text())["secretGenerator"][0]["name"]
     assert {k: v["valueFrom"]["secretKeyRef"] for k, v in _env(container).items()} == {
         password_var(r): {"name": secret, "key": password_var(r)} for r in ROLES}
+
+
+def test_k8s_planner_runs_tandem_planner_and_may_scale_the_worker_deployments_alone(k8s: dict) -> None:
+    cfg = load_config(ROOT / "configs" / "k8s.yaml")
+    pc = cfg.planner
+    assert pc.actuator == "kubernetes"
+    docs = {d["kind"]: d for d in k8s["planner.yaml"]}
+    pod = docs["Deployment"]["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    _check_tandem_command(container["command"], "planner", "/etc/tandem/cluster.yaml")
+    assert docs["Deployment"]["spec"]["replicas"] == 1
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"metrics": pc.metrics_port}
+    assert pod["metadata"]["annotations"]["prometheus.io/port"] == str(pc.metrics_port)
+    assert _env(container)["TANDEM_NATS_USER"]["value"] == "planner"
+    # the service account, bound to a Role that reaches the two Deployments' scale alone
+    account = docs["ServiceAccount"]["metadata"]["name"]
+    assert pod["spec"]["serviceAccountName"] == account
+    binding = docs["RoleBinding"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account}]
+    assert binding["roleRef"]["name"] == docs["Role"]["metadata"]["name"]
+    (rule,) = docs["Role"]["rules"]
+    assert rule["resources"] == ["deployments/scale"] and rule["apiGroups"] == ["apps"]
+    assert sorted(rule["resourceNames"]) == sorted([pc.k8s_prefill_deployment, pc.k8s_decode_deployment])
+    assert {"get", "patch"} <= set(rule["verbs"]) and "delete" not in rule["verbs"]
+    names = {d["metadata"]["name"] for f in ("prefill.yaml", "decode.yaml") for d in k8s[f]
+             if d["kind"] == "Deployment"}
+    assert names == set(rule["resourceNames"])
+
+
+def test_k8s_worker_pods_take_their_pod_name_as_instance_id_so_their_deployments_scale(k8s: dict) -> None:
+    for part in ("decode", "prefill"):
+        (container,) = {d["kind"]: d for d in k8s[f"{part}.yaml"]}["Deployment"]["spec"]["template"][
+            "spec"]["containers"]
+        assert _env(container)["TANDEM_INSTANCE_ID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}

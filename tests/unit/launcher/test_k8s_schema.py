@@ -12,7 +12,7 @@ K8S = ROOT / "deploy" / "k8s"
 # the oldest Kubernetes still supported upstream when this was written, and the newest the
 # package knows: a manifest valid in both is valid in between
 VERSIONS = ("1.33.0", "1.37.0")
-WORKERS = ("router", "decode", "prefill", "processor", "encode")
+WORKERS = ("router", "decode", "prefill", "processor", "encode", "planner")
 
 
 def _resources() -> list[tuple[str, dict]]:
@@ -24,7 +24,8 @@ def _resources() -> list[tuple[str, dict]]:
 @pytest.mark.parametrize("version", VERSIONS)
 def test_every_manifest_is_valid_against_the_kubernetes_schema(version: str) -> None:
     docs = _resources()
-    assert {d["kind"] for _, d in docs} == {"ConfigMap", "Deployment", "Service"}
+    assert {d["kind"] for _, d in docs} == {"ConfigMap", "Deployment", "Service",
+                                             "ServiceAccount", "Role", "RoleBinding"}  # the planner's
     for name, doc in docs:
         try:
             kubernetes_validate.validate(doc, version, strict=True)

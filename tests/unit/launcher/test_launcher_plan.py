@@ -186,3 +186,34 @@ def test_multimodal_plan_starts_encode_workers_before_decode() -> None:
     assert args._key == ("encode",) and args._key in _HANDLERS and args.replica == 1
     assert (enc.ready.kind, enc.ready.port) == ("tcp", 9601)
     assert [s.name for s in select_parts(specs, ["encode"])] == ["encode-0", "encode-1"]
+
+
+PLANNER = ["planner.enabled=true", "planner.max_decode=3", "planner.max_prefill=2"]
+
+
+def test_the_planner_starts_last_and_its_replicas_are_planned_up_front() -> None:
+    from services.launcher.plan import launcher_ports, reserve
+
+    specs = _plan("local.yaml", PLANNER)
+    assert [s.name for s in specs][-3:] == ["processor", "frontend", "planner"]
+    planner = specs[-1]
+    assert planner.argv[3] == "planner" and "--replica" not in planner.argv
+    assert _ports([planner]) == {"planner": [9650]} and planner.ready.port == 9650
+    cfg = load_config(CONFIGS / "local.yaml", PLANNER)
+    spare = reserve(cfg, CONFIGS / "local.yaml", PLANNER, python="py")
+    # the slots after the configured ones, ports base + index like plan() gives them
+    assert _ports(spare) == {"decode-1": [9301, 9401], "decode-2": [9302, 9402], "prefill-1": [9501]}
+    assert spare[0].argv[-2:] == ("--replica", "1")
+    assert [p.port for p in launcher_ports(cfg)] == [9000, 9651]
+    check_port_conflicts(specs + spare, launcher_ports(cfg))
+    off = load_config(CONFIGS / "local.yaml")
+    assert reserve(off, None) == [] and [p.port for p in launcher_ports(off)] == [9000]
+    assert "planner" not in [s.name for s in plan(off, None)]
+
+
+def test_the_local_actuator_scales_one_decode_worker_per_process() -> None:
+    from services.launcher.plan import reserve
+
+    cfg = load_config(CONFIGS / "local.yaml", [*PLANNER, "decode.replicas_per_process=2"])
+    with pytest.raises(ValueError, match="decode.replicas_per_process to 1"):
+        reserve(cfg, None)

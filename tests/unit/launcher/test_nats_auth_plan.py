@@ -47,7 +47,8 @@ def test_subject_matching_helper() -> None:
 
 
 # What each part does on NATS (docs/architecture.md, "NATS subjects", "Discovery", "Prefill
-# queue"), as (role, publish?, subject): each must be allowed for that role and no other.
+# queue"), as (role or roles, publish?, subject): each must be allowed for those roles and
+# no other.
 JS = "$JS.API"
 USES = [
     ("decode", True, S.kv_events("decode-0")),
@@ -61,7 +62,7 @@ USES = [
     ("prefill", False, S.prefill_cancel),
     ("router", True, S.kv_dump("decode-0")),
     ("router", False, S.kv_events_all),
-    ("router", False, S.load_all),
+    (("router", "planner"), False, S.load_all),  # the planner reads the load samples too
     ("router", False, S.router_inflight),
     ("prefill", True, f"{JS}.CONSUMER.MSG.NEXT.{S.prefill_stream}.{S.prefill_consumer}"),
     ("prefill", True, f"$JS.ACK.{S.prefill_stream}.{S.prefill_consumer}.1.2.3.4.5.6"),
@@ -69,10 +70,13 @@ USES = [
 
 
 @pytest.mark.parametrize(("role", "publish", "subject"), USES)
-def test_each_use_is_allowed_for_its_role_alone(role: str, publish: bool, subject: str) -> None:
+def test_each_use_is_allowed_for_its_role_alone(role: str | tuple[str, ...], publish: bool,
+                                                subject: str) -> None:
     check = can_pub if publish else can_sub
-    assert check(role, subject, ("decode-0",) if role == "decode" else ("*",))
-    for other in set(ROLES) - {role}:
+    roles = (role,) if isinstance(role, str) else role
+    for r in roles:
+        assert check(r, subject, ("decode-0",) if r == "decode" else ("*",)), (r, subject)
+    for other in set(ROLES) - set(roles):
         assert not check(other, subject), (other, subject)
 
 
@@ -136,7 +140,7 @@ def test_permissions_follow_the_namespace() -> None:
     assert "blue.kv.events.*" in p.subscribe and "$KV.blue_discovery.>" in p.subscribe
     assert not any("tandem" in a for a in p.publish + p.subscribe)
     with pytest.raises(ValueError, match="unknown role"):
-        role_permissions(NS, "planner")
+        role_permissions(NS, "launcher")
 
 
 # -- the launcher's users and config -------------------------------------------------------
@@ -250,3 +254,17 @@ def test_deploy_passwords_stay_strings_in_the_nats_config() -> None:
 
     pws = [deploy_password() for _ in range(200)]
     assert all(p[0].isalpha() and len(p) >= 32 for p in pws) and len(set(pws)) == 200
+
+
+def test_replicas_the_planner_may_start_get_their_users_too(tmp_path: Path) -> None:
+    from services.launcher.plan import reserve
+
+    cfg = load_config(CONFIGS / "local.yaml", ["planner.enabled=true", "planner.max_decode=2"])
+    specs = plan(cfg, None)
+    spare = reserve(cfg, None)
+    locked = lock_nats(cfg, specs + spare, tmp_path)
+    by_name = {s.name: s for s in locked}
+    assert by_name["decode-1"].env["TANDEM_NATS_USER"] == "decode-1"
+    assert by_name["planner"].env["TANDEM_NATS_USER"] == "planner"
+    conf = (tmp_path / "nats-server.conf").read_text()
+    assert '{user: "decode-1"' in conf and '{user: "planner"' in conf

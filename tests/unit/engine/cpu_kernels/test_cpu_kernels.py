@@ -24,6 +24,7 @@ from services.engine.quant.groups import Int4Groups, QuantSource, from_float
 from services.engine.runner import torch_runner
 from services.engine.runner.cpu_decode import CpuDecode
 from services.engine.runner.torch_runner import TorchRunner
+from tests.support.int4_reference import check
 from tests.support.tiny_model import batch, seq, tiny_hf_model
 
 RUNNABLE = [i for i in isas.ISAS if build.available(i)]
@@ -42,42 +43,6 @@ def _ops(isa: str):
     return getattr(torch.ops, build.load(isa).namespace)
 
 
-def _weight(groups: Int4Groups) -> torch.Tensor:
-    """The weight as the kernels hold it: float16 scales and mins (pack.py), float64."""
-    n, k = groups.codes.shape
-    scale = groups.scale.half().double()
-    mins = (groups.zero.float() - 8 * groups.scale.float()).half().double()
-    q = groups.codes.double().view(n, k // 32, 32)
-    w = (q * scale.unsqueeze(-1) + mins.unsqueeze(-1)).view(n, k)
-    return w.view(n, groups.input_repeat, groups.in_features).sum(1)
-
-
-def _int8_input(x: torch.Tensor) -> torch.Tensor:
-    """x as matmul_int8.h sees it: per 32-group, round(x * 127 / amax) * amax / 127 (float32
-    arithmetic, rounding half to even as vcvtps2dq does)."""
-    xf = x.float().view(x.shape[0], -1, 32)
-    amax = xf.abs().amax(-1, keepdim=True)
-    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
-    return (torch.round(xf * inv).double() * (amax / 127.0).double()).view(x.shape)
-
-
-def _reference(x: torch.Tensor, groups: Int4Groups) -> torch.Tensor:
-    return x.double() @ groups.dequantize().double().T
-
-
-def _check(isa: str, got: torch.Tensor, x: torch.Tensor, groups: Int4Groups) -> None:
-    want = _reference(x, groups)
-    scale = want.abs().max().item()
-    if isa != "avx512_bf16":
-        same = _int8_input(x) @ _weight(groups).T  # the same rounding of the input, in float64
-        # float32 sums of exact products: only their rounding (and a bfloat16 output) differs
-        rtol = 8e-3 if got.dtype == torch.bfloat16 else 1e-5
-        torch.testing.assert_close(got.double(), same, rtol=rtol, atol=rtol * scale)
-    # the float reference: a bfloat16 output, and on the int8 paths each input within half
-    # an int8 step of its group's largest (|err| <= amax / 254, ~0.4% of it, summed at random)
-    torch.testing.assert_close(got.double(), want, rtol=8e-3, atol=2e-2 * scale)
-
-
 @EACH_ISA
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 17])
@@ -92,7 +57,7 @@ def test_int4_linear_equals_the_dequantized_weight(isa: str, dtype: torch.dtype,
     x = torch.randn(rows, 96, dtype=dtype)
     got = _ops(isa).int4_linear(x, codes, scale_min, out_features)
     assert got.shape == (rows, out_features) and got.dtype == dtype
-    _check(isa, got, x, groups)
+    check(isa, got, x, groups)
 
 
 @EACH_ISA
@@ -115,7 +80,7 @@ def test_int4_linear_on_gguf_groupings(isa: str, source: str) -> None:
     ks = build.load(isa)
     codes, scale_min = pack.pack(groups, ks.layout)
     x = torch.randn(9, k, generator=gen).to(torch.bfloat16)
-    _check(isa, _ops(isa).int4_linear(x, codes, scale_min, n), x, groups)
+    check(isa, _ops(isa).int4_linear(x, codes, scale_min, n), x, groups)
 
 
 @EACH_ISA
@@ -343,6 +308,9 @@ FLAG_SETS = {
     "Skylake-SP": (_AVX512, "avx512"),
     "Cascade Lake / this Xeon": (_AVX512 | {"avx512_vnni", "avx512vbmi"}, "avx512_vnni"),
     "Zen 4 / Sapphire Rapids": (_AVX512 | {"avx512_vnni", "avx512_bf16"}, "avx512_bf16"),
+    # aarch64's /proc/cpuinfo "Features"
+    "Raspberry Pi 4 / Cortex-A72 (no dot product)": ({"fp", "asimd", "crc32", "cpuid"}, "none"),
+    "Graviton 2 / Ampere Altra / Apple M1 under Linux": ({"fp", "asimd", "fphp", "asimdhp", "asimddp"}, "neon"),
 }
 
 
@@ -383,7 +351,7 @@ def test_library_is_built_once_per_source(tmp_path: Path, monkeypatch: pytest.Mo
     assert len({build._library_path(i) for i in isas.ISAS}) == len(isas.ISAS)  # one build a set
     # an image builds every set (--all), and AVX2 with and without AVX-VNNI: whichever CPU
     # runs it finds its build without g++
-    assert [len(isas.every_cflags(i)) for i in isas.ISAS] == [1, 1, 1, 2]
+    assert [len(isas.every_cflags(i)) for i in isas.ISAS] == [1, 1, 1, 2, 1]
     assert "-mavxvnni" in isas.cflags("avx2", {"avx2", "avx_vnni"}) and "-mavxvnni" not in isas.cflags("avx2", {"avx2"})
 
 
@@ -400,3 +368,11 @@ def test_the_chosen_path_is_a_worker_metric_label() -> None:
     reg.register(EngineStatsCollector(LLMEngine(r, cfg, [0]).stats))
     labels = {"device": "cpu", "dtype": "bfloat16", "quantization": "int4", "cpu_isa": isas.best(cpuinfo_flags())}
     assert reg.get_sample_value("tandem_worker_engine_info", labels) == 1
+
+
+def test_a_machine_builds_only_its_own_architectures_sets() -> None:
+    assert isas.for_machine("aarch64") == ("neon",)
+    assert isas.for_machine("x86_64") == ("avx512_bf16", "avx512_vnni", "avx512", "avx2")
+    assert isas.cflags("neon", frozenset()) == ("-march=armv8.2-a+dotprod",)
+    with pytest.raises(ValueError, match="lacks asimddp"):
+        isas.resolve("neon", frozenset({"fp", "asimd"}))
