@@ -857,13 +857,16 @@ class Simulation:
         return True
 
     def _movable(self, w: _Worker) -> bool:
-        """Every request a draining decode worker holds has streamed its first token."""
+        """Every request a draining decode worker holds has streamed its first token, and
+        none moved here is being prefilled again (its KV would leave half computed)."""
         sched = w.engine.scheduler
         if sched.waiting or sched.parked or w.calls:
             return False
-        records = self.records
-        return all(records[s.request_id].tokens_out > 0 for s in sched.running) and all(
-            records[s.request_id].tokens_out > 0 for s in sched.ready)
+        records, again = self.records, self.reprefilled
+        for s in (*sched.running, *sched.ready):
+            if records[s.request_id].tokens_out == 0 or s.request_id in again:
+                return False
+        return True
 
     def _try_leave(self, w: _Worker) -> None:
         if w.in_pipe or w.calls or w.carry:

@@ -109,3 +109,33 @@ def test_join_and_leave_together_is_deterministic() -> None:
         assert all(r.completed for r in res.records) and s.leaked_blocks == 0
         return [(r.worker, r.first_token_s, r.end_s, r.tokens_out) for r in res.records]
     assert once() == once()
+
+
+def test_moved_twice_while_prefilled_again_keeps_every_token() -> None:
+    """A pool too small for the moved KV: the target prefills the request again (in chunks);
+    draining that target at once waits for the prefill before moving the request on: every
+    move takes a sequence whose KV is computed up to its last streamed token."""
+    reqs = workload(200, rate=20.0)
+    s = sim(config("decode.replicas=3", "prefill.replicas=1", "engine.num_kv_blocks=100",
+                   "engine.max_num_batched_tokens=128"), reqs)
+    moves: list[tuple[str, int, int]] = []
+    second: list[str] = []
+    move_out, move_in = s._move_out, s._move_in
+
+    def out(w, seq):  # type: ignore[no-untyped-def]
+        moves.append((seq.request_id, seq.num_computed_tokens, len(seq.token_ids)))
+        move_out(w, seq)
+
+    def into(w, rid, tokens, remaining):  # type: ignore[no-untyped-def]
+        move_in(w, rid, tokens, remaining)
+        if rid in s.reprefilled and not second:
+            second.append(w.id)
+            s.at(s.now, lambda: s.drain_worker(w.id))
+
+    s._move_out, s._move_in = out, into  # type: ignore[method-assign]
+    s.at(6.0, lambda: s.drain_worker("decode-1"))
+    check_clean(s, len(reqs))
+    assert second, "no move was prefilled again: the pool is not small enough"
+    twice = {rid for rid, _, _ in moves if [m[0] for m in moves].count(rid) > 1}
+    assert twice
+    assert all(computed == n - 1 for _, computed, n in moves)
