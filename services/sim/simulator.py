@@ -176,7 +176,7 @@ class _Worker:
         self.inflight = 0  # requests it holds (DecodeWorker._inflight)
         self.free_slots = cfg.prefill.max_concurrent_jobs  # prefill workers
         self.totals = WorkerTotals(wid, role, kv_blocks_total=cfg.engine.num_kv_blocks)
-        # Leaving (services/sim/scaling.py): out of discovery, finishing or moving its work.
+        # Leaving (drain_worker): out of discovery, finishing or moving its work.
         self.draining = False
 
     def _on_event(self, ev: KvEvent) -> None:
@@ -257,7 +257,7 @@ class Simulation:
             if r.after is not None:
                 self._waiting_on.setdefault(r.after, []).append(r)
         # Workers joining (not ready yet), leaving (draining) and gone: only a planned run
-        # (services/sim/scaling.py) has any.
+        # (services/sim/planned.py) has any.
         self.starting: list[_Worker] = []
         self.leaving: list[_Worker] = []
         self.gone: list[_Worker] = []
@@ -526,7 +526,7 @@ class Simulation:
             self._dispatch()
         elif kind == _IMPORT:
             return eng.complete_remote_prefill(call[1], call[2], call[3])
-        else:  # _MOVE_IN: a request moved here with its KV (services/sim/scaling.py)
+        else:  # _MOVE_IN: a request moved here with its KV (drain_worker)
             self._move_in(w, call[1], call[2], call[3])
         return None
 
@@ -553,7 +553,7 @@ class Simulation:
         eng = w.engine
         self._flush(w)
         if w.draining and w.role == DECODE and self._movable(w):
-            return  # its requests move at the end of the step in flight (scaling.py)
+            return  # its requests move at the end of the step in flight (_try_leave)
         while w.in_pipe < self.depth and eng.has_schedulable():
             # NOTE: calls waiting or outputs to dispatch end the next step: no run then.
             if (self.fast_forward and w.role == DECODE and not w.calls and not w.carry
@@ -801,7 +801,7 @@ class Simulation:
             self._try_leave(p)
         self._dispatch()
 
-    # ---- workers joining and leaving (a planned run: services/sim/scaling.py) ---------
+    # ---- workers joining and leaving (a planned run: services/sim/planned.py) ---------
     def add_worker(self, role: str, ready_s: float) -> str:
         """Start a worker; it serves ``ready_s`` from now (model load, registration)."""
         n = len([w for w in self._all_workers() if w.role == role])
