@@ -41,6 +41,7 @@ _HANDLERS = {
     ("sim", "profile"): "services.sim.profiler:main",
     ("sim", "calibrate"): "services.sim.calibrate:main",
     ("sim", "decisions"): "services.sim.decisions:main",
+    ("sim", "planner-eval"): "services.sim.planner_eval:main",
 }
 
 

@@ -26,8 +26,10 @@ from services.planner.actuator import Actuator
 from services.planner.collect import LiveCollector
 from services.planner.loop import PlannerLoop
 from services.planner.metrics import PlannerMetrics
+from services.planner.policies import policy_for
 from services.planner.policy import Policy
 from services.planner.signals import Role
+from services.steptime.profile import ProfileError, step_model_for
 
 log = logging.getLogger("tandem.planner")
 
@@ -36,8 +38,10 @@ class PlannerSetupError(RuntimeError):
     """The planner cannot run with this config or environment (the message says why)."""
 
 
-def build_policy(pc: PlannerConfig) -> Policy:
-    """``TANDEM_PLANNER_POLICY`` ("module:factory") when set, else ``planner.policy``."""
+def build_policy(cfg: ClusterConfig) -> Policy:
+    """``TANDEM_PLANNER_POLICY`` ("module:factory", given the PlannerConfig) when set, else
+    ``planner.policy`` over the step model ``engine.step_model`` names."""
+    pc = cfg.planner
     override = env.planner_policy()
     if override:
         module, _, name = override.partition(":")
@@ -46,10 +50,11 @@ def build_policy(pc: PlannerConfig) -> Policy:
         except (ImportError, AttributeError, ValueError) as e:
             raise PlannerSetupError(f"{env.PLANNER_POLICY}={override}: {e}") from None
         return factory(pc)
-    # NOTE: the built-in policies (formula, simulate) land with services/planner/formula.py
-    # and lookahead.py; until they are wired here the planner refuses to start.
-    raise PlannerSetupError(f"planner.policy={pc.policy}: that policy is not available in this build; "
-                            f"set {env.PLANNER_POLICY}=module:factory for another one")
+    try:
+        model = step_model_for(cfg)
+    except ProfileError as e:
+        raise PlannerSetupError(f"planner.policy={pc.policy} needs engine.step_model: {e}") from None
+    return policy_for(cfg, model)
 
 
 async def build_actuator(cfg: ClusterConfig, part: Setup) -> Actuator:
@@ -103,7 +108,7 @@ async def _build(part: Setup, policy: Policy) -> PartSpec:
 async def serve(cfg: ClusterConfig, replica: int = 0) -> None:
     # NOTE: httpx logs every request at INFO: the scrapes and the actuator's calls, each round
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    policy = build_policy(cfg.planner)  # before NATS: a planner without a policy stops at once
+    policy = build_policy(cfg)  # before NATS: a planner without a policy stops at once
     await lifecycle.run(cfg, "planner", replica, functools.partial(_build, policy=policy))
 
 

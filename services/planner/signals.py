@@ -23,6 +23,9 @@ class WorkerSignals:
     requests_waiting: int = 0
     # prompt tokens still to compute on this worker (WorkerLoad.active_prefill_tokens)
     pending_prefill_tokens: int = 0
+    # output tokens its running requests have still to produce (their max_tokens less what
+    # they streamed); 0 where unknown: the lookahead then assumes half the forecast length
+    decode_tokens_left: int = 0
     ready: bool = True  # False while starting (not yet in discovery) or draining
 
 

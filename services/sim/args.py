@@ -45,6 +45,9 @@ def add_sim_parsers(sub: argparse._SubParsersAction, add_config: AddConfig) -> N
                    help="sweep points run at once (default: the CPU count)")
     o.add_argument("--no-fast-forward", dest="fast_forward", action="store_false",
                    help="step every decode one by one (same results, slower: for checking)")
+    o.add_argument("--planner", action="store_true",
+                   help="run the planner in the simulation (as planner.enabled: true): the "
+                        "split moves every planner.interval_s; the summary gains its timeline")
     sub_sim = p.add_subparsers(dest="sim_command")
     prof = sub_sim.add_parser("profile", help="time the real engine's steps here and write a "
                               "step-time profile for engine.step_model")
@@ -54,6 +57,7 @@ def add_sim_parsers(sub: argparse._SubParsersAction, add_config: AddConfig) -> N
     prof.set_defaults(_key=("sim", "profile"))
     add_calibrate_parser(sub_sim, add_config)
     add_decisions_parser(sub_sim, add_config)
+    add_planner_eval_parser(sub_sim, add_config)
 
 
 def add_decisions_parser(sub: argparse._SubParsersAction, add_config: AddConfig) -> None:
@@ -74,3 +78,17 @@ def add_decisions_parser(sub: argparse._SubParsersAction, add_config: AddConfig)
                    help="router.mode of the disaggregated runs")
     p.add_argument("--json", dest="json_path", default=None, metavar="FILE")
     p.set_defaults(_key=("sim", "decisions"))
+
+
+def add_planner_eval_parser(sub: argparse._SubParsersAction, add_config: AddConfig) -> None:
+    """`tandem sim planner-eval` (services/sim/planner_eval.py)."""
+    p = sub.add_parser("planner-eval", help="the planner against every fixed split of a worker "
+                       "budget and the config's own split, on a shifting load (docs/planner.md)")
+    add_config(p)
+    p.add_argument("--budgets", default="8", help="worker budgets, comma-separated")
+    p.add_argument("--phase-s", type=float, default=180.0,
+                   help="virtual seconds of each of the workload's three phases")
+    p.add_argument("--seed", type=int, default=0, help="the workload's seed")
+    p.add_argument("--out", default="benchmarks/results/planner", metavar="DIR",
+                   help="budget<N>.json and the plots go here")
+    p.set_defaults(_key=("sim", "planner-eval"))

@@ -7,11 +7,14 @@ import copy
 import functools
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 from services.bench.results import finish, header, write_json
 from services.common.config import ClusterConfig, load_config
+from services.planner.policies import policy_for
 from services.sim import report, sweep, traces
+from services.sim.planned import run_planned
 from services.sim.plots import plots
 from services.sim.progress import Progress
 from services.sim.requests import SimRequest
@@ -62,9 +65,15 @@ def run_point(args: argparse.Namespace, overrides: list[str], progress: bool = F
     maker = traces.PromptMaker(cfg.sim.seed)
     oracle = traces.oracle_hit_rate(reqs, cfg.engine.block_size, maker)
     bar = Progress(len(reqs)) if progress else None
+    model = step_model_for(cfg)
+    planned = None
     try:
-        result = simulate(cfg, reqs, step_model_for(cfg), maker.tokens, oracle, bar,
-                          args.fast_forward)
+        if args.planner or cfg.planner.enabled:
+            planned = run_planned(cfg, reqs, model, maker.tokens, policy_for(cfg, model),
+                                  oracle, bar, args.fast_forward)
+            result = planned.result
+        else:
+            result = simulate(cfg, reqs, model, maker.tokens, oracle, bar, args.fast_forward)
     finally:
         if bar is not None:
             bar.close()
@@ -72,7 +81,12 @@ def run_point(args: argparse.Namespace, overrides: list[str], progress: bool = F
         report.write_requests(result, args.requests_jsonl)
     if args.plots:
         plots(result, Path(args.plots))
-    return report.summary(result)
+    out = report.summary(result)
+    if planned is not None:
+        out["planner"] = {"timeline": [asdict(r) for r in planned.timeline],
+                          "moved_requests": len(planned.moved),
+                          "leaked_kv_blocks": planned.leaked_blocks}
+    return out
 
 
 def _sweep_point(args: argparse.Namespace, overrides: list[str]) -> dict:

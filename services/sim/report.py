@@ -74,7 +74,7 @@ def request_latencies_ms(r: RequestRecord) -> tuple[float, float | None, float]:
     return r.ttft_s * 1000.0, None if tpot is None else tpot * 1000.0, r.e2e_s * 1000.0
 
 
-def _meets(slo: dict[str, float], r: RequestRecord) -> bool:
+def meets(slo: dict[str, float], r: RequestRecord) -> bool:
     ttft, tpot, e2e = request_latencies_ms(r)
     max_itl = r.max_gap_s * 1000.0 if r.tokens_out > 1 else None
     return meets_slos(slo, ttft, tpot, max_itl, e2e)
@@ -104,7 +104,7 @@ def summary(result: SimResult) -> dict[str, Any]:
         e2e.append(c)
         if b is not None:
             tpot.append(b)
-        if _meets(result.slo, r):
+        if meets(result.slo, r):
             good += 1
     prompt = sum(r.prompt_tokens for r in done)
     cached = sum(r.cached_tokens for r in done)

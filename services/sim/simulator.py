@@ -81,7 +81,7 @@ DECODE, PREFILL = "decode", "prefill"
 _STEP, _KV, _TICK, _SEND = 0, 1, 2, 3
 _SESSION = 1  # every simulated worker's KV event session (none restarts)
 # Engine calls a worker's step thread runs between steps (``_call``).
-_ADD, _GENERATE, _REMOTE, _IMPORT = 0, 1, 2, 3
+_ADD, _GENERATE, _REMOTE, _IMPORT, _MOVE_IN = 0, 1, 2, 3, 4
 # At most this many decode steps in one fast-forwarded run.
 _MAX_RUN = 1 << 16
 # Load samples kept for the plots, about (all workers together).
@@ -112,6 +112,7 @@ class _Job:
     num_blocks: int
     effective_tokens: int
     prefill: _Worker | None = None
+    published_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -176,6 +177,8 @@ class _Worker:
         self.inflight = 0  # requests it holds (DecodeWorker._inflight)
         self.free_slots = cfg.prefill.max_concurrent_jobs  # prefill workers
         self.totals = WorkerTotals(wid, role, kv_blocks_total=cfg.engine.num_kv_blocks)
+        # Leaving (drain_worker): out of discovery, finishing or moving its work.
+        self.draining = False
 
     def _on_event(self, ev: KvEvent) -> None:
         self.events.append(raw_event(ev))
@@ -254,6 +257,14 @@ class Simulation:
         for r in self.requests:
             if r.after is not None:
                 self._waiting_on.setdefault(r.after, []).append(r)
+        # Workers joining (not ready yet), leaving (draining) and gone: only a planned run
+        # (services/sim/planned.py) has any.
+        self.starting: list[_Worker] = []
+        self.leaving: list[_Worker] = []
+        self.gone: list[_Worker] = []
+        self.moved: set[str] = set()  # decode requests moved off a draining worker
+        self.reprefilled: set[str] = set()  # moved ones whose KV did not fit: prefilled again
+        self.leaked_blocks = 0  # KV blocks a drained worker still held when it left
 
     def _clock(self) -> float:
         return self.now
@@ -315,6 +326,8 @@ class Simulation:
                 self.now, _, _, payload = heapq.heappop(other)
                 if isinstance(payload, _Routed):
                     self._route(payload.request_id, payload.tokens, payload.request)
+                elif isinstance(payload, Later):
+                    payload.fn()
                 else:
                     self._send(payload)
             else:
@@ -338,6 +351,16 @@ class Simulation:
         heapq.heappush(self._steps_heap if kind == _STEP else self._other,
                        (t, kind, self._seq, payload))
 
+    def at(self, t: float, fn: Callable[[], None]) -> None:
+        """Run ``fn`` at virtual time ``t`` (with the requests' kind of events): the hook a
+        planner and the scaling of workers use."""
+        self._push(t, _SEND, Later(fn))
+
+    @property
+    def unfinished(self) -> int:
+        """Requests of the replay not yet ended."""
+        return len(self.requests) - self._done
+
     def _horizon(self) -> float:
         """The earliest instant something from outside may reach a worker: the next
         request or delivery, and, while requests wait for others to end, any step completion
@@ -347,7 +370,8 @@ class Simulation:
             h = self.requests[self._next].arrival_s
         if self._other:
             h = min(h, self._other[0][0])
-        if self._waiting_on and self._steps_heap:
+        if (self._waiting_on or self.leaving) and self._steps_heap:
+            # a step may send a request, or end a drain that moves requests elsewhere
             h = min(h, self._steps_heap[0][0])
         for p in self.prefillers:  # a prefill that ends sends its KV to a decode worker
             if p.ends and p.ends[0] < h:
@@ -460,6 +484,8 @@ class Simulation:
                 else:
                     for o in outs:
                         self._output(w, o)
+            if w.draining and not w.in_pipe and not w.calls:
+                self._try_leave(w)
             if w.in_pipe or not w.calls:
                 return
 
@@ -495,12 +521,30 @@ class Simulation:
             self.records[rid].remote = True
             job = _Job(rid, w, list(request.prompt_token_ids), handle.first_block_to_fill,
                        handle.num_blocks_to_fill, decision.effective_tokens)
+            job.published_s = self.now
             self.jobs[rid] = job
             self.queue.publish(job)
             self._dispatch()
-        else:  # _IMPORT
+        elif kind == _IMPORT:
             return eng.complete_remote_prefill(call[1], call[2], call[3])
+        else:  # _MOVE_IN: a request moved here with its KV (drain_worker)
+            self._move_in(w, call[1], call[2], call[3])
         return None
+
+    def _move_in(self, w: _Worker, rid: str, tokens: list[int], remaining: int) -> None:
+        """Import a moved request's KV and go on decoding it. Its last streamed token is
+        the one the import appends (its KV is not computed yet): that output is not
+        streamed again. Blocks that do not fit: prefilled here again (counted)."""
+        eng = w.engine
+        request = GenerateRequest(rid, tokens[:-1], SamplingParams(
+            temperature=0.0, max_tokens=remaining + 1, ignore_eos=True))
+        handle = eng.begin_remote_prefill(request)
+        if handle is None:
+            self.reprefilled.add(rid)
+            eng.add_request(request)
+            return
+        kv = w.runner.export_kv(range(handle.num_blocks_to_fill))
+        eng.complete_remote_prefill(rid, kv, tokens[-1])
 
     # ---- engines ---------------------------------------------------------------------
     def _compose(self, w: _Worker) -> None:
@@ -509,6 +553,8 @@ class Simulation:
         ``LLMEngine`` does it; else when the device is free."""
         eng = w.engine
         self._flush(w)
+        if w.draining and w.role == DECODE and self._movable(w):
+            return  # its requests move at the end of the step in flight (_try_leave)
         while w.in_pipe < self.depth and eng.has_schedulable():
             # NOTE: calls waiting or outputs to dispatch end the next step: no run then.
             if (self.fast_forward and w.role == DECODE and not w.calls and not w.carry
@@ -622,7 +668,7 @@ class Simulation:
         used = w.engine.pool.num_used
         if used > tot.peak_kv_blocks_used:
             tot.peak_kv_blocks_used = used
-        if events:
+        if events and not w.draining:
             self._ingest(RawEventBatch(w.id, _SESSION, events))
         w.dirty = True
         self._between_steps(w)
@@ -659,6 +705,10 @@ class Simulation:
             return
         rec = self.records[o.request_id]
         now = self.now
+        if self.reprefilled and o.token_ids and o.request_id in self.reprefilled:
+            # moved without its KV: the re-prefill's first token was streamed already
+            self.reprefilled.discard(o.request_id)
+            o = replace(o, token_ids=o.token_ids[1:])
         if o.token_ids:
             if rec.tokens_out == 0:
                 rec.first_token_s = now
@@ -686,6 +736,9 @@ class Simulation:
         """Deliver the KV events the worker's engine emitted outside a step: now, or after
         those of its steps in flight (event ids reach the router in order)."""
         if not w.events:
+            return
+        if w.draining:  # out of discovery: the routers forgot it
+            w.events = []
             return
         if w.in_pipe:
             w.tail_events.extend(w.events)
@@ -721,7 +774,7 @@ class Simulation:
         every ``PULL_WAIT_S``) or when a slot freed up (PrefillWorker._pull_loop)."""
         best, best_at, now = None, math.inf, self.now
         for p in self.prefillers:
-            if p.free_slots > 0:
+            if p.free_slots > 0 and not p.draining:
                 at = p.pull_at + math.floor((now - p.pull_at) / PULL_WAIT_S) * PULL_WAIT_S
                 if at < best_at:
                     best, best_at = p, at
@@ -745,7 +798,117 @@ class Simulation:
             p.pull_at = self.now  # a slot frees: its pull loop fetches again
         p.free_slots += 1
         self._call(job.decode, (_IMPORT, job.request_id, kv, first_token))
+        if p.draining:
+            self._try_leave(p)
         self._dispatch()
+
+    # ---- workers joining and leaving (a planned run: services/sim/planned.py) ---------
+    def add_worker(self, role: str, ready_s: float) -> str:
+        """Start a worker; it serves ``ready_s`` from now (model load, registration)."""
+        n = len([w for w in self._all_workers() if w.role == role])
+        w = _Worker(f"{role}-{n}", role, self.cfg, self.model)
+        self.starting.append(w)
+        self.at(self.now + ready_s, lambda: self._ready(w))
+        return w.id
+
+    def _all_workers(self) -> list[_Worker]:
+        return self.decoders + self.prefillers + self.starting + self.leaving + self.gone
+
+    def _ready(self, w: _Worker) -> None:
+        self.starting.remove(w)
+        if w.role == DECODE:
+            self.decoders.append(w)
+            self.by_id[w.id] = w
+            for router in self.routers:
+                router.ingest.mark_synced(w.id, _SESSION)
+                router.worker_joined(Registration(DECODE, w.id, f"sim:{w.id}"))
+            return
+        self.prefillers.append(w)
+        self._prefill_count()
+        w.pull_at = self.now
+        if self.queue is None:  # the first prefill worker: remote prefill starts
+            self.queue = _PrefillQueue()
+            self._disagg = self.cfg.decode.disagg
+        self._dispatch()
+
+    def _prefill_count(self) -> None:
+        """The decode workers' remote-prefill prediction counts the prefill workers
+        (``worker_times``): it sees the count now serving, as discovery would tell it."""
+        p = self.cfg.prefill.model_copy(update={"replicas": len(self.prefillers)})
+        self.cfg = self.cfg.model_copy(update={"prefill": p})
+
+    def drain_worker(self, wid: str) -> bool:
+        """Take a ready worker out of service without losing a request: it leaves discovery
+        at once; a prefill worker pulls no more jobs and leaves when its last is delivered; a
+        decode worker finishes the prefills it holds (local, or remote KV on its way), then
+        moves every running request to another decode worker as a KV transfer
+        (``sim.kv_transfer_*``) and leaves. False (nothing done) for the last decode worker."""
+        w = next((x for x in self.decoders + self.prefillers if x.id == wid), None)
+        if w is None:
+            raise KeyError(f"no ready worker {wid!r}")
+        if w.role == DECODE:
+            if len(self.decoders) < 2:
+                return False
+            self.decoders.remove(w)
+            for router in self.routers:
+                router.worker_left(w.id)
+        w.draining = True
+        self.leaving.append(w)
+        self._try_leave(w)
+        return True
+
+    def _movable(self, w: _Worker) -> bool:
+        """Every request a draining decode worker holds has streamed its first token, and
+        none moved here is being prefilled again (its KV would leave half computed)."""
+        sched = w.engine.scheduler
+        if sched.waiting or sched.parked or w.calls:
+            return False
+        records, again = self.records, self.reprefilled
+        for s in (*sched.running, *sched.ready):
+            if records[s.request_id].tokens_out == 0 or s.request_id in again:
+                return False
+        return True
+
+    def _try_leave(self, w: _Worker) -> None:
+        if w.in_pipe or w.calls or w.carry:
+            return
+        if w.role == PREFILL:
+            if w.free_slots < self.cfg.prefill.max_concurrent_jobs:
+                return  # jobs of its own still computing or on their way
+            self.prefillers.remove(w)
+            self._prefill_count()
+        else:
+            if not self._movable(w):
+                self._compose(w)  # finishing its prefills
+                return
+            sched = w.engine.scheduler
+            for seq in list(sched.running) + list(sched.ready):
+                self._move_out(w, seq)
+        self.leaving.remove(w)
+        self.gone.append(w)
+        self.leaked_blocks += w.engine.pool.num_used
+        w.engine.check_integrity()
+
+    def _move_out(self, w: _Worker, seq: Sequence) -> None:
+        rid = seq.request_id
+        rec = self.records[rid]
+        tokens = list(seq.token_ids)
+        w.engine.abort(rid)
+        w.events = []
+        w.inflight -= 1
+        self.moved.add(rid)
+        sim = self.cfg.sim
+        nbytes = -(-(len(tokens) - 1) // self.block_size) * self.block_size * sim.kv_bytes_per_token
+        delay = sim.kv_transfer_latency_s + nbytes / (sim.kv_transfer_gbps * 1e9)
+        self.at(self.now + delay, lambda: self._arrive(rid, tokens, rec.output_tokens - rec.tokens_out))
+
+    def _arrive(self, rid: str, tokens: list[int], remaining: int) -> None:
+        """A moved request's KV reaches the decode worker with the most free blocks."""
+        target = max(self.decoders, key=lambda d: d.engine.pool.num_free)
+        target.inflight += 1
+        target.dirty = True
+        self.records[rid].worker = target.id
+        self._call(target, (_MOVE_IN, rid, tokens, remaining))
 
     # ---- load ticks ------------------------------------------------------------------
     def _tick(self) -> None:
@@ -795,12 +958,20 @@ class Simulation:
                 r.end_s = r.end_s or r.last_token_s
         return SimResult(
             records=records, gaps=self.gaps,
-            workers=[w.totals for w in self.decoders + self.prefillers],
+            workers=[w.totals for w in self.decoders + self.prefillers + self.leaving
+                     + self.gone],
             worker_samples=self.worker_samples, hit_samples=self.hit_samples,
             oracle_hit_rate=self.oracle, slo=dict(self.cfg.sim.slo), duration_s=self.now,
             wall_s=wall_s, steps=self._steps, fast_forward_steps=self._ff_steps,
             ttft_predictions=[e for r in self.routers if r.ttft is not None
                               for e in r.ttft.errors or ()])
+
+
+@dataclass(frozen=True, slots=True)
+class Later:
+    """Something to do at an instant of the virtual clock (``Simulation.at``)."""
+
+    fn: Callable[[], None]
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,112 @@
+"""The simulate policy (``planner.policy: simulate``, the default): the formula's split and
+its neighbours, each run forward from the cluster's state for ``lookahead_intervals``
+intervals of forecast arrivals (services/planner/forward.py), the best predicted goodput
+chosen; a tie goes to the fewest requests left waiting at the horizon, then to fewer
+workers, then to the split running now (no churn for nothing).
+
+It changes the split only when the winner ranks above the split running now by those
+coarse figures (goodput and waiting to ``MIN_GAIN``: no change for the model's noise); to
+fewer workers only when they rank as well at ``1 + BAND`` times the forecast load (the
+formula's band) and not below the formula's split for a role (its steady state: a few
+intervals are shorter than a long request's life); and, as the formula, not inside the cooldown unless the gain predicted is
+at least ``URGENT_GAIN``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from services.common.config import PlannerConfig
+from services.planner.bounds import neighbours
+from services.planner.capacity import Capacity
+from services.planner.decision import Action, Decision, Split
+from services.planner.forecast import Load
+from services.planner.formula import BAND, MIN_BUSY_S, FormulaPolicy
+from services.planner.forward import Prediction, Start, run_forward
+from services.planner.signals import ClusterSignals, Role
+
+MIN_GAIN = 0.02
+# A predicted gain this large goes ahead inside the cooldown.
+URGENT_GAIN = 0.2
+
+
+def start_of(signals: ClusterSignals, current: Split) -> Start:
+    last = signals.last
+    measured = (last.prefill_tokens_done / last.prefill_busy_s
+                if last.prefill_busy_s >= MIN_BUSY_S and last.prefill_tokens_done else 0.0)
+    decode = [w for w in signals.workers if w.role is Role.DECODE and w.ready]
+    return Start(
+        prefill_ready=signals.count(Role.PREFILL, ready_only=True),
+        decode_ready=len(decode), current=current,
+        queue_tokens=signals.prefill_queue_tokens, queue_jobs=signals.prefill_queue_jobs,
+        queue_oldest_wait_s=signals.prefill_queue_oldest_wait_s,
+        prefill_in_progress=sum(w.pending_prefill_tokens for w in signals.workers
+                                if w.role is Role.PREFILL),
+        local_pending=sum(w.pending_prefill_tokens for w in decode),
+        running=sum(w.requests_running for w in decode),
+        decode_tokens_left=sum(w.decode_tokens_left for w in decode),
+        prefill_tok_s=measured)
+
+
+def _rank(current: Split) -> Callable[[Prediction], tuple[float, float, int, bool]]:
+    """Goodput (to MIN_GAIN: finer is the model's noise); then, where it ties (at 0 when
+    every split is overloaded), the fewest requests left waiting at the horizon (to
+    MIN_GAIN of those predicted), so an overload is worked off rather than settled into;
+    then fewer workers; then the split now."""
+    def key(p: Prediction) -> tuple[float, float, int, bool]:
+        waiting = p.waiting / p.requests if p.requests else 0.0
+        return (_coarse(p.goodput), -_coarse(waiting), -p.split.total, p.split == current)
+    return key
+
+
+def _coarse(x: float) -> float:
+    return round(x / MIN_GAIN) * MIN_GAIN
+
+
+class SimulatePolicy:
+    """Implements services.planner.policy.Policy; see the module docstring."""
+
+    def __init__(self, cfg: PlannerConfig, cap: Capacity) -> None:
+        self.cfg = cfg
+        self.cap = cap
+        self.formula = FormulaPolicy(cfg, cap)
+        self.last: list[Prediction] = []  # the candidates of the last decision, for the log
+
+    def decide(self, signals: ClusterSignals, current: Split) -> Decision:
+        f = self.formula
+        load = f.observe(signals)
+        if load is None:
+            return Decision(signals.t, current, current, Action.HOLD, "no_data")
+        target, _ = f.target(load, signals, current)
+        loads = [f.forecast.ahead(h) for h in range(1, self.cfg.lookahead_intervals + 1)]
+        start = start_of(signals, current)
+        candidates = neighbours(target, self.cfg)
+        if current not in candidates:
+            candidates.append(current)
+        preds = [run_forward(start, s, loads, self.cap, self.cfg) for s in candidates]
+        self.last = preds
+        now = next(p for p in preds if p.split == current)
+        best = max(preds, key=_rank(current))
+        detail = " ".join(f"{p.split.prefill}p{p.split.decode}d={p.goodput:.3f}" for p in preds)
+        if best.split == current:
+            return Decision(signals.t, current, current, Action.HOLD, "best_now", detail)
+        rank = _rank(current)
+        b, n = rank(best), rank(now)
+        reason = ("lookahead_goodput" if b[0] > n[0] else "lookahead_backlog" if b[1] > n[1]
+                  else "lookahead_fewer")
+        if reason == "lookahead_fewer":
+            # NOTE: a horizon of a few intervals is shorter than a long request's life: the
+            # running population is still growing when it ends. Fewer workers than the
+            # formula's steady state (Little's law) wait for a better prediction than a tie.
+            if (best.split.prefill < min(target.prefill, current.prefill)
+                    or best.split.decode < min(target.decode, current.decode)):
+                return Decision(signals.t, current, current, Action.HOLD, "steady_state",
+                                detail)
+            # NOTE: the band: fewer workers only if they stay as good at 1 + BAND the load
+            more = [Load(x.rate * (1 + BAND), x.input_tokens, x.output_tokens) for x in loads]
+            hi_best = rank(run_forward(start, best.split, more, self.cap, self.cfg))
+            hi_now = rank(run_forward(start, current, more, self.cap, self.cfg))
+            if hi_best[:2] < hi_now[:2]:
+                return Decision(signals.t, current, current, Action.HOLD, "within_band", detail)
+        urgent = best.goodput - now.goodput >= URGENT_GAIN
+        return f.gate(signals.t, current, best.split, reason, detail, urgent)
