@@ -127,7 +127,7 @@ def main() -> int:
     cmd = [sys.executable, "-m", "services.cli", "bench", "compare",
            *(x for r in runs(a.budget, best, a.interval_s, a.cooldown_s) for x in ("--run", r)),
            *(x for s in EVAL_SETTINGS for x in ("--set-all", s)),
-           "--workload", "azure", "--trace", str(trace), "--scale", "1", "--arrival", "trace",
+           "--workload", "azure", "--trace", str(trace), "--num-requests", str(len(arrivals)), "--scale", "1", "--arrival", "trace",
            "--slo", f"ttft_ms={TTFT_MS:g}", "--slo", f"itl_ms={ITL_MS:g}", "--timeout", "300",
            "--json", str(out / "compare_full.json"), "--summary-json", str(out / "compare.json"),
            "--log-dir", str(logs)]

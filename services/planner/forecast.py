@@ -66,7 +66,10 @@ class LoadForecast:
         self.seen = 0
 
     def update(self, s: IntervalStats) -> None:
-        if s.duration_s <= 0:
+        # NOTE: intervals before the first arrival are no evidence of the load to come (a
+        # cluster just started, a benchmark about to begin): sizing on them drained a fresh
+        # cluster to its minimum just before its first burst (benchmarks/planner_live.py).
+        if s.duration_s <= 0 or (not self.seen and not s.arrivals):
             return
         self.seen += 1
         self.rate.update(s.arrival_rate)

@@ -71,6 +71,17 @@ def test_no_data_forecasts_nothing() -> None:
     assert f.seen == 0 and f.ahead(1).rate == 0.0
 
 
+def test_idle_intervals_before_the_first_arrival_are_no_evidence() -> None:
+    f = LoadForecast()
+    for _ in range(3):
+        f.update(_stats(0.0))
+    assert f.seen == 0  # the policies hold (no_data) instead of draining to the minimum
+    f.update(_stats(2.0))
+    assert f.seen == 1 and f.ahead(1).rate == pytest.approx(2.0)
+    f.update(_stats(0.0))  # once traffic was seen, an idle interval counts (scale-down at idle)
+    assert f.seen == 2 and f.ahead(1).rate < 2.0
+
+
 def test_bad_smoothing_is_refused() -> None:
     with pytest.raises(ValueError, match="alpha"):
         Holt(alpha=0.0)

@@ -73,8 +73,12 @@ def test_bounds_and_budget_hold() -> None:
     s = settle(policy(c), 20.0, 4000, 800, Split(2, 2))
     assert s.total <= 8 and s.prefill <= 6 and s.decode <= 6
     assert s.prefill >= 1 and s.decode >= 1
-    idle = settle(policy(c), 0.0, 4000, 800, Split(5, 3))
-    assert idle == Split(1, 1)
+    # a cluster that never saw traffic holds what it was given; one whose traffic stopped
+    # goes down to the minimum
+    assert settle(policy(c), 0.0, 4000, 800, Split(5, 3)) == Split(5, 3)
+    seen = policy(c)
+    busy = settle(seen, 20.0, 4000, 800, Split(2, 2))
+    assert settle(seen, 0.0, 4000, 800, busy) == Split(1, 1)
 
 
 def test_cooldown_holds_a_second_change() -> None:

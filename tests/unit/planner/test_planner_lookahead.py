@@ -89,11 +89,15 @@ def test_policy_moves_toward_the_split_that_serves_the_load() -> None:
 
 
 def test_idle_cluster_shrinks_to_the_minimum() -> None:
+    """Once its traffic stops; before any traffic it holds (no_data)."""
     c = cfg()
     pol = SimulatePolicy(c.planner, cap(c))
     split = Split(4, 4)
+    first = pol.decide(_signals(10.0, Load(0.0, 500, 100), split), split)
+    assert first.action is Action.HOLD and first.reason == "no_data"
+    pol.decide(_signals(20.0, Load(0.5, 500, 100), split), split)
     for i in range(12):
-        d = pol.decide(_signals(10.0 * (i + 1), Load(0.0, 500, 100), split), split)
+        d = pol.decide(_signals(10.0 * (i + 3), Load(0.0, 500, 100), split), split)
         split = d.desired
     assert split == Split(1, 1)
 
