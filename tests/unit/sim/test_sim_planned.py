@@ -21,7 +21,7 @@ PHASES = [Phase(40.0, 1.2, 360, 400), Phase(40.0, 2.0, 700, 40)]
 
 
 def config(p: int = 2, d: int = 2) -> ClusterConfig:
-    return eval_config("configs/disagg.yaml", ["planner.interval_s=5", "planner.cooldown_s=5",
+    return eval_config("configs/disagg.yaml", ["planner.interval_s=5", "planner.cooldown_s=5", "planner.scale_down_window_s=10",
                                                "planner.worker_ready_s=3"], 4, p, d)
 
 
