@@ -117,6 +117,7 @@ def main() -> int:
     ap.add_argument("--cooldown-s", type=float, default=10.0)
     ap.add_argument("--window-s", type=float, default=10.0)
     ap.add_argument("--out", default="benchmarks/results/planner/live_b8")
+    ap.add_argument("--only", default="", help="comma-separated run names (planner, fixed_PpDd, default_2p2d)")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -125,7 +126,8 @@ def main() -> int:
     best = tuple(int(x) for x in a.best.split(","))
     logs = Path("/tmp/planner_live_logs")
     cmd = [sys.executable, "-m", "services.cli", "bench", "compare",
-           *(x for r in runs(a.budget, best, a.interval_s, a.cooldown_s) for x in ("--run", r)),
+           *(x for r in runs(a.budget, best, a.interval_s, a.cooldown_s)
+             if not a.only or r.split("=", 1)[0] in a.only.split(",") for x in ("--run", r)),
            *(x for s in EVAL_SETTINGS for x in ("--set-all", s)),
            "--workload", "azure", "--trace", str(trace), "--num-requests", str(len(arrivals)), "--scale", "1", "--arrival", "trace",
            "--slo", f"ttft_ms={TTFT_MS:g}", "--slo", f"itl_ms={ITL_MS:g}", "--timeout", "300",

@@ -15,4 +15,4 @@ def policy_for(cfg: ClusterConfig, model: StepModel) -> Policy:
     cap = Capacity.of(cfg, model)
     pc = cfg.planner
     inner: Policy = FormulaPolicy(pc, cap) if pc.policy == "formula" else SimulatePolicy(pc, cap)
-    return Stabilized(inner, pc.scale_down_window_s, pc.max_total_workers) if pc.scale_down_window_s else inner
+    return Stabilized(inner, pc.scale_down_window_s, pc.max_total_workers, cfg.engine.max_num_seqs)

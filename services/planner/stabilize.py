@@ -13,16 +13,17 @@ from dataclasses import replace
 from services.planner.bounds import action_of
 from services.planner.decision import Action, Decision, Split
 from services.planner.policy import Policy
-from services.planner.signals import ClusterSignals
+from services.planner.signals import ClusterSignals, Role
 
 
 class Stabilized:
     """Implements Policy around another one."""
 
-    def __init__(self, policy: Policy, window_s: float, max_total: int) -> None:
+    def __init__(self, policy: Policy, window_s: float, max_total: int, seats: int = 0) -> None:
         self.policy = policy
         self.window_s = window_s
         self.max_total = max_total
+        self.seats = seats  # engine.max_num_seqs: a decode worker's running requests at most
         self._recent: deque[tuple[float, Split]] = deque()
 
     def decide(self, signals: ClusterSignals, current: Split) -> Decision:
@@ -36,6 +37,12 @@ class Stabilized:
             current.decode, max(s.decode for _, s in self._recent))
         prefill = want.prefill if want.prefill >= current.prefill else min(
             current.prefill, max(s.prefill for _, s in self._recent))
+        if decode < current.decode and self.seats:
+            # NOTE: a drained decode worker moves its requests to the others: never fewer
+            # than the requests in flight there need seats for (an empty forecast after the
+            # last arrival drained 3 of 4 loaded workers into one that then refused them)
+            flight = sum(w.requests_running + w.requests_waiting for w in signals.workers if w.role is Role.DECODE)
+            decode = min(current.decode, max(decode, -(-flight // self.seats)))
         # a role kept up by the window leaves less of the budget to the other's growth
         if prefill + decode > self.max_total:
             if want.prefill > current.prefill:

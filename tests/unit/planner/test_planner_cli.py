@@ -25,8 +25,8 @@ def test_the_built_in_policies(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TANDEM_PLANNER_POLICY", raising=False)
     default = build_policy(ClusterConfig())
     assert isinstance(default, Stabilized) and isinstance(default.policy, SimulatePolicy)
-    formula = parse_config({}, ["planner.policy=formula", "engine.runner=mock", "planner.scale_down_window_s=0"])
-    assert isinstance(build_policy(formula), FormulaPolicy)
+    formula = build_policy(parse_config({}, ["planner.policy=formula", "engine.runner=mock"]))
+    assert isinstance(formula, Stabilized) and isinstance(formula.policy, FormulaPolicy)
 
 
 def test_a_policy_that_cannot_be_had_stops_it_at_once_saying_why(

@@ -42,6 +42,15 @@ def test_a_rebalance_moves_within_the_budget_while_the_shrinking_role_waits() ->
     assert got[-1] == Split(6, 2)
 
 
-def test_a_zero_window_is_the_policy_itself() -> None:
+def test_a_zero_window_passes_the_policy_through() -> None:
     got = _run([Split(2, 6), Split(1, 1)], Split(2, 6), window_s=0.0)
     assert got == [Split(2, 6), Split(1, 1)]
+
+
+def test_decode_never_shrinks_below_the_seats_its_requests_in_flight_need() -> None:
+    from services.planner.signals import Role, WorkerSignals
+
+    pol = Stabilized(Scripted([Split(1, 1)]), 0.0, max_total=8, seats=64)
+    busy = tuple(WorkerSignals(f"d{i}", Role.DECODE, requests_running=64, requests_waiting=30) for i in range(4))
+    d = pol.decide(ClusterSignals(t=0.0, workers=busy), Split(3, 4))
+    assert d.desired == Split(1, 4)  # 376 in flight need 6 workers of 64 seats: all 4 stay
