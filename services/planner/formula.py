@@ -34,6 +34,7 @@ from services.planner.capacity import Capacity
 from services.planner.decision import Action, Decision, Split
 from services.planner.forecast import Load, LoadForecast
 from services.planner.signals import ClusterSignals, IntervalStats, Role
+from services.planner.stabilize import ScaleDownWindow
 
 UTILIZATION = 0.8
 BAND = 0.25
@@ -116,6 +117,7 @@ class FormulaPolicy:
         self.cap = cap
         self.forecast = LoadForecast()
         self.last_change = -math.inf
+        self.window = ScaleDownWindow(cfg.scale_down_window_s, cfg.max_total_workers, cap.max_seqs)
 
     def observe(self, signals: ClusterSignals) -> Load | None:
         """Feed this interval to the forecast; the load to size for, None before any."""
@@ -161,13 +163,20 @@ class FormulaPolicy:
                   f"out={load.output_tokens:.0f}")
         urgent = (action_of(current, desired) is Action.SCALE_UP
                   and ("queue_wait" in reason or "itl_measured" in reason))
-        return self.gate(signals.t, current, desired, reason, detail, urgent)
+        return self.gate(signals, current, desired, reason, detail, urgent)
 
-    def gate(self, t: float, current: Split, desired: Split, reason: str,
+    def gate(self, signals: ClusterSignals, current: Split, desired: Split, reason: str,
              detail: str, urgent: bool = False) -> Decision:
-        """Hold a change inside the cooldown, unless ``urgent`` (a target missed now, or a
-        large predicted gain: waiting out the cooldown then costs more than a change
-        undone); record when one is made."""
+        """Keep a scale-down to what the window allows (stabilize.py); hold a change inside
+        the cooldown, unless ``urgent`` (a target missed now, or a large predicted gain:
+        waiting out the cooldown then costs more than a change undone); record when one is
+        made."""
+        t = signals.t
+        kept = self.window.limit(t, current, desired, signals)
+        if kept != desired:
+            if kept == current:
+                return Decision(t, current, current, Action.HOLD, "stabilizing", detail)
+            desired, reason = kept, f"{reason}+stabilizing"
         if desired != current and t - self.last_change < self.cfg.cooldown_s and not urgent:
             return Decision(t, current, current, Action.HOLD, "cooldown", detail)
         if desired != current:

@@ -109,4 +109,4 @@ class SimulatePolicy:
             if hi_best[:2] < hi_now[:2]:
                 return Decision(signals.t, current, current, Action.HOLD, "within_band", detail)
         urgent = best.goodput - now.goodput >= URGENT_GAIN
-        return f.gate(signals.t, current, best.split, reason, detail, urgent)
+        return f.gate(signals, current, best.split, reason, detail, urgent)

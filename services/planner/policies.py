@@ -7,12 +7,11 @@ from services.planner.capacity import Capacity
 from services.planner.formula import FormulaPolicy
 from services.planner.lookahead import SimulatePolicy
 from services.planner.policy import Policy
-from services.planner.stabilize import Stabilized
 from services.steptime.model import StepModel
 
 
 def policy_for(cfg: ClusterConfig, model: StepModel) -> Policy:
     cap = Capacity.of(cfg, model)
-    pc = cfg.planner
-    inner: Policy = FormulaPolicy(pc, cap) if pc.policy == "formula" else SimulatePolicy(pc, cap)
-    return Stabilized(inner, pc.scale_down_window_s, pc.max_total_workers, cfg.engine.max_num_seqs)
+    if cfg.planner.policy == "formula":
+        return FormulaPolicy(cfg.planner, cap)
+    return SimulatePolicy(cfg.planner, cap)

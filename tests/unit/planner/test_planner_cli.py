@@ -7,7 +7,6 @@ from services.common.config import ClusterConfig, parse_config
 from services.planner.formula import FormulaPolicy
 from services.planner.lookahead import SimulatePolicy
 from services.planner.serve import PlannerSetupError, build_policy
-from services.planner.stabilize import Stabilized
 from tests.support.planner_fakes import OneMoreDecode
 
 
@@ -23,10 +22,9 @@ def test_a_policy_from_outside_the_package(monkeypatch: pytest.MonkeyPatch) -> N
 
 def test_the_built_in_policies(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TANDEM_PLANNER_POLICY", raising=False)
-    default = build_policy(ClusterConfig())
-    assert isinstance(default, Stabilized) and isinstance(default.policy, SimulatePolicy)
-    formula = build_policy(parse_config({}, ["planner.policy=formula", "engine.runner=mock"]))
-    assert isinstance(formula, Stabilized) and isinstance(formula.policy, FormulaPolicy)
+    assert isinstance(build_policy(ClusterConfig()), SimulatePolicy)  # the default
+    formula = parse_config({}, ["planner.policy=formula", "engine.runner=mock"])
+    assert isinstance(build_policy(formula), FormulaPolicy)
 
 
 def test_a_policy_that_cannot_be_had_stops_it_at_once_saying_why(

@@ -17,7 +17,8 @@ def cfg(*overrides: str) -> ClusterConfig:
                              "planner.max_total_workers=16", "planner.max_prefill=12",
                              "planner.max_decode=12", "planner.min_prefill=1",
                              "planner.ttft_p90_s=2.0", "planner.itl_p90_s=0.1",
-                             "planner.cooldown_s=30", "planner.interval_s=10", *overrides])
+                             "planner.cooldown_s=30", "planner.interval_s=10",
+                             "planner.scale_down_window_s=0", *overrides])  # the window: test_planner_stabilize
 
 
 def policy(c: ClusterConfig) -> FormulaPolicy:
@@ -31,10 +32,10 @@ def signals(t: float, rate: float, inp: float, out: float, **kw: float) -> Clust
 
 
 def settle(p: FormulaPolicy, rate: float, inp: float, out: float, start: Split,
-           steps: int = 12) -> Split:
+           steps: int = 12, t0: float = 0.0) -> Split:
     split = start
     for i in range(steps):
-        d = p.decide(signals(10.0 * (i + 1), rate, inp, out), split)
+        d = p.decide(signals(t0 + 10.0 * (i + 1), rate, inp, out), split)
         assert d.reason
         split = d.desired
     return split
@@ -78,7 +79,7 @@ def test_bounds_and_budget_hold() -> None:
     assert settle(policy(c), 0.0, 4000, 800, Split(5, 3)) == Split(5, 3)
     seen = policy(c)
     busy = settle(seen, 20.0, 4000, 800, Split(2, 2))
-    assert settle(seen, 0.0, 4000, 800, busy) == Split(1, 1)
+    assert settle(seen, 0.0, 4000, 800, busy, t0=120.0) == Split(1, 1)
 
 
 def test_cooldown_holds_a_second_change() -> None:

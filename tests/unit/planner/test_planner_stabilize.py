@@ -1,24 +1,14 @@
-from services.planner.decision import Action, Decision, Split
-from services.planner.signals import ClusterSignals
-from services.planner.stabilize import Stabilized
-
-
-class Scripted:
-    """A policy that wants the next split of a list each call."""
-
-    def __init__(self, wants: list[Split]) -> None:
-        self.wants = iter(wants)
-
-    def decide(self, signals: ClusterSignals, current: Split) -> Decision:
-        w = next(self.wants)
-        return Decision(signals.t, current, w, Action.HOLD if w == current else Action.REBALANCE, "scripted")
+from services.planner.decision import Split
+from services.planner.signals import ClusterSignals, Role, WorkerSignals
+from services.planner.stabilize import ScaleDownWindow
 
 
 def _run(wants: list[Split], start: Split, window_s: float = 30.0, interval: float = 10.0) -> list[Split]:
-    pol = Stabilized(Scripted(wants), window_s, max_total=8)
+    """Each recommendation through the window, the kept split applied."""
+    w = ScaleDownWindow(window_s, max_total=8, seats=64)
     cur, out = start, []
-    for i in range(len(wants)):
-        cur = pol.decide(ClusterSignals(t=interval * i), cur).desired
+    for i, want in enumerate(wants):
+        cur = w.limit(interval * i, cur, want)
         out.append(cur)
     return out
 
@@ -42,15 +32,25 @@ def test_a_rebalance_moves_within_the_budget_while_the_shrinking_role_waits() ->
     assert got[-1] == Split(6, 2)
 
 
-def test_a_zero_window_passes_the_policy_through() -> None:
-    got = _run([Split(2, 6), Split(1, 1)], Split(2, 6), window_s=0.0)
-    assert got == [Split(2, 6), Split(1, 1)]
+def test_a_zero_window_passes_the_recommendation_through() -> None:
+    assert _run([Split(2, 6), Split(1, 1)], Split(2, 6), window_s=0.0) == [Split(2, 6), Split(1, 1)]
 
 
 def test_decode_never_shrinks_below_the_seats_its_requests_in_flight_need() -> None:
-    from services.planner.signals import Role, WorkerSignals
-
-    pol = Stabilized(Scripted([Split(1, 1)]), 0.0, max_total=8, seats=64)
     busy = tuple(WorkerSignals(f"d{i}", Role.DECODE, requests_running=64, requests_waiting=30) for i in range(4))
-    d = pol.decide(ClusterSignals(t=0.0, workers=busy), Split(3, 4))
-    assert d.desired == Split(1, 4)  # 376 in flight need 6 workers of 64 seats: all 4 stay
+    kept = ScaleDownWindow(0.0, max_total=8, seats=64).limit(0.0, Split(3, 4), Split(1, 1),
+                                                              ClusterSignals(t=0.0, workers=busy))
+    assert kept == Split(1, 4)  # 376 in flight need 6 workers of 64 seats: all 4 stay
+
+
+def test_the_policies_cooldown_counts_only_changes_made() -> None:
+    """A recommendation the window holds back is not a change: the cooldown does not start."""
+    from tests.unit.planner.test_planner_formula import cfg, policy, signals
+
+    p = policy(cfg("planner.cooldown_s=30", "planner.scale_down_window_s=1000"))
+    busy = p.decide(signals(10.0, 2.0, 4000, 50), Split(1, 1))
+    assert busy.desired.total > 2
+    held = p.decide(signals(50.0, 0.01, 100, 50), busy.desired)  # the load fell: held by the window
+    assert held.desired == busy.desired and held.reason == "stabilizing"
+    up = p.decide(signals(60.0, 6.0, 4000, 50), busy.desired)  # a rise right after: not in a cooldown
+    assert up.reason != "cooldown" and up.desired.total >= busy.desired.total
