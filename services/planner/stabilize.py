@@ -26,7 +26,11 @@ class ScaleDownWindow:
         self._recent: deque[tuple[float, Split]] = deque()
 
     def limit(self, t: float, current: Split, want: Split, signals: ClusterSignals | None = None) -> Split:
-        """``want`` as far as the window allows; records it as this interval's recommendation."""
+        """``want`` as far as the window allows; records it as this interval's recommendation.
+        The first call counts the split running then as a recommendation too: a planner
+        just started shrinks nothing before a whole window of evidence."""
+        if not self._recent and self.window_s > 0:
+            self._recent.append((t, current))
         self._recent.append((t, want))
         while self._recent and self._recent[0][0] < t - self.window_s:
             self._recent.popleft()

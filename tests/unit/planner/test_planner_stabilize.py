@@ -14,7 +14,7 @@ def _run(wants: list[Split], start: Split, window_s: float = 30.0, interval: flo
 
 
 def test_scale_up_goes_at_once_and_down_only_after_the_window() -> None:
-    got = _run([Split(2, 6)] + [Split(1, 1)] * 5, Split(1, 1))
+    got = _run([Split(2, 6)] + [Split(1, 1)] * 5, Split(2, 6))
     assert got[0] == Split(2, 6)  # up at once
     assert got[1:4] == [Split(2, 6)] * 3  # the recommendation of t=0 is still in the window
     assert got[4] == Split(1, 1)  # t=40: every recommendation of the last 30 s asked for 1/1
@@ -54,3 +54,8 @@ def test_the_policies_cooldown_counts_only_changes_made() -> None:
     assert held.desired == busy.desired and held.reason == "stabilizing"
     up = p.decide(signals(60.0, 6.0, 4000, 50), busy.desired)  # a rise right after: not in a cooldown
     assert up.reason != "cooldown" and up.desired.total >= busy.desired.total
+
+
+def test_a_planner_just_started_shrinks_nothing_before_a_whole_window() -> None:
+    got = _run([Split(1, 1)] * 5, Split(4, 4))
+    assert got[:4] == [Split(4, 4)] * 4 and got[4] == Split(1, 1)
