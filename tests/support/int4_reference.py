@@ -9,6 +9,19 @@ import torch
 from services.engine.quant.groups import Int4Groups
 
 
+def gguf_groups(source: str, n: int, k: int, gen: torch.Generator) -> Int4Groups:
+    """Random weights in GGUF's exact groupings (quant/groups.py): Q4_0 (zero 0), Q4_1 (a
+    min a block), Q8_0 (two nibble halves, input_repeat 2: both read the same x)."""
+    scale = torch.rand(n, k // 32, generator=gen) * 0.02 + 1e-3
+    if source == "Q8_0":
+        q8 = torch.randint(-128, 128, (n, k), generator=gen)
+        hi, lo = (q8 >> 4) + 8, q8 & 15  # q = 16 * (hi - 8) + lo
+        return Int4Groups(torch.cat([hi, lo], 1).to(torch.uint8), torch.cat([16 * scale, scale], 1),
+                          torch.cat([torch.zeros_like(scale), 8 * scale], 1), 32, input_repeat=2, bits=8)
+    zero = torch.zeros_like(scale) if source == "Q4_0" else torch.randn(n, k // 32, generator=gen) * 0.05 + 8 * scale
+    return Int4Groups(torch.randint(0, 16, (n, k), generator=gen).to(torch.uint8), scale, zero, 32)
+
+
 def weight(groups: Int4Groups) -> torch.Tensor:
     """The weight as the kernels hold it: float16 scales and mins (pack.py), float64."""
     n, k = groups.codes.shape

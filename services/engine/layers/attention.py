@@ -125,7 +125,7 @@ def build_attention_metadata(
 
 def _token_rows(prefills: list[tuple[int, list[int], int]], decodes: list[tuple[int, list[int]]],
                 block_size: int, device: torch.device) -> TokenRows:
-    seqs = [(start, ids, n) for start, ids, n in prefills] + [(p, ids, 1) for p, ids in decodes]
+    seqs = [*prefills, *((p, ids, 1) for p, ids in decodes)]
     width = max((start + n - 1) // block_size + 1 for start, _, n in seqs)
     tables: list[list[int]] = []
     ctx: list[int] = []

@@ -20,11 +20,11 @@ from services.engine.cpu_kernels import isa as isas
 from services.engine.cpu_kernels.cpu_features import cpuinfo_flags
 from services.engine.cpu_kernels.isa import KernelSet
 from services.engine.quant import pack
-from services.engine.quant.groups import Int4Groups, QuantSource, from_float
+from services.engine.quant.groups import QuantSource, from_float
 from services.engine.runner import torch_runner
 from services.engine.runner.cpu_decode import CpuDecode
 from services.engine.runner.torch_runner import TorchRunner
-from tests.support.int4_reference import check
+from tests.support.int4_reference import check, gguf_groups
 from tests.support.tiny_model import batch, seq, tiny_hf_model
 
 RUNNABLE = [i for i in isas.ISAS if build.available(i)]
@@ -68,15 +68,7 @@ def test_int4_linear_on_gguf_groupings(isa: str, source: str) -> None:
     partial tile) and an input of 576 (18 groups), as SmolLM2's."""
     gen = torch.Generator().manual_seed(7)
     n, k = 130, 576
-    scale = torch.rand(n, k // 32, generator=gen) * 0.02 + 1e-3
-    if source == "Q8_0":
-        q8 = torch.randint(-128, 128, (n, k), generator=gen)
-        hi, lo = (q8 >> 4) + 8, q8 & 15  # q = 16 * (hi - 8) + lo
-        groups = Int4Groups(torch.cat([hi, lo], 1).to(torch.uint8), torch.cat([16 * scale, scale], 1),
-                            torch.cat([torch.zeros_like(scale), 8 * scale], 1), 32, input_repeat=2, bits=8)
-    else:
-        zero = torch.zeros_like(scale) if source == "Q4_0" else torch.randn(n, k // 32, generator=gen) * 0.05 + 8 * scale
-        groups = Int4Groups(torch.randint(0, 16, (n, k), generator=gen).to(torch.uint8), scale, zero, 32)
+    groups = gguf_groups(source, n, k, gen)
     ks = build.load(isa)
     codes, scale_min = pack.pack(groups, ks.layout)
     x = torch.randn(9, k, generator=gen).to(torch.bfloat16)

@@ -28,7 +28,7 @@ from services.engine.cpu_kernels import isa as isas
 from services.engine.cpu_kernels.cpu_features import cpuinfo_flags
 from services.engine.quant import pack
 from services.engine.quant.groups import Int4Groups, from_float
-from tests.support.int4_reference import check
+from tests.support.int4_reference import check, gguf_groups
 
 HERE = Path(__file__).parent / "harness"
 KERNELS = build.SOURCE.parent
@@ -104,17 +104,6 @@ def _matmul(harnesses: dict[str, Path | str], isa: str, x: torch.Tensor, groups:
     return torch.from_numpy(y.copy()).view(rows, n)
 
 
-def _gguf_groups(source: str, n: int, k: int, gen: torch.Generator) -> Int4Groups:
-    scale = torch.rand(n, k // 32, generator=gen) * 0.02 + 1e-3
-    if source == "Q8_0":
-        q8 = torch.randint(-128, 128, (n, k), generator=gen)
-        hi, lo = (q8 >> 4) + 8, q8 & 15
-        return Int4Groups(torch.cat([hi, lo], 1).to(torch.uint8), torch.cat([16 * scale, scale], 1),
-                          torch.cat([torch.zeros_like(scale), 8 * scale], 1), 32, input_repeat=2, bits=8)
-    zero = torch.zeros_like(scale) if source == "Q4_0" else torch.randn(n, k // 32, generator=gen) * 0.05 + 8 * scale
-    return Int4Groups(torch.randint(0, 16, (n, k), generator=gen).to(torch.uint8), scale, zero, 32)
-
-
 def _every_set(harnesses, x, groups, bias, tmp_path) -> dict[str, torch.Tensor]:
     got = {}
     for isa in INT8_SETS:
@@ -153,7 +142,7 @@ def test_matmul_on_random_weights_every_set_alike(harnesses, dtype, rows: int, o
 @pytest.mark.parametrize("source", ["Q4_0", "Q4_1", "Q8_0"])
 def test_matmul_on_gguf_groupings_every_set_alike(harnesses, source: str, tmp_path: Path) -> None:
     gen = torch.Generator().manual_seed(11)
-    groups = _gguf_groups(source, 130, 576, gen)
+    groups = gguf_groups(source, 130, 576, gen)
     x = torch.randn(9, 576, generator=gen).to(torch.bfloat16)
     _check_all(_every_set(harnesses, x, groups, None, tmp_path), x, groups, None)
 
