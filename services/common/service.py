@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -14,6 +15,13 @@ from collections.abc import Awaitable, Callable
 from services.common.config import ClusterConfig, ConfigError, load_config
 
 LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
+
+log = logging.getLogger(__name__)
+
+
+class PartFailed(RuntimeError):
+    """A failure that ends the part and whose message says all an operator needs (a TP
+    rank died): the part logs that one line and exits 1, without a traceback burying it."""
 
 
 def run_part(args: argparse.Namespace, serve: Callable[[ClusterConfig, int], Awaitable[None]]) -> int:
@@ -25,8 +33,18 @@ def run_part(args: argparse.Namespace, serve: Callable[[ClusterConfig, int], Awa
     except ConfigError as e:
         print(e, file=sys.stderr)
         return 2
+    failure: str | None = None
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-        runner.run(serve(cfg, args.replica))
+        try:
+            runner.run(serve(cfg, args.replica))
+        except PartFailed as e:
+            failure = str(e)
+        # NOTE: the failure's frames hold the gRPC server; freed after the loop closes, its
+        # finalizer schedules onto a closed loop and prints a traceback of its own
+        gc.collect()
+    if failure is not None:
+        log.error("%s", failure)
+        return 1
     return 0
 
 

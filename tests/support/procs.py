@@ -105,8 +105,10 @@ class Part:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")[-3000:]
+    def output(self, tail: int | None = 3000) -> str:
+        """The end of its log (all of it with ``tail=None``)."""
+        text = self.log.read_text(errors="replace")
+        return text if tail is None else text[-tail:]
 
     def assert_alive(self) -> None:
         """AssertionError with the exit status and the end of the log if it has exited."""

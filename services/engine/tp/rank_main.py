@@ -89,10 +89,12 @@ def rank_main(
                 runner.import_kv(msg.block_ids, msg.data)
             elif isinstance(msg, Shutdown):
                 break
-    except Exception:
+    except Exception as e:
         # NOTE: the entry's collective fails or times out on this rank's absence, and its
-        # watchdog names the exit; this log says why.
-        log.exception("rank %d: forward failed; exiting", rank)
+        # watchdog names the exit; this line says why. Most often a peer died and the
+        # collective's message says so: the stack (DEBUG) adds nothing to it.
+        log.error("rank %d: forward failed (%s: %s); exiting", rank, type(e).__name__, e)
+        log.debug("rank %d: forward failure", rank, exc_info=True)
         os._exit(1)
     comm.destroy_group()
 

@@ -8,8 +8,9 @@ import asyncio
 
 from prometheus_client import CollectorRegistry
 
+from services.common.service import PartFailed
 from services.engine.runner.base import ModelRunner
-from services.engine.tp.runner import TpRankError, TpRunner
+from services.engine.tp.runner import TpRunner
 
 
 def attach(runner: ModelRunner, registry: CollectorRegistry, stop: asyncio.Event) -> None:
@@ -26,4 +27,4 @@ def close(runner: ModelRunner) -> None:
     """Stop the ranks; raise if one had failed, so the worker exits non-zero."""
     runner.close()
     if isinstance(runner, TpRunner) and runner.num_failures:
-        raise TpRankError(f"worker stopped: {runner.failure}")
+        raise PartFailed(f"worker stopped: {runner.failure}")
