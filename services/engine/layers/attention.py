@@ -83,7 +83,9 @@ def build_attention_metadata(
 
     ``prefills``: ``(start_pos, block_ids, num_new_tokens)`` per chunk, in flat order;
     ``decodes``: ``(position, block_ids)`` per single-token sequence, after the prefills.
-    ``per_token``: also each token's own row (``TokenRows``).
+    ``per_token``: each token's own row (``TokenRows``) instead of the chunks' masks and
+    the decode group's table, which the one-call kernel of ``engine.deterministic`` never
+    reads (the chunks keep their rows and lengths).
     """
     slots: list[int] = []
     chunks: list[PrefillChunk] = []
@@ -92,7 +94,7 @@ def build_attention_metadata(
         end_pos = start_pos + n
         slots.extend(block_ids[p // block_size] * block_size + p % block_size for p in range(start_pos, end_pos))
         chunk = PrefillChunk(start=row, end=row + n, ctx_len=end_pos)
-        if start_pos > 0:
+        if start_pos > 0 and not per_token:
             used = (end_pos + block_size - 1) // block_size
             chunk.ctx_blocks = torch.tensor(block_ids[:used], dtype=torch.int64, device=device)
             q_pos = torch.arange(start_pos, end_pos, device=device)
@@ -102,6 +104,7 @@ def build_attention_metadata(
     decode = None
     if decodes:
         slots.extend(bt[p // block_size] * block_size + p % block_size for p, bt in decodes)
+    if decodes and not per_token:
         max_blocks = max(p // block_size for p, _ in decodes) + 1
         # NOTE: only the blocks a sequence uses are read; ids past them are not validated.
         rows = [bt[: p // block_size + 1] for p, bt in decodes]
