@@ -24,6 +24,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from services.bench.metrics import meets_slos  # noqa: E402
 from services.sim.planner_eval import EVAL_SETTINGS  # noqa: E402
 from services.sim.shifting import shifting, shifting_phases  # noqa: E402
 
@@ -55,7 +56,9 @@ def runs(budget: int, best: tuple[int, int], interval_s: float, cooldown_s: floa
 
 
 def good(row: dict) -> bool:
-    return bool(row["ok"]) and row["ttft_ms"] <= TTFT_MS and (row["max_itl_ms"] or 0.0) <= ITL_MS
+    """The bench's own SLO rule (``meets_slos``), applied to a request row."""
+    return bool(row["ok"]) and meets_slos({"ttft_ms": TTFT_MS, "itl_ms": ITL_MS}, row["ttft_ms"],
+                                          row["tpot_ms"], row["max_itl_ms"], row["e2e_ms"])
 
 
 def analyse(result: dict, arrivals: list[float], phase_s: float, window_s: float) -> dict:
