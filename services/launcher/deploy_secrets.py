@@ -35,7 +35,7 @@ ROLE_UIDS: dict[str, int] = {role: 10001 + i for i, role in enumerate(ROLES)}
 GRAFANA_UID = 472  # the official grafana image's user
 ROOT_UID = 0
 DONE_MARK = ".made"
-SCALED_ROLES = ("decode", "prefill", "encode")
+SCALED_ROLES = ("router", "decode", "prefill", "encode")
 
 
 @dataclass(frozen=True)

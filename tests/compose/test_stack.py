@@ -5,7 +5,8 @@ plain test run needs no Docker.
 In file order: up from nothing; the API key printed once and required; streamed and unary
 chat through the `openai` client; Prometheus holding `tandem_*` series from every part;
 Grafana's dashboard and one of its panels' queries; a second decode replica found by
-discovery; a killed decode container restarted and the cluster answering again; `down -v`
+discovery; a second router replica, and the cluster answering through the other while one is
+stopped; a killed decode container restarted and the cluster answering again; `down -v`
 leaving no container, network or volume.
 """
 
@@ -211,11 +212,16 @@ def test_grafana_lists_the_dashboard_and_a_panel_query_returns_data(stack: Stack
     assert frames and frames[0]["data"]["values"], json.dumps(r.json())[:500]
 
 
-def _decode_workers() -> int:
+def _discovered(role: str) -> int:
+    """How many of ``role`` the frontend's /health counts in discovery."""
     health = _health()
     detail = health["detail"] if health else ""
-    part = next((p for p in detail.split(", ") if p.startswith("decode: ")), "decode: 0")
+    part = next((p for p in detail.split(", ") if p.startswith(f"{role}: ")), f"{role}: 0")
     return int(part.split(": ")[1])
+
+
+def _decode_workers() -> int:
+    return _discovered("decode")
 
 
 def test_a_second_decode_replica_takes_its_own_slot_and_is_discovered(stack: Stack) -> None:
@@ -226,6 +232,21 @@ def test_a_second_decode_replica_takes_its_own_slot_and_is_discovered(stack: Sta
     wait_for("both decode replicas scraped", lambda: len(
         _prom_query('up{job="decode"} == 1')) == 2, 60, 5)
     assert _chat_once(stack).strip()
+
+
+def test_a_second_router_takes_its_own_slot_and_the_cluster_answers_through_either(stack: Stack) -> None:
+    compose("up", "-d", "--no-build", "--no-recreate", "--scale", "router=2", "router")
+    wait_for("two routers in discovery", lambda: _discovered("router") == 2, 300, 3)
+    logs = compose("logs", "--no-color", "router").stdout
+    assert "slot 0" in logs and "slot 1" in logs
+    wait_for("both routers scraped", lambda: len(_prom_query('up{job="router"} == 1')) == 2, 60, 5)
+    # the first router stopped: the processor fails over to the other one
+    first = compose("ps", "-q", "router").stdout.split()[0]
+    subprocess.run(["docker", "stop", first], check=True, capture_output=True, timeout=120)
+    wait_for("one router left in discovery", lambda: _discovered("router") == 1, 120, 3)
+    wait_for("an answer through the remaining router", lambda: _chat_once(stack).strip(), 120, 3)
+    subprocess.run(["docker", "start", first], check=True, capture_output=True, timeout=120)
+    wait_for("two routers again", lambda: _discovered("router") == 2, 300, 3)
 
 
 def test_a_killed_decode_container_is_restarted_and_the_cluster_answers_again(stack: Stack) -> None:

@@ -115,7 +115,7 @@ def test_compose_services_run_real_tandem_subcommands(compose: dict) -> None:
 
 def test_scaled_workers_take_a_slot_and_publish_their_own_address(compose: dict) -> None:
     services = compose["services"]
-    for part in ("decode", "prefill", "encode"):
+    for part in ("router", "decode", "prefill", "encode"):
         args = parse_slot_args(services[part]["command"][3:])
         assert args.directory == Path(f"/slots/{part}")
         assert any(v.startswith("replica-slots:/slots") for v in services[part]["volumes"])
@@ -150,7 +150,7 @@ def _metrics_targets(cfg_name: str, host: str | None, replicas: int = 4) -> set[
     out: set[str] = set()
     for part in TANDEM_PARTS:
         port = ports[part]["metrics" if part != "frontend" else "http"]
-        n = replicas if part in ("decode", "prefill") else 1
+        n = replicas if part in ("router", "decode", "prefill") else 1
         out |= {f"{host or part}:{port + i}" for i in range(n)}
     return out
 
