@@ -65,6 +65,11 @@ class WorkerLoad:
     # ones still prefilling (EngineStats.num_prefill_tokens_pending).
     active_prefill_tokens: int
     timestamp: float  # unix seconds at the worker
+    # Output tokens its running requests that set max_tokens may still produce (max_tokens
+    # less what they generated: an upper bound, a stop ends some sooner), and how many
+    # running requests set none (the planner prices those at its forecast's length).
+    decode_tokens_left: int = 0
+    running_unbounded: int = 0
 
 
 class InflightOp(IntEnum):
@@ -203,13 +208,15 @@ def encode_load(load: WorkerLoad) -> bytes:
     return msgpack.packb([
         VERSION, load.worker_id, load.kv_blocks_used, load.kv_blocks_total,
         load.requests_running, load.requests_waiting, load.active_prefill_tokens, load.timestamp,
+        load.decode_tokens_left, load.running_unbounded,
     ])
 
 
 def decode_load(data: bytes) -> WorkerLoad:
-    m = _unpack(data, "worker load", 8)
+    m = _unpack(data, "worker load", 10)
     try:
-        return WorkerLoad(str(m[1]), int(m[2]), int(m[3]), int(m[4]), int(m[5]), int(m[6]), float(m[7]))
+        return WorkerLoad(str(m[1]), int(m[2]), int(m[3]), int(m[4]), int(m[5]), int(m[6]), float(m[7]),
+                          int(m[8]), int(m[9]))
     except (TypeError, ValueError) as e:
         raise WireError(f"worker load: bad field ({e})") from None
 

@@ -9,4 +9,5 @@ from services.engine.engine import EngineStats
 
 def worker_load(worker_id: str, s: EngineStats, timestamp: float) -> WorkerLoad:
     return WorkerLoad(worker_id, s.kv_blocks_used, s.kv_blocks_total, s.num_running,
-                      s.num_waiting, s.num_prefill_tokens_pending, timestamp)
+                      s.num_waiting, s.num_prefill_tokens_pending, timestamp,
+                      s.decode_tokens_left, s.num_running_unbounded)

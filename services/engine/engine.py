@@ -50,6 +50,9 @@ class EngineStats:
     # cache hits (as of when they queued) and running ones' uncomputed prompt tokens (parked
     # remote prefills excluded: another worker prefills them). Scheduler.prefill_tokens_pending.
     num_prefill_tokens_pending: int = 0
+    # Scheduler.decode_tokens_left: (tokens left under max_tokens, running without one)
+    decode_tokens_left: int = 0
+    num_running_unbounded: int = 0
     # The grammar compiler's live counters (structured output); None without one.
     grammar: GrammarStats | None = None
     # What computes the steps (device, dtype, quantization, CPU kernel set).
@@ -319,6 +322,7 @@ class LLMEngine:
 
     def stats(self) -> EngineStats:
         s, p = self.scheduler, self.pool
+        left, unbounded = s.decode_tokens_left()
         return EngineStats(
             num_running=len(s.running) + len(s.ready),
             num_waiting=len(s.waiting) + len(s.parked),
@@ -331,6 +335,8 @@ class LLMEngine:
             prefix_cache_hit_tokens_total=s.prefix_hit_tokens_total,
             num_preemptions_total=s.num_preemptions,
             num_prefill_tokens_pending=s.prefill_tokens_pending(),
+            decode_tokens_left=left,
+            num_running_unbounded=unbounded,
             grammar=self.grammar.stats if self.grammar is not None else None,
             timings=self.timings,
             runner=self.runner.info,

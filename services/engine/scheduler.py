@@ -262,6 +262,19 @@ class Scheduler:
             out.extend(s.group if s.group is not None else (s,))
         return out
 
+    def decode_tokens_left(self) -> tuple[int, int]:
+        """(output tokens the running sequences with a max_tokens may still produce, how many
+        running sequences have none): the planner's estimate of the decode work in flight.
+        O(running); may be read from another thread (``EngineStats``)."""
+        left = unbounded = 0
+        for s in (*self.running, *self.ready):
+            cap = s.sampling.max_tokens
+            if cap is None:
+                unbounded += 1
+            else:
+                left += max(0, cap - s.num_generated)
+        return left, unbounded
+
     def prefill_tokens_pending(self) -> int:
         """Tokens still to compute before first samples: for waiting sequences, their tokens
         less what they hold or expect from the prefix cache (``num_expected_hit_tokens``); for

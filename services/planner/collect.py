@@ -180,7 +180,8 @@ def _decode_worker(worker_id: str, load: WorkerLoad | None) -> WorkerSignals:
     if load is None:  # registered, no sample yet: counted, its load unknown (zero)
         return WorkerSignals(worker_id, Role.DECODE)
     return WorkerSignals(worker_id, Role.DECODE, load.kv_blocks_used, load.kv_blocks_total,
-                         load.requests_running, load.requests_waiting, load.active_prefill_tokens)
+                         load.requests_running, load.requests_waiting, load.active_prefill_tokens,
+                         load.decode_tokens_left, load.running_unbounded)
 
 
 def _prefill_worker(worker_id: str, s: Scrape | None) -> WorkerSignals:

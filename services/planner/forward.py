@@ -20,7 +20,8 @@ arrivals, through the same stages with the same step-time model, in ``dt`` slice
   remote prefill: it waits for them before its prefill, then for a seat (max_num_seqs)
   before its first token, its TTFT running on.
 - Running requests now: one cohort that met its TTFT target, with the output tokens they
-  have still to produce (WorkerSignals.decode_tokens_left, else half the forecast's).
+  have still to produce (WorkerSignals.decode_tokens_left; half the forecast's for a
+  request that set no max_tokens, and for all when the workers report nothing).
 - A worker the candidate adds serves ``worker_ready_s`` from now (one starting now: half
   that); a worker it removes stops at once, its requests moved without cost (the KV
   transfer's few milliseconds are left out).
@@ -67,7 +68,8 @@ class Start:
     prefill_in_progress: int = 0  # prompt tokens the prefill workers compute now
     local_pending: int = 0  # prompt tokens the decode workers prefill now
     running: int = 0
-    decode_tokens_left: int = 0  # 0: unknown
+    decode_tokens_left: int = 0  # over the running requests not counted in running_unbounded
+    running_unbounded: int = 0  # running requests whose length left is unknown
     prefill_tok_s: float = 0.0  # measured; 0: the step model's
 
 
@@ -141,8 +143,10 @@ def run_forward(start: Start, split: Split, loads: list[Load], cap: Capacity,
         local_q.append(c)
         used += _blocks(c, cap)
     if start.running:
-        each = (start.decode_tokens_left / start.running if start.decode_tokens_left
-                else head.output_tokens / 2)
+        guess = head.output_tokens / 2
+        known = start.decode_tokens_left or start.running_unbounded  # else nothing is
+        each = ((start.decode_tokens_left + start.running_unbounded * guess) / start.running
+                if known else guess)
         c = _Cohort(start.running, -1.0, head.input_tokens, each, each, ttft=0.0)
         running.append(c)
         used += _blocks(c, cap)

@@ -45,6 +45,7 @@ def start_of(signals: ClusterSignals, current: Split) -> Start:
         local_pending=sum(w.pending_prefill_tokens for w in decode),
         running=sum(w.requests_running for w in decode),
         decode_tokens_left=sum(w.decode_tokens_left for w in decode),
+        running_unbounded=sum(w.running_unbounded for w in decode),
         prefill_tok_s=measured)
 
 

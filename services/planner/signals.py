@@ -23,9 +23,12 @@ class WorkerSignals:
     requests_waiting: int = 0
     # prompt tokens still to compute on this worker (WorkerLoad.active_prefill_tokens)
     pending_prefill_tokens: int = 0
-    # output tokens its running requests have still to produce (their max_tokens less what
-    # they streamed); 0 where unknown: the lookahead then assumes half the forecast length
+    # output tokens its running requests have still to produce (live: max_tokens less what
+    # they streamed, over those that set one; the simulator knows each exactly), and how
+    # many running requests set no max_tokens: the lookahead prices each of those at half
+    # the forecast's output length, and every one when both are 0 (nothing known)
     decode_tokens_left: int = 0
+    running_unbounded: int = 0
     ready: bool = True  # False while starting (not yet in discovery) or draining
 
 

@@ -48,7 +48,8 @@ class SignalReader:
                 out.append(WorkerSignals(
                     w.id, Role.DECODE if w.role == DECODE else Role.PREFILL,
                     st.kv_blocks_used, st.kv_blocks_total, st.num_running, st.num_waiting,
-                    st.num_prefill_tokens_pending, left, ready and not w.draining))
+                    st.num_prefill_tokens_pending, decode_tokens_left=left,
+                    ready=ready and not w.draining))
         return tuple(out)
 
     def _queue(self) -> dict[str, float | int]:

@@ -84,7 +84,7 @@ async def test_one_round_reads_every_signal(nats_url: str) -> None:
     collector = LiveCollector(nc, ns, disc, clock=clock)
     await collector.start()
     try:
-        load = WorkerLoad("decode-0", 40, 200, 3, 1, 256, time.time())
+        load = WorkerLoad("decode-0", 40, 200, 3, 1, 256, time.time(), 90, 1)
         await publish_load(nc, subjects, load)
         await eventually(lambda: "decode-0" in collector._loads, what="the load sample")
 
@@ -93,7 +93,8 @@ async def test_one_round_reads_every_signal(nats_url: str) -> None:
             ("decode-0", Role.DECODE), ("decode-1", Role.DECODE), ("prefill-0", Role.PREFILL)]
         d0, d1, p0 = first.workers
         assert (d0.kv_blocks_used, d0.kv_blocks_total, d0.requests_running, d0.requests_waiting,
-                d0.pending_prefill_tokens) == (40, 200, 3, 1, 256)
+                d0.pending_prefill_tokens, d0.decode_tokens_left, d0.running_unbounded) == (
+                    40, 200, 3, 1, 256, 90, 1)
         assert (d1.kv_blocks_total, d1.requests_running) == (0, 0)  # no sample yet
         assert (p0.kv_blocks_used, p0.requests_waiting, p0.pending_prefill_tokens) == (30, 2, 700)
         assert first.prefill_queue_jobs == 3

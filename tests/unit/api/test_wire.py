@@ -40,7 +40,7 @@ def test_event_batch_and_dump_round_trip() -> None:
 
 
 def test_load_and_inflight_round_trip() -> None:
-    load = WorkerLoad("w", 1, 2, 3, 4, 5, 6.5)
+    load = WorkerLoad("w", 1, 2, 3, 4, 5, 6.5, 7, 8)
     assert decode_load(encode_load(load)) == load
     u = InflightUpdate("r0", InflightOp.PREFILLED, "req", "w", 3, 2)
     assert decode_inflight(encode_inflight(u)) == u

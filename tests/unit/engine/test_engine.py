@@ -72,6 +72,22 @@ def test_prefill_tokens_pending_leaves_out_prefix_cache_hits() -> None:
     assert eng.stats().num_running == 2  # both decode: prefilled, nothing pending
 
 
+def test_decode_tokens_left_counts_max_tokens_less_generated_and_requests_without_one() -> None:
+    eng, _, _ = make_engine(mock_cfg(block_size=4, max_num_batched_tokens=64))
+    eng.add_request(req("a", list(range(1, 9)), max_tokens=10))
+    eng.add_request(req("b", list(range(20, 30)), max_tokens=None))
+    st_ = eng.stats()
+    assert (st_.decode_tokens_left, st_.num_running_unbounded) == (0, 0)  # nothing running yet
+    eng.step()  # both prompts, one token each
+    st_ = eng.stats()
+    assert (st_.decode_tokens_left, st_.num_running_unbounded) == (10 - 1, 1)
+    for _ in range(3):
+        eng.step()
+    assert eng.stats().decode_tokens_left == 10 - 4
+    eng.abort("b")
+    assert eng.stats().num_running_unbounded == 0
+
+
 def test_prefill_tokens_pending_after_preemption_counts_what_is_left_to_recompute() -> None:
     # 8 blocks of 4 tokens: three 9-token prompts growing to 21 tokens cannot all fit
     eng, _, _ = make_engine(mock_cfg(num_kv_blocks=8, max_num_batched_tokens=32))
