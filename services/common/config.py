@@ -283,6 +283,9 @@ class DecodeConfig(_Strict):
     # How long a moved request's KV waits on the draining worker for its target to pull it;
     # past that its blocks are freed and the target prefills it again (the replay).
     move_timeout_s: float = Field(5.0, gt=0)
+    # Prefill workers' reusable KV segments this worker keeps mapped (by name, least recently
+    # used dropped past it), so their next transfers reuse the mapping; in bytes.
+    kv_shm_mapped_bytes: int = Field(2 << 30, ge=0)
     # Decode workers hosted by one process (`tandem decode --replicas-in-process K`): for
     # the mock runner at scale (configs/scale-mock.yaml); keep 1 for real models.
     replicas_per_process: int = Field(1, ge=1)
@@ -309,6 +312,10 @@ class PrefillConfig(_Strict):
     # "auto": KV goes through /dev/shm when the job's decode worker is on this host (same
     # kv_shm.host_id), else gRPC bytes; "grpc": always gRPC bytes.
     kv_transport: Literal["auto", "grpc"] = "auto"
+    # Reusable /dev/shm segments this worker keeps for the same-host KV path, in bytes
+    # (services/disagg/shm_pool.py): a transfer writes into pages mapped already, at memory
+    # speed. Past it (or 0) a transfer gets a one-shot segment (tmpfs page faults: ~3x slower).
+    kv_shm_pool_bytes: int = Field(1 << 30, ge=0)
     grace_period_s: float = Field(10.0, ge=0)
     # A job's KV goes only to the address discovery lists for its decode worker; a job
     # naming one not (yet) listed waits this long for discovery before it is refused
@@ -373,6 +380,9 @@ class MultimodalConfig(_Strict):
     # A language side waits this long for one chunk before resuming on another encoder.
     encode_timeout_s: float = Field(30.0, gt=0)
     embedding_cache_entries: int = Field(256, ge=0)  # LRU of image embeddings by content hash
+    # Reusable /dev/shm segments the worker that prefills offers an encode worker on its host
+    # to write the rows into (services/disagg/shm_pool.py), in bytes; 0: always gRPC bytes.
+    shm_pool_bytes: int = Field(256 << 20, ge=0)
 
     @model_validator(mode="after")
     def _check_blocks(self) -> MultimodalConfig:
@@ -392,6 +402,9 @@ class EncodeConfig(_Strict):
     # A transfer no resume touched this long is freed (its language side died).
     stale_transfer_s: float = Field(60.0, gt=0)
     grace_period_s: float = Field(5.0, ge=0)
+    # Language sides' reusable embedding segments this worker keeps mapped (by name, least
+    # recently used dropped past it), in bytes.
+    shm_mapped_bytes: int = Field(512 << 20, ge=0)
 
 
 class SimConfig(_Strict):

@@ -16,8 +16,11 @@ bad KV: the wait ends); a transfer cut off midway hands it back for JetStream's 
 
 A header with ``shm_name`` (same-host transport, services/disagg/kv_shm.py) is the stream's
 only message: the KV is the mapped /dev/shm segment, which is unlinked whatever the outcome.
-A segment that cannot be opened here is answered ``"shm unavailable: ..."`` and the request
-keeps waiting for the sender's resend over gRPC bytes (with the same token).
+A reusable segment (``shm_offset > 0``, services/disagg/shm_pool.py) stays mapped here by
+name for the sender's next transfers, and ``ReceivedKv.release`` clears its busy flag so
+the sender may write it again. A segment that cannot be opened here is answered
+``"shm unavailable: ..."`` and the request keeps waiting for the sender's resend (a fresh
+segment, or gRPC bytes, with the same token).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from services.disagg.kv_shm import (
     unlink_segment,
 )
 from services.disagg.kv_wire import dtype_from_name, split_kv_chunk
+from services.disagg.shm_pool import MappedSegments, payload_view, release_flag
 from services.disagg.transfer_token import matches, well_formed
 from services.gen import worker_pb2
 
@@ -106,11 +110,13 @@ class KvReceiver:
 
     def __init__(self, on_bytes: Callable[[int], None] | None = None,
                  buffers: KvBufferPool | None = None,
-                 on_refused: Callable[[KvRefusal], None] | None = None) -> None:
+                 on_refused: Callable[[KvRefusal], None] | None = None,
+                 segments: MappedSegments | None = None) -> None:
         self._pending: dict[str, _Waiting] = {}
         self._on_bytes = on_bytes
         self._on_refused = on_refused
         self.buffers = buffers or KvBufferPool()
+        self.segments = segments if segments is not None else MappedSegments(2 << 30)
 
     def expect(self, request_id: str, expected: ExpectedKv) -> asyncio.Future[ReceivedKv]:
         """Register a request as waiting for KV sent with ``expected.token``; its future gets
@@ -192,9 +198,8 @@ class KvReceiver:
             if head.shm_name:
                 # NOTE: no copy here: the tensor is a mapping of the segment's pages (freed
                 # with the tensor); the engine's import is the one copy.
-                got, kv = await _map_shm(head, head_data, chunks, nbytes)
+                got, kv, release = await _map_shm(head, head_data, chunks, nbytes, self.segments)
                 kv = kv.view(expected.dtype).reshape(expected.shape)
-                release = _noop
             else:
                 buf = self.buffers.take(nbytes)
                 got = await _read_payload(head, head_data, chunks, memoryview(buf.numpy()), rid)
@@ -263,14 +268,29 @@ def _once(give: Callable[[torch.Tensor], None], buf: torch.Tensor) -> Callable[[
 
 
 async def _map_shm(head: worker_pb2.KvChunk, head_data: bytes | memoryview,
-                   chunks: AsyncIterator[worker_pb2.KvChunk | bytes], nbytes: int) -> tuple[int, torch.Tensor]:
-    """(bytes, a uint8 tensor over the header's shared-memory segment), which must be the
-    stream's only message."""
+                   chunks: AsyncIterator[worker_pb2.KvChunk | bytes], nbytes: int,
+                   segments: MappedSegments) -> tuple[int, torch.Tensor, Callable[[], None]]:
+    """(bytes, a uint8 tensor over the header's shared-memory segment, its release), which
+    must be the stream's only message."""
     if len(head_data) or await anext(chunks, None) is not None:
         raise KvTransferError(f"shared-memory KV transfer for {head.request_id!r} also carries data")
-    # NOTE: in a thread: faulting in a few hundred MB of pages takes a while.
-    mm = await asyncio.to_thread(map_segment, head.shm_name, nbytes)
-    return nbytes, torch.frombuffer(mm, dtype=torch.uint8)
+    if head.shm_offset == 0:  # a one-shot segment: exactly the payload
+        # NOTE: in a thread: faulting in a few hundred MB of pages takes a while.
+        mm = await asyncio.to_thread(map_segment, head.shm_name, nbytes)
+        return nbytes, torch.frombuffer(mm, dtype=torch.uint8), _noop
+    if head.shm_offset + nbytes > head.shm_size:
+        raise KvTransferError(f"KV for {head.request_id!r} does not fit its shared-memory segment: "
+                              f"{nbytes} bytes from {head.shm_offset} of {head.shm_size}")
+    mm = segments.get(head.shm_name)
+    if mm is None:
+        mm = await asyncio.to_thread(map_segment, head.shm_name, head.shm_size)
+        segments.add(head.shm_name, mm)
+    elif len(mm) != head.shm_size:
+        raise KvTransferError(f"shared-memory segment {head.shm_name} holds {len(mm)} bytes; "
+                              f"the header says {head.shm_size}")
+    # NOTE: no copy here: the engine's import is the one copy out; release lets the
+    # sender write the segment again.
+    return nbytes, payload_view(mm, head.shm_offset, nbytes), release_flag(mm)
 
 
 def _noop() -> None:

@@ -34,6 +34,7 @@ from services.decode.metrics import DecodeMetrics
 from services.decode.move_in import MoveReceiver
 from services.decode.move_out import MoveOutbox
 from services.disagg.kv_shm import host_id
+from services.disagg.shm_pool import MappedSegments
 from services.disagg.prefill_outcome import FallbackReason, PrefillLocation
 from services.disagg.prefill_queue import PrefillQueue
 from services.disagg.transfer_token import new_token
@@ -67,7 +68,8 @@ class DecodeWorker:
         self._has_peers = has_peers
         self.metrics = metrics or DecodeMetrics(engine.stats, cfg.decode.disagg)
         self.receiver = KvReceiver(on_bytes=self.metrics.kv_bytes_received.inc,
-                                   on_refused=self.metrics.kv_transfer_refused)
+                                   on_refused=self.metrics.kv_transfer_refused,
+                                   segments=MappedSegments(cfg.decode.kv_shm_mapped_bytes))
         dc = cfg.decode
         # Moves: off this worker when it drains, onto it from draining ones.
         self.outbox = MoveOutbox(engine, worker_id, cfg.prefill.kv_chunk_bytes, dc.move_timeout_s,

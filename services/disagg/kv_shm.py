@@ -21,8 +21,8 @@ import uuid
 SHM_DIR = "/dev/shm"
 # KvTransferAck.error prefix: the segment could not be used there; resend as gRPC bytes.
 SHM_UNAVAILABLE = "shm unavailable"
-_PREFIX = "tandem-kv-"
-_NAME = re.compile(r"tandem-kv-[0-9a-f]{32}")
+# "kv": KV transfers; "mm": image embeddings (services/disagg/shm_pool.py for both).
+_NAME = re.compile(r"tandem-(kv|mm)-[0-9a-f]{32}")
 
 
 class ShmUnavailableError(OSError):
@@ -42,8 +42,8 @@ def host_id() -> str:
     return f"{boot}/{st.st_dev}:{st.st_ino}"
 
 
-def new_segment_name() -> str:
-    return f"{_PREFIX}{uuid.uuid4().hex}"
+def new_segment_name(kind: str = "kv") -> str:
+    return f"tandem-{kind}-{uuid.uuid4().hex}"
 
 
 def segment_path(name: str) -> str:

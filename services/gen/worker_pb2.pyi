@@ -67,7 +67,7 @@ class MoveKvRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., move_token: _Optional[bytes] = ..., first_block: _Optional[int] = ..., num_blocks: _Optional[int] = ..., num_tokens: _Optional[int] = ..., transfer_token: _Optional[bytes] = ...) -> None: ...
 
 class KvChunk(_message.Message):
-    __slots__ = ("request_id", "first_token", "first_block", "num_blocks", "dtype", "shape", "prefill_worker_id", "offset", "data", "shm_name", "transfer_token", "first_logprob")
+    __slots__ = ("request_id", "first_token", "first_block", "num_blocks", "dtype", "shape", "prefill_worker_id", "offset", "data", "shm_name", "shm_offset", "shm_size", "transfer_token", "first_logprob")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
     FIRST_BLOCK_FIELD_NUMBER: _ClassVar[int]
@@ -78,6 +78,8 @@ class KvChunk(_message.Message):
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     SHM_NAME_FIELD_NUMBER: _ClassVar[int]
+    SHM_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SHM_SIZE_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_TOKEN_FIELD_NUMBER: _ClassVar[int]
     FIRST_LOGPROB_FIELD_NUMBER: _ClassVar[int]
     request_id: str
@@ -90,9 +92,11 @@ class KvChunk(_message.Message):
     offset: int
     data: bytes
     shm_name: str
+    shm_offset: int
+    shm_size: int
     transfer_token: bytes
     first_logprob: _request_pb2.TokenLogprob
-    def __init__(self, request_id: _Optional[str] = ..., first_token: _Optional[int] = ..., first_block: _Optional[int] = ..., num_blocks: _Optional[int] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., prefill_worker_id: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., shm_name: _Optional[str] = ..., transfer_token: _Optional[bytes] = ..., first_logprob: _Optional[_Union[_request_pb2.TokenLogprob, _Mapping]] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., first_token: _Optional[int] = ..., first_block: _Optional[int] = ..., num_blocks: _Optional[int] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., prefill_worker_id: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., shm_name: _Optional[str] = ..., shm_offset: _Optional[int] = ..., shm_size: _Optional[int] = ..., transfer_token: _Optional[bytes] = ..., first_logprob: _Optional[_Union[_request_pb2.TokenLogprob, _Mapping]] = ...) -> None: ...
 
 class KvTransferAck(_message.Message):
     __slots__ = ("accepted", "error", "bytes_received")

@@ -1,6 +1,8 @@
 """Prefill side of the KV transfer: stream one request's KV + first token to a decode
 worker's ``KvTransfer`` (client streaming, raw bytes in chunks under gRPC's message limit),
-or, on the same host, pass it through a /dev/shm segment and send only the header."""
+or, on the same host, pass it through a /dev/shm segment and send only the header: a
+reusable segment of this worker's pool (services/disagg/shm_pool.py) when it has room, a
+one-shot one (services/disagg/kv_shm.py) otherwise."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from services.disagg.kv_shm import (
     write_segment,
 )
 from services.disagg.kv_wire import kv_chunks, kv_header, tensor_bytes
+from services.disagg.shm_pool import HEADER_BYTES, Segment, SegmentPool
 from services.gen import worker_pb2
 
 log = logging.getLogger(__name__)
@@ -39,9 +42,11 @@ class SentKv:
 class KvSender:
     """Channels to decode workers, one per address, reused across transfers."""
 
-    def __init__(self, prefill_worker_id: str, chunk_bytes: int) -> None:
+    def __init__(self, prefill_worker_id: str, chunk_bytes: int, shm_pool_bytes: int = 1 << 30) -> None:
         self.worker_id = prefill_worker_id
         self.chunk_bytes = chunk_bytes
+        # NOTE: names through this module's new_segment_name (tests record the segments made).
+        self.segments = SegmentPool(shm_pool_bytes, lambda: new_segment_name())
         self._stubs: dict[str, tuple[grpc.aio.Channel, grpc.aio.StreamUnaryMultiCallable]] = {}
 
     def _call(self, address: str) -> grpc.aio.StreamUnaryMultiCallable:
@@ -82,7 +87,53 @@ class KvSender:
         """The shared-memory transfer's ack; None when it could not be used (send bytes)."""
         head = kv_header(request_id, kv, first_token, first_block, self.worker_id, token,
                          first_logprob)
+        for _ in range(2):
+            try:
+                seg = self.segments.take(address, kv.numel() * kv.element_size())
+            except ShmUnavailableError as e:
+                log.info("KV for %s over gRPC bytes: %s", request_id, e)
+                return None
+            if seg is None:
+                return await self._send_one_shot(address, head, kv, timeout_s)
+            reused = not seg.fresh
+            ack = await self._send_pooled(address, head, kv, seg, timeout_s)
+            if ack is not None:
+                return ack
+            if not reused:
+                return None
+            # NOTE: the decode worker lost its mappings (restarted at this address): every
+            # segment it had is useless; once more through a fresh one.
+            self.segments.forget(address)
+        return None
+
+    async def _send_pooled(self, address: str, head: worker_pb2.KvChunk, kv: torch.Tensor, seg: Segment,
+                           timeout_s: float | None) -> worker_pb2.KvTransferAck | None:
+        head.shm_name, head.shm_offset, head.shm_size = seg.name, HEADER_BYTES, seg.size
+        ack = None
+        try:
+            # NOTE: in a thread: the copy takes tens of ms for a few hundred MB.
+            await asyncio.to_thread(seg.write, kv.detach().to("cpu").contiguous())
+            ack = await self._call(address)(iter((head.SerializeToString(),)), timeout=timeout_s,
+                                            metadata=call_metadata())
+        finally:
+            unlink_segment(seg.name)
+            if ack is None:  # cancelled or failed: the decode worker may still be reading it
+                self.segments.drop(seg)
+        if ack.accepted:
+            self.segments.kept(seg)
+            return ack
+        if ack.error.startswith(SHM_UNAVAILABLE):
+            log.info("KV for %s not through shared memory: decode worker answered %s", head.request_id, ack.error)
+            self.segments.drop(seg)
+            return None
+        self.segments.idle(seg)
+        return ack
+
+    async def _send_one_shot(self, address: str, head: worker_pb2.KvChunk, kv: torch.Tensor,
+                             timeout_s: float | None) -> worker_pb2.KvTransferAck | None:
+        """A segment of its own for this transfer (the pool is off or full)."""
         head.shm_name = new_segment_name()
+        request_id = head.request_id
         # NOTE: in a thread (a few hundred MB take ~0.1 s); the segment is unlinked only
         # after the write ended, or a cancelled send could leave a file created later.
         write = asyncio.ensure_future(asyncio.to_thread(write_segment, head.shm_name, tensor_bytes(kv)))
@@ -104,6 +155,7 @@ class KvSender:
         return ack
 
     async def close(self) -> None:
+        self.segments.close()
         for ch, _ in self._stubs.values():
             await ch.close()
         self._stubs.clear()

@@ -64,7 +64,7 @@ class PrefillWorker:
         self.metrics = metrics or PrefillMetrics(engine.stats)
         self._nc = nc
         self._subjects = Subjects(cfg.namespace)
-        self._sender = KvSender(worker_id, cfg.prefill.kv_chunk_bytes)
+        self._sender = KvSender(worker_id, cfg.prefill.kv_chunk_bytes, cfg.prefill.kv_shm_pool_bytes)
         self.decode_workers = DecodeDirectory()
         self._free = cfg.prefill.max_concurrent_jobs  # job slots not in use
         self._room = asyncio.Event()
