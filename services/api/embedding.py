@@ -4,11 +4,23 @@ the protocol itself: services/engine/multimodal/transfer.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
+
+
+@dataclass(frozen=True, slots=True)
+class ShmTarget:
+    """Where an encode worker on the language side's host may write the rows: a reusable
+    /dev/shm segment of the language side's (services/disagg/shm_pool.py)."""
+
+    host_id: str  # the language side's kv_shm.host_id(): only an equal one may use it
+    name: str  # the segment (kv_shm.segment_path checks it)
+    offset: int  # the rows' first byte in it
+    size: int  # the whole segment's bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,13 +32,22 @@ class TransferRequest:
     image: bytes  # the encoded image file (PNG/JPEG/WebP)
     sent_tokens: int  # rows the language side already holds
     capacity_tokens: int  # rows its current allocation takes
+    # Bytes of one row as the language side holds it (hidden x its dtype's size): sizes a
+    # shared-memory target; 0: unknown (bytes only).
+    row_bytes: int = 0
+    shm: ShmTarget | None = None  # set by the transport (encode/client.py), never by the protocol
 
 
 @dataclass(frozen=True, slots=True)
 class TransferChunk:
     """Encode -> language: rows ``offset .. offset + len(embeds)`` of ``total_tokens``."""
 
-    embeds: torch.Tensor  # (n, hidden)
+    embeds: torch.Tensor  # (n, hidden), in the encode side's dtype (the model's)
     total_tokens: int  # the aux true length
     offset: int
     is_last: bool
+    # The rows were written into the ask's ShmTarget (``embeds`` views that segment).
+    placed: bool = False
+    # Call once ``embeds`` was copied out: its memory (a shared segment, a gRPC message)
+    # may be reused.
+    release: Callable[[], None] = field(default=lambda: None, repr=False, compare=False)

@@ -129,24 +129,28 @@ def _router(sub: argparse._SubParsersAction) -> None:
 
 
 def _kv_transfer(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("kv-transfer", help="KV transfer GB/s over loopback: gRPC bytes and /dev/shm")
+    p = sub.add_parser("kv-transfer", help="KV transfer GB/s over loopback: gRPC bytes and /dev/shm, beside a memcpy")
     add_json_arg(p)
     p.add_argument("--tokens", default="1024,2048,4096,8192", help="prompt lengths")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--chunk-bytes", type=int, default=0, help="payload per gRPC message (default: config)")
     p.add_argument("--processes", type=int, default=2, choices=(1, 2),
                    help="2: decode end in a child process (as deployed); 1: all in one process")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                   help="the KV's dtype (as the model holds it)")
     p.set_defaults(_key=("bench", "kv-transfer"))
 
 
 def _mm_transfer(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("mm-transfer", help="image-embedding transfer GB/s over loopback gRPC, with and without resume")
+    p = sub.add_parser("mm-transfer", help="image-embedding transfer GB/s over loopback: gRPC bytes and /dev/shm, with and without resume")
     add_json_arg(p)
     p.add_argument("--rows", default="576,2304", help="embedding rows per image (LLaVA-1.5: 576)")
     p.add_argument("--hidden", type=int, default=4096, help="the text model's hidden size")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--resume-blocks", type=int, default=2,
                    help="first-buffer blocks (128 rows each) of the resume runs")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                   help="the embeddings' dtype (as the model holds them)")
     p.set_defaults(_key=("bench", "mm-transfer"))
 
 

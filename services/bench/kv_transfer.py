@@ -1,12 +1,16 @@
-"""`tandem bench kv-transfer [--json FILE]`: KV transfer throughput over loopback, both paths.
+"""`tandem bench kv-transfer [--json FILE]`: KV transfer throughput over loopback, both
+paths, beside a plain memory copy of the same bytes.
 
 Runs the real path end to end on this host: ``KvSender`` (the prefill worker's client)
-sends a SmolLM2-shaped KV tensor (30 layers, 3 kv heads, head_dim 64, block 16, float32)
-to a real gRPC server running ``DecodeWorkerServicer.KvTransfer`` into a ``KvReceiver``,
-which validates and reassembles it, once as gRPC bytes and once through /dev/shm (the
-same-host path: only the header goes over gRPC). GB/s = tensor bytes / (send start ->
-the waiting future resolved); the buffer is then handed back as the decode worker does.
-The decode end runs in a child process (``--processes 2``, as deployed) or in this one.
+sends a SmolLM2-shaped KV tensor (30 layers, 3 kv heads, head_dim 64, block 16, in
+``--dtype``) to a real gRPC server running ``DecodeWorkerServicer.KvTransfer`` into a
+``KvReceiver``, which validates and reassembles it, once as gRPC bytes and once through
+/dev/shm (the same-host path: only the header goes over gRPC; the sender's reusable
+segment, warmed by the checked first transfer). GB/s = tensor bytes / (send start -> the
+waiting future resolved); the buffer (or segment) is then handed back as the decode worker
+does. ``memcpy`` = the same bytes copied by ``Tensor.copy_`` into a preallocated tensor in
+this process, timed the same way: the ceiling on this machine at that moment. The decode
+end runs in a child process (``--processes 2``, as deployed) or in this one.
 """
 
 from __future__ import annotations
@@ -25,11 +29,13 @@ from services.common.config import PrefillConfig
 from services.common.grpc_server import serve_grpc
 from services.decode.grpc_server import SERVER_OPTIONS, DecodeWorkerServicer, add_decode_servicer
 from services.decode.kv_receiver import ExpectedKv, KvReceiver
+from services.disagg.kv_wire import dtype_from_name
 from services.disagg.transfer_token import new_token
 from services.prefill.kv_sender import KvSender
 
 LAYERS, KV_HEADS, HEAD_DIM, BLOCK = 30, 3, 64, 16
 TRANSPORTS = ("grpc", "shm")
+COLUMNS = (*TRANSPORTS, "memcpy")
 
 
 @dataclass
@@ -46,8 +52,8 @@ class _LocalEnd:
         self.receiver = receiver
         self._futs: dict[str, asyncio.Future] = {}
 
-    async def expect(self, rid: str, shape: tuple[int, ...], token: bytes) -> None:
-        self._futs[rid] = self.receiver.expect(rid, ExpectedKv(0, shape[2], shape, torch.float32, token))
+    async def expect(self, rid: str, shape: tuple[int, ...], dtype: torch.dtype, token: bytes) -> None:
+        self._futs[rid] = self.receiver.expect(rid, ExpectedKv(0, shape[2], shape, dtype, token))
 
     async def done(self, rid: str, kv: torch.Tensor | None) -> None:
         got = await self._futs.pop(rid)
@@ -63,8 +69,8 @@ class _ChildEnd:
     def __init__(self, conn) -> None:
         self._conn = conn
 
-    async def expect(self, rid: str, shape: tuple[int, ...], token: bytes) -> None:
-        self._conn.send(("expect", rid, shape, token))
+    async def expect(self, rid: str, shape: tuple[int, ...], dtype: torch.dtype, token: bytes) -> None:
+        self._conn.send(("expect", rid, shape, dtype, token))
         await asyncio.to_thread(self._conn.recv)
 
     async def done(self, rid: str, kv: torch.Tensor | None) -> None:
@@ -80,7 +86,7 @@ async def _one(sender: KvSender, end, address: str, rid: str, kv: torch.Tensor,
     waiting future resolved)."""
     nbytes = kv.numel() * kv.element_size()
     token = new_token()
-    await end.expect(rid, tuple(kv.shape), token)
+    await end.expect(rid, tuple(kv.shape), kv.dtype, token)
     t0 = time.perf_counter()
     sent = await sender.send(address, rid, kv, 7, 0, shm=transport == "shm", token=token)
     dt = time.perf_counter() - t0
@@ -110,7 +116,7 @@ def _child_main(conn) -> None:
             msg = await asyncio.to_thread(conn.recv)
             if msg[0] == "expect":
                 futs[msg[1]] = receiver.expect(
-                    msg[1], ExpectedKv(0, msg[2][2], msg[2], torch.float32, msg[3]))
+                    msg[1], ExpectedKv(0, msg[2][2], msg[2], msg[3], msg[4]))
                 conn.send(True)
             elif msg[0] == "check":
                 got = await futs.pop(msg[1])
@@ -124,7 +130,20 @@ def _child_main(conn) -> None:
     asyncio.run(run())
 
 
-async def _bench(token_counts: list[int], repeats: int, chunk_bytes: int, processes: int) -> dict:
+def _memcpy_seconds(src: torch.Tensor, repeats: int) -> list[float]:
+    """Seconds of ``repeats`` copies of ``src`` into one preallocated tensor (warmed first)."""
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+async def _bench(token_counts: list[int], repeats: int, chunk_bytes: int, processes: int,
+                 dtype: torch.dtype = torch.float32) -> dict:
     child = conn = server = None
     if processes == 2:
         import multiprocessing as mp
@@ -144,9 +163,13 @@ async def _bench(token_counts: list[int], repeats: int, chunk_bytes: int, proces
     try:
         for n in token_counts:
             blocks = -(-n // BLOCK)
-            kv = torch.randn(LAYERS, 2, blocks, BLOCK, KV_HEADS, HEAD_DIM)  # (layers, 2, blocks, block, heads, dim)
+            # (layers, 2, blocks, block, heads, dim)
+            kv = torch.randn(LAYERS, 2, blocks, BLOCK, KV_HEADS, HEAD_DIM).to(dtype)
             nbytes = kv.numel() * kv.element_size()
             entry: dict = {"bytes": nbytes}
+            rates = [nbytes / t / 1e9 for t in _memcpy_seconds(kv, repeats)]
+            entry["memcpy"] = {"gb_s_median": round(statistics.median(rates), 3),
+                               "gb_s_min": round(min(rates), 3), "gb_s_max": round(max(rates), 3)}
             for transport in TRANSPORTS:
                 # the first run warms the channel and the buffer pool up, and is checked bit-exact
                 await _one(sender, end, address, f"b{n}-{transport}-w", kv, transport, True)
@@ -164,13 +187,13 @@ async def _bench(token_counts: list[int], repeats: int, chunk_bytes: int, proces
             child.join(timeout=10)
     out: dict = {}
     total_b = sum(v["bytes"] for v in by_tokens.values())
-    for transport in TRANSPORTS:
+    for transport in COLUMNS:
         # overall: byte-weighted harmonic mean of the medians (time-weighted throughput)
         total_t = sum(v["bytes"] / v[transport]["gb_s_median"] for v in by_tokens.values())
         out[f"{transport}_gb_s"] = round(total_b / total_t, 3)
     out.update({"by_tokens": by_tokens,
                 "kv_shape": {"layers": LAYERS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM,
-                             "block_size": BLOCK, "dtype": "float32"},
+                             "block_size": BLOCK, "dtype": str(dtype).removeprefix("torch.")},
                 "chunk_bytes": chunk_bytes, "repeats": repeats, "processes": processes})
     return out
 
@@ -181,7 +204,7 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit("--repeats must be >= 1, --tokens non-empty, --processes 1 or 2")
     head = header(args)
     result = asyncio.run(_bench(counts, args.repeats, args.chunk_bytes or PrefillConfig().kv_chunk_bytes,
-                                args.processes))
+                                args.processes, dtype_from_name(args.dtype)))
     result = finish(head, result)
     print(json.dumps(result, indent=2))
     write_json(args.json_path, result)

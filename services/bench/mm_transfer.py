@@ -1,12 +1,16 @@
-"""`tandem bench mm-transfer [--json FILE]`: image-embedding transfer GB/s over loopback gRPC.
+"""`tandem bench mm-transfer [--json FILE]`: image-embedding transfer GB/s over loopback,
+gRPC bytes and /dev/shm, beside a plain memory copy of the same bytes.
 
 The real transfer path: an ``EmbeddingReceiver`` (the worker that prefills) fetches one
 image's embeddings from a real encode worker servicer (``EncodeWorkerServicer`` over an
-``EmbeddingSender``) through ``GrpcEncodeChannel``. The encoder is replaced by a fixed
-tensor of ``--rows`` x ``--hidden`` float32 (LLaVA-1.5-7B: 576 x 4096), so only the
-transfer is timed. Each size runs twice: with a first buffer that holds the whole image
-(no resume) and with ``--resume-blocks`` blocks (every fetch resumes, twice or more).
-GB/s = embedding bytes / (fetch start -> the concatenated tensor back).
+``EmbeddingSender`` with a ``ShmPlacer``) through ``GrpcEncodeChannel``: once with no
+shared memory (rows as gRPC bytes) and once with the channel's segment pool (the encode
+side writes the rows into the receiver's segment; only headers cross gRPC). The encoder is
+replaced by a fixed tensor of ``--rows`` x ``--hidden`` in ``--dtype`` (LLaVA-1.5-7B: 576
+x 4096), so only the transfer is timed. Each size and path runs twice: with a first buffer
+that holds the whole image (no resume) and with ``--resume-blocks`` blocks (every fetch
+resumes, twice or more). GB/s = embedding bytes / (fetch start -> the image's tensor
+back). ``memcpy`` = the same bytes copied by ``Tensor.copy_`` into a preallocated tensor.
 """
 
 from __future__ import annotations
@@ -21,44 +25,65 @@ import time
 import grpc
 import torch
 
+from services.bench.kv_transfer import _memcpy_seconds
 from services.bench.results import finish, header, write_json
+from services.disagg.kv_wire import dtype_from_name
 from services.encode.client import CHANNEL_OPTIONS, GrpcEncodeChannel
 from services.encode.grpc_server import serve_encode_worker
 from services.engine.multimodal.blocks import EmbeddingBlockAllocator
 from services.engine.multimodal.buffers import EmbeddingBuffers
 from services.engine.multimodal.embedder import LocalEncodeChannel
+from services.engine.multimodal.placer import ShmPlacer
 from services.engine.multimodal.transfer import EmbeddingReceiver, EmbeddingSender
-from services.gen import encode_pb2_grpc
 
 BLOCK = 128
+# result key -> (transport, resume)
+MODES = {"no_resume": ("grpc", False), "resume": ("grpc", True),
+         "shm": ("shm", False), "shm_resume": ("shm", True)}
 
 
-async def _bench(rows_list: list[int], hidden: int, repeats: int, resume_blocks: int) -> dict:
+def _stats(rates: list[float]) -> dict:
+    return {"gb_s_median": round(statistics.median(rates), 3), "gb_s_min": round(min(rates), 3),
+            "gb_s_max": round(max(rates), 3)}
+
+
+async def _bench(rows_list: list[int], hidden: int, repeats: int, resume_blocks: int,
+                 dtype: torch.dtype = torch.float32) -> dict:
     most = max(rows_list)
     num_blocks = 2 * -(-most // BLOCK) + 2
-    images = {n: torch.randn(n, hidden) for n in rows_list}
+    images = {n: torch.randn(n, hidden).to(dtype) for n in rows_list}
     sender = EmbeddingSender(EmbeddingBlockAllocator(num_blocks, BLOCK, 1),
-                             EmbeddingBuffers(num_blocks, BLOCK, hidden),
-                             lambda h, data: images[int(data.decode())])
+                             EmbeddingBuffers(num_blocks, BLOCK, hidden, dtype),
+                             lambda h, data: images[int(data.decode())], placer=ShmPlacer(4 << 30))
     local = LocalEncodeChannel(sender, "bench")
     server, port = await serve_encode_worker(local, "127.0.0.1", 0)
-    ch = grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=CHANNEL_OPTIONS)
-    channel = GrpcEncodeChannel(f"127.0.0.1:{port}", encode_pb2_grpc.EncodeWorkerStub(ch), "bench")
+    address = f"127.0.0.1:{port}"
+    ch = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+    channels = {"grpc": GrpcEncodeChannel(address, ch, "bench"),
+                "shm": GrpcEncodeChannel(address, ch, "bench-shm", shm_pool_bytes=4 << 30)}
     by_rows: dict[str, dict] = {}
-    seconds: dict[str, float] = {"no_resume": 0.0, "resume": 0.0}  # sum of median times, per mode
+    seconds: dict[str, float] = {mode: 0.0 for mode in (*MODES, "memcpy")}  # sums of median times
     try:
         for n in rows_list:
-            nbytes = n * hidden * 4
+            nbytes = n * hidden * images[n].element_size()
             entry: dict = {"bytes": nbytes}
+            rates = [nbytes / t / 1e9 for t in _memcpy_seconds(images[n], repeats)]
+            entry["memcpy"] = _stats(rates)
+            seconds["memcpy"] += nbytes / 1e9 / statistics.median(rates)
             whole = -(-n // BLOCK)
-            for mode, default_blocks in (("no_resume", whole), ("resume", min(resume_blocks, whole))):
+            for mode, (transport, resume) in MODES.items():
+                default_blocks = min(resume_blocks, whole) if resume else whole
                 receiver = EmbeddingReceiver(EmbeddingBlockAllocator(num_blocks, BLOCK, default_blocks),
-                                             EmbeddingBuffers(num_blocks, BLOCK, hidden))
+                                             EmbeddingBuffers(num_blocks, BLOCK, hidden, dtype))
+                channel = channels[transport]
                 image = str(n).encode()
                 digest = hashlib.sha256(image).hexdigest()
+                # the first fetch warms the path (and the segments) up, and is checked bit-exact
                 got = await receiver.fetch(f"w{n}{mode}", digest, image, [channel])
                 if not torch.equal(got, images[n]):
                     raise RuntimeError("received embeddings differ from the sent ones")
+                if transport == "shm" and channel.shm_declined:
+                    raise RuntimeError("the encode side did not take the shared-memory segment")
                 rates = []
                 for i in range(repeats):
                     t0 = time.perf_counter()
@@ -67,11 +92,11 @@ async def _bench(rows_list: list[int], hidden: int, repeats: int, resume_blocks:
                 if receiver.allocator.used_blocks or sender.allocator.used_blocks:
                     raise RuntimeError("embedding blocks left held after the transfers")
                 seconds[mode] += nbytes / 1e9 / statistics.median(rates)
-                entry[mode] = {"gb_s_median": round(statistics.median(rates), 3),
-                               "gb_s_min": round(min(rates), 3), "gb_s_max": round(max(rates), 3),
-                               "first_buffer_rows": default_blocks * BLOCK}
+                entry[mode] = {**_stats(rates), "first_buffer_rows": default_blocks * BLOCK}
             by_rows[str(n)] = entry
     finally:
+        for c in channels.values():
+            c.close()
         await ch.close()
         await server.stop(grace=0)
         local.close()
@@ -80,8 +105,8 @@ async def _bench(rows_list: list[int], hidden: int, repeats: int, resume_blocks:
     for mode, t in seconds.items():
         # overall: byte-weighted harmonic mean of the medians (time-weighted throughput)
         out[f"{mode}_gb_s"] = round(total_b / 1e9 / t, 4)
-    out.update({"by_rows": by_rows, "hidden": hidden, "dtype": "float32", "block_size": BLOCK,
-                "resume_blocks": resume_blocks, "repeats": repeats})
+    out.update({"by_rows": by_rows, "hidden": hidden, "dtype": str(dtype).removeprefix("torch."),
+                "block_size": BLOCK, "resume_blocks": resume_blocks, "repeats": repeats})
     return out
 
 
@@ -90,7 +115,8 @@ def main(args: argparse.Namespace) -> int:
     if args.repeats < 1 or not rows or min(rows) < 1 or args.hidden < 1 or args.resume_blocks < 1:
         raise SystemExit("--repeats, --hidden, --resume-blocks must be >= 1 and --rows non-empty positive")
     head = header(args)
-    result = finish(head, asyncio.run(_bench(rows, args.hidden, args.repeats, args.resume_blocks)))
+    result = finish(head, asyncio.run(_bench(rows, args.hidden, args.repeats, args.resume_blocks,
+                                             dtype_from_name(args.dtype))))
     print(json.dumps(result, indent=2))
     write_json(args.json_path, result)
     return 0

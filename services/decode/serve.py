@@ -58,7 +58,8 @@ async def _build(part: Setup) -> PartSpec:
     metrics = DecodeMetrics(ae.stats, dc.disagg)
     queue = await PrefillQueue.open(part.nc, subjects, cfg.prefill, dc.disagg.queue_depth_cache_s, worker_id)
     discovery = await part.discovery()
-    encoders = EncodeDirectory(AddressBook("encode")) if cfg.encode.replicas > 0 else None
+    encoders = (EncodeDirectory(AddressBook("encode"), cfg.multimodal.shm_pool_bytes)
+                if cfg.encode.replicas > 0 else None)
     images = build_embedder(cfg, parts.model_path, str(getattr(runner, "device", "cpu")),
                             encoders.channels if encoders is not None else None, getattr(runner, "dtype", None))
     if images is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from services.api.raw_bytes import split_bytes_field, varint, with_bytes_field
 from services.api.request_codec import logprob_to_pb
 from services.gen import worker_pb2
 
@@ -54,21 +55,6 @@ def chunk_ranges(total: int, chunk_bytes: int) -> Iterator[tuple[int, int]]:
         yield off, min(off + chunk_bytes, total)
 
 
-def _read_varint(buf: memoryview, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if pos >= len(buf):
-            raise ValueError("truncated varint in KvChunk")
-        b = buf[pos]
-        pos += 1
-        value |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return value, pos
-        shift += 7
-        if shift > 63:
-            raise ValueError("varint longer than 10 bytes in KvChunk")
-
-
 _DATA_FIELD = 9  # KvChunk.data (proto/worker.proto)
 
 
@@ -80,51 +66,13 @@ def split_kv_chunk(raw: bytes) -> tuple[bytes, memoryview]:
     as a ``KvChunk`` (fields may come in any order; the last ``data`` wins, as in protobuf).
     Raises ValueError on malformed wire data.
     """
-    mv = memoryview(raw)
-    rest: list[memoryview] = []
-    data = mv[0:0]
-    pos = 0
-    while pos < len(mv):
-        start = pos
-        key, pos = _read_varint(mv, pos)
-        wire_type = key & 7
-        if wire_type == 0:
-            _, pos = _read_varint(mv, pos)
-        elif wire_type == 1:
-            pos += 8
-        elif wire_type == 5:
-            pos += 4
-        elif wire_type == 2:
-            n, pos = _read_varint(mv, pos)
-            if key >> 3 == _DATA_FIELD:
-                data = mv[pos:pos + n]
-                if len(data) != n:
-                    raise ValueError("truncated data field in KvChunk")
-                pos += n
-                continue
-            pos += n
-        else:
-            raise ValueError(f"unsupported wire type {wire_type} in KvChunk")
-        if pos > len(mv):
-            raise ValueError("truncated field in KvChunk")
-        rest.append(mv[start:pos])
-    return b"".join(rest), data
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
+    try:
+        return split_bytes_field(raw, _DATA_FIELD)
+    except ValueError as e:
+        raise ValueError(f"{e} in KvChunk") from None
 
 
 _OFFSET_TAG = b"\x40"  # KvChunk.offset: field 8, varint
-_DATA_TAG = b"\x4a"  # KvChunk.data: field 9, length-delimited
 
 
 def kv_header(request_id: str, kv: torch.Tensor, first_token: int, first_block: int,
@@ -156,5 +104,5 @@ def kv_chunks(request_id: str, kv: torch.Tensor, first_token: int, first_block: 
                      token, first_logprob).SerializeToString()
     raw = tensor_bytes(kv)
     for off, end in chunk_ranges(len(raw), chunk_bytes):
-        yield b"".join((head, _OFFSET_TAG, _varint(off), _DATA_TAG, _varint(end - off), raw[off:end]))
+        yield with_bytes_field(b"".join((head, _OFFSET_TAG, varint(off))), _DATA_FIELD, raw[off:end])
         head = b""

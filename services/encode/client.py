@@ -1,46 +1,98 @@
-"""An encode worker over gRPC as the language side's EncodeChannel."""
+"""An encode worker over gRPC as the language side's EncodeChannel.
+
+On one host (equal ``kv_shm.host_id()``) each ask offers a reusable /dev/shm segment of
+this side's pool (services/disagg/shm_pool.py) for the rows: the encode worker writes them
+there and answers with the header only; this side copies them out into the image's tensor
+and clears the segment's flag for the next ask. The segment's name is unlinked once the
+call ended, whatever the outcome; a segment whose call failed or was cancelled is dropped
+(the encode worker may still be writing it). An encode worker that answers with bytes
+instead (another host, a private /dev/shm) is not offered segments again."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import grpc
 
-from services.api.embedding import TransferChunk, TransferRequest
-from services.api.embedding_codec import ask_to_pb, chunk_from_pb
+from services.api.embedding import ShmTarget, TransferChunk, TransferRequest
+from services.api.embedding_codec import ask_to_pb, chunk_from_wire
 from services.common.address_book import AddressBook
 from services.common.grpc_auth import call_metadata
+from services.disagg.kv_shm import ShmUnavailableError, host_id, new_segment_name, unlink_segment
+from services.disagg.shm_pool import HEADER_BYTES, Segment, SegmentPool
 from services.engine.multimodal.blocks import BlocksExhaustedError
-from services.gen import encode_pb2, encode_pb2_grpc
+from services.gen import encode_pb2
 
 # An image is at most multimodal.max_image_bytes (10 MiB by default) plus a small header.
 MAX_MESSAGE_BYTES = 64 << 20
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+_SERVICE = "/tandem.encode.EncodeWorker/"
 
 
 class GrpcEncodeChannel:
     """Errors as the receiver expects them: ConnectionError (unreachable, crashed, cut off),
-    ValueError (a bad ask or chunk), BlocksExhaustedError (its buffer is full)."""
+    ValueError (a bad ask or chunk), BlocksExhaustedError (its buffer is full).
+    ``shm_pool_bytes``: the segments this side offers (0: bytes only). Use from one event loop."""
 
-    def __init__(self, address: str, stub: encode_pb2_grpc.EncodeWorkerStub, name: str | None = None) -> None:
-        self.address, self._stub_ = address, stub
+    def __init__(self, address: str, channel: grpc.aio.Channel, name: str | None = None,
+                 shm_pool_bytes: int = 0) -> None:
+        self.address = address
         self.name = name or address
-
-    def _stub(self) -> encode_pb2_grpc.EncodeWorkerStub:
-        return self._stub_
+        # NOTE: the reply is taken raw: chunk_from_wire views the rows in it, no protobuf copy.
+        self._transfer = channel.unary_unary(
+            _SERVICE + "Transfer", request_serializer=encode_pb2.EmbeddingTransferRequest.SerializeToString,
+            response_deserializer=None)
+        self._abort = channel.unary_unary(
+            _SERVICE + "Abort", request_serializer=encode_pb2.AbortTransferRequest.SerializeToString,
+            response_deserializer=encode_pb2.AbortTransferReply.FromString)
+        self.host = host_id()
+        self.segments = SegmentPool(shm_pool_bytes if self.host else 0, lambda: new_segment_name("mm"))
+        self.shm_declined = False  # the encode worker answered a fresh segment with bytes
 
     async def transfer(self, req: TransferRequest) -> TransferChunk:
+        seg = self._segment(req)
+        if seg is not None:
+            req = dataclasses.replace(req, shm=ShmTarget(self.host, seg.name, HEADER_BYTES, seg.size))
+        done = False
         try:
-            reply = await self._stub().Transfer(ask_to_pb(req), metadata=call_metadata())
+            raw = await self._transfer(ask_to_pb(req), metadata=call_metadata())
+            chunk = chunk_from_wire(raw, seg.payload if seg is not None else None)
+            done = True
         except grpc.aio.AioRpcError as e:
             raise _error(e, self.name) from None
-        return chunk_from_pb(reply)
+        finally:
+            if seg is not None:
+                unlink_segment(seg.name)
+                if not done:  # failed or cancelled: the encode worker may still write it
+                    self.segments.drop(seg)
+        if seg is None:
+            return chunk
+        if not chunk.placed:
+            self.shm_declined = seg.fresh
+            self.segments.idle(seg)
+            return chunk
+        seg.fresh = False  # mapped there: the next ask may name it again
+        return dataclasses.replace(chunk, release=functools.partial(self.segments.idle, seg))
+
+    def _segment(self, req: TransferRequest) -> Segment | None:
+        if self.shm_declined or req.row_bytes <= 0:
+            return None
+        try:
+            return self.segments.take(self.address, req.capacity_tokens * req.row_bytes)
+        except ShmUnavailableError:
+            return None
 
     async def abort(self, req_id: str) -> None:
         try:
-            await self._stub().Abort(encode_pb2.AbortTransferRequest(transfer_id=req_id),
-                                     metadata=call_metadata(), timeout=1.0)
+            await self._abort(encode_pb2.AbortTransferRequest(transfer_id=req_id),
+                              metadata=call_metadata(), timeout=1.0)
         except grpc.aio.AioRpcError as e:
             raise _error(e, self.name) from None
+
+    def close(self) -> None:
+        self.segments.close()
 
 
 class EncodeDirectory:
@@ -48,8 +100,9 @@ class EncodeDirectory:
     (rotated per call, so requests spread over the workers). Owns their gRPC channels
     (with message limits an image and a chunk fit)."""
 
-    def __init__(self, book: AddressBook) -> None:
+    def __init__(self, book: AddressBook, shm_pool_bytes: int = 0) -> None:
         self.book = book
+        self.shm_pool_bytes = shm_pool_bytes
         self._channels: dict[str, tuple[grpc.aio.Channel, GrpcEncodeChannel]] = {}
         self._rr = 0
 
@@ -60,8 +113,7 @@ class EncodeDirectory:
             held = self._channels.get(address)
             if held is None:
                 ch = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
-                held = self._channels[address] = (ch, GrpcEncodeChannel(address, encode_pb2_grpc.EncodeWorkerStub(ch),
-                                                                        name))
+                held = self._channels[address] = (ch, GrpcEncodeChannel(address, ch, name, self.shm_pool_bytes))
             out.append(held[1])
         if out:
             self._rr = (self._rr + 1) % len(out)
@@ -70,7 +122,8 @@ class EncodeDirectory:
 
     async def close(self) -> None:
         held, self._channels = list(self._channels.values()), {}
-        for ch, _ in held:
+        for ch, enc in held:
+            enc.close()
             await ch.close()
 
 

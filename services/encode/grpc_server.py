@@ -4,21 +4,22 @@ from __future__ import annotations
 
 import grpc
 
-from services.api.embedding_codec import ask_from_pb, chunk_to_pb
+from services.api.embedding_codec import ask_from_pb, chunk_to_wire
 from services.common.errors import decode_or_abort
 from services.common.grpc_server import serve_grpc
 from services.encode.client import MAX_MESSAGE_BYTES
 from services.engine.multimodal.blocks import BlocksExhaustedError
 from services.engine.multimodal.embedder import LocalEncodeChannel
-from services.gen import encode_pb2, encode_pb2_grpc
+from services.gen import encode_pb2
 
 
-class EncodeWorkerServicer(encode_pb2_grpc.EncodeWorkerServicer):
+class EncodeWorkerServicer:
     def __init__(self, channel: LocalEncodeChannel) -> None:
         self._channel = channel
 
     async def Transfer(self, request: encode_pb2.EmbeddingTransferRequest,  # noqa: N802
-                       context: grpc.aio.ServicerContext) -> encode_pb2.EmbeddingChunk:
+                       context: grpc.aio.ServicerContext) -> bytes:
+        """The serialized EmbeddingChunk (embedding_codec.chunk_to_wire: the rows copied once)."""
         ask = await decode_or_abort(context, ask_from_pb, request)
         try:
             chunk = await self._channel.transfer(ask)
@@ -26,7 +27,7 @@ class EncodeWorkerServicer(encode_pb2_grpc.EncodeWorkerServicer):
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
         except ValueError as e:  # a bad offset, or an image the vision model cannot read
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        return chunk_to_pb(chunk)
+        return chunk_to_wire(chunk)
 
     async def Abort(self, request: encode_pb2.AbortTransferRequest,  # noqa: N802
                     context: grpc.aio.ServicerContext) -> encode_pb2.AbortTransferReply:
@@ -34,10 +35,23 @@ class EncodeWorkerServicer(encode_pb2_grpc.EncodeWorkerServicer):
         return encode_pb2.AbortTransferReply()
 
 
+def add_encode_servicer(servicer: EncodeWorkerServicer, server: grpc.aio.Server) -> None:
+    """Like the generated ``add_EncodeWorkerServicer_to_server``, except that ``Transfer``
+    answers with the EmbeddingChunk serialized already (its rows joined in once)."""
+    handlers = {
+        "Transfer": grpc.unary_unary_rpc_method_handler(
+            servicer.Transfer, request_deserializer=encode_pb2.EmbeddingTransferRequest.FromString,
+            response_serializer=None),
+        "Abort": grpc.unary_unary_rpc_method_handler(
+            servicer.Abort, request_deserializer=encode_pb2.AbortTransferRequest.FromString,
+            response_serializer=encode_pb2.AbortTransferReply.SerializeToString),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("tandem.encode.EncodeWorker", handlers),))
+
+
 async def serve_encode_worker(channel: LocalEncodeChannel, host: str, port: int) -> tuple[grpc.aio.Server, int]:
     """Serve on host:port (0 = any free port); returns the server and the bound port."""
     opts = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
     return await serve_grpc("encode worker", host, port,
-                            lambda s: encode_pb2_grpc.add_EncodeWorkerServicer_to_server(
-                                EncodeWorkerServicer(channel), s), options=opts)
+                            lambda s: add_encode_servicer(EncodeWorkerServicer(channel), s), options=opts)

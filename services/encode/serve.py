@@ -31,6 +31,7 @@ async def _build(part: Setup) -> PartSpec:
     from services.engine.multimodal.blocks import EmbeddingBlockAllocator
     from services.engine.multimodal.buffers import EmbeddingBuffers
     from services.engine.multimodal.embedder import LocalEncodeChannel, VisionEncoder
+    from services.engine.multimodal.placer import ShmPlacer
     from services.engine.multimodal.transfer import EmbeddingSender
     from services.engine.runner.torch_runner import resolve_device, resolve_dtype
     from services.model.store import resolve_model_path
@@ -43,8 +44,11 @@ async def _build(part: Setup) -> PartSpec:
     device = resolve_device(cfg.engine.device)
     mm, ec = cfg.multimodal, cfg.encode
     encoder = VisionEncoder(model_path, device, resolve_dtype(cfg.engine.dtype, device), mm.embedding_cache_entries)
+    # NOTE: rows kept and sent in the model's dtype (no widening); written into a language
+    # side's shared memory when it is on this host.
     sender = EmbeddingSender(EmbeddingBlockAllocator(mm.num_blocks, mm.block_size, 1),
-                             EmbeddingBuffers(mm.num_blocks, mm.block_size, encoder.hidden_size), encoder.encode)
+                             EmbeddingBuffers(mm.num_blocks, mm.block_size, encoder.hidden_size, encoder.dtype),
+                             encoder.encode, placer=ShmPlacer(ec.shm_mapped_bytes))
     channel = LocalEncodeChannel(sender, instance)
     part.on_close(channel.close, "embedding transfers")
     part.task(_reap(channel, ec.stale_transfer_s), "encode reaper")

@@ -65,8 +65,13 @@ def build_embedder(cfg: ClusterConfig, model_path: Path | None, device: str = "c
     assert model_path is not None
     if remote is not None:
         hidden = read_llava_arch(model_path).text.hidden_size
+        import torch
+
+        # NOTE: the language model's dtype: an encode worker on the same dtype sends its rows
+        # as they are (no widening) and may write them into this side's shared memory.
         receiver = EmbeddingReceiver(EmbeddingBlockAllocator(mm.num_blocks, mm.block_size, mm.default_blocks),
-                                     EmbeddingBuffers(mm.num_blocks, mm.block_size, hidden), mm.encode_timeout_s)
+                                     EmbeddingBuffers(mm.num_blocks, mm.block_size, hidden, dtype or torch.float32),
+                                     mm.encode_timeout_s)
         return WorkerImages(ImageEmbedder(receiver, remote), (receiver.allocator,), None)
     import torch
 

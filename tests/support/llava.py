@@ -19,7 +19,6 @@ from services.engine.multimodal.embedder import LocalEncodeChannel, VisionEncode
 from services.engine.multimodal.image_processor import load_processor_config, preprocess
 from services.engine.multimodal.tiny import make_tiny_llava
 from services.engine.multimodal.transfer import EmbeddingSender
-from services.gen import encode_pb2_grpc
 from services.model.tokenizer import Tokenizer
 
 
@@ -78,7 +77,7 @@ async def encode_server(model_dir, block_size: int = 4, num_blocks: int = 64, na
     server, port = await serve_encode_worker(local, "127.0.0.1", 0)
     ch = grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=CHANNEL_OPTIONS)
     try:
-        yield local, GrpcEncodeChannel(f"127.0.0.1:{port}", encode_pb2_grpc.EncodeWorkerStub(ch), name), server
+        yield local, GrpcEncodeChannel(f"127.0.0.1:{port}", ch, name), server
     finally:
         await ch.close()
         await server.stop(grace=0)

@@ -22,7 +22,7 @@ from services.model.image_spans import ImageSpan
 
 
 class VisionEncoder:
-    """Image bytes -> embeddings (tokens_per_image, hidden) as float32 on the CPU, with an
+    """Image bytes -> embeddings (tokens_per_image, hidden) in the model's dtype on the CPU, with an
     LRU cache keyed by the image's content hash. Not thread-safe: one thread calls it."""
 
     def __init__(self, model_dir: Path, device: torch.device | str = "cpu",
@@ -33,6 +33,7 @@ class VisionEncoder:
 
         w = load_llava_dir(model_dir)
         self.arch = w.arch
+        self.dtype = dtype
         self.encoder = ImageEncoder(w.arch, dtype, device)
         self.encoder.load_hf_weights(w.vision, w.projector)
         self.processor = load_processor_config(model_dir, w.arch.vision.kind, w.arch.vision.image_size)
@@ -55,7 +56,7 @@ class VisionEncoder:
 
         pixels = preprocess(ImageData(data, content_hash, 0, 0).to_pil(), self.processor)[None]
         with torch.inference_mode():
-            out = self.encoder(pixels)[0].float().cpu().clone()  # (tokens, hidden)
+            out = self.encoder(pixels)[0].cpu().clone()  # (tokens, hidden), self.dtype
         self.images_encoded += 1
         if self.cache_entries:
             self._cache[content_hash] = out
@@ -108,10 +109,10 @@ def local_embedder(encoder: VisionEncoder, block_size: int, default_blocks: int,
                    timeout_s: float) -> tuple[ImageEmbedder, LocalEncodeChannel]:
     """The embedder of a worker that encodes its own images: receiver and sender each with
     their own ``num_blocks`` buffer, as they would be on two machines."""
-    hidden = encoder.hidden_size
+    hidden, dtype = encoder.hidden_size, encoder.dtype
     sender = EmbeddingSender(EmbeddingBlockAllocator(num_blocks, block_size, 1),
-                             EmbeddingBuffers(num_blocks, block_size, hidden), encoder.encode)
+                             EmbeddingBuffers(num_blocks, block_size, hidden, dtype), encoder.encode)
     receiver = EmbeddingReceiver(EmbeddingBlockAllocator(num_blocks, block_size, default_blocks),
-                                 EmbeddingBuffers(num_blocks, block_size, hidden), timeout_s)
+                                 EmbeddingBuffers(num_blocks, block_size, hidden, dtype), timeout_s)
     channel = LocalEncodeChannel(sender)
     return ImageEmbedder(receiver, lambda: [channel]), channel

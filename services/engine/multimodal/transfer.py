@@ -4,12 +4,13 @@ Language side (``EmbeddingReceiver.fetch``): ``alloc_default()`` a buffer, ask t
 side for the image; the reply carries the first ``min(capacity, true length)`` rows and the
 true length (aux). While rows remain it keeps what it got, frees, allocates the remainder
 (or, when the buffer has no run that long, as much as it has: several resumes) and resumes
-with ``sent_tokens``; it concatenates the chunks at the end. If an encode side
+with ``sent_tokens``; each chunk's rows are copied once, straight into the image's tensor. If an encode side
 fails or times out, the request resumes from ``sent_tokens`` on the next one (which encodes
 the image and skips what was already received), or fails with ``EncodeFailedError``.
 
 Encode side (``EmbeddingSender``): encodes, ``alloc``s by true length, sends from the offset
-asked, frees when the last row is sent, on ``abort``, or when the language side went quiet
+asked (rows in the model's dtype; written straight into the ask's shared-memory target when
+it has one this host can use: ``placer.py``), frees when the last row is sent, on ``abort``, or when the language side went quiet
 for ``stale_after_s`` (``reap``). Every block on both sides is freed on every path.
 """
 
@@ -30,6 +31,7 @@ from services.engine.multimodal.blocks import (
     EmbeddingBlockAllocator,
 )
 from services.engine.multimodal.buffers import EmbeddingBuffers
+from services.engine.multimodal.placer import ShmPlacer
 
 
 class EncodeChannel(Protocol):
@@ -62,8 +64,10 @@ class EmbeddingSender:
     """The encode side of the protocol over its own block buffer."""
 
     def __init__(self, allocator: EmbeddingBlockAllocator, buffers: EmbeddingBuffers,
-                 encode: Callable[[str, bytes], torch.Tensor], clock: Callable[[], float] = time.monotonic) -> None:
+                 encode: Callable[[str, bytes], torch.Tensor], clock: Callable[[], float] = time.monotonic,
+                 placer: ShmPlacer | None = None) -> None:
         self.allocator, self.buffers, self._encode, self._clock = allocator, buffers, encode, clock
+        self.placer = placer
         self._transfers: dict[str, _Transfer] = {}
 
     def transfer(self, req: TransferRequest) -> TransferChunk:
@@ -83,11 +87,18 @@ class EmbeddingSender:
             self._drop(req.req_id)
             raise ValueError(f"{req.req_id}: sent_tokens {req.sent_tokens} outside 0..{t.total - 1}")
         n = min(req.capacity_tokens, t.total - req.sent_tokens)
-        rows, total = self.buffers.read(t.allocation, n, offset=req.sent_tokens)
+        placed = None
+        if req.shm is not None and self.placer is not None:
+            view, total = self.buffers.view(t.allocation, n, offset=req.sent_tokens)
+            placed = self.placer.place(req.shm, view)
+        if placed is None:
+            rows, total = self.buffers.read(t.allocation, n, offset=req.sent_tokens)
+        else:
+            rows = placed
         last = req.sent_tokens + n == total
         if last:
             self._drop(req.req_id)
-        return TransferChunk(rows, total, req.sent_tokens, last)
+        return TransferChunk(rows, total, req.sent_tokens, last, placed is not None)
 
     def abort(self, req_id: str) -> None:
         self._drop(req_id)
@@ -115,13 +126,17 @@ class EmbeddingReceiver:
     """The language side of the protocol over its own block buffer."""
 
     def __init__(self, allocator: EmbeddingBlockAllocator, buffers: EmbeddingBuffers, timeout_s: float = 30.0) -> None:
+        """``buffers``: its row width and dtype are the embeddings' here (rows arrive
+        straight in each image's own tensor)."""
         self.allocator, self.buffers, self.timeout_s = allocator, buffers, timeout_s
 
     async def fetch(self, req_id: str, image_hash: str, image: bytes,
                     channels: Sequence[EncodeChannel]) -> torch.Tensor:
         """The image's embeddings (true length, hidden), from the first channel that
         finishes, resuming on the next one after a failure. Raises EncodeFailedError."""
-        chunks: list[torch.Tensor] = []
+        hidden, dtype = self.buffers.rows.shape[1], self.buffers.rows.dtype
+        row_bytes = hidden * self.buffers.rows.element_size()
+        out: torch.Tensor | None = None  # (total, hidden): allocated at the first reply
         received, total = 0, None
         errors: list[str] = []
         for channel in channels:
@@ -135,20 +150,23 @@ class EmbeddingReceiver:
                             await _abort_quietly(channel, req_id)
                         raise ReceiveBuffersFullError(str(e)) from None
                     try:
-                        ask = TransferRequest(req_id, image_hash, image, received, allocation.num_tokens)
+                        ask = TransferRequest(req_id, image_hash, image, received, allocation.num_tokens, row_bytes)
                         reply = await asyncio.wait_for(channel.transfer(ask), self.timeout_s)
-                        n = _check_reply(reply, ask, total, self.buffers.rows.shape[1])
-                        self.buffers.write(allocation, reply.embeds, reply.total_tokens)
-                        part, total = self.buffers.read(allocation, n)
+                        try:
+                            n = _check_reply(reply, ask, total, hidden)
+                            if out is None:
+                                out = torch.empty(reply.total_tokens, hidden, dtype=dtype)
+                            out[received:received + n].copy_(reply.embeds)  # the one copy out
+                        finally:
+                            reply.release()
+                        total = reply.total_tokens
                     finally:
-                        self.buffers.release(allocation)
                         self.allocator.free(allocation, req_id)
-                    chunks.append(part)
                     received += n
                     if reply.is_last:
-                        if received != total:
+                        if received != total or out is None:
                             raise ValueError(f"last chunk at {received} of {total} rows")
-                        return torch.cat(chunks)
+                        return out
             except asyncio.CancelledError:
                 await _abort_quietly(channel, req_id)
                 raise
