@@ -37,7 +37,7 @@ from google.protobuf.message import DecodeError
 
 from services.api.outputs import TokenLogprob
 from services.api.request_codec import logprob_from_pb
-from services.decode.kv_buffers import KvBufferPool
+from services.disagg.byte_buffers import ByteBufferPool
 from services.disagg.kv_shm import (
     SHM_UNAVAILABLE,
     ShmUnavailableError,
@@ -109,13 +109,13 @@ class KvReceiver:
     """Pending remote prefills of one decode worker. Use from the event loop thread only."""
 
     def __init__(self, on_bytes: Callable[[int], None] | None = None,
-                 buffers: KvBufferPool | None = None,
+                 buffers: ByteBufferPool | None = None,
                  on_refused: Callable[[KvRefusal], None] | None = None,
                  segments: MappedSegments | None = None) -> None:
         self._pending: dict[str, _Waiting] = {}
         self._on_bytes = on_bytes
         self._on_refused = on_refused
-        self.buffers = buffers or KvBufferPool()
+        self.buffers = buffers or ByteBufferPool()
         self.segments = segments if segments is not None else MappedSegments(2 << 30)
 
     def expect(self, request_id: str, expected: ExpectedKv) -> asyncio.Future[ReceivedKv]:

@@ -34,9 +34,9 @@ from services.decode.metrics import DecodeMetrics
 from services.decode.move_in import MoveReceiver
 from services.decode.move_out import MoveOutbox
 from services.disagg.kv_shm import host_id
-from services.disagg.shm_pool import MappedSegments
 from services.disagg.prefill_outcome import FallbackReason, PrefillLocation
 from services.disagg.prefill_queue import PrefillQueue
+from services.disagg.shm_pool import MappedSegments
 from services.disagg.transfer_token import new_token
 from services.engine.async_engine import AsyncEngine, RequestMoving
 from services.engine.multimodal.embedder import ImageEmbedder

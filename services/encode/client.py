@@ -12,13 +12,21 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import AsyncIterator
 
 import grpc
 
 from services.api.embedding import ShmTarget, TransferChunk, TransferRequest
-from services.api.embedding_codec import ask_to_pb, chunk_from_wire
+from services.api.embedding_codec import (
+    ask_to_pb,
+    bytes_view,
+    chunk_from_rows,
+    chunk_layout,
+    split_chunk,
+)
 from services.common.address_book import AddressBook
 from services.common.grpc_auth import call_metadata
+from services.disagg.byte_buffers import ByteBufferPool
 from services.disagg.kv_shm import ShmUnavailableError, host_id, new_segment_name, unlink_segment
 from services.disagg.shm_pool import HEADER_BYTES, Segment, SegmentPool
 from services.engine.multimodal.blocks import BlocksExhaustedError
@@ -41,7 +49,7 @@ class GrpcEncodeChannel:
         self.address = address
         self.name = name or address
         # NOTE: the reply is taken raw: chunk_from_wire views the rows in it, no protobuf copy.
-        self._transfer = channel.unary_unary(
+        self._transfer = channel.unary_stream(
             _SERVICE + "Transfer", request_serializer=encode_pb2.EmbeddingTransferRequest.SerializeToString,
             response_deserializer=None)
         self._abort = channel.unary_unary(
@@ -50,6 +58,7 @@ class GrpcEncodeChannel:
         self.host = host_id()
         self.segments = SegmentPool(shm_pool_bytes if self.host else 0, lambda: new_segment_name("mm"))
         self.shm_declined = False  # the encode worker answered a fresh segment with bytes
+        self.buffers = ByteBufferPool(256 << 20)  # chunks that came in several pieces
 
     async def transfer(self, req: TransferRequest) -> TransferChunk:
         seg = self._segment(req)
@@ -57,8 +66,7 @@ class GrpcEncodeChannel:
             req = dataclasses.replace(req, shm=ShmTarget(self.host, seg.name, HEADER_BYTES, seg.size))
         done = False
         try:
-            raw = await self._transfer(ask_to_pb(req), metadata=call_metadata())
-            chunk = chunk_from_wire(raw, seg.payload if seg is not None else None)
+            chunk = await self._receive(self._transfer(ask_to_pb(req), metadata=call_metadata()), seg)
             done = True
         except grpc.aio.AioRpcError as e:
             raise _error(e, self.name) from None
@@ -75,6 +83,53 @@ class GrpcEncodeChannel:
             return chunk
         seg.fresh = False  # mapped there: the next ask may name it again
         return dataclasses.replace(chunk, release=functools.partial(self.segments.idle, seg))
+
+
+    async def _receive(self, call: grpc.aio.UnaryStreamCall, seg: Segment | None) -> TransferChunk:
+        try:
+            return await self._assemble(aiter(call), seg)
+        finally:
+            call.cancel()  # a no-op once the answer ended; frees the call on an error
+
+    async def _assemble(self, pieces: AsyncIterator[bytes], seg: Segment | None) -> TransferChunk:
+        """The chunk of one answer: header-only (rows in ``seg``), one message (rows viewed
+        in it), or several (rows copied once, in order, into a pooled buffer)."""
+        first = await anext(pieces, None)
+        if first is None:
+            raise ValueError("empty answer")
+        head, data = split_chunk(first)
+        _, nbytes = chunk_layout(head)
+        if head.in_shm:
+            if seg is None or len(data) or nbytes > seg.capacity:
+                raise ValueError("chunk placed in a shared-memory segment this ask did not offer")
+            if await anext(pieces, None) is not None:
+                raise ValueError("a placed chunk with more messages")
+            return chunk_from_rows(head, seg.payload(nbytes))
+        nxt = await anext(pieces, None)
+        if nxt is None and head.byte_offset == 0:
+            if len(data) != nbytes:
+                raise ValueError(f"chunk of {len(data)} bytes is not {head.rows}x{head.hidden} {head.dtype}")
+            return chunk_from_rows(head, bytes_view(data))
+        buf = self.buffers.take(nbytes)
+        try:
+            mv = memoryview(buf.numpy())
+            pos, off = 0, head.byte_offset
+            while True:
+                if off != pos or pos + len(data) > nbytes:
+                    raise ValueError(f"chunk piece at byte {off} (+{len(data)}); expected {pos} of {nbytes}")
+                mv[pos:pos + len(data)] = data
+                pos += len(data)
+                if nxt is None:
+                    break
+                piece, data = split_chunk(nxt)
+                off = piece.byte_offset
+                nxt = await anext(pieces, None)
+            if pos != nbytes:
+                raise ValueError(f"chunk ended at byte {pos} of {nbytes}")
+        except BaseException:
+            self.buffers.give(buf)
+            raise
+        return dataclasses.replace(chunk_from_rows(head, buf), release=functools.partial(self.buffers.give, buf))
 
     def _segment(self, req: TransferRequest) -> Segment | None:
         if self.shm_declined or req.row_bytes <= 0:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import grpc
 
 from services.api.embedding_codec import ask_from_pb, chunk_to_wire
@@ -18,8 +20,8 @@ class EncodeWorkerServicer:
         self._channel = channel
 
     async def Transfer(self, request: encode_pb2.EmbeddingTransferRequest,  # noqa: N802
-                       context: grpc.aio.ServicerContext) -> bytes:
-        """The serialized EmbeddingChunk (embedding_codec.chunk_to_wire: the rows copied once)."""
+                       context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        """The serialized EmbeddingChunk pieces (embedding_codec.chunk_to_wire: rows copied once)."""
         ask = await decode_or_abort(context, ask_from_pb, request)
         try:
             chunk = await self._channel.transfer(ask)
@@ -27,7 +29,8 @@ class EncodeWorkerServicer:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
         except ValueError as e:  # a bad offset, or an image the vision model cannot read
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        return chunk_to_wire(chunk)
+        for piece in chunk_to_wire(chunk):
+            yield piece
 
     async def Abort(self, request: encode_pb2.AbortTransferRequest,  # noqa: N802
                     context: grpc.aio.ServicerContext) -> encode_pb2.AbortTransferReply:
@@ -37,9 +40,9 @@ class EncodeWorkerServicer:
 
 def add_encode_servicer(servicer: EncodeWorkerServicer, server: grpc.aio.Server) -> None:
     """Like the generated ``add_EncodeWorkerServicer_to_server``, except that ``Transfer``
-    answers with the EmbeddingChunk serialized already (its rows joined in once)."""
+    streams EmbeddingChunk pieces serialized already (their rows joined in once)."""
     handlers = {
-        "Transfer": grpc.unary_unary_rpc_method_handler(
+        "Transfer": grpc.unary_stream_rpc_method_handler(
             servicer.Transfer, request_deserializer=encode_pb2.EmbeddingTransferRequest.FromString,
             response_serializer=None),
         "Abort": grpc.unary_unary_rpc_method_handler(

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from services.gen import multimodal_pb2 as services_dot_gen_dot_multimodal__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19services/gen/encode.proto\x12\rtandem.encode\x1a\x1dservices/gen/multimodal.proto\"\xd8\x01\n\x18\x45mbeddingTransferRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12,\n\x05image\x18\x02 \x01(\x0b\x32\x1d.tandem.multimodal.ImageInput\x12\x13\n\x0bsent_tokens\x18\x03 \x01(\r\x12\x17\n\x0f\x63\x61pacity_tokens\x18\x04 \x01(\r\x12\x13\n\x0bshm_host_id\x18\x05 \x01(\t\x12\x10\n\x08shm_name\x18\x06 \x01(\t\x12\x12\n\nshm_offset\x18\x07 \x01(\x04\x12\x10\n\x08shm_size\x18\x08 \x01(\x04\"\x92\x01\n\x0e\x45mbeddingChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x0c\n\x04rows\x18\x02 \x01(\r\x12\x0e\n\x06hidden\x18\x03 \x01(\r\x12\x14\n\x0ctotal_tokens\x18\x04 \x01(\r\x12\x0e\n\x06offset\x18\x05 \x01(\r\x12\x0f\n\x07is_last\x18\x06 \x01(\x08\x12\r\n\x05\x64type\x18\x07 \x01(\t\x12\x0e\n\x06in_shm\x18\x08 \x01(\x08\"+\n\x14\x41\x62ortTransferRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\"\x14\n\x12\x41\x62ortTransferReply2\xb3\x01\n\x0c\x45ncodeWorker\x12R\n\x08Transfer\x12\'.tandem.encode.EmbeddingTransferRequest\x1a\x1d.tandem.encode.EmbeddingChunk\x12O\n\x05\x41\x62ort\x12#.tandem.encode.AbortTransferRequest\x1a!.tandem.encode.AbortTransferReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19services/gen/encode.proto\x12\rtandem.encode\x1a\x1dservices/gen/multimodal.proto\"\xd8\x01\n\x18\x45mbeddingTransferRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12,\n\x05image\x18\x02 \x01(\x0b\x32\x1d.tandem.multimodal.ImageInput\x12\x13\n\x0bsent_tokens\x18\x03 \x01(\r\x12\x17\n\x0f\x63\x61pacity_tokens\x18\x04 \x01(\r\x12\x13\n\x0bshm_host_id\x18\x05 \x01(\t\x12\x10\n\x08shm_name\x18\x06 \x01(\t\x12\x12\n\nshm_offset\x18\x07 \x01(\x04\x12\x10\n\x08shm_size\x18\x08 \x01(\x04\"\xa7\x01\n\x0e\x45mbeddingChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x0c\n\x04rows\x18\x02 \x01(\r\x12\x0e\n\x06hidden\x18\x03 \x01(\r\x12\x14\n\x0ctotal_tokens\x18\x04 \x01(\r\x12\x0e\n\x06offset\x18\x05 \x01(\r\x12\x0f\n\x07is_last\x18\x06 \x01(\x08\x12\r\n\x05\x64type\x18\x07 \x01(\t\x12\x0e\n\x06in_shm\x18\x08 \x01(\x08\x12\x13\n\x0b\x62yte_offset\x18\t \x01(\x04\"+\n\x14\x41\x62ortTransferRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\"\x14\n\x12\x41\x62ortTransferReply2\xb5\x01\n\x0c\x45ncodeWorker\x12T\n\x08Transfer\x12\'.tandem.encode.EmbeddingTransferRequest\x1a\x1d.tandem.encode.EmbeddingChunk0\x01\x12O\n\x05\x41\x62ort\x12#.tandem.encode.AbortTransferRequest\x1a!.tandem.encode.AbortTransferReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,11 +35,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EMBEDDINGTRANSFERREQUEST']._serialized_start=76
   _globals['_EMBEDDINGTRANSFERREQUEST']._serialized_end=292
   _globals['_EMBEDDINGCHUNK']._serialized_start=295
-  _globals['_EMBEDDINGCHUNK']._serialized_end=441
-  _globals['_ABORTTRANSFERREQUEST']._serialized_start=443
-  _globals['_ABORTTRANSFERREQUEST']._serialized_end=486
-  _globals['_ABORTTRANSFERREPLY']._serialized_start=488
-  _globals['_ABORTTRANSFERREPLY']._serialized_end=508
-  _globals['_ENCODEWORKER']._serialized_start=511
-  _globals['_ENCODEWORKER']._serialized_end=690
+  _globals['_EMBEDDINGCHUNK']._serialized_end=462
+  _globals['_ABORTTRANSFERREQUEST']._serialized_start=464
+  _globals['_ABORTTRANSFERREQUEST']._serialized_end=507
+  _globals['_ABORTTRANSFERREPLY']._serialized_start=509
+  _globals['_ABORTTRANSFERREPLY']._serialized_end=529
+  _globals['_ENCODEWORKER']._serialized_start=532
+  _globals['_ENCODEWORKER']._serialized_end=713
 # @@protoc_insertion_point(module_scope)

@@ -27,7 +27,7 @@ class EmbeddingTransferRequest(_message.Message):
     def __init__(self, transfer_id: _Optional[str] = ..., image: _Optional[_Union[_multimodal_pb2.ImageInput, _Mapping]] = ..., sent_tokens: _Optional[int] = ..., capacity_tokens: _Optional[int] = ..., shm_host_id: _Optional[str] = ..., shm_name: _Optional[str] = ..., shm_offset: _Optional[int] = ..., shm_size: _Optional[int] = ...) -> None: ...
 
 class EmbeddingChunk(_message.Message):
-    __slots__ = ("data", "rows", "hidden", "total_tokens", "offset", "is_last", "dtype", "in_shm")
+    __slots__ = ("data", "rows", "hidden", "total_tokens", "offset", "is_last", "dtype", "in_shm", "byte_offset")
     DATA_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +36,7 @@ class EmbeddingChunk(_message.Message):
     IS_LAST_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     IN_SHM_FIELD_NUMBER: _ClassVar[int]
+    BYTE_OFFSET_FIELD_NUMBER: _ClassVar[int]
     data: bytes
     rows: int
     hidden: int
@@ -44,7 +45,8 @@ class EmbeddingChunk(_message.Message):
     is_last: bool
     dtype: str
     in_shm: bool
-    def __init__(self, data: _Optional[bytes] = ..., rows: _Optional[int] = ..., hidden: _Optional[int] = ..., total_tokens: _Optional[int] = ..., offset: _Optional[int] = ..., is_last: _Optional[bool] = ..., dtype: _Optional[str] = ..., in_shm: _Optional[bool] = ...) -> None: ...
+    byte_offset: int
+    def __init__(self, data: _Optional[bytes] = ..., rows: _Optional[int] = ..., hidden: _Optional[int] = ..., total_tokens: _Optional[int] = ..., offset: _Optional[int] = ..., is_last: _Optional[bool] = ..., dtype: _Optional[str] = ..., in_shm: _Optional[bool] = ..., byte_offset: _Optional[int] = ...) -> None: ...
 
 class AbortTransferRequest(_message.Message):
     __slots__ = ("transfer_id",)

@@ -33,15 +33,10 @@ class EmbeddingBuffers:
 
     def read(self, allocation: BlockAllocation, n: int, offset: int = 0) -> tuple[torch.Tensor, int]:
         """(rows offset..offset+n of the allocation (a copy), the aux true length)."""
-        rows, total = self.view(allocation, n, offset)
-        return rows.clone(), total
-
-    def view(self, allocation: BlockAllocation, n: int, offset: int = 0) -> tuple[torch.Tensor, int]:
-        """Like ``read`` without the copy: valid while the allocation is held."""
         if offset + n > allocation.num_tokens:
             raise ValueError(f"rows {offset}..{offset + n} are outside an allocation of {allocation.num_tokens}")
         start = allocation.start_block * self.block_size + offset
-        return self.rows[start : start + n], self._aux.get(allocation.start_block, 0)
+        return self.rows[start : start + n].clone(), self._aux.get(allocation.start_block, 0)
 
     def release(self, allocation: BlockAllocation) -> None:
         self._aux.pop(allocation.start_block, None)

@@ -55,13 +55,19 @@ class ReceiveBuffersFullError(RuntimeError):
 @dataclass(slots=True)
 class _Transfer:
     allocation: BlockAllocation
-    total: int
+    embeds: torch.Tensor  # (total, hidden): the encoder's output, never written (chunks view it)
     image_hash: str
     touched: float = field(default=0.0)
 
+    @property
+    def total(self) -> int:
+        return int(self.embeds.shape[0])
+
 
 class EmbeddingSender:
-    """The encode side of the protocol over its own block buffer."""
+    """The encode side of the protocol. Its blocks bound the rows it holds for transfers;
+    the rows themselves stay in the encoder's output (in ``buffers``' dtype), which chunks
+    view: copying them into a block buffer first would be one more copy of every row."""
 
     def __init__(self, allocator: EmbeddingBlockAllocator, buffers: EmbeddingBuffers,
                  encode: Callable[[str, bytes], torch.Tensor], clock: Callable[[], float] = time.monotonic,
@@ -79,21 +85,22 @@ class EmbeddingSender:
             t = None
         if t is None:
             embeds = self._encode(req.image_hash, req.image)  # (true length, hidden)
+            if embeds.dim() != 2 or embeds.shape[1] != self.buffers.rows.shape[1]:
+                raise ValueError(f"{req.req_id}: the encoder gave rows of shape {tuple(embeds.shape)}")
             allocation = self.allocator.alloc(embeds.shape[0], req.req_id)
-            self.buffers.write(allocation, embeds, embeds.shape[0])
-            t = self._transfers[req.req_id] = _Transfer(allocation, embeds.shape[0], req.image_hash)
+            rows = embeds.detach().to("cpu", self.buffers.rows.dtype).contiguous()  # no copy when already so
+            t = self._transfers[req.req_id] = _Transfer(allocation, rows, req.image_hash)
         t.touched = self._clock()
         if not 0 <= req.sent_tokens < t.total:
             self._drop(req.req_id)
             raise ValueError(f"{req.req_id}: sent_tokens {req.sent_tokens} outside 0..{t.total - 1}")
         n = min(req.capacity_tokens, t.total - req.sent_tokens)
+        total = t.total
+        rows = t.embeds[req.sent_tokens : req.sent_tokens + n]
         placed = None
         if req.shm is not None and self.placer is not None:
-            view, total = self.buffers.view(t.allocation, n, offset=req.sent_tokens)
-            placed = self.placer.place(req.shm, view)
-        if placed is None:
-            rows, total = self.buffers.read(t.allocation, n, offset=req.sent_tokens)
-        else:
+            placed = self.placer.place(req.shm, rows)
+        if placed is not None:
             rows = placed
         last = req.sent_tokens + n == total
         if last:
@@ -118,7 +125,6 @@ class EmbeddingSender:
     def _drop(self, req_id: str) -> None:
         t = self._transfers.pop(req_id, None)
         if t is not None:
-            self.buffers.release(t.allocation)
             self.allocator.free(t.allocation, req_id)
 
 

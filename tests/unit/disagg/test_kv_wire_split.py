@@ -1,11 +1,11 @@
-"""split_kv_chunk (the decode worker's raw KvChunk parse) and KvBufferPool reuse."""
+"""split_kv_chunk (the decode worker's raw KvChunk parse) and ByteBufferPool reuse."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from services.decode.kv_buffers import KvBufferPool
+from services.disagg.byte_buffers import ByteBufferPool
 from services.disagg.kv_wire import kv_chunks, split_kv_chunk
 from services.gen import worker_pb2
 
@@ -38,7 +38,7 @@ def test_split_rejects_malformed_bytes(raw: bytes) -> None:
 
 
 def test_pool_reuses_a_given_back_buffer_and_caps_idle_bytes() -> None:
-    pool = KvBufferPool(max_bytes=100)
+    pool = ByteBufferPool(max_bytes=100)
     a = pool.take(80)
     assert a.numel() == 80 and a.dtype == torch.uint8
     pool.give(a)

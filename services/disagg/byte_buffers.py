@@ -1,10 +1,11 @@
-"""Reusable receive buffers for KV transfers.
+"""Reusable receive buffers for large transfers (KV, image embeddings over gRPC).
 
 A fresh multi-hundred-MB ``torch.empty`` is backed by untouched pages: the first write to
 each 4 KiB page faults, and on the bench machine that alone halved the receive copy rate
 (~0.9 GB/s into a fresh buffer, ~2.5 GB/s into a reused one). The decode worker imports the
-received KV into its cache and then hands the buffer back, so the next transfer of a similar
-size writes into pages that are already mapped.
+received KV into its cache and then hands the buffer back (the language side of an embedding
+transfer once it copied the rows out), so the next transfer of a similar size writes into
+pages that are already mapped.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import threading
 import torch
 
 
-class KvBufferPool:
+class ByteBufferPool:
     """Byte buffers kept for reuse, at most ``max_bytes`` of them idle. Thread-safe.
 
     ``take(n)`` returns a uint8 tensor of exactly ``n`` bytes (a view of a pooled buffer of
