@@ -151,6 +151,8 @@ def _mm_transfer(sub: argparse._SubParsersAction) -> None:
                    help="first-buffer blocks (128 rows each) of the resume runs")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
                    help="the embeddings' dtype (as the model holds them)")
+    p.add_argument("--processes", type=int, default=2, choices=(1, 2),
+                   help="2: encode worker in a child process (as deployed); 1: all in one process")
     p.set_defaults(_key=("bench", "mm-transfer"))
 
 

@@ -11,6 +11,7 @@ x 4096), so only the transfer is timed. Each size and path runs twice: with a fi
 that holds the whole image (no resume) and with ``--resume-blocks`` blocks (every fetch
 resumes, twice or more). GB/s = embedding bytes / (fetch start -> the image's tensor
 back). ``memcpy`` = the same bytes copied by ``Tensor.copy_`` into a preallocated tensor.
+The encode worker runs in a child process (``--processes 2``, as deployed) or in this one.
 """
 
 from __future__ import annotations
@@ -47,16 +48,60 @@ def _stats(rates: list[float]) -> dict:
             "gb_s_max": round(max(rates), 3)}
 
 
+def _images(rows_list: list[int], hidden: int, dtype: torch.dtype) -> dict[int, torch.Tensor]:
+    """The fixed "encoder output" of each size (seeded: both processes make the same)."""
+    return {n: torch.randn(n, hidden, generator=torch.Generator().manual_seed(n)).to(dtype) for n in rows_list}
+
+
+class _EncodeEnd:
+    """The encode worker: a real servicer over an EmbeddingSender whose encoder returns the
+    fixed tensors; ``used_blocks()`` is its allocator's count after the transfers."""
+
+    def __init__(self, rows_list: list[int], hidden: int, dtype: torch.dtype) -> None:
+        images = _images(rows_list, hidden, dtype)
+        num_blocks = 2 * -(-max(rows_list) // BLOCK) + 2
+        self.sender = EmbeddingSender(EmbeddingBlockAllocator(num_blocks, BLOCK, 1),
+                                      EmbeddingBuffers(num_blocks, BLOCK, hidden, dtype),
+                                      lambda h, data: images[int(data.decode())], placer=ShmPlacer(4 << 30))
+        self.local = LocalEncodeChannel(self.sender, "bench")
+
+    async def start(self) -> int:
+        self.server, port = await serve_encode_worker(self.local, "127.0.0.1", 0)
+        return port
+
+    async def stop(self) -> int:
+        await self.server.stop(grace=0)
+        self.local.close()
+        return self.sender.allocator.used_blocks
+
+
+def _child_main(conn, rows_list: list[int], hidden: int, dtype: torch.dtype) -> None:
+    async def run() -> None:
+        end = _EncodeEnd(rows_list, hidden, dtype)
+        conn.send(await end.start())
+        await asyncio.to_thread(conn.recv)  # "stop"
+        conn.send(await end.stop())
+
+    asyncio.run(run())
+
+
 async def _bench(rows_list: list[int], hidden: int, repeats: int, resume_blocks: int,
-                 dtype: torch.dtype = torch.float32) -> dict:
+                 dtype: torch.dtype = torch.float32, processes: int = 1) -> dict:
     most = max(rows_list)
     num_blocks = 2 * -(-most // BLOCK) + 2
-    images = {n: torch.randn(n, hidden).to(dtype) for n in rows_list}
-    sender = EmbeddingSender(EmbeddingBlockAllocator(num_blocks, BLOCK, 1),
-                             EmbeddingBuffers(num_blocks, BLOCK, hidden, dtype),
-                             lambda h, data: images[int(data.decode())], placer=ShmPlacer(4 << 30))
-    local = LocalEncodeChannel(sender, "bench")
-    server, port = await serve_encode_worker(local, "127.0.0.1", 0)
+    images = _images(rows_list, hidden, dtype)
+    child = conn = local_end = None
+    if processes == 2:
+        import multiprocessing as mp
+
+        conn, child_conn = mp.get_context("spawn").Pipe()
+        child = mp.get_context("spawn").Process(target=_child_main, args=(child_conn, rows_list, hidden, dtype),
+                                                daemon=True)
+        child.start()
+        port = await asyncio.to_thread(conn.recv)
+    else:
+        local_end = _EncodeEnd(rows_list, hidden, dtype)
+        port = await local_end.start()
     address = f"127.0.0.1:{port}"
     ch = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
     channels = {"grpc": GrpcEncodeChannel(address, ch, "bench"),
@@ -89,7 +134,7 @@ async def _bench(rows_list: list[int], hidden: int, repeats: int, resume_blocks:
                     t0 = time.perf_counter()
                     await receiver.fetch(f"r{n}{mode}{i}", digest, image, [channel])
                     rates.append(nbytes / (time.perf_counter() - t0) / 1e9)
-                if receiver.allocator.used_blocks or sender.allocator.used_blocks:
+                if receiver.allocator.used_blocks:
                     raise RuntimeError("embedding blocks left held after the transfers")
                 seconds[mode] += nbytes / 1e9 / statistics.median(rates)
                 entry[mode] = {**_stats(rates), "first_buffer_rows": default_blocks * BLOCK}
@@ -98,15 +143,22 @@ async def _bench(rows_list: list[int], hidden: int, repeats: int, resume_blocks:
         for c in channels.values():
             c.close()
         await ch.close()
-        await server.stop(grace=0)
-        local.close()
+        if local_end is not None:
+            held = await local_end.stop()
+        else:
+            conn.send("stop")
+            held = await asyncio.to_thread(conn.recv)
+            child.join(timeout=10)
+    if held:
+        raise RuntimeError(f"the encode side holds {held} embedding blocks after the transfers")
     out: dict = {}
     total_b = sum(v["bytes"] for v in by_rows.values())
     for mode, t in seconds.items():
         # overall: byte-weighted harmonic mean of the medians (time-weighted throughput)
         out[f"{mode}_gb_s"] = round(total_b / 1e9 / t, 4)
     out.update({"by_rows": by_rows, "hidden": hidden, "dtype": str(dtype).removeprefix("torch."),
-                "block_size": BLOCK, "resume_blocks": resume_blocks, "repeats": repeats})
+                "block_size": BLOCK, "resume_blocks": resume_blocks, "repeats": repeats,
+                "processes": processes})
     return out
 
 
@@ -115,8 +167,10 @@ def main(args: argparse.Namespace) -> int:
     if args.repeats < 1 or not rows or min(rows) < 1 or args.hidden < 1 or args.resume_blocks < 1:
         raise SystemExit("--repeats, --hidden, --resume-blocks must be >= 1 and --rows non-empty positive")
     head = header(args)
+    if args.processes not in (1, 2):
+        raise SystemExit("--processes must be 1 or 2")
     result = finish(head, asyncio.run(_bench(rows, args.hidden, args.repeats, args.resume_blocks,
-                                             dtype_from_name(args.dtype))))
+                                             dtype_from_name(args.dtype), args.processes)))
     print(json.dumps(result, indent=2))
     write_json(args.json_path, result)
     return 0

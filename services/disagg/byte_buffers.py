@@ -37,10 +37,10 @@ class ByteBufferPool:
 
     def take(self, nbytes: int) -> torch.Tensor:
         with self._lock:
-            fits = [b for b in self._idle if b.numel() >= nbytes]
+            fits = [i for i, b in enumerate(self._idle) if b.numel() >= nbytes]
             if fits:
-                best = min(fits, key=lambda b: b.numel())
-                self._idle.remove(best)
+                # NOTE: by index: list.remove would compare tensors with == (elementwise).
+                best = self._idle.pop(min(fits, key=lambda i: self._idle[i].numel()))
                 return best[:nbytes]
         return torch.empty(nbytes, dtype=torch.uint8)
 

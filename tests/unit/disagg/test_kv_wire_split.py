@@ -59,3 +59,13 @@ async def test_receiver_answers_an_unparsable_raw_chunk_instead_of_raising() -> 
     # request_id (field 1) that is not UTF-8: framing is fine, protobuf refuses the string
     ack = await KvReceiver().receive(one(b"\x0a\x02\xff\xfe"))
     assert not ack.accepted and "malformed KvChunk" in ack.error
+
+
+def test_pool_takes_the_smallest_fit_among_several_idle_buffers() -> None:
+    pool = ByteBufferPool(max_bytes=1000)
+    big, small = pool.take(300), pool.take(100)
+    pool.give(big)
+    pool.give(small)
+    got = pool.take(50)  # the smaller one, which is not the first idle
+    assert got.numel() == 50 and got._base is small
+    assert pool.idle_bytes == 300
