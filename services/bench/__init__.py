@@ -2,7 +2,7 @@
 
 - engine.py       `bench engine`: engine prefill/decode tokens/s, fp32 matmul GFLOP/s
 - router.py       `bench router`: route latency over a large index, event ingest rate
-- kv_transfer.py  `bench kv-transfer`: KV transfer GB/s, gRPC bytes and /dev/shm
+- kv_transfer.py  `bench kv-transfer`: KV transfer GB/s, gRPC bytes and /dev/shm, beside a memcpy
 - serve.py        `bench serve`: a workload against any OpenAI-compatible endpoint
 - compare.py      `bench compare`: one workload against several clusters (presets.py: the
                   documented tables' runs and workloads)
