@@ -39,6 +39,7 @@ from services.api.outputs import TokenLogprob
 from services.api.request_codec import logprob_from_pb
 from services.disagg.byte_buffers import ByteBufferPool
 from services.disagg.kv_shm import (
+    KV_PREFIX,
     SHM_UNAVAILABLE,
     ShmUnavailableError,
     map_segment,
@@ -274,6 +275,8 @@ async def _map_shm(head: worker_pb2.KvChunk, head_data: bytes | memoryview,
     must be the stream's only message."""
     if len(head_data) or await anext(chunks, None) is not None:
         raise KvTransferError(f"shared-memory KV transfer for {head.request_id!r} also carries data")
+    if not head.shm_name.startswith(KV_PREFIX):  # NOTE: never an embedding segment of this worker's
+        raise KvTransferError(f"KV for {head.request_id!r} names a segment that is not a KV one")
     if head.shm_offset == 0:  # a one-shot segment: exactly the payload
         # NOTE: in a thread: faulting in a few hundred MB of pages takes a while.
         mm = await asyncio.to_thread(map_segment, head.shm_name, nbytes)

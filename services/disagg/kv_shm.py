@@ -23,6 +23,7 @@ SHM_DIR = "/dev/shm"
 SHM_UNAVAILABLE = "shm unavailable"
 # "kv": KV transfers; "mm": image embeddings (services/disagg/shm_pool.py for both).
 _NAME = re.compile(r"tandem-(kv|mm)-[0-9a-f]{32}")
+KV_PREFIX, MM_PREFIX = "tandem-kv-", "tandem-mm-"
 
 
 class ShmUnavailableError(OSError):

@@ -8,11 +8,8 @@ from __future__ import annotations
 import torch
 
 from services.api.embedding import ShmTarget
-from services.disagg.kv_shm import ShmUnavailableError, host_id, map_segment
+from services.disagg.kv_shm import MM_PREFIX, ShmUnavailableError, host_id, map_segment
 from services.disagg.shm_pool import MappedSegments, payload_view
-
-# NOTE: embedding segments only: an ask can never make this worker write into a KV segment.
-_PREFIX = "tandem-mm-"
 
 
 class ShmPlacer:
@@ -26,7 +23,8 @@ class ShmPlacer:
         """``rows`` copied into ``target``: a view of them there, or None when the target
         cannot be used from here (another host, not mappable, too small: send bytes)."""
         nbytes = rows.numel() * rows.element_size()
-        if (not self.host or target.host_id != self.host or not target.name.startswith(_PREFIX)
+        # NOTE: embedding segments only: an ask can never make this worker write into a KV one.
+        if (not self.host or target.host_id != self.host or not target.name.startswith(MM_PREFIX)
                 or target.offset + nbytes > target.size):
             return None
         mm = self.mapped.get(target.name)
