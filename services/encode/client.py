@@ -15,6 +15,7 @@ import functools
 from collections.abc import AsyncIterator
 
 import grpc
+import torch
 
 from services.api.embedding import ShmTarget, TransferChunk, TransferRequest
 from services.api.embedding_codec import (
@@ -110,7 +111,10 @@ class GrpcEncodeChannel:
             if len(data) != nbytes:
                 raise ValueError(f"chunk of {len(data)} bytes is not {head.rows}x{head.hidden} {head.dtype}")
             return chunk_from_rows(head, bytes_view(data))
-        buf = self.buffers.take(nbytes)
+        # NOTE: a whole image in one chunk lands in memory of its own, which the receiver
+        # keeps as the image's tensor (no second copy); parts of one go through a pooled buffer.
+        whole = head.offset == 0 and head.is_last
+        buf = torch.empty(nbytes, dtype=torch.uint8) if whole else self.buffers.take(nbytes)
         try:
             mv = memoryview(buf.numpy())
             pos, off = 0, head.byte_offset
@@ -127,8 +131,11 @@ class GrpcEncodeChannel:
             if pos != nbytes:
                 raise ValueError(f"chunk ended at byte {pos} of {nbytes}")
         except BaseException:
-            self.buffers.give(buf)
+            if not whole:
+                self.buffers.give(buf)
             raise
+        if whole:
+            return dataclasses.replace(chunk_from_rows(head, buf), owned=True)
         return dataclasses.replace(chunk_from_rows(head, buf), release=functools.partial(self.buffers.give, buf))
 
     def _segment(self, req: TransferRequest) -> Segment | None:

@@ -160,9 +160,12 @@ class EmbeddingReceiver:
                         reply = await asyncio.wait_for(channel.transfer(ask), self.timeout_s)
                         try:
                             n = _check_reply(reply, ask, total, hidden)
-                            if out is None:
-                                out = torch.empty(reply.total_tokens, hidden, dtype=dtype)
-                            out[received:received + n].copy_(reply.embeds)  # the one copy out
+                            if reply.owned and n == reply.total_tokens and reply.embeds.dtype == dtype:
+                                out = reply.embeds  # the whole image, in memory of its own
+                            else:
+                                if out is None:
+                                    out = torch.empty(reply.total_tokens, hidden, dtype=dtype)
+                                out[received:received + n].copy_(reply.embeds)  # the one copy out
                         finally:
                             reply.release()
                         total = reply.total_tokens
