@@ -6,7 +6,8 @@ there and answers with the header only; this side copies them out into the image
 and clears the segment's flag for the next ask. The segment's name is unlinked once the
 call ended, whatever the outcome; a segment whose call failed or was cancelled is dropped
 (the encode worker may still be writing it). An encode worker that answers with bytes
-instead (another host, a private /dev/shm) is not offered segments again."""
+instead (another host, a private /dev/shm) is not offered segments again; one that lost
+its mapping of a segment it used before (restarted, evicted) is offered fresh ones."""
 
 from __future__ import annotations
 
@@ -79,8 +80,11 @@ class GrpcEncodeChannel:
         if seg is None:
             return chunk
         if not chunk.placed:
-            self.shm_declined = seg.fresh
-            self.segments.idle(seg)
+            if seg.fresh:  # it cannot map our segments at all: bytes from now on
+                self.shm_declined = True
+                self.segments.drop(seg)
+            else:  # it lost its mappings (restarted, evicted them): fresh segments next time
+                self.segments.forget(self.address)
             return chunk
         seg.fresh = False  # mapped there: the next ask may name it again
         return dataclasses.replace(chunk, release=functools.partial(self.segments.idle, seg))

@@ -18,6 +18,7 @@ import torch
 
 from services.api.embedding_codec import PIECE_BYTES
 from services.disagg import kv_shm
+from services.disagg.shm_pool import MappedSegments
 from services.encode import client
 from services.encode.client import CHANNEL_OPTIONS, GrpcEncodeChannel
 from services.encode.grpc_server import serve_encode_worker
@@ -171,3 +172,17 @@ async def test_encode_worker_that_cannot_see_the_segment_sends_bytes(segments: l
         assert channel.shm_declined  # not offered again
         got = await _fetch(receiver, b"img", [channel], "r/1")
         assert len(segments) == 1 and not any(os.path.exists(p) for p in segments)
+
+
+async def test_encode_worker_that_lost_its_mappings_gets_fresh_segments(segments: list[str]) -> None:
+    dtype = torch.float32
+    async with encode_worker(dtype) as (local, channel, _):
+        receiver = _receiver(dtype, 32)
+        assert _bits(await _fetch(receiver, b"a", [channel], "r/0")) == _bits(_embeds(b"a", dtype))
+        local.sender.placer.mapped = MappedSegments(64 << 20)  # a restarted encode worker
+        # the reused segment cannot be mapped there any more: bytes this time, a fresh one next
+        assert _bits(await _fetch(receiver, b"b", [channel], "r/1")) == _bits(_embeds(b"b", dtype))
+        assert _bits(await _fetch(receiver, b"c", [channel], "r/2")) == _bits(_embeds(b"c", dtype))
+        assert not channel.shm_declined and len(segments) == 2
+        assert len(local.sender.placer.mapped) == 1
+        assert not any(os.path.exists(p) for p in segments)
