@@ -301,6 +301,11 @@ class TorchRunner(ModelRunner):
     def reserve_future_slots(self, n: int) -> None:
         self._future = torch.zeros(n, dtype=torch.int64, device=self.device)
 
+    def future_slots(self, base: int, count: int) -> torch.Tensor:
+        """Future-token slots ``base .. base + count``, a view of the map (tensor-parallel
+        ranks fill theirs from rank 0's)."""
+        return self._future[base : base + count]
+
     def launch(self, batch: ScheduledBatch) -> PendingOutput:
         """Queue ``batch`` on the forward thread (batches run in launch order) and return.
 

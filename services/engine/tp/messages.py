@@ -5,8 +5,8 @@ Two channels, so a large payload never delays a step:
 * payloads (background thread): ``RequestPayload`` once per request, as it arrives -- the
   prompt as raw int64 bytes, materialised by each rank itself;
 * steps (step thread): ``StepMessage`` per forward -- only handles, positions, token counts,
-  the tokens no payload carries (generated ones) and block-table changes -- plus the KV
-  transfer commands, in order with the steps.
+  the tokens no payload carries (generated ones, or the overlapped loop's placeholders for
+  them) and block-table changes -- plus the KV transfer commands, in order with the steps.
 """
 
 from __future__ import annotations
@@ -38,10 +38,14 @@ class RequestPayload:
 @dataclass(slots=True)
 class SeqWork:
     """One sequence's work in a step. Tokens at positions ``< num_prompt`` come from the
-    payload; ``generated`` holds the chunk's tokens at positions ``>= num_prompt``. The
-    rank's block table is cut to ``keep_blocks`` entries and extended by ``new_blocks``."""
+    payload; ``generated`` holds the chunk's tokens at positions ``>= num_prompt`` (a
+    negative one is a placeholder, ``batch.placeholder``, resolved from the rank's future
+    map). The block table of (``handle``, ``choice``) -- the choices of an n > 1 request
+    share the handle and its payload -- is cut to ``keep_blocks`` entries and extended by
+    ``new_blocks``."""
 
     handle: int
+    choice: int
     start_pos: int
     num_tokens: int
     num_prompt: int
@@ -52,8 +56,22 @@ class SeqWork:
 
 @dataclass(slots=True)
 class StepMessage:
+    """``futures_count`` > 0 (the overlapped loop): before this step's forward, rank 0
+    broadcasts the tokens the previous launched batch sampled (int64, (futures_count,)) and
+    every rank writes them to its future slots ``futures_base ..``, as rank 0's sampler
+    did to its own: this step's placeholders then resolve the same on every rank."""
+
     seqs: list[SeqWork]
     dropped: list[int] = field(default_factory=list)  # handles of requests that are gone
+    futures_base: int = 0
+    futures_count: int = 0
+
+
+@dataclass(slots=True)
+class FutureSlots:
+    """Size the rank's future-token map (``ModelRunner.reserve_future_slots``)."""
+
+    n: int
 
 
 @dataclass(slots=True)

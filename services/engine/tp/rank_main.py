@@ -24,6 +24,7 @@ from services.engine.parallel.shard import TpShard
 from services.engine.tp.broadcast import PayloadReceiver
 from services.engine.tp.messages import (
     ExportKv,
+    FutureSlots,
     ImportKv,
     RankFailed,
     RankReady,
@@ -79,10 +80,15 @@ def rank_main(
                 log.error("rank %d: the entry rank's pipe closed; exiting", rank)
                 os._exit(1)
             if isinstance(msg, StepMessage):
-                runner.execute(decoder.decode(msg))
+                batch = decoder.decode(msg)
+                if msg.futures_count:  # rank 0's samples of the batch before (overlap)
+                    comm.broadcast_from_entry(runner.future_slots(msg.futures_base, msg.futures_count))
+                runner.execute(batch)
                 stats[STAT_STEPS] += 1
                 stats[STAT_WAIT_S] = decoder.wait_seconds
                 stats[STAT_ALL_REDUCE_S] = comm.ALL_REDUCE.seconds
+            elif isinstance(msg, FutureSlots):
+                runner.reserve_future_slots(msg.n)
             elif isinstance(msg, ExportKv):
                 _send(step_conn, runner.export_kv(msg.block_ids).cpu())
             elif isinstance(msg, ImportKv):

@@ -1,0 +1,155 @@
+"""What runs at TP=1 runs under tensor parallelism: the overlapped loop (rank 0's sampled
+tokens resolve the placeholders on every rank), n > 1 choices with seeded sampling, and
+int8 / int4 weights sharded per rank. One SmolLM2 TP=3 runner serves every engine here
+(each rank loads the model: the slow part on two cores)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from services.api.sampling import SamplingParams
+from services.common.config import EngineConfig
+from services.engine.engine import LLMEngine
+from services.engine.request import GenerateRequest
+from services.engine.runner.torch_runner import TorchRunner
+from services.engine.tp.runner import TpRunner
+from services.engine.weights import LoadedWeights, load_weights
+from tests.support.tiny_model import drive_mixed, mixed_workload, tiny_hf_model
+
+
+def _cfg(**kw) -> EngineConfig:
+    base = dict(device="cpu", dtype="float32", block_size=4, num_kv_blocks=20, max_num_seqs=6,
+                max_num_batched_tokens=12, tp_timeout_s=120)
+    base.update(kw)
+    return EngineConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_path: Path) -> LoadedWeights:
+    return load_weights(smollm2_path)
+
+
+@pytest.fixture(scope="module")
+def tp3(smollm2_path: Path, smollm2: LoadedWeights) -> Iterator[TpRunner]:
+    runner = TpRunner(smollm2.arch, smollm2.tensors, _cfg(tensor_parallel_size=3), smollm2_path)
+    try:
+        yield runner
+    finally:
+        runner.close()
+
+
+def test_smollm2_tp3_overlap_equals_serial(tp3: TpRunner, smollm2: LoadedWeights) -> None:
+    # Chunked prefill, prefix hits, preemption and aborts (a pool far below the demand),
+    # the same runner behind both loops.
+    vocab = smollm2.arch.vocab_size
+    got = {}
+    for overlap in (False, True):
+        engine = LLMEngine(tp3, _cfg(tensor_parallel_size=3, overlap=overlap), eos_token_ids=[0])
+        assert engine.overlap is overlap
+        got[overlap] = drive_mixed(engine, mixed_workload(vocab))
+        stats = engine.stats()
+        assert stats.num_preemptions_total > 0 and stats.prefix_cache_hit_tokens_total > 0
+        assert stats.kv_blocks_used == 0
+    assert tp3._handles == {}, "every finished or aborted request is forgotten"
+    assert got[True] == got[False]
+    assert sum(len(t) for t in got[True][0].values()) > 50
+
+
+def _choices(engine: LLMEngine, reqs: list[GenerateRequest]) -> dict[tuple[str, int], list[int]]:
+    got: dict[tuple[str, int], list[int]] = {}
+    for r in reqs:
+        engine.add_request(r)
+    steps = 0
+    while engine.has_unfinished():
+        for out in engine.step():
+            got.setdefault((out.request_id, out.index), []).extend(out.token_ids)
+        steps += 1
+        assert steps < 500, "engine did not drain"
+    return got
+
+
+def _n3_requests() -> list[GenerateRequest]:
+    sp = SamplingParams(temperature=0.8, top_p=0.95, n=3, seed=11, max_tokens=10, ignore_eos=True)
+    greedy = SamplingParams(temperature=0, n=2, max_tokens=6, ignore_eos=True)
+    return [GenerateRequest("s", [1, 504, 3157, 314, 260, 3241, 282, 4649, 30], sp),
+            GenerateRequest("g", [1, 9690, 17, 1187, 359, 346, 47], greedy)]
+
+
+def test_smollm2_tp3_n3_seeded_equals_unsplit(tp3: TpRunner, smollm2: LoadedWeights) -> None:
+    cfg1 = _cfg()
+    want = _choices(LLMEngine(TorchRunner(smollm2.arch, smollm2.tensors, cfg1), cfg1, eos_token_ids=[0]),
+                    _n3_requests())
+    assert sorted(want) == [("g", 0), ("g", 1), ("s", 0), ("s", 1), ("s", 2)]
+    assert len({tuple(want["s", i]) for i in range(3)}) == 3, "seeded choices draw apart"
+    for overlap in (False, True):
+        cfg = _cfg(tensor_parallel_size=3, overlap=overlap)
+        engine = LLMEngine(tp3, cfg, eos_token_ids=[0])
+        assert _choices(engine, _n3_requests()) == want, f"overlap={overlap}"
+        assert engine.stats().kv_blocks_used == 0
+    assert tp3._handles == {}
+
+
+def _tiny(tmp_path: Path) -> Path:
+    model, _ = tiny_hf_model("qwen2", tie=False, seed=3)
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    return tmp_path
+
+
+def _logits(runner: TorchRunner) -> torch.Tensor:
+    """A prefill of 11 tokens, then one decode step: logits (2, V)."""
+    from tests.support.tiny_model import batch, seq
+
+    prompt = [5, 17, 99, 3, 42, 8, 61, 77, 23, 1, 64]
+    runner.request_added(GenerateRequest("a", prompt))
+    first = runner.logits_for(_owned(batch(seq("a", prompt, 0, [0, 1, 2])), prompt))
+    nxt = int(first[0].argmax())
+    second = runner.logits_for(_owned(batch(seq("a", [nxt], len(prompt), [0, 1, 2], num_generated=1)), prompt))
+    return torch.cat([first, second])
+
+
+def _owned(b, prompt: list[int]):
+    """The TP step encoder reads each sequence's prompt length from its owner."""
+    from services.engine.sequence import Sequence
+
+    b.owners = [Sequence.from_request(GenerateRequest("a", prompt))]
+    return b
+
+
+def test_int8_tp2_equals_int8_tp1(tmp_path: Path) -> None:
+    path = _tiny(tmp_path)
+    lw = load_weights(path)
+    kw = dict(quantization="int8", quantized_max_rows=None)
+    want = _logits(TorchRunner(lw.arch, lw.tensors, _cfg(**kw)))
+    dense = _logits(TorchRunner(lw.arch, lw.tensors, _cfg()))
+    runner = TpRunner(lw.arch, lw.tensors, _cfg(tensor_parallel_size=2, **kw), path)
+    try:
+        assert runner.quantization == "int8"
+        got = _logits(runner)
+    finally:
+        runner.close()
+    # test_quant_model.py's int8 tolerance against the dense model holds for both ...
+    for q in (want, got):
+        rel = (torch.linalg.norm(q - dense) / torch.linalg.norm(dense)).item()
+        assert 0 < rel < 0.03, rel
+    # ... and each rank's slice of the int8 weights is the TP=1 weights' slice (scales per
+    # output row of the whole weight): TP=2 is TP=1 but for the all-reduce's summation order.
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+
+
+def test_int4_refuses_a_shard_that_splits_a_group(tmp_path: Path) -> None:
+    # The tiny model's MLP is 96 wide: 48 columns a rank is not a whole number of 32-groups.
+    path = _tiny(tmp_path)
+    lw = load_weights(path)
+    with pytest.raises(ValueError, match=r"model\.layers\.0\.mlp\.down_proj\.weight.*48.*32"):
+        TorchRunner(lw.arch, lw.tensors, _cfg(tensor_parallel_size=2, quantization="int4"),
+                    tp=_shard(0, 2))
+
+
+def _shard(rank: int, size: int):
+    from services.engine.parallel.shard import TpShard
+
+    return TpShard(rank, size)
