@@ -112,7 +112,8 @@ def build_runner(cfg: ClusterConfig, model_path: Path | None) -> ModelRunner:
     if cfg.engine.tensor_parallel_size > 1:
         from services.engine.tp.runner import TpRunner
 
-        return TpRunner(loaded.arch, loaded.tensors, cfg.engine, model_path, cfg.engine.max_model_len)
+        return TpRunner(loaded.arch, loaded.tensors, cfg.engine, model_path, cfg.engine.max_model_len,
+                        loaded.quant)
     return TorchRunner(loaded.arch, loaded.tensors, cfg.engine, cfg.engine.max_model_len, loaded.quant)
 
 

@@ -75,8 +75,9 @@ def resolve_dense_above_rows(setting: int | None | str, device: torch.device, dt
 
 def stays_four_bit(cfg: EngineConfig, source: QuantSource) -> bool:
     """Whether a 4-bit weights file keeps its int4 weights under ``engine.quantization``
-    (auto or int4, without tensor parallelism: the quantized linears do not shard)."""
-    return source.four_bit and cfg.quantization in ("auto", "int4") and cfg.tensor_parallel_size == 1
+    (int4; auto without tensor parallelism, quant/apply.py)."""
+    return source.four_bit and (cfg.quantization == "int4"
+                                or (cfg.quantization == "auto" and cfg.tensor_parallel_size == 1))
 
 
 # A batch's prompt logprobs (RunnerOutput.prompt_logprobs), on the host; None: no row asked.

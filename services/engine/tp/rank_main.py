@@ -116,7 +116,7 @@ def _start(rank: int, size: int, port: int, model_path: Path, cfg: EngineConfig,
         torch.cuda.set_device(device)
         cfg = cfg.model_copy(update={"device": str(device)})
     loaded = load_weights(model_path)
-    runner = TorchRunner(loaded.arch, loaded.tensors, cfg, max_model_len, tp=TpShard(rank, size))
+    runner = TorchRunner(loaded.arch, loaded.tensors, cfg, max_model_len, loaded.quant, tp=TpShard(rank, size))
     if device.type == "cpu":
         torch.set_num_threads(cfg.tp_rank_threads)
     return runner

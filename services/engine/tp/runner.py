@@ -28,6 +28,7 @@ from services.common.config import EngineConfig
 from services.engine.batch import ScheduledBatch
 from services.engine.parallel import comm
 from services.engine.parallel.shard import TpShard, check_tp_layout
+from services.engine.quant.groups import QuantSource
 from services.engine.request import GenerateRequest
 from services.engine.runner.torch_runner import StepForward, TorchRunner
 from services.engine.tp.broadcast import PayloadBroadcaster
@@ -90,6 +91,7 @@ class TpRunner(TorchRunner):
         cfg: EngineConfig,
         model_path: Path,
         max_model_len: int | None = None,
+        quant_source: QuantSource | None = None,
     ) -> None:
         size = cfg.tensor_parallel_size
         check_tp_layout(arch, size)
@@ -120,7 +122,7 @@ class TpRunner(TorchRunner):
                 step_there.close()
                 pay_there.close()
                 self._ranks.append(_Rank(r, proc, step_here, pay_here, stats))
-            super().__init__(arch, tensors, cfg, max_model_len, tp=TpShard(0, size))
+            super().__init__(arch, tensors, cfg, max_model_len, quant_source, tp=TpShard(0, size))
             self._await_ready()
             comm.init_group(0, size, port, self.device, cfg.tp_timeout_s)
         except BaseException:

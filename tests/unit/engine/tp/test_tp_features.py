@@ -140,6 +140,31 @@ def test_int8_tp2_equals_int8_tp1(tmp_path: Path) -> None:
     torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize(("arch", "qtype"), [("llama", "Q8_0"), ("qwen2", "Q4_0")])
+def test_int4_tp2_equals_int4_tp1_on_gguf_groups(tmp_path: Path, arch: str, qtype: str) -> None:
+    # The file's exact groups, cut per rank: Q8_0's two nibble halves (input_repeat 2) are
+    # cut alike; qwen2 adds the q/k/v biases (column-parallel) beside them.
+    from gguf import GGMLQuantizationType
+
+    from tests.support.tiny_checkpoints import make_hf_model, write_gguf
+
+    path = tmp_path / "m.gguf"
+    write_gguf(path, arch, make_hf_model(tmp_path / "hf", arch, tied=False, seed=3),
+               GGMLQuantizationType[qtype])
+    lw = load_weights(path)
+    kw = dict(quantization="int4", quantized_max_rows=None, cpu_kernels=False)
+    want = _logits(TorchRunner(lw.arch, lw.tensors, _cfg(**kw), quant_source=lw.quant))
+    runner = TpRunner(lw.arch, lw.tensors, _cfg(tensor_parallel_size=2, **kw), path, quant_source=lw.quant)
+    try:
+        layer = runner.model.layers[0]
+        assert runner.quantization == "int4" and layer.down_proj.reduce and not layer.qkv_proj.reduce
+        got = _logits(runner)
+    finally:
+        runner.close()
+    # test_quant_model.py's tolerance for int4 against the file's dequantized model
+    assert (got - want).abs().max().item() < 1e-4 * max(1.0, want.abs().max().item())
+
+
 def test_int4_refuses_a_shard_that_splits_a_group(tmp_path: Path) -> None:
     # The tiny model's MLP is 96 wide: 48 columns a rank is not a whole number of 32-groups.
     path = _tiny(tmp_path)
