@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from services.engine.cpu_kernels.isa import KernelSet
-from services.engine.quant import pack
 from services.engine.parallel.comm import all_reduce
+from services.engine.quant import pack
 from services.engine.quant.groups import Int4Groups
 from services.engine.quant.int8_rows import Int8Rows
 

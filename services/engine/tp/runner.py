@@ -25,14 +25,13 @@ from pathlib import Path
 import torch
 
 from services.common.config import EngineConfig
-from services.engine.batch import ScheduledBatch
+from services.engine.batch import PendingOutput, ScheduledBatch
 from services.engine.parallel import comm
 from services.engine.parallel.shard import TpShard, check_tp_layout
 from services.engine.quant.groups import QuantSource
 from services.engine.request import GenerateRequest
 from services.engine.runner.torch_runner import StepForward, TorchRunner
 from services.engine.tp.broadcast import PayloadBroadcaster
-from services.engine.batch import PendingOutput
 from services.engine.tp.messages import (
     ExportKv,
     FutureSlots,
