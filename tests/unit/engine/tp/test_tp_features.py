@@ -1,10 +1,11 @@
 """What runs at TP=1 runs under tensor parallelism: the overlapped loop (rank 0's sampled
-tokens resolve the placeholders on every rank), n > 1 choices with seeded sampling, and
-int8 / int4 weights sharded per rank. One SmolLM2 TP=3 runner serves every engine here
+tokens resolve the placeholders on every rank), n > 1 choices with seeded sampling,
+grammar masks beside the overlapped loop, and int8 / int4 weights sharded per rank. One SmolLM2 TP=3 runner serves every engine here
 (each rank loads the model: the slow part on two cores)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -91,6 +92,37 @@ def test_smollm2_tp3_n3_seeded_equals_unsplit(tp3: TpRunner, smollm2: LoadedWeig
         assert _choices(engine, _n3_requests()) == want, f"overlap={overlap}"
         assert engine.stats().kv_blocks_used == 0
     assert tp3._handles == {}
+
+
+def test_smollm2_tp3_grammar_overlapped_equals_unsplit(tp3: TpRunner, smollm2: LoadedWeights,
+                                                      smollm2_tokenizer) -> None:
+    # The mask is built on rank 0's scheduler thread and applied by its sampler; overlapped,
+    # batch N+1's sampler waits for it while the ranks already run N+1's forward.
+    from services.api.structured import StructuredKind, StructuredOutput
+    from services.engine.grammar.compiler import GrammarCompiler
+
+    tok = smollm2_tokenizer
+    regex = r"[0-9]{3}-[a-z]{2}"
+
+    def reqs() -> list[GenerateRequest]:
+        def sp(structured: StructuredOutput | None) -> SamplingParams:
+            return SamplingParams(temperature=0, max_tokens=12, structured=structured)
+
+        return [GenerateRequest("regex", tok.encode("Give me a code:"), sp(StructuredOutput(StructuredKind.REGEX, regex))),
+                GenerateRequest("choice", tok.encode("Is the sky blue?"),
+                                sp(StructuredOutput(StructuredKind.CHOICE, choices=("yes", "no", "maybe so")))),
+                GenerateRequest("free", tok.encode("The sky is"), sp(None))]
+
+    def engine(runner: TorchRunner, cfg: EngineConfig) -> LLMEngine:
+        grammar = GrammarCompiler(tok.to_json(), runner.vocab_size, tok.stop_token_ids)
+        return LLMEngine(runner, cfg, tok.stop_token_ids, grammar=grammar)
+
+    cfg1 = _cfg()
+    want = _choices(engine(TorchRunner(smollm2.arch, smollm2.tensors, cfg1), cfg1), reqs())
+    assert re.fullmatch(regex, tok.decode(want["regex", 0]))
+    assert tok.decode(want["choice", 0]) in ("yes", "no", "maybe so")
+    got = _choices(engine(tp3, _cfg(tensor_parallel_size=3, overlap=True)), reqs())
+    assert got == want
 
 
 def _tiny(tmp_path: Path) -> Path:
