@@ -71,7 +71,7 @@ def rank_main(
         log.exception("rank %d failed to join the tensor-parallel group", rank)
         os._exit(1)
     receiver = PayloadReceiver(payload_conn, cfg.tp_broadcast == "sync", cfg.tp_timeout_s)
-    decoder = StepDecoder(receiver.prompt, receiver.forget)
+    decoder = StepDecoder(receiver.request, receiver.forget)
     try:
         while True:
             try:
@@ -107,6 +107,7 @@ def rank_main(
 
 def _start(rank: int, size: int, port: int, model_path: Path, cfg: EngineConfig,
            max_model_len: int | None):
+    from services.engine.factory import is_llava_dir
     from services.engine.runner.torch_runner import TorchRunner, resolve_device
     from services.engine.weights import load_weights
 
@@ -115,7 +116,12 @@ def _start(rank: int, size: int, port: int, model_path: Path, cfg: EngineConfig,
         device = torch.device("cuda", rank)
         torch.cuda.set_device(device)
         cfg = cfg.model_copy(update={"device": str(device)})
-    loaded = load_weights(model_path)
+    if is_llava_dir(model_path):  # the vision half runs on rank 0 (or an encode worker)
+        from services.engine.multimodal.weights import load_llava_dir
+
+        loaded = load_llava_dir(model_path).text
+    else:
+        loaded = load_weights(model_path)
     runner = TorchRunner(loaded.arch, loaded.tensors, cfg, max_model_len, loaded.quant, tp=TpShard(rank, size))
     if device.type == "cpu":
         torch.set_num_threads(cfg.tp_rank_threads)

@@ -102,8 +102,8 @@ class TpRunner(TorchRunner):
         self.failure = ""  # what went wrong first, for the worker's exit
         self._rank0_steps = 0
         self.on_rank_death: Callable[[str], None] | None = None
-        # A request's inputs besides its prompt, as the raw bytes the ranks receive (the slot
-        # multimodal inputs and grammar specs take; `tandem bench tp` fills it).
+        # Raw bytes sent with each request's payload besides its prompt and images (`tandem
+        # bench tp` fills it to stand for large inputs).
         self.extra_payload: Callable[[GenerateRequest], bytes] = _no_extras
         self._closing = False
         self._ranks: list[_Rank] = []
@@ -147,7 +147,7 @@ class TpRunner(TorchRunner):
         h = self._next_handle
         self._next_handle += 1
         self._handles[request.request_id] = h
-        self._broadcaster.submit(h, request.prompt_token_ids, self.extra_payload(request))
+        self._broadcaster.submit(h, request.prompt_token_ids, request.images, self.extra_payload(request))
 
     def request_gone(self, request_id: str) -> None:
         h = self._handles.pop(request_id, None)

@@ -13,7 +13,8 @@ from collections.abc import Callable
 
 from services.api.sampling import SamplingParams
 from services.engine.batch import ScheduledBatch, ScheduledSeq
-from services.engine.tp.messages import SeqWork, StepMessage
+from services.engine.tp.messages import RankRequest, SeqWork, StepMessage
+from services.model.image_spans import ImageSpan
 
 _NO_SAMPLING = SamplingParams(temperature=0.0)  # other ranks never sample
 
@@ -53,10 +54,10 @@ class StepEncoder:
 
 
 class StepDecoder:
-    """Rebuilds the batch a rank computes; ``prompt(handle)`` blocks on that request's payload."""
+    """Rebuilds the batch a rank computes; ``request(handle)`` blocks on that request's payload."""
 
-    def __init__(self, prompt: Callable[[int], list[int]], forget: Callable[[int], None]) -> None:
-        self._prompt = prompt
+    def __init__(self, request: Callable[[int], RankRequest], forget: Callable[[int], None]) -> None:
+        self._request = request
         self._forget = forget
         self._tables: dict[int, dict[int, list[int]]] = {}  # handle -> choice -> block table
         self.wait_seconds = 0.0  # time spent blocked on payloads, cumulative
@@ -70,12 +71,15 @@ class StepDecoder:
             table = self._tables.setdefault(w.handle, {}).setdefault(w.choice, [])
             del table[w.keep_blocks:]
             table.extend(w.new_blocks)
+            images: tuple[ImageSpan, ...] = ()
             if w.start_pos < w.num_prompt:
                 t0 = time.perf_counter()
-                prompt = self._prompt(w.handle)
+                req = self._request(w.handle)
                 self.wait_seconds += time.perf_counter() - t0
-                tokens = prompt[w.start_pos : min(w.start_pos + w.num_tokens, w.num_prompt)] + w.generated
+                tokens = req.prompt[w.start_pos : min(w.start_pos + w.num_tokens, w.num_prompt)] + w.generated
+                images = req.images
             else:
                 tokens = w.generated
-            seqs.append(ScheduledSeq(str(w.handle), tokens, w.start_pos, table, False, _NO_SAMPLING))
+            seqs.append(ScheduledSeq(str(w.handle), tokens, w.start_pos, table, False, _NO_SAMPLING,
+                                     images=images))
         return ScheduledBatch(seqs)

@@ -210,3 +210,34 @@ def _shard(rank: int, size: int):
     from services.engine.parallel.shard import TpShard
 
     return TpShard(rank, size)
+
+
+def test_llava_tp2_greedy_equals_transformers(tmp_path: Path) -> None:
+    # The vision tower runs here (rank 0's process); the embeddings ride with the request's
+    # payload to rank 1. Small chunks cut the image across prefill steps; overlapped loop.
+    from services.engine.multimodal.vision_tower import ImageEncoder
+    from services.engine.multimodal.weights import load_llava_dir
+    from services.model.image_spans import expand_placeholders
+    from tests.support.tiny_llava import IMAGE_TOKEN, save_tiny_llava, tiny_llava
+
+    hf = tiny_llava("clip", "llama")
+    path = save_tiny_llava(hf, tmp_path / "llava")
+    w = load_llava_dir(path)
+    enc = ImageEncoder(w.arch)
+    enc.load_hf_weights(w.vision, w.projector)
+    pixels = torch.randn(1, 3, 56, 56, generator=torch.Generator().manual_seed(1))
+    full, spans = expand_placeholders([3, 4, 5, IMAGE_TOKEN, 9, 10, 11], IMAGE_TOKEN, w.arch.tokens_per_image,
+                                      ["a" * 64])
+    with torch.no_grad():
+        images = tuple(s.with_embeds(enc(pixels)[0]) for s in spans)
+        want = hf.generate(input_ids=torch.tensor([full]), pixel_values=pixels, max_new_tokens=6,
+                           do_sample=False)[0, len(full):].tolist()
+    cfg = _cfg(tensor_parallel_size=2, num_kv_blocks=64, max_num_batched_tokens=8, overlap=True)
+    runner = TpRunner(w.text.arch, w.text.tensors, cfg, path)
+    try:
+        engine = LLMEngine(runner, cfg, eos_token_ids=[])
+        sp = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+        got = _choices(engine, [GenerateRequest("a", full, sp, images=images)])
+    finally:
+        runner.close()
+    assert got == {("a", 0): want}
