@@ -150,8 +150,7 @@ class _TorchPending:
         return self._out
 
 
-def _cpu_kernels(cfg: EngineConfig, device: torch.device, dtype: torch.dtype, tp: TpShard,
-                 isa: str) -> KernelSet | None:
+def _cpu_kernels(cfg: EngineConfig, device: torch.device, dtype: torch.dtype, isa: str) -> KernelSet | None:
     """``engine.cpu_kernels`` for an int4 model, on ``isa``'s build: auto -> where they can
     run; true -> they must (ValueError naming why not)."""
     if cfg.cpu_kernels is False:
@@ -160,9 +159,8 @@ def _cpu_kernels(cfg: EngineConfig, device: torch.device, dtype: torch.dtype, tp
     why = None
     if isa == "none":
         why = "engine.cpu_isa resolved to none (torch's kernels only)"
-    elif device.type != "cpu" or dtype not in dtypes or tp.size > 1:
-        why = (f"{isa}'s run on CPU in {' or '.join(map(str, dtypes))} without tensor parallelism, "
-               f"not {device}, {dtype}, TP={tp.size}")
+    elif device.type != "cpu" or dtype not in dtypes:
+        why = f"{isa}'s run on CPU in {' or '.join(map(str, dtypes))}, not {device}, {dtype}"
     if cfg.cpu_kernels is True:
         if why is None:
             try:
@@ -233,7 +231,7 @@ class TorchRunner(ModelRunner):
                                     max_len=self.max_model_len)
             self.model.load_hf_weights(tensors)
             self.quantization = resolve_quantization(cfg, self.dtype, source)
-            kernels = (_cpu_kernels(cfg, self.device, self.dtype, self.tp, isa)
+            kernels = (_cpu_kernels(cfg, self.device, self.dtype, isa)
                        if self.quantization == "int4" else None)
             if self.quantization != "none":
                 quantize_model(self.model, tensors, source, self.quantization,
@@ -245,12 +243,15 @@ class TorchRunner(ModelRunner):
             log.info("engine: %s, %s, quantization %s, CPU kernels %s (engine.cpu_isa %s)", self.device,
                      self.dtype, self.quantization, self.info.cpu_isa, cfg.cpu_isa)
             self.deterministic = cfg.deterministic
-            if cfg.deterministic and (kernels is None or not CpuDecode.supports(self.model)):
+            # NOTE: the one-call step has no all-reduce: each rank's linears run on the kernels
+            # under tensor parallelism, the step itself in torch.
+            one_call = kernels is not None and self.tp.size == 1 and CpuDecode.supports(self.model)
+            if cfg.deterministic and not one_call:
                 raise ValueError(
                     "engine.deterministic: true runs every step on the CPU int4 kernels' one-call step, "
                     f"which cannot run here ({self.device}, {self.dtype}, quantization {self.quantization}, "
                     f"CPU kernels {kernels.isa if kernels is not None else 'none'}, TP={self.tp.size})")
-            if kernels is not None and CpuDecode.supports(self.model):
+            if one_call:
                 self.model.cpu_decode = CpuDecode(self.model, cfg.block_size, every_step=cfg.deterministic)
                 # NOTE: a decode step in one C++ call holds no GIL and leaves a core's worth of
                 # gaps, so scheduling beside it pays (bench engine: 1.13x at 32 sequences,

@@ -197,6 +197,36 @@ def test_int4_tp2_equals_int4_tp1_on_gguf_groups(tmp_path: Path, arch: str, qtyp
     assert (got - want).abs().max().item() < 1e-4 * max(1.0, want.abs().max().item())
 
 
+def test_int4_tp2_runs_each_rank_on_the_cpu_kernels(tmp_path: Path) -> None:
+    from gguf import GGMLQuantizationType
+
+    from services.engine.cpu_kernels import build, isa
+    from services.engine.cpu_kernels.cpu_features import cpuinfo_flags
+    from tests.support.tiny_checkpoints import make_hf_model, write_gguf
+
+    best = isa.resolve("auto", cpuinfo_flags())
+    if best == "none" or not build.available(best):
+        pytest.skip(f"no CPU int4 kernels here ({best})")
+    path = tmp_path / "m.gguf"
+    write_gguf(path, "llama", make_hf_model(tmp_path / "hf", "llama", tied=False, seed=3), GGMLQuantizationType.Q4_1)
+    lw = load_weights(path)
+    kw = dict(dtype="bfloat16", quantization="int4", quantized_max_rows=None, cpu_kernels=True)
+    single = TorchRunner(lw.arch, lw.tensors, _cfg(**kw), quant_source=lw.quant)
+    assert single.model.cpu_decode is not None
+    want = _logits(single)
+    runner = TpRunner(lw.arch, lw.tensors, _cfg(tensor_parallel_size=2, **kw), path, quant_source=lw.quant)
+    try:
+        # each linear on the kernels; the step in torch (the one-call step has no all-reduce)
+        assert runner.info.cpu_isa == best and runner.model.cpu_decode is None
+        assert runner.model.layers[1].down_proj.matmul.kernels is not None
+        got = _logits(runner)
+    finally:
+        runner.close()
+    # test_quant_model.py's tolerance for bfloat16 int4 against float32 (the kernels round
+    # each rank's slice of the activations on its own)
+    assert (got - want).abs().max().item() < 0.05 * want.abs().max().item()
+
+
 def test_int4_refuses_a_shard_that_splits_a_group(tmp_path: Path) -> None:
     # The tiny model's MLP is 96 wide: 48 columns a rank is not a whole number of 32-groups.
     path = _tiny(tmp_path)
