@@ -146,6 +146,6 @@ def test_quantization_with_tensor_parallelism() -> None:
     # auto stays dense: our CPU int4 kernels, which make int4 pay on CPU, do not run under TP
     cfg = EngineConfig(tensor_parallel_size=3, quantization="auto")
     assert resolve_quantization(cfg, torch.bfloat16, source) == "none"
-    for mode in ("int4", "int8"):  # each rank quantizes its slice (test_tp_features.py)
+    for mode in ("int4", "int8"):  # each rank quantizes its slice (tp/test_tp_weights_images.py)
         cfg = EngineConfig(tensor_parallel_size=3, quantization=mode)
         assert resolve_quantization(cfg, torch.bfloat16, source) == mode
