@@ -3,8 +3,8 @@
 ``auto`` is int4 for a 4-bit GGUF (Q4_0 / Q4_1 / Q4_K linears) when the activations are
 bfloat16 (which ``dtype: auto`` resolves to for such a file; torch's CPU int4 kernel is
 slower than a dense GEMM in float32, CUDA's takes only bfloat16), none otherwise; with
-tensor parallelism it is none (our CPU int4 kernels, which make int4 pay on CPU, do not
-run there). Explicit ``int4`` / ``int8`` quantize every linear and the LM head, each rank
+tensor parallelism it is none (not measured there: the CPU kernels' one-call decode step,
+where int4 pays most on CPU, does not run under TP). Explicit ``int4`` / ``int8`` quantize every linear and the LM head, each rank
 its slice under tensor parallelism; the embedding lookup stays dense.
 """
 

@@ -1,14 +1,15 @@
 """Request payloads from the entry rank to the others, off the step thread.
 
 Entry side (``PayloadBroadcaster``): ``async`` queues the payload for a background thread
-that serialises (image embeddings too: their bytes are copied there) and sends it, so the step thread never waits on a slow rank or a large
-prompt; ``sync`` sends on the caller's thread and waits for every rank's acknowledgement
-(the synchronous broadcast, kept to measure the asynchronous one against). ``cancel`` drops a payload that has
-not left yet (an abort).
+that serialises it (copying the image embeddings' bytes there too) and sends it, so the
+step thread never waits on a slow rank or a large prompt; ``sync`` sends on the caller's
+thread and waits for every rank's acknowledgement (the synchronous broadcast, kept to
+measure the asynchronous one against). ``cancel`` drops a payload that has not left yet
+(an abort).
 
 Rank side (``PayloadReceiver``): a thread receives payloads, materialises the prompt and
-the image embeddings and completes that request's future; the step loop waits on a future only in the step that
-first needs the prompt.
+the image embeddings and completes that request's future; the step loop waits on a
+future only in the step that first needs the prompt.
 """
 
 from __future__ import annotations

@@ -143,7 +143,7 @@ def test_resolve_quantization(mode, dtype, four_bit, want) -> None:
 
 def test_quantization_with_tensor_parallelism() -> None:
     source = g.QuantSource({}, True)
-    # auto stays dense: our CPU int4 kernels, which make int4 pay on CPU, do not run under TP
+    # auto stays dense under TP (the CPU kernels' one-call decode step does not run there)
     cfg = EngineConfig(tensor_parallel_size=3, quantization="auto")
     assert resolve_quantization(cfg, torch.bfloat16, source) == "none"
     for mode in ("int4", "int8"):  # each rank quantizes its slice (tp/test_tp_weights_images.py)
