@@ -161,6 +161,7 @@ class TpRunner(TorchRunner):
 
     def reserve_future_slots(self, n: int) -> None:
         super().reserve_future_slots(n)
+        self._last_sampled = (0, 0)  # a new map: nothing sampled into it yet
         for r in self._ranks:
             _send(r.steps, FutureSlots(n))
 
