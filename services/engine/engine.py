@@ -135,9 +135,6 @@ class LLMEngine:
         """Raise InvalidRequestError if the request can never be served (reads config only).
         The one check of a request: callers run it at their entry, before ``add_request``."""
         self.scheduler.validate(request)
-        if request.sampling.n > 1 and not self.runner.supports_choices:
-            raise InvalidRequestError(f"request {request.request_id!r}: n > 1 is not supported "
-                                      "with tensor parallelism (engine.tensor_parallel_size > 1)")
         spec = request.sampling.structured
         if spec is not None:
             if self.grammar is None:
@@ -183,7 +180,8 @@ class LLMEngine:
 
     def _forget_finished(self, outputs: list[TokenOutput]) -> None:
         for o in outputs:
-            if o.finished:
+            # NOTE: a finished choice of an n > 1 request: the request lives on in the others.
+            if o.finished and o.request_id not in self.scheduler.seqs:
                 self.runner.request_gone(o.request_id)
 
     def _step_overlapped(self) -> list[TokenOutput]:

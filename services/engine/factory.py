@@ -105,10 +105,6 @@ def build_runner(cfg: ClusterConfig, model_path: Path | None) -> ModelRunner:
 
     assert model_path is not None  # NOTE: resolved by build_engine for the torch runner
     if is_llava_dir(model_path):
-        if cfg.engine.tensor_parallel_size > 1:
-            # NOTE: rank processes load a text checkpoint; the LLaVA split is not wired to them.
-            raise ValueError("engine.tensor_parallel_size > 1 is not supported for multimodal "
-                             f"(LLaVA) models yet: {model_path}")
         from services.engine.multimodal.weights import load_llava_dir
 
         loaded = load_llava_dir(model_path).text  # the vision half runs in the ImageEmbedder
@@ -117,7 +113,8 @@ def build_runner(cfg: ClusterConfig, model_path: Path | None) -> ModelRunner:
     if cfg.engine.tensor_parallel_size > 1:
         from services.engine.tp.runner import TpRunner
 
-        return TpRunner(loaded.arch, loaded.tensors, cfg.engine, model_path, cfg.engine.max_model_len)
+        return TpRunner(loaded.arch, loaded.tensors, cfg.engine, model_path, cfg.engine.max_model_len,
+                        loaded.quant)
     return TorchRunner(loaded.arch, loaded.tensors, cfg.engine, cfg.engine.max_model_len, loaded.quant)
 
 

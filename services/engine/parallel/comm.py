@@ -1,4 +1,5 @@
-"""The forward's one collective, timed: every RowParallelLinear all-reduces through here.
+"""The forward's one collective, timed: every RowParallelLinear all-reduces through here;
+and the overlapped loop's broadcast of rank 0's sampled tokens (``broadcast_from_entry``).
 
 ``ALL_REDUCE`` accumulates the seconds this process spent in all-reduces (on CPU gloo runs
 synchronously, so wall time is the cost; on CUDA it is only the launch). The runner reads
@@ -31,6 +32,11 @@ def all_reduce(t: torch.Tensor) -> None:
     dist.all_reduce(t)
     ALL_REDUCE.seconds += time.perf_counter() - t0
     ALL_REDUCE.calls += 1
+
+
+def broadcast_from_entry(t: torch.Tensor) -> None:
+    """Rank 0's ``t`` into every rank's ``t`` (contiguous, in place); raises like ``all_reduce``."""
+    dist.broadcast(t, src=0)
 
 
 def init_group(rank: int, size: int, port: int, device: torch.device, timeout_s: float) -> None:

@@ -65,6 +65,23 @@ class Int4Groups:
         w = (q * self.scale.unsqueeze(-1) + self.zero.unsqueeze(-1)).view(n, k)
         return w.view(n, self.input_repeat, self.in_features).sum(1)
 
+    def rows(self, start: int, stop: int) -> Int4Groups:
+        """Output rows ``start:stop``."""
+        return self.map_rows(lambda t: t[start:stop])
+
+    def cols(self, start: int, stop: int) -> Int4Groups:
+        """Input columns ``start:stop`` (of every repeat), which must be whole groups."""
+        gs = self.group_size
+        if start % gs or stop % gs:
+            raise ValueError(f"input columns {start}:{stop} are not whole int4 groups of {gs}")
+        n, r, k = self.out_features, self.input_repeat, self.in_features
+
+        def cut(t: torch.Tensor, width: int, lo: int, hi: int) -> torch.Tensor:
+            return t.reshape(n, r, width)[:, :, lo:hi].reshape(n, r * (hi - lo)).contiguous()
+
+        return Int4Groups(cut(self.codes, k, start, stop), cut(self.scale, k // gs, start // gs, stop // gs),
+                          cut(self.zero, k // gs, start // gs, stop // gs), gs, r, self.bits)
+
     def map_rows(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> Int4Groups:
         """The same groups with ``fn`` (a row permutation, e.g. GGUF's rotary un-permute)
         applied to every per-row tensor."""

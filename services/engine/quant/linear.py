@@ -3,7 +3,8 @@ better, our int4 kernels: cpu_kernels/), and the linear layer they serve.
 
 - int4: ``aten._weight_int4pack_mm_for_cpu`` / ``aten._weight_int4pack_mm`` (CUDA, tinygemm)
   over ``Int4Groups`` (groups.py); the weight is packed once at load.
-- int8: ``aten._weight_int8pack_mm``, symmetric per output channel, from float.
+- int8: ``aten._weight_int8pack_mm`` over ``Int8Rows`` (int8_rows.py), symmetric per
+  output channel, from float.
 
 torchao's CPU and CUDA int4 layouts call these same ops; using them directly spares a
 dependency. Activations stay in the model's dtype (the scales are cast to it).
@@ -19,8 +20,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from services.engine.cpu_kernels.isa import KernelSet
+from services.engine.parallel.comm import all_reduce
 from services.engine.quant import pack
 from services.engine.quant.groups import Int4Groups
+from services.engine.quant.int8_rows import Int8Rows
 
 
 def _inner_k_tiles(k: int) -> int:
@@ -82,17 +85,14 @@ class Int4Matmul(nn.Module):
 class Int8Matmul(nn.Module):
     """``x @ W.T`` with W as int8 per output channel: ``W[n] ~= q[n] * scale[n]``."""
 
-    def __init__(self, weight: torch.Tensor, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, weight: Int8Rows, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
         if not _has_int8_kernel(device):
             raise ValueError(f"engine.quantization int8: this torch has no _weight_int8pack_mm for "
                              f"{device.type} (int4 has one)")
-        w = weight.float()
-        scale = (w.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)  # (N,)
-        q = (w / scale.unsqueeze(1)).round().clamp(-127, 127).to(torch.int8)
-        self.out_features = w.shape[0]
-        self.register_buffer("q", q.to(device), persistent=False)
-        self.register_buffer("scale", scale.to(device=device, dtype=dtype), persistent=False)
+        self.out_features = weight.q.shape[0]
+        self.register_buffer("q", weight.q.to(device), persistent=False)
+        self.register_buffer("scale", weight.scale.to(device=device, dtype=dtype), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.aten._weight_int8pack_mm(x, self.q, self.scale)
@@ -111,8 +111,10 @@ def _has_int8_kernel(device: torch.device) -> bool:
 
 
 class QuantizedLinear(nn.Module):
-    """Stands in for one of layers/linear.py's layers (tensor-parallel size 1): the same
-    ``forward`` / ``split_output`` over a quantized matmul, plus the layer's bias.
+    """Stands in for one of layers/linear.py's layers: the same ``forward`` /
+    ``split_output`` over a quantized matmul of this rank's slice, plus the layer's bias;
+    ``reduce`` (a row-parallel layer under tensor parallelism) all-reduces the partial sums
+    before the bias, as RowParallelLinear does.
 
     ``dense`` (optional) is the float weight for batches of more than ``dense_above_rows``
     rows: int4/int8 kernels win where the step reads the weights once for a few rows
@@ -120,18 +122,24 @@ class QuantizedLinear(nn.Module):
     """
 
     def __init__(self, matmul: nn.Module, bias: torch.Tensor | None, split_sizes: Sequence[int],
-                 dense: torch.Tensor | None = None, dense_above_rows: int = 0) -> None:
+                 dense: torch.Tensor | None = None, dense_above_rows: int = 0, reduce: bool = False) -> None:
         super().__init__()
         self.matmul = matmul
         self.bias = bias
         self.split_sizes = list(split_sizes)
         self.dense = dense
         self.dense_above_rows = dense_above_rows
+        self.reduce = reduce
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.dense is not None and x.shape[0] > self.dense_above_rows:
-            return F.linear(x, self.dense, self.bias)
-        y = self.matmul(x)
+        if not self.reduce:
+            if self.dense is not None and x.shape[0] > self.dense_above_rows:
+                return F.linear(x, self.dense, self.bias)
+            y = self.matmul(x)
+        else:
+            dense = self.dense is not None and x.shape[0] > self.dense_above_rows
+            y = F.linear(x, self.dense) if dense else self.matmul(x)
+            all_reduce(y)
         return y if self.bias is None else y + self.bias
 
     def split_output(self, y: torch.Tensor) -> list[torch.Tensor]:

@@ -61,8 +61,6 @@ class ModelRunner(ABC):
     overlap_pays: bool = False
     # Whether it samples from logits and honours ``batch.grammar_mask`` (structured output).
     supports_grammar: bool = False
-    # Whether it serves n > 1 choices (sequences sharing one request id).
-    supports_choices: bool = True
     # Whether host buffers it reads (grammar masks) are best pinned (a CUDA device).
     pins_host_memory: bool = False
     # Seconds the runner (the device) spent computing batches: the bench's bubble is the

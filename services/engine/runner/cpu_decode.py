@@ -65,7 +65,7 @@ class CpuDecode:
     @staticmethod
     def supports(model: torch.nn.Module) -> bool:
         """Whether every layer runs on the kernels (and nothing decode.cpp lacks is on). The
-        runner turns the kernels on only without tensor parallelism: every layer is whole."""
+        runner asks only without tensor parallelism: the one call has no all-reduce."""
         if model.embed_tokens.weight.dtype != torch.bfloat16 or model.arch.head_dim % 16:
             return False
         for layer in model.layers:

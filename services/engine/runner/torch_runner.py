@@ -75,8 +75,9 @@ def resolve_dense_above_rows(setting: int | None | str, device: torch.device, dt
 
 def stays_four_bit(cfg: EngineConfig, source: QuantSource) -> bool:
     """Whether a 4-bit weights file keeps its int4 weights under ``engine.quantization``
-    (auto or int4, without tensor parallelism: the quantized linears do not shard)."""
-    return source.four_bit and cfg.quantization in ("auto", "int4") and cfg.tensor_parallel_size == 1
+    (int4; auto without tensor parallelism, quant/apply.py)."""
+    return source.four_bit and (cfg.quantization == "int4"
+                                or (cfg.quantization == "auto" and cfg.tensor_parallel_size == 1))
 
 
 # A batch's prompt logprobs (RunnerOutput.prompt_logprobs), on the host; None: no row asked.
@@ -149,8 +150,7 @@ class _TorchPending:
         return self._out
 
 
-def _cpu_kernels(cfg: EngineConfig, device: torch.device, dtype: torch.dtype, tp: TpShard,
-                 isa: str) -> KernelSet | None:
+def _cpu_kernels(cfg: EngineConfig, device: torch.device, dtype: torch.dtype, isa: str) -> KernelSet | None:
     """``engine.cpu_kernels`` for an int4 model, on ``isa``'s build: auto -> where they can
     run; true -> they must (ValueError naming why not)."""
     if cfg.cpu_kernels is False:
@@ -159,9 +159,8 @@ def _cpu_kernels(cfg: EngineConfig, device: torch.device, dtype: torch.dtype, tp
     why = None
     if isa == "none":
         why = "engine.cpu_isa resolved to none (torch's kernels only)"
-    elif device.type != "cpu" or dtype not in dtypes or tp.size > 1:
-        why = (f"{isa}'s run on CPU in {' or '.join(map(str, dtypes))} without tensor parallelism, "
-               f"not {device}, {dtype}, TP={tp.size}")
+    elif device.type != "cpu" or dtype not in dtypes:
+        why = f"{isa}'s run on CPU in {' or '.join(map(str, dtypes))}, not {device}, {dtype}"
     if cfg.cpu_kernels is True:
         if why is None:
             try:
@@ -232,7 +231,7 @@ class TorchRunner(ModelRunner):
                                     max_len=self.max_model_len)
             self.model.load_hf_weights(tensors)
             self.quantization = resolve_quantization(cfg, self.dtype, source)
-            kernels = (_cpu_kernels(cfg, self.device, self.dtype, self.tp, isa)
+            kernels = (_cpu_kernels(cfg, self.device, self.dtype, isa)
                        if self.quantization == "int4" else None)
             if self.quantization != "none":
                 quantize_model(self.model, tensors, source, self.quantization,
@@ -244,12 +243,15 @@ class TorchRunner(ModelRunner):
             log.info("engine: %s, %s, quantization %s, CPU kernels %s (engine.cpu_isa %s)", self.device,
                      self.dtype, self.quantization, self.info.cpu_isa, cfg.cpu_isa)
             self.deterministic = cfg.deterministic
-            if cfg.deterministic and (kernels is None or not CpuDecode.supports(self.model)):
+            # NOTE: the one-call step has no all-reduce: each rank's linears run on the kernels
+            # under tensor parallelism, the step itself in torch.
+            one_call = kernels is not None and self.tp.size == 1 and CpuDecode.supports(self.model)
+            if cfg.deterministic and not one_call:
                 raise ValueError(
                     "engine.deterministic: true runs every step on the CPU int4 kernels' one-call step, "
                     f"which cannot run here ({self.device}, {self.dtype}, quantization {self.quantization}, "
                     f"CPU kernels {kernels.isa if kernels is not None else 'none'}, TP={self.tp.size})")
-            if kernels is not None and CpuDecode.supports(self.model):
+            if one_call:
                 self.model.cpu_decode = CpuDecode(self.model, cfg.block_size, every_step=cfg.deterministic)
                 # NOTE: a decode step in one C++ call holds no GIL and leaves a core's worth of
                 # gaps, so scheduling beside it pays (bench engine: 1.13x at 32 sequences,
@@ -300,6 +302,11 @@ class TorchRunner(ModelRunner):
 
     def reserve_future_slots(self, n: int) -> None:
         self._future = torch.zeros(n, dtype=torch.int64, device=self.device)
+
+    def future_slots(self, base: int, count: int) -> torch.Tensor:
+        """Future-token slots ``base .. base + count``, a view of the map (tensor-parallel
+        ranks fill theirs from rank 0's)."""
+        return self._future[base : base + count]
 
     def launch(self, batch: ScheduledBatch) -> PendingOutput:
         """Queue ``batch`` on the forward thread (batches run in launch order) and return.

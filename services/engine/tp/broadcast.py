@@ -1,14 +1,15 @@
 """Request payloads from the entry rank to the others, off the step thread.
 
 Entry side (``PayloadBroadcaster``): ``async`` queues the payload for a background thread
-that serialises and sends it, so the step thread never waits on a slow rank or a large
-prompt; ``sync`` sends on the caller's thread and waits for every rank's acknowledgement
-(the synchronous broadcast, kept to measure the asynchronous one against). ``cancel`` drops a payload that has
-not left yet (an abort).
+that serialises it (copying the image embeddings' bytes there too) and sends it, so the
+step thread never waits on a slow rank or a large prompt; ``sync`` sends on the caller's
+thread and waits for every rank's acknowledgement (the synchronous broadcast, kept to
+measure the asynchronous one against). ``cancel`` drops a payload that has not left yet
+(an abort).
 
 Rank side (``PayloadReceiver``): a thread receives payloads, materialises the prompt and
-completes that request's future; the step loop waits on a future only in the step that
-first needs the prompt.
+the image embeddings and completes that request's future; the step loop waits on a
+future only in the step that first needs the prompt.
 """
 
 from __future__ import annotations
@@ -20,13 +21,23 @@ import threading
 import time
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
-from services.engine.tp.messages import RequestPayload
+from services.engine.tp.messages import RankRequest, RequestPayload
+from services.model.image_spans import ImageSpan
 
 log = logging.getLogger(__name__)
 
 _ACK = b"k"
+
+
+@dataclass(frozen=True, slots=True)
+class _Item:
+    handle: int
+    prompt: list[int]
+    images: tuple[ImageSpan, ...]
+    extras: bytes
 
 
 class BroadcastError(RuntimeError):
@@ -44,23 +55,25 @@ class PayloadBroadcaster:
         self._lock = threading.Lock()
         self._pending: set[int] = set()
         self._cancelled: set[int] = set()
-        self._queue: queue.SimpleQueue[tuple[int, list[int], bytes] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         if not self.sync:
             self._thread = threading.Thread(target=self._run, name="tp-broadcast", daemon=True)
             self._thread.start()
 
-    def submit(self, handle: int, prompt_token_ids: list[int], extras: bytes = b"") -> None:
+    def submit(self, handle: int, prompt_token_ids: list[int], images: tuple[ImageSpan, ...] = (),
+               extras: bytes = b"") -> None:
         t0 = time.perf_counter()
+        item = _Item(handle, prompt_token_ids, images, extras)
         if self.sync:
-            self._send(handle, prompt_token_ids, extras)
+            self._send(item)
             self._await_acks(handle)
         else:
             if self.error is not None:
                 raise BroadcastError(f"tensor-parallel payload broadcast failed: {self.error!r}")
             with self._lock:
                 self._pending.add(handle)
-            self._queue.put((handle, prompt_token_ids, extras))
+            self._queue.put(item)
         self.blocked_seconds += time.perf_counter() - t0
 
     def cancel(self, handle: int) -> None:
@@ -74,8 +87,8 @@ class PayloadBroadcaster:
             self._queue.put(None)
             self._thread.join(timeout=self.timeout_s)
 
-    def _send(self, handle: int, prompt_token_ids: list[int], extras: bytes) -> None:
-        payload = RequestPayload.of(handle, prompt_token_ids, extras)
+    def _send(self, item: _Item) -> None:
+        payload = RequestPayload.of(item.handle, item.prompt, item.images, item.extras)
         data = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
         for c in self._conns:
             c.send_bytes(data)
@@ -90,14 +103,13 @@ class PayloadBroadcaster:
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
-            handle, prompt, extras = item
             with self._lock:
-                if handle in self._cancelled:
-                    self._cancelled.discard(handle)
+                if item.handle in self._cancelled:
+                    self._cancelled.discard(item.handle)
                     continue
-                self._pending.discard(handle)
+                self._pending.discard(item.handle)
             try:
-                self._send(handle, prompt, extras)
+                self._send(item)
             except (OSError, ValueError) as e:  # a dead rank: the forward reports it too
                 log.error("tensor-parallel payload broadcast failed: %r", e)
                 self.error = e
@@ -110,20 +122,20 @@ class PayloadReceiver:
         self._sync = sync
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
-        self._futures: dict[int, Future[list[int]]] = {}
+        self._futures: dict[int, Future[RankRequest]] = {}
         self._dropped: set[int] = set()  # dropped before their payload arrived
         self._thread = threading.Thread(target=self._run, name="tp-payloads", daemon=True)
         self._thread.start()
 
-    def _future(self, handle: int) -> Future[list[int]]:
+    def _future(self, handle: int) -> Future[RankRequest]:
         with self._lock:
             fut = self._futures.get(handle)
             if fut is None:
                 fut = self._futures[handle] = Future()
             return fut
 
-    def prompt(self, handle: int) -> list[int]:
-        """The prompt of ``handle``, waiting for its payload if it has not arrived yet."""
+    def request(self, handle: int) -> RankRequest:
+        """The prompt and images of ``handle``, waiting for its payload if it has not arrived yet."""
         try:
             return self._future(handle).result(timeout=self.timeout_s)
         except FutureTimeout:
@@ -147,7 +159,7 @@ class PayloadReceiver:
             except (EOFError, OSError):
                 return  # the entry is gone; the step loop sees it too
             payload: RequestPayload = pickle.loads(data)
-            ids = payload.materialise()
+            inputs = payload.materialise()
             with self._lock:
                 if payload.handle in self._dropped:
                     # Payloads leave in handle order: a dropped handle below this one was
@@ -161,6 +173,6 @@ class PayloadReceiver:
                     if fut is None:
                         fut = self._futures[payload.handle] = Future()
             if fut is not None:
-                fut.set_result(ids)
+                fut.set_result(inputs)
             if self._sync:
                 self._conn.send_bytes(_ACK)

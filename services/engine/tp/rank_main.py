@@ -24,6 +24,7 @@ from services.engine.parallel.shard import TpShard
 from services.engine.tp.broadcast import PayloadReceiver
 from services.engine.tp.messages import (
     ExportKv,
+    FutureSlots,
     ImportKv,
     RankFailed,
     RankReady,
@@ -70,7 +71,7 @@ def rank_main(
         log.exception("rank %d failed to join the tensor-parallel group", rank)
         os._exit(1)
     receiver = PayloadReceiver(payload_conn, cfg.tp_broadcast == "sync", cfg.tp_timeout_s)
-    decoder = StepDecoder(receiver.prompt, receiver.forget)
+    decoder = StepDecoder(receiver.request, receiver.forget)
     try:
         while True:
             try:
@@ -79,10 +80,15 @@ def rank_main(
                 log.error("rank %d: the entry rank's pipe closed; exiting", rank)
                 os._exit(1)
             if isinstance(msg, StepMessage):
-                runner.execute(decoder.decode(msg))
+                batch = decoder.decode(msg)
+                if msg.futures_count:  # rank 0's samples of the batch before (overlap)
+                    comm.broadcast_from_entry(runner.future_slots(msg.futures_base, msg.futures_count))
+                runner.execute(batch)
                 stats[STAT_STEPS] += 1
                 stats[STAT_WAIT_S] = decoder.wait_seconds
                 stats[STAT_ALL_REDUCE_S] = comm.ALL_REDUCE.seconds
+            elif isinstance(msg, FutureSlots):
+                runner.reserve_future_slots(msg.n)
             elif isinstance(msg, ExportKv):
                 _send(step_conn, runner.export_kv(msg.block_ids).cpu())
             elif isinstance(msg, ImportKv):
@@ -101,6 +107,7 @@ def rank_main(
 
 def _start(rank: int, size: int, port: int, model_path: Path, cfg: EngineConfig,
            max_model_len: int | None):
+    from services.engine.factory import is_llava_dir
     from services.engine.runner.torch_runner import TorchRunner, resolve_device
     from services.engine.weights import load_weights
 
@@ -109,8 +116,13 @@ def _start(rank: int, size: int, port: int, model_path: Path, cfg: EngineConfig,
         device = torch.device("cuda", rank)
         torch.cuda.set_device(device)
         cfg = cfg.model_copy(update={"device": str(device)})
-    loaded = load_weights(model_path)
-    runner = TorchRunner(loaded.arch, loaded.tensors, cfg, max_model_len, tp=TpShard(rank, size))
+    if is_llava_dir(model_path):  # the vision half runs on rank 0 (or an encode worker)
+        from services.engine.multimodal.weights import load_llava_dir
+
+        loaded = load_llava_dir(model_path).text
+    else:
+        loaded = load_weights(model_path)
+    runner = TorchRunner(loaded.arch, loaded.tensors, cfg, max_model_len, loaded.quant, tp=TpShard(rank, size))
     if device.type == "cpu":
         torch.set_num_threads(cfg.tp_rank_threads)
     return runner

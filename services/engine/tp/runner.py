@@ -25,13 +25,21 @@ from pathlib import Path
 import torch
 
 from services.common.config import EngineConfig
-from services.engine.batch import ScheduledBatch
+from services.engine.batch import PendingOutput, ScheduledBatch
 from services.engine.parallel import comm
 from services.engine.parallel.shard import TpShard, check_tp_layout
+from services.engine.quant.groups import QuantSource
 from services.engine.request import GenerateRequest
 from services.engine.runner.torch_runner import StepForward, TorchRunner
 from services.engine.tp.broadcast import PayloadBroadcaster
-from services.engine.tp.messages import ExportKv, ImportKv, RankFailed, RankReady, Shutdown
+from services.engine.tp.messages import (
+    ExportKv,
+    FutureSlots,
+    ImportKv,
+    RankFailed,
+    RankReady,
+    Shutdown,
+)
 from services.engine.tp.rank_main import (
     NUM_STATS,
     STAT_ALL_REDUCE_S,
@@ -69,9 +77,11 @@ class _Rank:
 
 
 class TpRunner(TorchRunner):
-    supports_overlap = False  # NOTE: the step message carries real tokens, not placeholders
-    # NOTE: the ranks key their block tables by request id, which n choices share.
-    supports_choices = False
+    """Overlap: ``launch`` sends a batch's step message on the scheduler thread (in order with
+    the request handles and the KV transfer commands; the forward thread only computes), its
+    placeholders unresolved. Each message names the previous launched batch's future slots;
+    before the forward, rank 0 broadcasts what its sampler wrote there and every rank copies
+    it into its own future map, so the placeholders resolve on every rank as on rank 0."""
 
     def __init__(
         self,
@@ -80,6 +90,7 @@ class TpRunner(TorchRunner):
         cfg: EngineConfig,
         model_path: Path,
         max_model_len: int | None = None,
+        quant_source: QuantSource | None = None,
     ) -> None:
         size = cfg.tensor_parallel_size
         check_tp_layout(arch, size)
@@ -91,8 +102,8 @@ class TpRunner(TorchRunner):
         self.failure = ""  # what went wrong first, for the worker's exit
         self._rank0_steps = 0
         self.on_rank_death: Callable[[str], None] | None = None
-        # A request's inputs besides its prompt, as the raw bytes the ranks receive (the slot
-        # multimodal inputs and grammar specs take; `tandem bench tp` fills it).
+        # Raw bytes sent with each request's payload besides its prompt and images (`tandem
+        # bench tp` fills it to stand for large inputs).
         self.extra_payload: Callable[[GenerateRequest], bytes] = _no_extras
         self._closing = False
         self._ranks: list[_Rank] = []
@@ -110,7 +121,7 @@ class TpRunner(TorchRunner):
                 step_there.close()
                 pay_there.close()
                 self._ranks.append(_Rank(r, proc, step_here, pay_here, stats))
-            super().__init__(arch, tensors, cfg, max_model_len, tp=TpShard(0, size))
+            super().__init__(arch, tensors, cfg, max_model_len, quant_source, tp=TpShard(0, size))
             self._await_ready()
             comm.init_group(0, size, port, self.device, cfg.tp_timeout_s)
         except BaseException:
@@ -123,6 +134,10 @@ class TpRunner(TorchRunner):
         self._handles: dict[str, int] = {}
         self._next_handle = 0
         self._dropped: list[int] = []
+        # Overlap: the previous launched batch's (future_base, sampled rows), and the future
+        # slots each launched batch's forward broadcasts first, by id(batch).
+        self._last_sampled = (0, 0)
+        self._ahead: dict[int, tuple[int, int]] = {}
         self._watchdog = threading.Thread(target=self._watch, name="tp-watchdog", daemon=True)
         self._watchdog.start()
 
@@ -132,7 +147,7 @@ class TpRunner(TorchRunner):
         h = self._next_handle
         self._next_handle += 1
         self._handles[request.request_id] = h
-        self._broadcaster.submit(h, request.prompt_token_ids, self.extra_payload(request))
+        self._broadcaster.submit(h, request.prompt_token_ids, request.images, self.extra_payload(request))
 
     def request_gone(self, request_id: str) -> None:
         h = self._handles.pop(request_id, None)
@@ -144,19 +159,45 @@ class TpRunner(TorchRunner):
 
     # -- forward ---------------------------------------------------------------------------
 
-    def _forward(self, batch: ScheduledBatch) -> StepForward:
-        msg = self._encoder.encode(batch, self._handles, self._dropped)
+    def reserve_future_slots(self, n: int) -> None:
+        super().reserve_future_slots(n)
+        self._last_sampled = (0, 0)  # a new map: nothing sampled into it yet
+        for r in self._ranks:
+            _send(r.steps, FutureSlots(n))
+
+    def launch(self, batch: ScheduledBatch) -> PendingOutput:
+        futures = self._last_sampled
+        self._send_step(batch, futures)
+        self._last_sampled = (batch.future_base, sum(1 for s in batch.seqs if s.sample))
+        self._ahead[id(batch)] = futures
+        return super().launch(batch)
+
+    def _send_step(self, batch: ScheduledBatch, futures: tuple[int, int]) -> None:
+        msg = self._encoder.encode(batch, self._handles, self._dropped, *futures)
         self._dropped = []
         self._rank0_steps += 1
         data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
         try:
             for r in self._ranks:
                 r.steps.send_bytes(data)
+        except OSError as e:
+            raise self._forward_failed(e) from e
+
+    def _forward(self, batch: ScheduledBatch) -> StepForward:
+        futures = self._ahead.pop(id(batch), None)
+        if futures is None:  # execute / logits_for: no placeholders, sent from here
+            self._send_step(batch, (0, 0))
+        try:
+            if futures is not None and futures[1]:
+                comm.broadcast_from_entry(self.future_slots(*futures))
             return super()._forward(batch)
         except (RuntimeError, OSError) as e:  # gloo/NCCL: a peer closed, or the timeout hit
-            self._fail(f"tensor-parallel forward failed (a rank died or a collective exceeded "
-                       f"engine.tp_timeout_s={self.tp_cfg.tp_timeout_s}s): {e}")
-            raise TpRankError(self.failure) from e
+            raise self._forward_failed(e) from e
+
+    def _forward_failed(self, e: BaseException) -> TpRankError:
+        self._fail(f"tensor-parallel forward failed (a rank died or a collective exceeded "
+                   f"engine.tp_timeout_s={self.tp_cfg.tp_timeout_s}s): {e}")
+        return TpRankError(self.failure)
 
     # -- KV transfer: the whole model's layout, gathered from / scattered to the ranks -----
 

@@ -13,6 +13,7 @@ from gguf.quants import dequantize, quantize
 from services.common.config import EngineConfig
 from services.engine.quant import groups as g
 from services.engine.quant.apply import resolve_quantization
+from services.engine.quant.int8_rows import Int8Rows
 from services.engine.quant.linear import Int4Matmul, Int8Matmul, QuantizedLinear
 
 Q = GGMLQuantizationType
@@ -107,7 +108,7 @@ def test_float_weights_quantize_within_half_a_step() -> None:
 @pytest.mark.parametrize("device", DEVICES, ids=str)
 def test_int8_per_channel_within_half_a_step(device) -> None:
     w = torch.randn(64, 96)
-    m = Int8Matmul(w, torch.float32 if device.type == "cpu" else torch.bfloat16, device)
+    m = Int8Matmul(Int8Rows.from_float(w), torch.float32 if device.type == "cpu" else torch.bfloat16, device)
     dtype = m.scale.dtype
     got = _weight_through_kernel(m, 96, dtype, device)
     step = w.abs().amax(dim=1, keepdim=True) / 127
@@ -140,15 +141,11 @@ def test_resolve_quantization(mode, dtype, four_bit, want) -> None:
     assert resolve_quantization(cfg, dtype, g.QuantSource({}, four_bit)) == want
 
 
-def test_quantization_with_tensor_parallelism(monkeypatch: pytest.MonkeyPatch) -> None:
-    # NOTE: engine.tensor_parallel_size arrives with tensor parallelism; until then the
-    # resolver reads it with a default of 1, so fake a config that has it.
-    class TpConfig:
-        tensor_parallel_size = 2
-        quantization = "auto"
-
+def test_quantization_with_tensor_parallelism() -> None:
     source = g.QuantSource({}, True)
-    assert resolve_quantization(TpConfig(), torch.bfloat16, source) == "none"  # type: ignore[arg-type]
-    TpConfig.quantization = "int4"
-    with pytest.raises(ValueError, match="engine.quantization=int4.*engine.tensor_parallel_size"):
-        resolve_quantization(TpConfig(), torch.bfloat16, source)  # type: ignore[arg-type]
+    # auto stays dense under TP (the CPU kernels' one-call decode step does not run there)
+    cfg = EngineConfig(tensor_parallel_size=3, quantization="auto")
+    assert resolve_quantization(cfg, torch.bfloat16, source) == "none"
+    for mode in ("int4", "int8"):  # each rank quantizes its slice (tp/test_tp_weights_images.py)
+        cfg = EngineConfig(tensor_parallel_size=3, quantization=mode)
+        assert resolve_quantization(cfg, torch.bfloat16, source) == mode

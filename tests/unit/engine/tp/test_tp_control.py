@@ -8,12 +8,15 @@ import pickle
 import threading
 from multiprocessing import Pipe
 
+import torch
+
 from services.engine.batch import ScheduledBatch
 from services.engine.request import GenerateRequest
 from services.engine.sequence import Sequence
 from services.engine.tp.broadcast import PayloadBroadcaster, PayloadReceiver
-from services.engine.tp.messages import RequestPayload
+from services.engine.tp.messages import RankRequest, RequestPayload
 from services.engine.tp.step_plan import StepDecoder, StepEncoder
+from services.model.image_spans import ImageSpan
 from tests.support.tiny_model import seq
 
 
@@ -48,9 +51,9 @@ def test_sync_submit_waits_for_every_rank() -> None:
     here, there = Pipe()
     receiver = PayloadReceiver(there, sync=True, timeout_s=10)
     b = PayloadBroadcaster([here], "sync", timeout_s=10)
-    b.submit(7, [5, 6, 7], b"raw")
+    b.submit(7, [5, 6, 7], extras=b"raw")
     assert b.sent == 1
-    assert receiver.prompt(7) == [5, 6, 7]  # already there: submit returned after the ack
+    assert receiver.request(7).prompt == [5, 6, 7]  # already there: submit returned after the ack
 
 
 def test_receiver_forgets_dropped_requests_in_any_order() -> None:
@@ -68,14 +71,14 @@ def test_receiver_forgets_dropped_requests_in_any_order() -> None:
     send(1, [2])
     receiver.forget(2)  # cancelled on the entry: never sent
     send(3, [3])  # a later handle: 2 will never come
-    assert receiver.num_live == 1 and receiver.prompt(3) == [3]
+    assert receiver.num_live == 1 and receiver.request(3).prompt == [3]
     assert receiver._dropped == set()
 
 
 def test_step_message_carries_block_table_changes_only() -> None:
     owner = Sequence.from_request(GenerateRequest("a", list(range(10, 17))))
     handles = {"a": 0}
-    prompts = {0: list(range(10, 17))}
+    prompts = {0: RankRequest(list(range(10, 17)))}
     enc = StepEncoder(block_size=4)
     dec = StepDecoder(prompts.__getitem__, lambda h: None)
 
@@ -97,3 +100,24 @@ def test_step_message_carries_block_table_changes_only() -> None:
     msg, got = roundtrip(seq("a", list(range(10, 17)) + [99, 98], 0, [6, 2, 4]))
     assert (msg.seqs[0].keep_blocks, msg.seqs[0].new_blocks, msg.seqs[0].generated) == (0, [6, 2, 4], [99, 98])
     assert got.token_ids == list(range(10, 17)) + [99, 98] and got.block_ids == [6, 2, 4]
+
+
+def test_image_embeddings_cross_in_their_dtype() -> None:
+    embeds = torch.randn(3, 8).to(torch.bfloat16)
+    span = ImageSpan(2, 3, "ab" * 32, embeds)
+    payload = pickle.loads(pickle.dumps(RequestPayload.of(0, [1, 2, 9, 9, 9, 3], (span,))))
+    assert len(payload.images[0].embeds) == 3 * 8 * 2  # two bytes a value: not widened
+    got = payload.materialise()
+    assert got.prompt == [1, 2, 9, 9, 9, 3]
+    (image,) = got.images
+    assert (image.offset, image.length, image.content_hash) == (2, 3, "ab" * 32)
+    assert image.embeds is not None and image.embeds.dtype == torch.bfloat16
+    assert torch.equal(image.embeds, embeds)
+    # A rank's prefill chunk carries the images; its decode steps need none.
+    owner = Sequence.from_request(GenerateRequest("a", got.prompt, images=(span,)))
+    enc, dec = StepEncoder(block_size=4), StepDecoder({0: got}.__getitem__, lambda h: None)
+    prefill = dec.decode(enc.encode(ScheduledBatch([seq("a", got.prompt, 0, [3, 8])], [owner]), {"a": 0}, []))
+    assert prefill.seqs[0].images is got.images
+    decode = dec.decode(enc.encode(ScheduledBatch([seq("a", [7], 6, [3, 8])], [owner]), {"a": 0}, []))
+    assert decode.seqs[0].images == ()
+
