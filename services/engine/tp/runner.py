@@ -130,6 +130,9 @@ class TpRunner(TorchRunner):
             raise
         self._broadcaster = PayloadBroadcaster([r.payloads for r in self._ranks], cfg.tp_broadcast,
                                                cfg.tp_timeout_s)
+        # NOTE: the overlapped loop under TP is tested on CPU (gloo) only: with NCCL it has
+        # never run, so `overlap: auto` leaves it off there (`overlap: true` turns it on)
+        self.overlap_pays = self.overlap_pays and self.device.type != "cuda"
         self._encoder = StepEncoder(cfg.block_size)
         self._handles: dict[str, int] = {}
         self._next_handle = 0
