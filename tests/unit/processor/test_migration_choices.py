@@ -1,6 +1,7 @@
 """Migration of n > 1 and grammar-constrained requests: two real decode workers on real
 gRPC servers, an in-process Router; the serving worker's server is stopped mid-stream and
-every choice's text must equal an undisturbed run's. n > 1 choices continue one by one as
+every choice's text must equal an undisturbed run's; a draining worker hands n > 1 back
+and it replays the same way. n > 1 choices continue one by one as
 their own requests (``<id>.<choice>``) with their own seeds; a grammar's matcher replays
 the tokens produced before. Tiny random llama for n > 1, the real SmolLM2 under a JSON
 schema for grammars."""
@@ -27,6 +28,7 @@ from services.engine.runner.torch_runner import TorchRunner
 from services.model.tokenizer import Tokenizer
 from services.processor.processor import Processor
 from tests.support.mock_cluster import MODEL, mock_cluster_cfg
+from tests.support.moves import assert_no_leaks, metric, run_draining_after
 from tests.support.stack import DecodeNode, RecordingRouter, make_processor, worker_decode_node
 
 CTX = 512
@@ -137,6 +139,30 @@ async def test_n3_seeded_request_migrates_every_choice(tok: Tokenizer) -> None:
         for w in ("w0", "w1"):
             assert router.load.inflight_count(w) == 0
         await survivor.engine.check_integrity()
+
+
+async def test_n3_on_a_draining_worker_is_handed_back_and_replays_each_choice(
+        tok: Tokenizer) -> None:
+    sp = dict(max_tokens=30, temperature=1.0, seed=5, n=3, ignore_eos=True)
+    prompt = tuple((i * 5 + 1) % 120 + 2 for i in range(20))
+
+    def req(rid: str) -> ProcessRequest:
+        return ProcessRequest(rid, prompt_ids=prompt, model=MODEL, sampling=SamplingParams(**sp))
+
+    async with two_workers(tok, tiny_engine) as (p, nodes, router):
+        ref = [d async for d in p.generate(req("ref"))]
+        deltas, src = await run_draining_after(p, req("mv"), nodes, router, 6)
+        dst = next(n for n in nodes if n is not src)
+        assert {"mv.0", "mv.1", "mv.2"} <= set(dst.worker.generate_calls)
+        assert texts(deltas, 3) == texts(ref, 3)
+        assert deltas[-1].usage is not None and deltas[-1].usage.completion_tokens == 90
+        assert metric(src, "tandem_worker_requests_moved_total", outcome="handed_back") == 1
+        reg = p.metrics.registry
+        assert reg.get_sample_value("tandem_processor_moves_total", {"kind": "replay"}) == 1
+        assert reg.get_sample_value("tandem_processor_migrations_total") == 0  # a drain is no failure
+        for w in ("w0", "w1"):
+            assert router.load.inflight_count(w) == 0
+        await assert_no_leaks(*nodes)
 
 
 def _json_request(tok: Tokenizer, rid: str, **sampling: object) -> ProcessRequest:
