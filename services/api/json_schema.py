@@ -7,8 +7,10 @@ llama.cpp read a client's schema: closed objects and bounded free values.
   any, but pydantic's and langchain's ``bind_tools`` schemas never say so, and a small
   model then invents keys (``{"city": "Paris", "type": "string"}``) that break ``fn(**args)``.
   A schema that wants extra keys says ``additionalProperties: true`` (or a schema).
-  NOTE: the direct members of an ``allOf`` are left open: each lists only its own share of
-  the properties, so closing them would refuse the others' keys.
+  NOTE: schemas that apply to one object together are left open where each lists only
+  its share of the properties (closing one would refuse the others' keys): the members of
+  an ``allOf``, the members of an ``anyOf``/``oneOf`` beside ``properties``, and a schema
+  whose ``allOf``/``anyOf``/``oneOf`` members list properties.
 - **Bounded free values.** A value the schema leaves free (``{}``, ``true``, a bare
   ``{"type": "object"}`` or ``"array"``, ``additionalProperties: true``) nests at most
   ``MAX_FREE_DEPTH`` arrays or objects deep, so a grammar cannot keep a model opening
@@ -28,6 +30,7 @@ MAX_FREE_DEPTH = 4
 _ONE = ("additionalProperties", "items", "contains", "propertyNames", "unevaluatedItems",
         "unevaluatedProperties", "additionalItems")
 _LIST = ("anyOf", "oneOf", "allOf", "prefixItems")
+_COMBINED = ("allOf", "anyOf", "oneOf")
 _MAP = ("properties", "patternProperties", "$defs", "definitions")
 # Keywords that say nothing of a value: a schema with only these leaves it free.
 _NOTES = frozenset(("title", "description", "default", "examples", "$comment", "deprecated",
@@ -47,7 +50,7 @@ def free_value(depth: int = MAX_FREE_DEPTH) -> dict[str, Any]:
 def for_grammar(schema: Any) -> Any:
     """``schema`` with its objects closed and its free values bounded (see the module
     docstring); a new value, ``schema`` is not changed."""
-    return _walk(schema, in_all_of=False)
+    return _walk(schema, shared=False)
 
 
 def canonical(schema: Any, names: bool = False) -> Any:
@@ -69,27 +72,34 @@ def _types(s: dict[str, Any]) -> set[str]:
     return {t} if isinstance(t, str) else set(t) if isinstance(t, list) else set()
 
 
-def _walk(s: Any, in_all_of: bool) -> Any:
+def _lists_keys(s: Any) -> bool:
+    return isinstance(s, dict) and ("properties" in s or "patternProperties" in s)
+
+
+def _walk(s: Any, shared: bool) -> Any:
+    """``shared``: ``s`` applies to its object together with a sibling that lists
+    properties too, so it is not closed."""
     if s is True:
         return free_value()
     if not isinstance(s, dict):
         return s
-    if not in_all_of and s.keys() <= _NOTES:
+    if not shared and s.keys() <= _NOTES:
         return {**s, **free_value()}
+    lists_keys = _lists_keys(s)
     out: dict[str, Any] = {}
     for k, v in s.items():
         if k in _ONE:
             out[k] = v if isinstance(v, bool) and k != "items" else _walk(v, False)
         elif k in _LIST and isinstance(v, list):
-            out[k] = [_walk(x, k == "allOf") for x in v]
+            out[k] = [_walk(x, k == "allOf" or (k in _COMBINED and lists_keys)) for x in v]
         elif k in _MAP and isinstance(v, dict):
             out[k] = {name: _walk(x, False) for name, x in v.items()}
         else:
             out[k] = v
-    if in_all_of:
+    members = [x for k in _COMBINED if isinstance(s.get(k), list) for x in s[k]]
+    if shared or any(_lists_keys(x) for x in members):
         return out
     open_keys = ("additionalProperties", "unevaluatedProperties")
-    lists_keys = "properties" in s or "patternProperties" in s
     if not any(k in s for k in open_keys):
         if lists_keys:
             out["additionalProperties"] = False

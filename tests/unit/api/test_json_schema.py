@@ -82,3 +82,15 @@ def test_canonical_sorts_keywords_but_keeps_the_order_of_properties() -> None:
     b = {"properties": {"b": {"maxLength": 3, "type": "string"}, "a": {}}, "type": "object"}
     assert json.dumps(canonical(a)) == json.dumps(canonical(b))
     assert list(canonical(a)["properties"]) == ["b", "a"]
+
+
+def test_schemas_that_share_one_object_stay_open_to_each_others_keys() -> None:
+    # properties beside an anyOf whose members list more of them
+    beside = {"type": "object", "properties": {"kind": {"enum": ["a", "b"]}},
+              "anyOf": [{"properties": {"x": {"type": "integer"}}},
+                        {"properties": {"y": {"type": "integer"}}}]}
+    assert valid(for_grammar(beside), {"kind": "a", "x": 1})
+    # an anyOf of whole objects: each member is closed
+    alone = {"anyOf": [{"type": "object", "properties": {"x": {"type": "integer"}}},
+                       {"type": "object", "properties": {"y": {"type": "string"}}}]}
+    assert valid(for_grammar(alone), {"x": 1}) and not valid(for_grammar(alone), {"x": 1, "z": 2})
