@@ -58,8 +58,8 @@ class Processor:
         self._routes = RouteStage(router, self.reports, block_size)
         self._stream = StreamStage(tokenizer, workers, self._routes, self.reports, self.metrics,
                                    migration_limit)
-        self._choices = ChoicesStage(tokenizer, workers, self.reports, self.metrics, block_size,
-                                     self._stream)
+        self._choices = ChoicesStage(tokenizer, workers, self._routes, self.reports, self.metrics,
+                                     migration_limit, self._stream)
 
     async def list_models(self) -> list[ModelInfo]:
         return [ModelInfo(self.model_name, self.context_length)]

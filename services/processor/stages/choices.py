@@ -2,8 +2,9 @@
 has its own detokenizer and stop matcher and ends with its own finish delta; a last delta
 carries the usage (every choice's tokens, up to where each stopped).
 
-When that worker fails or drains, every unfinished choice continues alone on another
-worker, as a one-choice request (``StreamStage`` with a ``Resume``) under its own request
+When that worker fails or drains before any choice produced a token (a refused start),
+the whole request goes to another worker, its choices still sharing one prefill. After
+that, every unfinished choice continues alone on another worker, as a one-choice request (``StreamStage`` with a ``Resume``) under its own request
 id (``<id>.<choice>``): its prompt followed by what it produced, its own seed continued at
 its own position, its grammar replayed. The continuations run at once, their deltas
 interleaved as they come."""
@@ -33,21 +34,24 @@ from services.processor.metrics import ProcessorMetrics
 from services.processor.router_reports import RouterReports
 from services.processor.stages.echo import Echo
 from services.processor.stages.logprobs import text_logprob
+from services.processor.stages.migrate import Migration
 from services.processor.stages.prompt import Prompt
-from services.processor.stages.route import routed_cached_tokens
+from services.processor.stages.route import RouteStage, routed_cached_tokens
 from services.processor.stages.stream import Resume, StreamStage
 from services.processor.stages.workers import WorkerLike, worker_stream
 from services.processor.stop import StopMatcher
 
 
 class ChoicesStage:
-    def __init__(self, tokenizer: Tokenizer, workers: WorkerLike, reports: RouterReports,
-                 metrics: ProcessorMetrics, block_size: int, single: StreamStage) -> None:
+    def __init__(self, tokenizer: Tokenizer, workers: WorkerLike, routes: RouteStage,
+                 reports: RouterReports, metrics: ProcessorMetrics, migration_limit: int,
+                 single: StreamStage) -> None:
         self._tok = tokenizer
         self._workers = workers
+        self._routes = routes
         self._reports = reports
         self._metrics = metrics
-        self._block_size = block_size
+        self._migration_limit = migration_limit
         self._single = single  # continues a choice alone when the shared worker fails
 
     async def stream(self, request_id: str, prompt: Prompt, sampling: SamplingParams,
@@ -64,57 +68,65 @@ class ChoicesStage:
         toks: list[list[int]] = [[] for _ in range(n)]  # each choice's tokens so far
         cached: int | None = None
         first = True
-        failure: str | None = None
-        overloaded = moved = False
-        chunks = worker_stream(self._workers, route.address, request_id, prompt, ids, sampling)
-        try:
-            async for chunk in chunks:
-                i = chunk.index
-                if not 0 <= i < n:
-                    raise Unavailable(f"decode worker {route.worker_id} sent choice {i} of {n}")
-                if chunk.finish_reason is FinishReason.ABORT:
-                    failure = "aborted the request"
-                    break
-                if echo is not None:
-                    echo.take(chunk.prompt_logprobs)
-                if chunk.finish_reason is not None:
-                    cached = chunk.num_cached_tokens
-                if done[i]:
-                    continue  # stopped by a stop string: the engine's later tokens are dropped
-                if chunk.token_ids and first:
-                    first = False
-                    await self._reports.send(request_id, RequestPhase.PREFILLED)
-                toks[i].extend(chunk.token_ids)
-                self._metrics.completion_tokens.inc(len(chunk.token_ids))
-                lps = tuple(text_logprob(self._tok, x) for x in chunk.logprobs or ())
-                text = stops[i].feed(detoks[i].add(chunk.token_ids))
-                if not stops[i].stopped and chunk.finish_reason is not None:
-                    text += stops[i].feed(detoks[i].flush())
-                    text += stops[i].flush()
-                if stops[i].stopped or chunk.finish_reason is not None:
-                    done[i] = True
-                    reason = (FinishReason.STOP if stops[i].stopped
-                              or chunk.finish_reason is FinishReason.STOP else FinishReason.LENGTH)
-                    yield Delta(text, reason, logprobs=lps, index=i)
-                    if all(done):
+        migration = Migration(self._routes, self._reports, self._metrics, self._migration_limit,
+                              request_id, prompt)
+        while True:
+            failure: str | None = None
+            overloaded = moved = False
+            chunks = worker_stream(self._workers, route.address, request_id, prompt, ids, sampling)
+            try:
+                async for chunk in chunks:
+                    i = chunk.index
+                    if not 0 <= i < n:
+                        raise Unavailable(f"decode worker {route.worker_id} sent choice {i} of {n}")
+                    if chunk.finish_reason is FinishReason.ABORT:
+                        failure = "aborted the request"
                         break
-                elif text or lps:
-                    yield Delta(text, logprobs=lps, index=i)
-            else:
-                if not all(done):
-                    failure = "ended the stream unfinished"
-        except (InvalidRequest, GenerationFailed):
-            raise  # the request itself is bad: another worker would refuse or fail it too
-        except RequestMoved as e:
-            # NOTE: a draining worker hands n > 1 back by replay (no KV source).
-            failure, moved = e.message, True
-            self._metrics.moves.labels("replay").inc()
-        except Overloaded as e:
-            failure, overloaded = e.message, True
-        except ServingError as e:
-            failure = e.message
-        finally:
-            await chunks.aclose()  # cancels the worker call when every choice stopped early
+                    if echo is not None:
+                        echo.take(chunk.prompt_logprobs)
+                    if chunk.finish_reason is not None:
+                        cached = chunk.num_cached_tokens
+                    if done[i]:
+                        continue  # stopped by a stop string: the engine's later tokens are dropped
+                    if chunk.token_ids and first:
+                        first = False
+                        await self._reports.send(request_id, RequestPhase.PREFILLED)
+                    toks[i].extend(chunk.token_ids)
+                    self._metrics.completion_tokens.inc(len(chunk.token_ids))
+                    lps = tuple(text_logprob(self._tok, x) for x in chunk.logprobs or ())
+                    text = stops[i].feed(detoks[i].add(chunk.token_ids))
+                    if not stops[i].stopped and chunk.finish_reason is not None:
+                        text += stops[i].feed(detoks[i].flush())
+                        text += stops[i].flush()
+                    if stops[i].stopped or chunk.finish_reason is not None:
+                        done[i] = True
+                        reason = (FinishReason.STOP if stops[i].stopped
+                                  or chunk.finish_reason is FinishReason.STOP else FinishReason.LENGTH)
+                        yield Delta(text, reason, logprobs=lps, index=i)
+                        if all(done):
+                            break
+                    elif text or lps:
+                        yield Delta(text, logprobs=lps, index=i)
+                else:
+                    if not all(done):
+                        failure = "ended the stream unfinished"
+            except (InvalidRequest, GenerationFailed):
+                raise  # the request itself is bad: another worker would refuse or fail it too
+            except RequestMoved as e:
+                # NOTE: a draining worker hands n > 1 back by replay (no KV source).
+                failure, moved = e.message, True
+                self._metrics.moves.labels("replay").inc()
+            except Overloaded as e:
+                failure, overloaded = e.message, True
+            except ServingError as e:
+                failure = e.message
+            finally:
+                await chunks.aclose()  # cancels the worker call when every choice stopped early
+            if failure is None or any(toks) or any(done):
+                break
+            # Nothing produced yet (a refused start): the whole request moves, its choices
+            # still sharing one prefill.
+            route = await migration.move(route, [], failure, overloaded, moved)
         counts = [len(t) for t in toks]
         if failure is not None:
             # The failed worker no longer carries this request's load.
@@ -137,7 +149,7 @@ class ChoicesStage:
                     d = replace(d, usage=None)
                 yield d
         if cached is None:
-            cached = routed_cached_tokens(route, self._block_size, prompt)
+            cached = routed_cached_tokens(route, self._routes.block_size, prompt)
         yield Delta("", usage=Usage(len(ids), sum(counts), cached))
 
     async def _continue(self, sub_id: str, prompt: Prompt, sampling: SamplingParams,

@@ -12,11 +12,13 @@ import json
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from services.api.processor import ChatMessage, Delta, ProcessRequest
+from services.api.route import RouteRequest, RouteResponse
 from services.api.sampling import SamplingParams
 from services.api.structured import StructuredOutput
 from services.common.address_book import ChannelPool
@@ -163,6 +165,41 @@ async def test_n3_on_a_draining_worker_is_handed_back_and_replays_each_choice(
         for w in ("w0", "w1"):
             assert router.load.inflight_count(w) == 0
         await assert_no_leaks(*nodes)
+
+
+async def test_n2_refused_at_start_moves_whole(tok: Tokenizer) -> None:
+    """The router still lists a worker whose server is gone and picks it: nothing was
+    produced, so the request moves as one, its choices sharing one prefill on the other
+    worker."""
+    sp = dict(max_tokens=20, temperature=1.0, seed=9, n=2, ignore_eos=True)
+    prompt = tuple((i * 3 + 2) % 120 + 2 for i in range(40))
+
+    def req(rid: str, **over: object) -> ProcessRequest:
+        return ProcessRequest(rid, prompt_ids=prompt, model=MODEL,
+                              sampling=SamplingParams(**{**sp, **over}))
+
+    async with two_workers(tok, tiny_engine) as (p, nodes, router):
+        ref = [d async for d in p.generate(req("ref"))]
+        dead = next(n for n in nodes if "ref" in n.worker.generate_calls)
+        survivor = next(n for n in nodes if n is not dead)
+        await dead.server.stop(grace=0)
+        route = router.route
+
+        async def dead_first(r: RouteRequest) -> RouteResponse:
+            if not r.exclude_workers:  # the first pick: the dead worker
+                r = replace(r, exclude_workers=(survivor.worker.worker_id,))
+            return await route(r)
+
+        router.route = dead_first  # type: ignore[method-assign]
+        deltas = [d async for d in p.generate(req("r"))]
+        first, *again = [resp for r, resp in router.routed if r.request_id == "r"]
+        assert first.worker_id == dead.worker.worker_id and len(again) == 1
+        assert "r" in survivor.worker.generate_calls
+        assert not any(c.startswith("r.") for c in survivor.worker.generate_calls)
+        assert texts(deltas, 2) == texts(ref, 2)
+        assert p.metrics.registry.get_sample_value("tandem_processor_migrations_total") == 1
+        for w in ("w0", "w1"):
+            assert router.load.inflight_count(w) == 0
 
 
 def _json_request(tok: Tokenizer, rid: str, **sampling: object) -> ProcessRequest:
