@@ -82,11 +82,15 @@ class ProcessRequest:
 class TextLogprob:
     """A token as text (the decoding of that one token), its logprob and the ``top``
     alternatives' ((text, logprob), ...), most likely first. ``logprob`` None: an echoed
-    prompt's first token, which nothing predicts."""
+    prompt's first token, which nothing predicts. ``token_bytes`` and ``top_bytes`` (one
+    per ``top`` entry): the tokens' raw bytes, where the text of a token holding part of a
+    UTF-8 character is U+FFFD."""
 
     token: str
     logprob: float | None
     top: tuple[tuple[str, float], ...] = ()
+    token_bytes: bytes = b""
+    top_bytes: tuple[bytes, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -76,7 +76,8 @@ def delta_to_pb(d: Delta) -> processor_pb2.ProcessResponse:
     msg.logprobs.extend(
         processor_pb2.TextLogprob(token=x.token, logprob=x.logprob,  # None: left unset
                                   top_tokens=[t for t, _ in x.top],
-                                  top_logprobs=[v for _, v in x.top])
+                                  top_logprobs=[v for _, v in x.top],
+                                  token_bytes=x.token_bytes, top_bytes=x.top_bytes)
         for x in d.logprobs)
     return msg
 
@@ -86,7 +87,8 @@ def delta_from_pb(m: processor_pb2.ProcessResponse) -> Delta:
                  usage_from_pb(m.usage) if m.HasField("usage") else None,
                  tuple(ToolCall(c.id, c.name, c.arguments) for c in m.tool_calls),
                  tuple(TextLogprob(x.token, x.logprob if x.HasField("logprob") else None,
-                                   tuple(zip(x.top_tokens, x.top_logprobs, strict=True)))
+                                   tuple(zip(x.top_tokens, x.top_logprobs, strict=True)),
+                                   x.token_bytes, tuple(x.top_bytes))
                        for x in m.logprobs),
                  m.index)
 

@@ -1,7 +1,8 @@
 """What a request's output must match, as it crosses every hop: one typed value.
 
 ``StructuredOutput`` is plain data (no llguidance); ``to_grammar`` turns it into the
-llguidance grammar text the compiler builds a matcher from, and ``check`` compiles it
+llguidance grammar text the compiler builds a matcher from (a JSON schema read as strict
+mode does: objects closed, free values bounded; json_schema.py), and ``check`` compiles it
 without a tokenizer, so a bad schema, regex or grammar is refused where a request enters
 (the HTTP edge), before anything is allocated for it.
 """
@@ -13,6 +14,8 @@ import functools
 import hashlib
 import json
 from dataclasses import dataclass
+
+from services.api.json_schema import canonical, for_grammar
 
 # Bounds on what one request may ask the grammar compiler to build.
 MAX_SPEC_CHARS = 64 * 1024
@@ -65,9 +68,9 @@ class StructuredOutput:
 
     @classmethod
     def json_schema(cls, schema: object) -> StructuredOutput:
-        """From a parsed schema; canonical text (sorted keys) so equal schemas share a key."""
-        return cls(StructuredKind.JSON_SCHEMA, json.dumps(schema, sort_keys=True,
-                                                          separators=(",", ":")))
+        """From a parsed schema, as canonical text (``json_schema.canonical``: equal
+        schemas share a key, properties keep their order)."""
+        return cls(StructuredKind.JSON_SCHEMA, json.dumps(canonical(schema), separators=(",", ":")))
 
     @property
     def key(self) -> str:
@@ -85,9 +88,11 @@ def to_grammar(s: StructuredOutput) -> str:
 
     k = s.kind
     if k is StructuredKind.JSON_SCHEMA:
-        return LLMatcher.grammar_from_json_schema(s.spec, defaults=_JSON_OPTIONS)
+        return LLMatcher.grammar_from_json_schema(for_grammar(json.loads(s.spec)),
+                                                  defaults=_JSON_OPTIONS)
     if k is StructuredKind.JSON_OBJECT:
-        return LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=_JSON_OPTIONS)
+        return LLMatcher.grammar_from_json_schema(for_grammar({"type": "object"}),
+                                                  defaults=_JSON_OPTIONS)
     if k is StructuredKind.REGEX:
         return LLMatcher.grammar_from_regex(s.spec)
     if k is StructuredKind.CHOICE:

@@ -32,8 +32,8 @@ def tool_call_body(c: ToolCall) -> dict:
     return {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
 
 
-def _chat_token(token: str, logprob: float) -> dict:
-    return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+def _chat_token(token: str, logprob: float, raw: bytes) -> dict:
+    return {"token": token, "logprob": logprob, "bytes": list(raw)}
 
 
 class Renderer:
@@ -52,8 +52,9 @@ class Renderer:
         if not self.logprobs:
             return None
         if self.chat:
-            return {"content": [{**_chat_token(x.token, x.logprob),
-                                 "top_logprobs": [_chat_token(t, v) for t, v in x.top]}
+            return {"content": [{**_chat_token(x.token, x.logprob, x.token_bytes),
+                                 "top_logprobs": [_chat_token(t, v, b) for (t, v), b
+                                                  in zip(x.top, x.top_bytes, strict=True)]}
                                 for x in lps],
                     "refusal": None}
         offsets = []
@@ -81,7 +82,7 @@ class Renderer:
                 if c.tool_calls:
                     message = {"role": "assistant", "content": c.text or None,
                                "tool_calls": [tool_call_body(t) for t in c.tool_calls]}
-                    reason = "tool_calls"
+                    reason = _with_calls(c.finish_reason)
                 out.append({"index": i, "message": message, "logprobs": lps,
                             "finish_reason": reason})
             else:
@@ -124,7 +125,7 @@ class Renderer:
 
     def chunk_finish(self, reason: FinishReason, include_usage: bool, index: int = 0,
                      tool_calls: bool = False) -> dict:
-        return self._chunk({} if self.chat else "", "tool_calls" if tool_calls else reason,
+        return self._chunk({} if self.chat else "", _with_calls(reason) if tool_calls else reason,
                            include_usage, index=index)
 
     def chunk_usage(self, usage: Usage) -> dict:
@@ -133,3 +134,9 @@ class Renderer:
         body["choices"] = []
         body["usage"] = usage_body(usage)
         return body
+
+
+def _with_calls(reason: FinishReason | None) -> str | None:
+    """A choice's finish reason when it made calls: "tool_calls", but "length" where
+    max_tokens cut the last call (its arguments then end where they were cut)."""
+    return reason if reason is FinishReason.LENGTH else "tool_calls"

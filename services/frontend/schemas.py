@@ -41,7 +41,7 @@ from services.api.structured import StructuredOutput, check
 from services.api.text import lone_surrogate
 from services.common.errors import InvalidRequest
 from services.frontend.structured import ResponseFormat, StructuredOutputsIn, structured_output
-from services.processor.tools import CLOSE, OPEN, call_schema
+from services.processor.tools import CLOSE, FORCED_CALL_MAX_TOKENS, OPEN, call_schema
 
 
 def _unicode(s: str) -> str:
@@ -426,6 +426,8 @@ class ChatCompletionRequest(_Sampling):
         """``images``: every image part's checked image by (message, part) index."""
         # max_completion_tokens is the newer name; it wins when both are given.
         limit = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        if limit is None and self.choice().mode in ("required", "function"):
+            limit = FORCED_CALL_MAX_TOKENS
         msgs = tuple(ChatMessage(m.role, *m.text_and_images(i, images or {})) for i, m in enumerate(self.messages))
         return ProcessRequest(request_id, messages=msgs, sampling=self.sampling(limit), model=self.model,
                               tools=self.tool_list(), tool_choice=self.choice(),

@@ -99,16 +99,20 @@ class ProcessResponse(_message.Message):
     def __init__(self, text: _Optional[str] = ..., finish_reason: _Optional[_Union[_request_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_request_pb2.Usage, _Mapping]] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., logprobs: _Optional[_Iterable[_Union[TextLogprob, _Mapping]]] = ..., index: _Optional[int] = ...) -> None: ...
 
 class TextLogprob(_message.Message):
-    __slots__ = ("token", "logprob", "top_tokens", "top_logprobs")
+    __slots__ = ("token", "logprob", "top_tokens", "top_logprobs", "token_bytes", "top_bytes")
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     LOGPROB_FIELD_NUMBER: _ClassVar[int]
     TOP_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TOP_BYTES_FIELD_NUMBER: _ClassVar[int]
     token: str
     logprob: float
     top_tokens: _containers.RepeatedScalarFieldContainer[str]
     top_logprobs: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, token: _Optional[str] = ..., logprob: _Optional[float] = ..., top_tokens: _Optional[_Iterable[str]] = ..., top_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
+    token_bytes: bytes
+    top_bytes: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, token: _Optional[str] = ..., logprob: _Optional[float] = ..., top_tokens: _Optional[_Iterable[str]] = ..., top_logprobs: _Optional[_Iterable[float]] = ..., token_bytes: _Optional[bytes] = ..., top_bytes: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class ListModelsRequest(_message.Message):
     __slots__ = ()

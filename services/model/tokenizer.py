@@ -6,7 +6,9 @@ Thread-safe for concurrent encode/decode (the Rust tokenizer is immutable once b
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,25 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from services.model.chat_template import ChatTemplate, ChatTemplateError
 from services.model.errors import UnsupportedModelError
+
+# A SentencePiece byte-fallback token: one raw byte.
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+@functools.cache
+def _byte_level_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet read back: the character a vocabulary entry uses for
+    each byte (printable bytes as themselves, the rest shifted past 255)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    chars = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return {c: b for b, c in chars.items()}
+
 
 # End-of-turn markers of common chat formats (ChatML, Llama 3, Phi-3, Gemma). One counts as a
 # stop token when the vocabulary has it and the model's chat template emits it.
@@ -132,6 +153,36 @@ class Tokenizer:
 
     def token_to_id(self, token: str) -> int | None:
         return self._tk.token_to_id(token)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes ``token_id`` adds to the text, raw: a token holding part of a UTF-8
+        character gives that part (its decoding alone is U+FFFD). An added or special
+        token gives its text's UTF-8; an id outside the vocabulary, nothing."""
+        added = self._added.get(token_id)
+        if added is not None:
+            return added.encode()
+        piece = self._tk.id_to_token(token_id)
+        if piece is None:
+            return b""
+        if self._byte_level:
+            table = _byte_level_decoder()
+            if all(c in table for c in piece):
+                return bytes(table[c] for c in piece)
+            return piece.encode()
+        m = _BYTE_TOKEN.fullmatch(piece)
+        if m is not None:
+            return bytes([int(m.group(1), 16)])
+        return piece.replace("\u2581", " ").encode()  # SentencePiece's word boundary
+
+    @functools.cached_property
+    def _added(self) -> dict[int, str]:
+        return {i: t.content for i, t in self._tk.get_added_tokens_decoder().items()}
+
+    @functools.cached_property
+    def _byte_level(self) -> bool:
+        """Whether the vocabulary is byte-level BPE (GPT-2, Llama 3, SmolLM2), not
+        SentencePiece's pieces with byte fallback."""
+        return self._tk.decoder is not None and b'"ByteLevel"' in self._tk.decoder.__getstate__()
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]],
                             add_generation_prompt: bool = True, **extra: Any) -> str:

@@ -2,8 +2,8 @@
 
 ``generate(ProcessRequest)`` runs a request through the stages in services/processor/stages/,
 in order: the prompt (chat template, tokens, checked against the context), its sampling
-settings, the router's decode worker, that worker's tokens streamed as text (one choice,
-migrating when the worker fails, or ``n`` choices), the tool calls read out of the text,
+settings, the router's decode worker, that worker's tokens streamed as text (one choice or
+``n``, migrating when the worker fails), the tool calls read out of the text,
 the prompt echoed (completions' ``echo``), and the ledger (outcome metrics, the router's FINISHED). The router is the in-process
 ``Router`` or a ``RouterClient`` (same ``route``/``update``).
 
@@ -58,7 +58,8 @@ class Processor:
         self._routes = RouteStage(router, self.reports, block_size)
         self._stream = StreamStage(tokenizer, workers, self._routes, self.reports, self.metrics,
                                    migration_limit)
-        self._choices = ChoicesStage(tokenizer, workers, self.reports, self.metrics, block_size)
+        self._choices = ChoicesStage(tokenizer, workers, self._routes, self.reports, self.metrics,
+                                     migration_limit, self._stream)
 
     async def list_models(self) -> list[ModelInfo]:
         return [ModelInfo(self.model_name, self.context_length)]

@@ -2,10 +2,13 @@
 read back out of the model's text.
 
 ``required`` and a named function constrain the output to one call's JSON,
-``{"name": ..., "arguments": {...}}`` (``call_schema``), so it always parses. ``auto``
+``{"name": ..., "arguments": {...}}`` (``call_schema``), so it always parses: its arguments
+follow the function's schema with no keys the schema does not allow (api/json_schema.py),
+and without a ``max_tokens`` it stops at ``FORCED_CALL_MAX_TOKENS``. ``auto``
 leaves the model free: the tools are rendered into the prompt (through the chat template
 when it takes ``tools``, else as the standard system prompt below, the Hermes/Qwen form
 many models are tuned on) and a ``<tool_call>{...}</tool_call>`` in its text becomes a call.
+A call cut by ``max_tokens`` is still a call, its arguments as far as they were written.
 """
 
 from __future__ import annotations
@@ -20,6 +23,13 @@ from services.api.processor import Tool, ToolCall, ToolChoice
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _CALL = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*(?:" + re.escape(CLOSE) + r"|$)", re.DOTALL)
+# A call's JSON as far as it was written: the name (maybe cut), its closing quote, the
+# arguments' text.
+_CUT = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)(")?(?:\s*,\s*"(?:arguments|parameters)"'
+                  r"\s*:\s*(.*))?", re.DOTALL)
+# A forced call's tokens when the request sets no max_tokens: a schema with free strings or
+# recursion would otherwise let a model write until the request times out.
+FORCED_CALL_MAX_TOKENS = 1024
 
 
 def tool_dicts(tools: Sequence[Tool]) -> list[dict[str, Any]]:
@@ -30,7 +40,8 @@ def tool_dicts(tools: Sequence[Tool]) -> list[dict[str, Any]]:
 
 
 def parameters(t: Tool) -> dict[str, Any]:
-    return json.loads(t.parameters) if t.parameters else {"type": "object"}
+    """The function's parameters schema; none given: no parameters (OpenAI's meaning)."""
+    return json.loads(t.parameters) if t.parameters else {"type": "object", "properties": {}}
 
 
 def system_prompt(tools: Sequence[Tool]) -> str:
@@ -70,8 +81,25 @@ def _call(obj: Any, names: set[str]) -> ToolCall | None:
     args = obj.get("arguments", obj.get("parameters", {}))
     if not isinstance(args, Mapping):
         return None
-    return ToolCall(f"call_{uuid.uuid4().hex[:24]}", str(obj["name"]),
-                    json.dumps(args, ensure_ascii=False))
+    return ToolCall(_call_id(), str(obj["name"]), json.dumps(args, ensure_ascii=False))
+
+
+def _call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def _cut_call(text: str, names: Sequence[str]) -> ToolCall | None:
+    """The call a ``text`` cut by max_tokens began: the function it names (or, its name
+    cut, the one function it can still be) with the arguments as far as written; None when
+    that is not one function."""
+    m = _CUT.match(text)
+    written = m.group(1) if m is not None else ""
+    whole = m is not None and m.group(2) is not None
+    fits = [n for n in names if (n == written if whole else n.startswith(written))]
+    if len(fits) != 1:
+        return None
+    args = m.group(3) if m is not None and m.group(3) is not None else ""
+    return ToolCall(_call_id(), fits[0], args)
 
 
 class ToolCallParser:
@@ -82,6 +110,8 @@ class ToolCallParser:
 
     def __init__(self, tools: Sequence[Tool], choice: ToolChoice) -> None:
         self.names = {t.name for t in tools}
+        # The functions the answer may call: a named choice allows only its own.
+        self.callable = [choice.name] if choice.mode == "function" else [t.name for t in tools]
         self.forced = choice.mode in ("required", "function")
         self._held = ""
         self._in_call = self.forced
@@ -101,20 +131,22 @@ class ToolCallParser:
         self._held = buf[len(buf) - keep:] if keep else ""
         return buf[: len(buf) - keep]
 
-    def finish(self) -> tuple[str, tuple[ToolCall, ...]]:
+    def finish(self, cut: bool = False) -> tuple[str, tuple[ToolCall, ...]]:
+        """``cut``: the text ended at max_tokens, so its last call may be unfinished."""
         held, self._held = self._held, ""
         if self.forced:
             try:
                 call = _call(json.loads(held), self.names)
             except json.JSONDecodeError:
-                call = None
+                call = _cut_call(held, self.callable) if cut else None
             return ("", (call,)) if call is not None else (held, ())
         calls: list[ToolCall] = []
         for m in _CALL.finditer(held):
             try:
                 call = _call(json.loads(m.group(1)), self.names)
             except json.JSONDecodeError:
-                call = None
+                unclosed = m.end() == len(held) and not held.endswith(CLOSE)
+                call = _cut_call(m.group(1), self.callable) if cut and unclosed else None
             if call is None:
                 return held, ()  # not a call after all: the model's text, as it wrote it
             calls.append(call)

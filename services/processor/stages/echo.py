@@ -13,13 +13,12 @@ from dataclasses import replace
 from services.api.outputs import TokenLogprob
 from services.api.processor import Delta, ProcessRequest, TextLogprob
 from services.common.errors import Unavailable
-from services.processor.detokenizer import Decoder
-from services.processor.stages.logprobs import text_logprob
+from services.processor.stages.logprobs import TokenText, text_logprob
 from services.processor.stages.prompt import Prompt
 
 
 class Echo:
-    def __init__(self, tokenizer: Decoder, req: ProcessRequest, prompt: Prompt) -> None:
+    def __init__(self, tokenizer: TokenText, req: ProcessRequest, prompt: Prompt) -> None:
         self._tok = tokenizer
         # NOTE: a text prompt is echoed as sent; token ids as their decoding.
         self._text = (req.prompt if req.prompt is not None
@@ -30,7 +29,7 @@ class Echo:
         self._echoed: set[int] = set()  # choices whose first delta went out
 
     @classmethod
-    def for_request(cls, tokenizer: Decoder, req: ProcessRequest, prompt: Prompt) -> Echo | None:
+    def for_request(cls, tokenizer: TokenText, req: ProcessRequest, prompt: Prompt) -> Echo | None:
         return cls(tokenizer, req, prompt) if req.echo else None
 
     def take(self, prompt_logprobs: list[TokenLogprob] | None) -> None:
@@ -38,7 +37,8 @@ class Echo:
         if prompt_logprobs is None or self._logprobs is not None or not self._want_logprobs:
             return
         dec = self._tok.decode
-        first = TextLogprob(dec([self._first_id], skip_special_tokens=False), None)
+        first = TextLogprob(dec([self._first_id], skip_special_tokens=False), None,
+                            token_bytes=self._tok.token_bytes(self._first_id))
         self._logprobs = (first, *(text_logprob(self._tok, x) for x in prompt_logprobs))
 
     def apply(self, d: Delta) -> Delta:

@@ -3,14 +3,18 @@ when the one streaming fails or drains, so the client sees one uninterrupted str
 
 Greedy requests continue exactly; seeded ones too (the worker continues the seeded draw
 sequence at the produced count). The detokenizer and stop matcher live here, across
-workers, so the text continues with nothing repeated or lost. A draining worker's request
-goes on with its KV pulled from there (``move_from``) rather than prefilled again."""
+workers, so the text continues with nothing repeated or lost; a grammar's matcher replays
+the produced tokens on the next worker (engine/scheduler.py). A draining worker's request
+goes on with its KV pulled from there (``move_from``) rather than prefilled again.
+
+A choice of an n > 1 request whose shared worker failed continues here alone (``Resume``):
+its own request id, its own seed (``SamplingParams.for_choice``), what it produced so far."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from services.api.move import MoveSource
 from services.api.outputs import FinishReason, TokenOutput, Usage
@@ -37,6 +41,20 @@ from services.processor.stages.workers import WorkerLike, worker_stream
 from services.processor.stop import StopMatcher
 
 
+@dataclass
+class Resume:
+    """Choice ``index`` of an n > 1 request, cut off when its worker failed (``failure``;
+    ``overloaded``: refused, its queue full; ``moved``: it drained): the tokens it produced
+    there and its detokenizer, fed with them."""
+
+    index: int
+    produced: list[int]
+    detok: IncrementalDetokenizer
+    failure: str
+    overloaded: bool = False
+    moved: bool = False
+
+
 class StreamStage:
     def __init__(self, tokenizer: Tokenizer, workers: WorkerLike, routes: RouteStage,
                  reports: RouterReports, metrics: ProcessorMetrics, migration_limit: int) -> None:
@@ -48,8 +66,8 @@ class StreamStage:
         self._migration_limit = migration_limit
 
     async def stream(self, request_id: str, prompt: Prompt, sampling: SamplingParams,
-                     stops: StopMatcher, route: RouteResponse, echo: Echo | None = None
-                     ) -> AsyncIterator[Delta]:
+                     stops: StopMatcher, route: RouteResponse, echo: Echo | None = None,
+                     resume: Resume | None = None) -> AsyncIterator[Delta]:
         """Stream from ``route``'s worker; when it fails (dies, refuses, ends the stream
         without a finish or aborts), migrate: route ``ids + produced`` again excluding the
         failed workers, with ``max_tokens`` less what was produced and the seeded draws
@@ -57,14 +75,19 @@ class StreamStage:
         When the worker drains (RequestMoved) the same happens, and the next worker gets
         ``move_from`` (where the KV waits) until one of them streams a token.
         The last delta carries the finish reason and the usage; ``echo`` takes the prompt
-        logprobs."""
+        logprobs. ``resume``: a choice whose worker (``route``'s) failed; it moves at once,
+        its deltas carry its index and its usage counts its tokens only."""
         ids = prompt.ids
         limit = sampling.max_tokens
         assert limit is not None  # resolved by the sampling stage
         migration = Migration(self._routes, self._reports, self._metrics, self._migration_limit,
                               request_id, prompt)
-        detok = IncrementalDetokenizer(self._tok)
-        produced: list[int] = []
+        detok = IncrementalDetokenizer(self._tok) if resume is None else resume.detok
+        produced: list[int] = [] if resume is None else resume.produced
+        index = 0 if resume is None else resume.index
+        if resume is not None:
+            route = await migration.move(route, produced, resume.failure, resume.overloaded,
+                                         resume.moved)
         tail = ""  # text that goes out with the finish reason
         lps: list[TextLogprob] = []  # logprobs not sent yet: they go with the next delta
         last: TokenOutput | None = None
@@ -100,7 +123,7 @@ class StreamStage:
                         if stops.stopped or chunk.finish_reason is not None:
                             tail = text
                         elif text:
-                            yield Delta(text, logprobs=tuple(lps))
+                            yield Delta(text, logprobs=tuple(lps), index=index)
                             lps.clear()
                     if stops.stopped:
                         break
@@ -136,7 +159,7 @@ class StreamStage:
             # router's view of the prefix this worker held.
             cached = routed_cached_tokens(route, self._routes.block_size, prompt)
             yield Delta(tail, FinishReason.STOP, Usage(len(ids), len(produced), cached),
-                        logprobs=tuple(lps))
+                        logprobs=tuple(lps), index=index)
             return
         assert last is not None
         tail += stops.feed(detok.flush())
@@ -145,4 +168,5 @@ class StreamStage:
                   else FinishReason.LENGTH)
         cached = (routed_cached_tokens(route, self._routes.block_size, prompt) if migration.moved
                   else last.num_cached_tokens)
-        yield Delta(tail, reason, Usage(len(ids), len(produced), cached), logprobs=tuple(lps))
+        yield Delta(tail, reason, Usage(len(ids), len(produced), cached), logprobs=tuple(lps),
+                    index=index)

@@ -1,11 +1,12 @@
 """Stage 5: a request's deltas read for tool calls, one parser per choice (made as the
 choice's first delta comes). The text of a call is held back; the choice's last delta
-carries the calls."""
+carries the calls, a call cut by max_tokens too (finish reason "length")."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from services.api.outputs import FinishReason
 from services.api.processor import Delta, ProcessRequest, Tool, ToolChoice
 from services.processor.tools import ToolCallParser
 
@@ -33,7 +34,7 @@ class ToolCallStage:
         if d.finish_reason is None:
             d = replace(d, text=text)
         else:
-            rest, calls = parser.finish()
+            rest, calls = parser.finish(cut=d.finish_reason is FinishReason.LENGTH)
             # NOTE: parallel_tool_calls false: the first call the model wrote, alone.
             d = replace(d, text=text + rest, tool_calls=calls if self._parallel else calls[:1])
         if not d.text and not d.logprobs and d.finish_reason is None and d.usage is None:

@@ -1,7 +1,10 @@
 """Structured output through the whole cluster (`tandem up`, real SmolLM2 on the torch
 runner, one decode and one prefill worker): JSON-schema answers over varied schemas all
 parse and validate with ``jsonschema``; regex and choice answers match; a named tool call
-comes back as a valid ``tool_calls`` entry through the openai client, streamed and not.
+comes back as a valid ``tool_calls`` entry through the openai client, streamed and not;
+pydantic schemas (no ``additionalProperties``) give calls and answers with none of the
+keys a small model invents, so ``fn(**args)`` and ``model_validate`` work; a call cut by
+max_tokens comes back in ``tool_calls`` with finish_reason "length".
 Long prompts are prefilled remotely, so the prefill worker's grammar is exercised too."""
 
 from __future__ import annotations
@@ -12,11 +15,13 @@ import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 import jsonschema
 import openai
 import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
+from pydantic import BaseModel, ConfigDict, Field
 
 from services.common.config import ClusterConfig
 from tests.support.mock_cluster import MODEL, mock_cluster_cfg
@@ -180,6 +185,85 @@ def test_named_tool_call_streamed_and_not(url: str) -> None:
         assert r.choices[0].finish_reason == "tool_calls"
         chosen = next(t for t in (WEATHER, clock) if t["function"]["name"] == call.function.name)
         jsonschema.validate(json.loads(call.function.arguments), chosen["function"]["parameters"])
+
+    asyncio.run(go())
+
+
+class Weather(BaseModel):
+    city: str
+    unit: Literal["celsius", "fahrenheit"] = "celsius"
+
+
+class Search(BaseModel):
+    query: str = Field(max_length=40)
+    max_results: int = 5
+
+
+class Person(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # validation only: its schema is not sent
+    name: str = Field(max_length=20)
+    age: int = Field(ge=0, le=120)
+
+
+def get_weather(city: str, unit: str = "celsius") -> str:
+    return f"{city}: 20 {unit}"
+
+
+def search(query: str, max_results: int = 5) -> str:
+    return f"{max_results} results for {query}"
+
+
+def _pydantic_tool(name: str, description: str, model: type[BaseModel]) -> dict:
+    # What langchain's bind_tools sends: the pydantic schema as is, no additionalProperties.
+    schema = model.model_json_schema()
+    assert "additionalProperties" not in schema
+    return {"type": "function", "function": {"name": name, "description": description,
+                                             "parameters": schema}}
+
+
+def test_pydantic_schemas_call_their_functions_and_validate(url: str) -> None:
+    tools = [_pydantic_tool("get_weather", "Get the current weather in a city", Weather),
+             _pydantic_tool("search", "Search the web", Search)]
+    fns = {"get_weather": get_weather, "search": search}
+    asks = ["What is the weather like in Paris?", "Is it cold in Oslo?", "Search news about Mars"]
+    person = {k: v for k, v in Person.model_json_schema().items() if k != "additionalProperties"}
+
+    async def call(c: openai.AsyncOpenAI, ask: str, choice: object) -> None:
+        r = await c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": ask}],
+                                            tools=tools, tool_choice=choice, temperature=0)
+        assert r.choices[0].finish_reason == "tool_calls", r.choices[0]
+        (tc,) = r.choices[0].message.tool_calls
+        fns[tc.function.name](**json.loads(tc.function.arguments))
+
+    async def answer(c: openai.AsyncOpenAI) -> None:
+        r = await c.chat.completions.create(
+            model=MODEL, temperature=0, max_tokens=96,
+            messages=[{"role": "user", "content": "Describe a person as JSON."}],
+            response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": person}})
+        assert r.choices[0].finish_reason == "stop"
+        Person.model_validate_json(r.choices[0].message.content)
+
+    async def go() -> None:
+        c = _client(url)
+        named = [{"type": "function", "function": {"name": n}} for n in fns]
+        await asyncio.gather(*(call(c, a, ch) for a in asks for ch in ("required", *named)),
+                             answer(c))
+
+    asyncio.run(go())
+
+
+def test_call_cut_by_max_tokens_comes_back_as_a_call(url: str) -> None:
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+
+    async def go() -> None:
+        c = _client(url)
+        r = await c.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Weather in Paris?"}],
+            tools=[WEATHER], tool_choice=choice, temperature=0, max_tokens=6)
+        assert r.choices[0].finish_reason == "length"
+        (call,) = r.choices[0].message.tool_calls
+        assert call.function.name == "get_weather" and r.choices[0].message.content is None
+        assert r.usage.completion_tokens == 6
 
     asyncio.run(go())
 

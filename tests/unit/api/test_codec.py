@@ -115,7 +115,7 @@ def test_process_request_and_deltas_round_trip() -> None:
                 ProcessRequest("d", prompt="text", echo=True),
                 ProcessRequest("e", prompt="text", tools=(Tool("f"),), parallel_tool_calls=False)):
         assert request_from_pb(request_to_pb(req)) == req
-    lp = TextLogprob("Hi", -0.5, (("Hi", -0.5), ("Hello", -1.25)))
+    lp = TextLogprob("\ufffd", -0.5, (("\ufffd", -0.5), ("Hello", -1.25)), b"\xe6", (b"\xe6", b"Hello"))
     for d in (Delta("x"), Delta("", FinishReason.STOP, Usage(3, 4, 1)),
               Delta("Hi", logprobs=(lp,), index=2),
               Delta("Hi", logprobs=(TextLogprob("H", None), lp, TextLogprob("i", 0.0)))):

@@ -158,3 +158,30 @@ def test_template_errors_are_value_errors(hf_dir: Path, tmp_path: Path) -> None:
         _with_template(hf_dir, tmp_path, "{% for %}")
     with pytest.raises(ValueError, match="message 0"):
         tok.apply_chat_template([{"content": "no role"}])
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("text", TEXTS)
+def test_smollm2_token_bytes_are_the_raw_bytes(smol: Tokenizer, text: str) -> None:
+    ids = smol.encode(text)
+    assert b"".join(smol.token_bytes(i) for i in ids) == text.encode()
+
+
+@pytest.mark.model
+def test_smollm2_token_bytes_of_a_split_character_and_a_special(smol: Tokenizer) -> None:
+    # "日" is three bytes over three tokens: each decodes alone to U+FFFD.
+    ids = smol.encode(" 日")
+    assert [smol.decode([i]) for i in ids] == [" \ufffd", "\ufffd", "\ufffd"]
+    assert [smol.token_bytes(i) for i in ids] == [b" \xe6", b"\x97", b"\xa5"]
+    assert smol.token_bytes(2) == b"<|im_end|>"
+    assert smol.token_bytes(10**6) == b""
+
+
+def test_sentencepiece_token_bytes_from_byte_fallback(tmp_path: Path) -> None:
+    vocab = {"<unk>": 0, "<0xE6>": 1, "<0x97>": 2, "<0xA5>": 3, "\u2581hi": 4, "\u2581": 5}
+    tk = HFTokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True))
+    tk.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                    decoders.Fuse()])
+    tk.save(str(tmp_path / "tokenizer.json"))
+    tok = Tokenizer.from_path(tmp_path)
+    assert [tok.token_bytes(i) for i in range(1, 6)] == [b"\xe6", b"\x97", b"\xa5", b" hi", b" "]

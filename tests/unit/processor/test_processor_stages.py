@@ -226,10 +226,13 @@ def test_parallel_tool_calls_false_answers_with_the_first_call_alone() -> None:
 
 
 class _Letters:
-    """Token id i decodes to chr(97 + i)."""
+    """Token id i decodes to chr(97 + i), its bytes are those of chr(65 + i)."""
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return "".join(chr(97 + i) for i in ids)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return chr(65 + token_id).encode()
 
 
 def test_echo_puts_the_prompt_and_its_logprobs_before_each_choice() -> None:
@@ -241,8 +244,9 @@ def test_echo_puts_the_prompt_and_its_logprobs_before_each_choice() -> None:
     gen = TextLogprob("d", -0.1)
     first = echo.apply(Delta("d", logprobs=(gen,), index=1))
     assert first.text == "abcd" and first.index == 1
-    assert first.logprobs == (TextLogprob("a", None), TextLogprob("b", -0.5, (("d", -0.25),)),
-                              TextLogprob("c", -1.5, (("c", -1.5),)), gen)
+    assert first.logprobs == (TextLogprob("a", None, token_bytes=b"A"),
+                              TextLogprob("b", -0.5, (("d", -0.25),), b"B", (b"D",)),
+                              TextLogprob("c", -1.5, (("c", -1.5),), b"C", (b"C",)), gen)
     assert echo.apply(Delta("e", index=1)) == Delta("e", index=1)  # once per choice
     assert echo.apply(Delta("", FinishReason.LENGTH, index=0)).text == "abc"
     assert echo.apply(Delta("", usage=Usage(3, 2, 0))) == Delta("", usage=Usage(3, 2, 0))

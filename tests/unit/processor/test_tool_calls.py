@@ -1,6 +1,7 @@
-"""Tool calling without a model: the parser (auto and forced, streamed in any split), the
-forced-call schema, the tools prompt, and the API shapes through the openai client (the
-processor answers with calls); bad tool choices are 400s before the processor."""
+"""Tool calling without a model: the parser (auto and forced, streamed in any split, cut by
+max_tokens), the forced-call schema, the tools prompt, and the API shapes through the openai
+client (the processor answers with calls, whole or cut); a forced call's default token cap;
+bad tool choices are 400s before the processor."""
 
 from __future__ import annotations
 
@@ -17,7 +18,12 @@ from services.api.outputs import FinishReason, Usage
 from services.api.processor import Delta, ModelInfo, ProcessRequest, Tool, ToolCall, ToolChoice
 from services.api.structured import StructuredKind
 from services.frontend.app import create_app
-from services.processor.tools import ToolCallParser, call_schema, with_tool_prompt
+from services.processor.tools import (
+    FORCED_CALL_MAX_TOKENS,
+    ToolCallParser,
+    call_schema,
+    with_tool_prompt,
+)
 from tests.support.mock_cluster import MODEL, mock_cluster_cfg
 
 WEATHER = Tool("get_weather", "Weather of a city", json.dumps(
@@ -64,6 +70,40 @@ def test_forced_parser_holds_everything_and_parses_one_call() -> None:
     assert cut.finish() == ('{"name":"get_wea', ())
 
 
+def test_forced_call_cut_by_max_tokens_is_a_call_with_its_arguments_as_written() -> None:
+    def cut(text: str, choice: ToolChoice) -> tuple[str, tuple[ToolCall, ...]]:
+        p = ToolCallParser([WEATHER, TIME], choice)
+        assert split_feed(p, text, 3) == ""
+        return p.finish(cut=True)
+
+    required = ToolChoice("required")
+    rest, (call,) = cut('{"name":"get_weather","arguments":{"city":"Os', required)
+    assert rest == "" and (call.name, call.arguments) == ("get_weather", '{"city":"Os')
+    # The name cut: the one function it can still be, no arguments yet.
+    rest, (call,) = cut('{"name":"get_w', required)
+    assert rest == "" and (call.name, call.arguments) == ("get_weather", "")
+    # A named function is the call even before its name was written.
+    rest, (call,) = cut("", ToolChoice("function", "get_time"))
+    assert (call.name, call.arguments) == ("get_time", "")
+    # Two functions it can still be: no call, the text as written.
+    assert cut('{"name":"get_', required) == ('{"name":"get_', ())
+
+
+def test_auto_call_cut_by_max_tokens_follows_whole_calls() -> None:
+    text = ('Sure. <tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>\n'
+            '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par')
+    p = ToolCallParser([WEATHER, TIME], ToolChoice("auto"))
+    assert split_feed(p, text, 5) == "Sure. "
+    rest, calls = p.finish(cut=True)
+    assert rest == ""
+    assert [(c.name, c.arguments) for c in calls] == [("get_time", "{}"),
+                                                       ("get_weather", '{"city": "Par')]
+    # Not cut: an unfinished call is no call.
+    p = ToolCallParser([WEATHER, TIME], ToolChoice("auto"))
+    split_feed(p, text, 5)
+    assert p.finish() == (text[len("Sure. "):], ())
+
+
 def test_call_schema_admits_only_the_chosen_calls() -> None:
     named = call_schema([WEATHER, TIME], ToolChoice("function", "get_weather"))
     jsonschema.validate({"name": "get_weather", "arguments": {"city": "x"}}, named)
@@ -89,12 +129,13 @@ class ToolProcessor:
 
     def __init__(self) -> None:
         self.requests: list[ProcessRequest] = []
+        self.call = ToolCall("call_1", "get_weather", '{"city": "Paris"}')
+        self.reason = FinishReason.STOP
 
     async def generate(self, req: ProcessRequest) -> AsyncIterator[Delta]:
         self.requests.append(req)
         yield Delta("")
-        yield Delta("", FinishReason.STOP, Usage(5, 9),
-                    (ToolCall("call_1", "get_weather", '{"city": "Paris"}'),))
+        yield Delta("", self.reason, Usage(5, 9), (self.call,))
 
     async def list_models(self) -> list[ModelInfo]:
         return [ModelInfo(MODEL, 128)]
@@ -137,6 +178,38 @@ async def test_streamed_tool_calls_assemble_in_the_openai_client(client) -> None
     call = final.choices[0].message.tool_calls[0]
     assert call.id == "call_1" and call.function.name == "get_weather"
     assert json.loads(call.function.arguments) == {"city": "Paris"}
+
+
+async def test_call_cut_by_max_tokens_is_in_tool_calls_with_finish_reason_length(client) -> None:
+    c, proc = client
+    proc.call, proc.reason = ToolCall("call_2", "get_weather", '{"city": "Par'), FinishReason.LENGTH
+    r = await c.chat.completions.create(model=MODEL, messages=MSGS, tools=TOOLS_BODY,
+                                        tool_choice="required", max_tokens=9)
+    assert r.choices[0].finish_reason == "length"
+    (call,) = r.choices[0].message.tool_calls
+    assert (call.function.name, call.function.arguments) == ("get_weather", '{"city": "Par')
+    state = ChatCompletionStreamState()
+    stream = await c.chat.completions.create(model=MODEL, messages=MSGS, tools=TOOLS_BODY,
+                                             tool_choice="required", max_tokens=9, stream=True)
+    async for chunk in stream:
+        state.handle_chunk(chunk)
+    # NOTE: get_final_completion raises LengthFinishReasonError for any "length" answer.
+    final = state.current_completion_snapshot
+    assert final.choices[0].finish_reason == "length"
+    assert final.choices[0].message.tool_calls[0].function.arguments == '{"city": "Par'
+
+
+async def test_forced_call_without_max_tokens_gets_the_default_cap(client) -> None:
+    c, proc = client
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    for tc in ("required", choice):
+        await c.chat.completions.create(model=MODEL, messages=MSGS, tools=TOOLS_BODY, tool_choice=tc)
+        assert proc.requests[-1].sampling.max_tokens == FORCED_CALL_MAX_TOKENS
+    await c.chat.completions.create(model=MODEL, messages=MSGS, tools=TOOLS_BODY,
+                                    tool_choice="required", max_completion_tokens=2000)
+    assert proc.requests[-1].sampling.max_tokens == 2000
+    await c.chat.completions.create(model=MODEL, messages=MSGS, tools=TOOLS_BODY)
+    assert proc.requests[-1].sampling.max_tokens is None
 
 
 async def test_auto_sends_tools_without_a_constraint_and_none_sends_no_choice(client) -> None:

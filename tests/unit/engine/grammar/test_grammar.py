@@ -1,6 +1,8 @@
 """Constrained decoding with the real SmolLM2 (CPU): outputs match their grammar, overlap
 on and off agree, a grammar row and a free row share a batch, a refused token ends only
-its request, a migrated request replays its grammar, and the mask math itself."""
+its request, a migrated request replays its grammar, forced tool calls on pydantic schemas
+(no additionalProperties) call their functions and free ones cannot nest forever, and the
+mask math itself."""
 
 from __future__ import annotations
 
@@ -8,12 +10,16 @@ import asyncio
 import json
 import re
 from pathlib import Path
+from typing import Literal
 
 import jsonschema
 import pytest
 import torch
+from pydantic import BaseModel, Field
 
+from services.api.json_schema import MAX_FREE_DEPTH
 from services.api.outputs import FinishReason
+from services.api.processor import Tool, ToolChoice
 from services.api.sampling import SamplingParams
 from services.api.structured import StructuredKind, StructuredOutput
 from services.common.config import EngineConfig
@@ -28,6 +34,7 @@ from services.engine.request import GenerateRequest
 from services.engine.runner.torch_runner import TorchRunner
 from services.engine.scheduler import InvalidRequestError
 from services.model.tokenizer import Tokenizer
+from services.processor.tools import ToolCallParser, call_schema, system_prompt
 
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 12},
@@ -291,3 +298,81 @@ def test_bench_structured_decode_keeps_every_sequence_under_the_schema(model) ->
     assert eng.grammar is not None and eng.grammar.stats.errors == 0
     assert eng.grammar.stats.requests_by_kind["json_schema"] == 3
     assert eng.pool.num_used == 0
+
+
+class Weather(BaseModel):
+    city: str
+    unit: Literal["celsius", "fahrenheit"] = "celsius"
+
+
+class Search(BaseModel):
+    query: str = Field(max_length=40)
+    max_results: int = 5
+
+
+def get_weather(city: str, unit: str = "celsius") -> str:
+    return f"{city}: 20 {unit}"
+
+
+def search(query: str, max_results: int = 5) -> str:
+    return f"{max_results} results for {query}"
+
+
+def forced_calls(tok: Tokenizer, tools: list[Tool], asks: list[tuple[str, ToolChoice]],
+                 max_tokens: int) -> list[GenerateRequest]:
+    return [GenerateRequest(f"call{i}", tok.encode_chat([
+        {"role": "system", "content": system_prompt(tools)}, {"role": "user", "content": q}]),
+        SamplingParams(temperature=0, max_tokens=max_tokens,
+                       structured=StructuredOutput.json_schema(call_schema(tools, choice))))
+        for i, (q, choice) in enumerate(asks)]
+
+
+def test_forced_calls_on_pydantic_schemas_call_their_functions(model) -> None:
+    # NOTE: pydantic's schemas do not say additionalProperties; read as JSON Schema's open
+    # default, SmolLM2 wrote {"city": "Paris", "type": {"string": {...}}} and nested on.
+    _, tok = model
+    fns = {"get_weather": get_weather, "search": search}
+    tools = [Tool("get_weather", "Get the current weather in a city",
+                  json.dumps(Weather.model_json_schema())),
+             Tool("search", "Search the web", json.dumps(Search.model_json_schema()))]
+    asks = [(q, c) for q in ("What is the weather like in Paris?", "Is it cold in Oslo?",
+                             "Search news about Mars", "Find me recipes for pancakes")
+            for c in (ToolChoice("required"), ToolChoice("function", "get_weather"),
+                      ToolChoice("function", "search"))]
+    done = run(make_engine(model, overlap=False), forced_calls(tok, tools, asks, 96))
+    for i, (q, choice) in enumerate(asks):
+        toks, reason, _ = done[f"call{i}"]
+        assert reason is FinishReason.STOP, (q, tok.decode(toks))
+        parser = ToolCallParser(tools, choice)
+        parser.feed(tok.decode(toks))
+        rest, (call,) = parser.finish()
+        assert rest == "" and choice.name in ("", call.name)
+        fns[call.name](**json.loads(call.arguments))
+
+
+def _depth(text: str) -> int:
+    """How deep ``text``'s arrays and objects nest (outside strings)."""
+    depth = most = 0
+    in_str = esc = False
+    for ch in text:
+        if in_str:
+            esc, in_str = (False, in_str) if esc else (ch == "\\", ch != '"')
+        elif ch == '"':
+            in_str = True
+        elif ch in "[{":
+            depth += 1
+            most = max(most, depth)
+        elif ch in "]}":
+            depth -= 1
+    return most
+
+
+def test_forced_call_with_free_parameters_cannot_nest_forever(model) -> None:
+    _, tok = model
+    tools = [Tool("get_weather", "Get the current weather in a city", json.dumps({"type": "object"}))]
+    asks = [("What is the weather like in Paris?", ToolChoice("required")),
+            ("Is it cold in Oslo? Give every detail.", ToolChoice("required"))]
+    done = run(make_engine(model, overlap=False), forced_calls(tok, tools, asks, 160))
+    for toks, _, _ in done.values():
+        # the call's object, its arguments, then the free values' bound
+        assert _depth(tok.decode(toks)) <= 2 + MAX_FREE_DEPTH - 1, tok.decode(toks)
