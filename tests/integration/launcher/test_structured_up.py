@@ -3,7 +3,8 @@ runner, one decode and one prefill worker): JSON-schema answers over varied sche
 parse and validate with ``jsonschema``; regex and choice answers match; a named tool call
 comes back as a valid ``tool_calls`` entry through the openai client, streamed and not;
 pydantic schemas (no ``additionalProperties``) give calls and answers with none of the
-keys a small model invents, so ``fn(**args)`` and ``model_validate`` work; a call cut by
+keys a small model invents, so ``fn(**args)`` and ``model_validate`` work, also through
+langchain-openai's ``bind_tools`` and ``with_structured_output``; a call cut by
 max_tokens comes back in ``tool_calls`` with finish_reason "length".
 Long prompts are prefilled remotely, so the prefill worker's grammar is exercised too."""
 
@@ -250,6 +251,26 @@ def test_pydantic_schemas_call_their_functions_and_validate(url: str) -> None:
                              answer(c))
 
     asyncio.run(go())
+
+
+def test_langchain_bind_tools_and_with_structured_output(url: str) -> None:
+    """langchain-openai as its users call it: ``bind_tools`` with pydantic classes (a forced
+    call and ``tool_choice="any"``) gives calls whose ``args`` run the function and validate;
+    ``with_structured_output`` (json_schema) returns a validated instance."""
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(model=MODEL, base_url=url, api_key="none", temperature=0, max_retries=0,
+                     timeout=300)
+    fns = {"Weather": lambda a: get_weather(**a), "Search": lambda a: search(**a)}
+    for choice in ("Weather", "any"):
+        msg = llm.bind_tools([Weather, Search], tool_choice=choice).invoke("What is the weather like in Paris?")
+        (call,) = msg.tool_calls
+        assert call["name"] in fns and (choice == "any" or call["name"] == choice), msg
+        assert fns[call["name"]](call["args"])
+        {"Weather": Weather, "Search": Search}[call["name"]].model_validate(call["args"])
+    person = llm.bind(max_tokens=96).with_structured_output(Person, method="json_schema").invoke(
+        "Describe a person as JSON.")
+    assert isinstance(person, Person) and person.name
 
 
 def test_call_cut_by_max_tokens_comes_back_as_a_call(url: str) -> None:
