@@ -41,6 +41,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -51,7 +52,7 @@ from services.api.sampling import SamplingParams
 from services.api.wire import InflightUpdate, RawEventBatch, WorkerLoad, raw_event
 from services.common.config import ClusterConfig
 from services.common.discovery import Registration
-from services.common.hashing import local_block_hashes
+from services.common.hashing import BlockHash, block_hashes
 from services.decode.admission import refusal
 from services.decode.disagg import decide_prefill, worker_times
 from services.decode.load import worker_load
@@ -108,6 +109,7 @@ class _Job:
     request_id: str
     decode: _Worker
     tokens: list[int]
+    hashes: Seq[BlockHash] | None
     first_block: int
     num_blocks: int
     effective_tokens: int
@@ -396,9 +398,12 @@ class Simulation:
         rec = self.records[rid]
         router = self.routers[self._rr % len(self.routers)]
         self._rr += 1
+        # NOTE: hashed once, as the processor hashes a prompt to route it: the router takes
+        # the local hashes, the engine the chained ones.
+        hashes = block_hashes(tokens, self.block_size)
         try:
             resp = run_sync(router.route(RouteRequest(
-                rid, tokens, local_block_hashes(tokens, self.block_size))))
+                rid, tokens, [h.local_hash for h in hashes])))
         except NoWorkersAvailable as e:
             self._fail(rec, None, str(e))
             return
@@ -410,7 +415,7 @@ class Simulation:
         eng = w.engine
         refused = refusal(w.id, w.inflight, eng.stats().num_running, self.cfg.decode)
         request = GenerateRequest(rid, tokens, SamplingParams(
-            temperature=0.0, max_tokens=req.output_len, ignore_eos=True))
+            temperature=0.0, max_tokens=req.output_len, ignore_eos=True), block_hashes=hashes)
         if refused is None:
             try:
                 eng.validate(request)
@@ -519,7 +524,8 @@ class Simulation:
             assert self.queue is not None
             rid = request.request_id
             self.records[rid].remote = True
-            job = _Job(rid, w, list(request.prompt_token_ids), handle.first_block_to_fill,
+            job = _Job(rid, w, list(request.prompt_token_ids), request.block_hashes,
+                       handle.first_block_to_fill,
                        handle.num_blocks_to_fill, decision.effective_tokens)
             job.published_s = self.now
             self.jobs[rid] = job
@@ -765,7 +771,7 @@ class Simulation:
             p.totals.requests += 1
             self._call(p, (_ADD, GenerateRequest(
                 job.request_id, job.tokens, SamplingParams(temperature=0.0, max_tokens=1),
-                export_kv_from_block=job.first_block)))
+                export_kv_from_block=job.first_block, block_hashes=job.hashes)))
 
     def _puller(self) -> _Worker | None:
         """The prefill worker whose pull request comes first in the consumer's waiting list
