@@ -648,7 +648,8 @@ class Simulation:
             need = -(-(computed + j) // bs) - blocks
             if need > 0:
                 used += need
-        return worker_load(w.id, replace(w.engine.stats(), kv_blocks_used=used), now)
+        # NOTE: replaced on the load sample, half the fields of the engine's stats
+        return replace(worker_load(w.id, w.engine.stats(), now), kv_blocks_used=used)
 
     def _step_done(self, w: _Worker, dts: list[float], outs: list[TokenOutput] | None,
                    run: tuple[list[Sequence], list[float]] | None, events: list[list]) -> None:
@@ -681,26 +682,30 @@ class Simulation:
 
     def _ran(self, seqs: list[Sequence], times: list[float]) -> None:
         """Record a fast-forwarded run's tokens: what its steps' outputs would have."""
-        gaps = self.gaps
-        records = self.records
+        # NOTE: GapSamples.add inlined (a run adds one gap per sequence and per step).
+        values, counts = self.gaps.values, self.gaps.counts
+        recs = [self.records[s.request_id] for s in seqs]
         k = len(times)
-        for s in seqs:
-            rec = records[s.request_id]
-            first = times[0] - rec.last_token_s
-            gaps.add(first)
+        start, last = times[0], times[-1]
+        for rec in recs:
+            first = start - rec.last_token_s
+            values.append(first)
+            counts.append(1)
             if first > rec.max_gap_s:
                 rec.max_gap_s = first
-            rec.last_token_s = times[-1]
+            rec.last_token_s = last
             rec.tokens_out += k
         b = len(seqs)
         widest = 0.0  # the run's largest step gap: every sequence in it had it
-        for j in range(1, k):
-            g = times[j] - times[j - 1]
-            gaps.add(g, b)
+        prev = start
+        for t in times[1:]:
+            g = t - prev
+            prev = t
+            values.append(g)
+            counts.append(b)
             if g > widest:
                 widest = g
-        for s in seqs:
-            rec = records[s.request_id]
+        for rec in recs:
             if widest > rec.max_gap_s:
                 rec.max_gap_s = widest
 

@@ -192,6 +192,9 @@ _U64 = np.uint64
 _GOLDEN = _U64(0x9E3779B97F4A7C15)
 _ID_SPAN = np.uint32(ID_HIGH - ID_LOW)
 _SHIFT = np.uint32(16)
+# NOTE: every token id as one shared Python int: a prompt's list is gathered from these
+# (pointer copies) instead of ``tolist`` making 12k new ints per request.
+_INTS = np.array(range(ID_HIGH), dtype=object)
 
 
 def _mix(z: np.ndarray) -> np.ndarray:
@@ -248,7 +251,7 @@ class PromptMaker:
         x *= _ID_SPAN  # < 2^16 * 29000 < 2^32: no wrap
         x >>= _SHIFT
         x += np.uint32(ID_LOW)
-        return x.ravel()[:n].tolist()
+        return _INTS.take(x.ravel()[:n]).tolist()
 
     def _table(self, block: int) -> tuple[np.ndarray, np.ndarray]:
         t = self._tables.get(block)
