@@ -173,19 +173,19 @@ class BlockPool:
             return None
         out: list[int] = []
         removed: list[int] = []
-        free = self._free
+        free, ref, hashed, parents = self._free, self._ref, self._hash, self._parent
         for _ in range(n):
             if free:
                 b = free.popleft()
             else:
                 b, _ = self._evictable.popitem(last=False)
-                h = self._hash[b]
+                h = hashed[b]
                 assert h is not None
                 del self._by_hash[h.seq_hash]
-                self._hash[b] = None
-                self._parent[b] = None
+                hashed[b] = None
+                parents[b] = None
                 removed.append(h.seq_hash)
-            self._ref[b] = 1
+            ref[b] = 1
             out.append(b)
         self._num_used += n
         if removed:

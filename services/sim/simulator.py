@@ -43,7 +43,10 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, replace
+from operator import sub
 from typing import Any, TypeVar
+
+import numpy as np
 
 from services.api.kv_events import KvEvent
 from services.api.outputs import FinishReason, TokenOutput
@@ -89,7 +92,9 @@ _MAX_RUN = 1 << 16
 _MAX_WORKER_SAMPLES = 200_000
 
 Progress = Callable[[float, int], None]
-TokenMaker = Callable[[SimRequest], list[int]]
+# A prompt's tokens: a list, or a u32 array (``PromptMaker.make``: hashed as it is, made the
+# engine's list once).
+TokenMaker = Callable[[SimRequest], list[int] | np.ndarray]
 
 
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:
@@ -394,13 +399,14 @@ class Simulation:
             return
         self._route(rid, tokens, req)
 
-    def _route(self, rid: str, tokens: list[int], req: SimRequest) -> None:
+    def _route(self, rid: str, made: list[int] | np.ndarray, req: SimRequest) -> None:
         rec = self.records[rid]
         router = self.routers[self._rr % len(self.routers)]
         self._rr += 1
         # NOTE: hashed once, as the processor hashes a prompt to route it: the router takes
         # the local hashes, the engine the chained ones.
-        hashes = block_hashes(tokens, self.block_size)
+        hashes = block_hashes(made, self.block_size)
+        tokens = made if isinstance(made, list) else made.tolist()
         try:
             resp = run_sync(router.route(RouteRequest(
                 rid, tokens, [h.local_hash for h in hashes])))
@@ -602,16 +608,25 @@ class Simulation:
         t = max(self.now, w.device_free)
         times: list[float] = []
         dts: list[float] = []
-        per_step = model.reads_decode_context
         dt = model.step_seconds(BatchShape(0, 0, b, ctx))
-        for j in range(k):
-            if per_step and j:
-                dt = model.step_seconds(BatchShape(0, 0, b, ctx + b * j))
-            if t + dt > horizon:
-                break
-            t += dt
-            times.append(t)
-            dts.append(dt)
+        if model.reads_decode_context:
+            for j in range(k):
+                if j:
+                    dt = model.step_seconds(BatchShape(0, 0, b, ctx + b * j))
+                if t + dt > horizon:
+                    break
+                t += dt
+                times.append(t)
+                dts.append(dt)
+        else:  # NOTE: the same sums, in the same order, as the loop above (no per-step call)
+            append = times.append
+            for _ in range(k):
+                t_next = t + dt
+                if t_next > horizon:
+                    break
+                t = t_next
+                append(t)
+            dts = [dt] * len(times)
         # NOTE: one at a time, the step after the run is composed when its last but one
         # step completes; a load tick before the run's end would see it: end the run first.
         while self.depth == 2 and len(times) >= 2 and self._tick_between(times[-2], times[-1]):
@@ -622,9 +637,11 @@ class Simulation:
         n = len(times)
         # When each step of the run is composed one at a time: as the batches ahead of it
         # complete (a load tick in between samples the state as of then, ``_run_load``).
-        ahead = list(w.ends) + times
-        free = self.depth - w.in_pipe
-        w.run = _Run([self.now if i < free else ahead[i - free] for i in range(n)],
+        free = self.depth - w.in_pipe  # >= 1: steps composed at once
+        composed = [self.now] * min(free, n)
+        if n > free:
+            composed += (list(w.ends) + times)[:n - free]
+        w.run = _Run(composed,
                      [(s.num_computed_tokens, len(s.block_table)) for s in running],
                      w.engine.pool.num_used)
         sched.advance_decodes(n, tok)
@@ -648,8 +665,9 @@ class Simulation:
             need = -(-(computed + j) // bs) - blocks
             if need > 0:
                 used += need
-        # NOTE: replaced on the load sample, half the fields of the engine's stats
-        return replace(worker_load(w.id, w.engine.stats(), now), kv_blocks_used=used)
+        ld = worker_load(w.id, w.engine.stats(), now)
+        return WorkerLoad(ld.worker_id, used, ld.kv_blocks_total, ld.requests_running,
+                          ld.requests_waiting, ld.active_prefill_tokens, ld.timestamp)
 
     def _step_done(self, w: _Worker, dts: list[float], outs: list[TokenOutput] | None,
                    run: tuple[list[Sequence], list[float]] | None, events: list[list]) -> None:
@@ -695,16 +713,10 @@ class Simulation:
                 rec.max_gap_s = first
             rec.last_token_s = last
             rec.tokens_out += k
-        b = len(seqs)
-        widest = 0.0  # the run's largest step gap: every sequence in it had it
-        prev = start
-        for t in times[1:]:
-            g = t - prev
-            prev = t
-            values.append(g)
-            counts.append(b)
-            if g > widest:
-                widest = g
+        steps = list(map(sub, times[1:], times[:-1]))
+        values += steps
+        counts += [len(seqs)] * len(steps)
+        widest = max(steps, default=0.0)  # the run's largest step gap: every sequence had it
         for rec in recs:
             if widest > rec.max_gap_s:
                 rec.max_gap_s = widest
@@ -990,7 +1002,7 @@ class _Routed:
     """A request on its way through the frontend and processor to the router."""
 
     request_id: str
-    tokens: list[int]
+    tokens: list[int] | np.ndarray
     request: SimRequest
 
 

@@ -192,9 +192,6 @@ _U64 = np.uint64
 _GOLDEN = _U64(0x9E3779B97F4A7C15)
 _ID_SPAN = np.uint32(ID_HIGH - ID_LOW)
 _SHIFT = np.uint32(16)
-# NOTE: every token id as one shared Python int: a prompt's list is gathered from these
-# (pointer copies) instead of ``tolist`` making 12k new ints per request.
-_INTS = np.array(range(ID_HIGH), dtype=object)
 
 
 def _mix(z: np.ndarray) -> np.ndarray:
@@ -230,6 +227,13 @@ class PromptMaker:
         self._tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def tokens(self, req: SimRequest) -> list[int]:
+        made = self.make(req)
+        return made if isinstance(made, list) else made.tolist()
+
+    def make(self, req: SimRequest) -> list[int] | np.ndarray:
+        """``tokens`` as they are made: a trace request's as a u32 array (hashed as it is,
+        with no list to pack; the simulator makes the engine's list of it once), a request's
+        own ``prompt`` as a list."""
         if req.prompt is not None:
             return list(req.prompt)
         n, block = req.input_len, req.trace_block
@@ -251,7 +255,7 @@ class PromptMaker:
         x *= _ID_SPAN  # < 2^16 * 29000 < 2^32: no wrap
         x >>= _SHIFT
         x += np.uint32(ID_LOW)
-        return _INTS.take(x.ravel()[:n]).tolist()
+        return x.ravel()[:n]
 
     def _table(self, block: int) -> tuple[np.ndarray, np.ndarray]:
         t = self._tables.get(block)
@@ -286,7 +290,7 @@ def oracle_hit_rate(reqs: Sequence[SimRequest], block_size: int,
         if r.prompt is None and r.hash_ids and r.trace_block % block_size == 0:
             hit += min(chains.match_and_insert(r.hash_ids, r.input_len, r.trace_block), cap) * block_size
         elif r.prompt is not None or r.hash_ids:
-            hashes = seq_hashes(local_block_hashes(maker.tokens(r), block_size))
+            hashes = seq_hashes(local_block_hashes(maker.make(r), block_size))
             n = 0
             while n < min(len(hashes), cap) and hashes[n] in seen:
                 n += 1
