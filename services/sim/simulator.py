@@ -65,7 +65,7 @@ from services.engine.request import GenerateRequest
 from services.engine.scheduler import InvalidRequestError
 from services.engine.sequence import Sequence
 from services.router.errors import NoWorkersAvailable
-from services.router.router import INDEX_GC_THRESHOLDS, Router
+from services.router.router import Router
 from services.sim.records import (
     GapSamples,
     HitSample,
@@ -126,11 +126,15 @@ class _Job:
 class _Run:
     """A fast-forwarded run in a worker's pipe, for the load ticks inside it: when each of
     its steps would have been composed, each sequence's computed tokens and blocks before
-    it, and the pool's blocks in use before it."""
+    it, and the pool's blocks in use before it. ``load``: the worker's load sample as a
+    tick took it in the run (its blocks aside), kept until the engine may change: anything
+    that steps or calls the worker's engine goes through ``_between_steps`` or ``_compose``,
+    which drop it."""
 
     composed_at: list[float]
     seqs: list[tuple[int, int]]
     used: int
+    load: WorkerLoad | None = None
 
 
 class _PrefillQueue:
@@ -291,14 +295,17 @@ class Simulation:
 
     # ---- the loop --------------------------------------------------------------------
     def run(self) -> SimResult:
-        # NOTE: the run holds millions of long-lived objects (index nodes, block hashes);
-        # the default thresholds rescan them so often that a run takes 1.6x as long.
-        thresholds = gc.get_threshold()
-        gc.set_threshold(*INDEX_GC_THRESHOLDS)
+        # NOTE: the run holds millions of long-lived objects (index nodes, block hashes) and
+        # makes no reference cycles (a trace-hour leaves nothing for gc.collect() to find):
+        # the cyclic collector would only rescan live objects, 10% of a run even at the
+        # router's raised thresholds. Off for the run, as it was after.
+        was_enabled = gc.isenabled()
+        gc.disable()
         try:
             return self._run()
         finally:
-            gc.set_threshold(*thresholds)
+            if was_enabled:
+                gc.enable()
 
     def _run(self) -> SimResult:
         t0 = time.perf_counter()
@@ -476,6 +483,8 @@ class Simulation:
         returns: at once unless it waits for a batch (the serial loop's own; the
         overlapped loop's one in flight before the calls). Calls the calls make (the next
         of a request's) wait for the step they were made during, when there is one."""
+        if w.run is not None:
+            w.run.load = None
         while True:
             calls, w.calls = w.calls, []
             outs: list[TokenOutput] = []
@@ -564,6 +573,8 @@ class Simulation:
         (``self.depth`` 2) a batch is composed while the one before it computes, as
         ``LLMEngine`` does it; else when the device is free."""
         eng = w.engine
+        if w.run is not None:
+            w.run.load = None
         self._flush(w)
         if w.draining and w.role == DECODE and self._movable(w):
             return  # its requests move at the end of the step in flight (_try_leave)
@@ -665,9 +676,11 @@ class Simulation:
             need = -(-(computed + j) // bs) - blocks
             if need > 0:
                 used += need
-        ld = worker_load(w.id, w.engine.stats(), now)
+        ld = run.load
+        if ld is None:  # NOTE: the engine is as at the last tick otherwise: same stats
+            ld = run.load = worker_load(w.id, w.engine.stats(), now)
         return WorkerLoad(ld.worker_id, used, ld.kv_blocks_total, ld.requests_running,
-                          ld.requests_waiting, ld.active_prefill_tokens, ld.timestamp)
+                          ld.requests_waiting, ld.active_prefill_tokens, now)
 
     def _step_done(self, w: _Worker, dts: list[float], outs: list[TokenOutput] | None,
                    run: tuple[list[Sequence], list[float]] | None, events: list[list]) -> None:
