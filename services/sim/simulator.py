@@ -76,6 +76,7 @@ from services.sim.records import (
 )
 from services.sim.requests import SimRequest
 from services.sim.runner import SimRunner
+from services.sim.traces import token_list
 from services.steptime.model import BatchShape, StepModel
 
 T = TypeVar("T")
@@ -93,7 +94,7 @@ _MAX_WORKER_SAMPLES = 200_000
 
 Progress = Callable[[float, int], None]
 # A prompt's tokens: a list, or a u32 array (``PromptMaker.make``: hashed as it is, made the
-# engine's list once).
+# engine's list once by ``token_list``).
 TokenMaker = Callable[[SimRequest], list[int] | np.ndarray]
 
 
@@ -413,7 +414,7 @@ class Simulation:
         # NOTE: hashed once, as the processor hashes a prompt to route it: the router takes
         # the local hashes, the engine the chained ones.
         hashes = block_hashes(made, self.block_size)
-        tokens = made if isinstance(made, list) else made.tolist()
+        tokens = made if isinstance(made, list) else token_list(made)
         try:
             resp = run_sync(router.route(RouteRequest(
                 rid, tokens, [h.local_hash for h in hashes])))
