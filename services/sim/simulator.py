@@ -957,21 +957,22 @@ class Simulation:
         for w in self.decoders:
             run = w.run
             if run is not None and now < run.composed_at[-1]:
-                w.last_load = self._run_load(w, run, now)
+                ld = w.last_load = self._run_load(w, run, now)
                 w.dirty = True  # its sample changes as the run goes on
             elif w.dirty or w.last_load is None:
-                w.last_load = worker_load(w.id, w.engine.stats(), now)
+                ld = w.last_load = worker_load(w.id, w.engine.stats(), now)
                 w.dirty = False
-            if keep:
+            else:
                 ld = w.last_load
+            if keep:
                 self.worker_samples.append(WorkerSample(
                     now, w.id, ld.requests_running, ld.requests_waiting, ld.kv_blocks_used,
                     ld.kv_blocks_total, ld.active_prefill_tokens))
+                sched = w.engine.scheduler
+                prompt += sched.prompt_tokens_total
+                hit += sched.prefix_hit_tokens_total
             for router in routers:
-                router.apply_load(w.last_load)
-            sched = w.engine.scheduler
-            prompt += sched.prompt_tokens_total
-            hit += sched.prefix_hit_tokens_total
+                router.apply_load(ld)
         if keep:
             self.hit_samples.append(HitSample(now, prompt, hit))
         # NOTE: with nothing due before the next event, the skipped ticks would only
