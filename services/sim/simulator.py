@@ -108,6 +108,34 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     raise RuntimeError("a simulated call suspended: it needs a transport the simulator has not")
 
 
+class _CyclicGcOff:
+    """The cyclic GC off for a run. NOTE: a run holds millions of long-lived objects (index
+    nodes, block hashes) and makes no reference cycles (a trace-hour leaves nothing for
+    gc.collect() to find), so the collector would only rescan live objects: a tenth of a
+    run even at the router's raised thresholds. After it, freeze() + unfreeze() move what
+    the run made to the oldest generation unscanned (else the next young collection scans
+    all of it). A finished Simulation is itself garbage in cycles (the index's nodes, the
+    callbacks into it), which only a full collection frees: the next run starts with one
+    once runs in this process have left more than ``COLLECT_AFTER`` such objects."""
+
+    COLLECT_AFTER = 1_000_000
+    unscanned = 0  # tracked objects runs in this process moved there since the last collect
+
+    def __enter__(self) -> None:
+        if _CyclicGcOff.unscanned > self.COLLECT_AFTER:
+            gc.collect()
+            _CyclicGcOff.unscanned = 0
+        self.was_enabled = gc.isenabled()
+        gc.disable()
+
+    def __exit__(self, *exc: object) -> None:
+        _CyclicGcOff.unscanned += gc.get_count()[0]  # net objects made while it was off
+        gc.freeze()
+        gc.unfreeze()
+        if self.was_enabled:
+            gc.enable()
+
+
 @dataclass(slots=True)
 class _Job:
     """A remote prefill in the queue (what a PrefillJob carries, less the transport)."""
@@ -296,17 +324,8 @@ class Simulation:
 
     # ---- the loop --------------------------------------------------------------------
     def run(self) -> SimResult:
-        # NOTE: the run holds millions of long-lived objects (index nodes, block hashes) and
-        # makes no reference cycles (a trace-hour leaves nothing for gc.collect() to find):
-        # the cyclic collector would only rescan live objects, 10% of a run even at the
-        # router's raised thresholds. Off for the run, as it was after.
-        was_enabled = gc.isenabled()
-        gc.disable()
-        try:
+        with _CyclicGcOff():
             return self._run()
-        finally:
-            if was_enabled:
-                gc.enable()
 
     def _run(self) -> SimResult:
         t0 = time.perf_counter()
