@@ -132,26 +132,31 @@ class BlockPool:
         ``KvStored`` per run of newly stored blocks. Raises ValueError for an
         unreferenced block or one already hashed under a different hash.
         """
+        # NOTE: per block of every prompt: lookups hoisted, and a StoredBlock made from the
+        # BlockHash's tuple as it is (same fields, same order).
+        ref, hashed, parents, depths, by_hash = (self._ref, self._hash, self._parent, self._depth,
+                                                 self._by_hash)
+        new = tuple.__new__
         run: list[StoredBlock] = []
         run_parent = parent_seq_hash
         parent = parent_seq_hash
         for i, (b, h) in enumerate(zip(block_ids, hashes, strict=True)):
-            if self._ref[b] == 0:
+            if ref[b] == 0:
                 raise ValueError(f"block {b} is not referenced: cannot cache it")
-            old = self._hash[b]
+            old = hashed[b]
             if old is not None:
                 if old != h:
                     raise ValueError(f"block {b} is already cached as {old.seq_hash:#x}")
-            elif h.seq_hash in self._by_hash:
+            elif h.seq_hash in by_hash:
                 pass  # same content computed twice concurrently: keep the first copy
             else:
-                self._hash[b] = h
-                self._parent[b] = parent
-                self._depth[b] = first_depth + i
-                self._by_hash[h.seq_hash] = b
+                hashed[b] = h
+                parents[b] = parent
+                depths[b] = first_depth + i
+                by_hash[h.seq_hash] = b
                 if not run:
                     run_parent = parent
-                run.append(StoredBlock(h.seq_hash, h.local_hash))
+                run.append(new(StoredBlock, h))
                 parent = h.seq_hash
                 continue
             if run:
@@ -168,19 +173,19 @@ class BlockPool:
             return None
         out: list[int] = []
         removed: list[int] = []
-        free = self._free
+        free, ref, hashed, parents = self._free, self._ref, self._hash, self._parent
         for _ in range(n):
             if free:
                 b = free.popleft()
             else:
                 b, _ = self._evictable.popitem(last=False)
-                h = self._hash[b]
+                h = hashed[b]
                 assert h is not None
                 del self._by_hash[h.seq_hash]
-                self._hash[b] = None
-                self._parent[b] = None
+                hashed[b] = None
+                parents[b] = None
                 removed.append(h.seq_hash)
-            self._ref[b] = 1
+            ref[b] = 1
             out.append(b)
         self._num_used += n
         if removed:
@@ -189,17 +194,22 @@ class BlockPool:
 
     def release(self, block_ids: Iterable[int]) -> None:
         """Drop one reference from each block; at zero it becomes cached or free."""
-        for b in block_ids:
-            r = self._ref[b]
-            if r <= 0:
-                raise ValueError(f"block {b} released more often than referenced")
-            self._ref[b] = r - 1
-            if r == 1:
-                self._num_used -= 1
-                if self._hash[b] is not None:
-                    self._evictable[b] = None
-                else:
-                    self._free.append(b)
+        ref, hashed, evictable, free = self._ref, self._hash, self._evictable, self._free
+        unused = 0
+        try:
+            for b in block_ids:
+                r = ref[b]
+                if r <= 0:
+                    raise ValueError(f"block {b} released more often than referenced")
+                ref[b] = r - 1
+                if r == 1:
+                    unused += 1
+                    if hashed[b] is not None:
+                        evictable[b] = None
+                    else:
+                        free.append(b)
+        finally:  # the blocks released before a bad one stay released
+            self._num_used -= unused
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached hash (referenced blocks stay allocated) and emit KvCleared."""

@@ -173,6 +173,11 @@ class Scheduler:
             raise InvalidRequestError(
                 f"request {rid!r}: prompt of {n} tokens can never fit in the KV cache "
                 f"({self.kv.num_blocks} blocks of {self.block_size} tokens)")
+        hashes = request.block_hashes
+        if hashes is not None and len(hashes) != n // self.block_size:
+            raise InvalidRequestError(
+                f"request {rid!r}: {len(hashes)} block_hashes for a prompt of {n // self.block_size} "
+                f"full blocks of {self.block_size} tokens")
         bad = _token_outside(prompt, self.vocab_size)
         if bad is not None:
             raise InvalidRequestError(

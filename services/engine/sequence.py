@@ -105,4 +105,6 @@ class Sequence:
 
     @classmethod
     def from_request(cls, request: GenerateRequest) -> Sequence:
-        return cls(request, list(request.prompt_token_ids), len(request.prompt_token_ids))
+        hashes = request.block_hashes
+        return cls(request, list(request.prompt_token_ids), len(request.prompt_token_ids),
+                   block_hashes=[] if hashes is None else list(hashes))

@@ -131,11 +131,13 @@ class RadixIndex:
         if table is None:
             return
         clear = ~self._bit[worker_id]
+        pop, prune = table.pop, self._prune
         for seq_hash in seq_hashes:
-            node = table.pop(seq_hash, None)
+            node = pop(seq_hash, None)
             if node is not None:
                 node.mask &= clear
-                self._prune(node)
+                if not node.mask and not node.children:  # else _prune keeps it: no call
+                    prune(node)
 
     def clear_worker(self, worker_id: str) -> None:
         """Forget every block of the worker but keep it known (a KvCleared, or a dump)."""

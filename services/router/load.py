@@ -113,12 +113,8 @@ class LoadTracker:
 
     # ---- outputs ---------------------------------------------------------------------
     def view(self, worker_id: str) -> LoadView:
-        return LoadView(*self.views([worker_id])[0])
-
-    def views(self, worker_ids: list[str]) -> list[tuple[int, int]]:
-        """``(pending_prefill_blocks, active_blocks)`` per worker: the first two fields of
-        ``ttft_views``."""
-        return [(prefill, active) for prefill, active, _, _ in self.ttft_views(worker_ids)]
+        """``(pending_prefill_blocks, active_blocks)``: the first two fields of ``ttft_views``."""
+        return LoadView(*self.ttft_views([worker_id])[0][:2])
 
     def ttft_views(self, worker_ids: list[str]) -> list[tuple[int, int, int, int]]:
         """``(pending_prefill_blocks, active_blocks, running, free_blocks)`` per worker, by the

@@ -216,7 +216,8 @@ class Router:
         elif mode is RouterMode.KV:
             cands = [
                 Candidate(w, scores.get(w, 0), prefill, active)
-                for w, (prefill, active) in zip(workers, self.load.views(workers), strict=True)
+                for w, (prefill, active, _, _)
+                in zip(workers, self.load.ttft_views(workers), strict=True)
             ]
             worker = select_worker(
                 cands, n, self.cfg.router.overlap_weight, self.cfg.router.temperature, self._rng

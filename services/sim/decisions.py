@@ -67,7 +67,7 @@ def _run(base: Sequence[str], config: str | None, trace: Trace, speedup: float,
     cfg = load_config(config, [*base, *overrides])
     reqs = traces.select(trace.requests, speedup=speedup)
     maker = traces.PromptMaker(cfg.sim.seed)
-    result = simulate(cfg, reqs, step_model_for(cfg), maker.tokens, oracle)
+    result = simulate(cfg, reqs, step_model_for(cfg), maker.make, oracle)
     return report.summary(result)
 
 

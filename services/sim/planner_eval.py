@@ -62,7 +62,7 @@ def _run(cfg: ClusterConfig, phase_s: float, seed: int, budget: int,
             update={"policy": policy_name})})
     model = step_model_for(cfg)
     policy = policy_for(cfg, model) if policy_name is not None else None
-    return run_planned(cfg, reqs, model, PromptMaker(cfg.sim.seed).tokens, policy)
+    return run_planned(cfg, reqs, model, PromptMaker(cfg.sim.seed).make, policy)
 
 
 def _row(name: str, pr: PlannedResult, phase_s: float) -> dict[str, Any]:

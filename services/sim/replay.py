@@ -69,11 +69,11 @@ def run_point(args: argparse.Namespace, overrides: list[str], progress: bool = F
     planned = None
     try:
         if args.planner or cfg.planner.enabled:
-            planned = run_planned(cfg, reqs, model, maker.tokens, policy_for(cfg, model),
+            planned = run_planned(cfg, reqs, model, maker.make, policy_for(cfg, model),
                                   oracle, bar, args.fast_forward)
             result = planned.result
         else:
-            result = simulate(cfg, reqs, model, maker.tokens, oracle, bar, args.fast_forward)
+            result = simulate(cfg, reqs, model, maker.make, oracle, bar, args.fast_forward)
     finally:
         if bar is not None:
             bar.close()

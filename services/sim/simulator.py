@@ -41,8 +41,12 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, replace
+from operator import sub
 from typing import Any, TypeVar
+
+import numpy as np
 
 from services.api.kv_events import KvEvent
 from services.api.outputs import FinishReason, TokenOutput
@@ -51,7 +55,7 @@ from services.api.sampling import SamplingParams
 from services.api.wire import InflightUpdate, RawEventBatch, WorkerLoad, raw_event
 from services.common.config import ClusterConfig
 from services.common.discovery import Registration
-from services.common.hashing import local_block_hashes
+from services.common.hashing import BlockHash, block_hashes
 from services.decode.admission import refusal
 from services.decode.disagg import decide_prefill, worker_times
 from services.decode.load import worker_load
@@ -61,7 +65,7 @@ from services.engine.request import GenerateRequest
 from services.engine.scheduler import InvalidRequestError
 from services.engine.sequence import Sequence
 from services.router.errors import NoWorkersAvailable
-from services.router.router import INDEX_GC_THRESHOLDS, Router
+from services.router.router import Router
 from services.sim.records import (
     GapSamples,
     HitSample,
@@ -72,6 +76,7 @@ from services.sim.records import (
 )
 from services.sim.requests import SimRequest
 from services.sim.runner import SimRunner
+from services.sim.traces import token_list
 from services.steptime.model import BatchShape, StepModel
 
 T = TypeVar("T")
@@ -88,7 +93,9 @@ _MAX_RUN = 1 << 16
 _MAX_WORKER_SAMPLES = 200_000
 
 Progress = Callable[[float, int], None]
-TokenMaker = Callable[[SimRequest], list[int]]
+# A prompt's tokens: a list, or a u32 array (``PromptMaker.make``: hashed as it is, made the
+# engine's list once by ``token_list``).
+TokenMaker = Callable[[SimRequest], list[int] | np.ndarray]
 
 
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:
@@ -101,6 +108,34 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     raise RuntimeError("a simulated call suspended: it needs a transport the simulator has not")
 
 
+class _CyclicGcOff:
+    """The cyclic GC off for a run. NOTE: a run holds millions of long-lived objects (index
+    nodes, block hashes) and makes no reference cycles (a trace-hour leaves nothing for
+    gc.collect() to find), so the collector would only rescan live objects: a tenth of a
+    run even at the router's raised thresholds. After it, freeze() + unfreeze() move what
+    the run made to the oldest generation unscanned (else the next young collection scans
+    all of it). A finished Simulation is itself garbage in cycles (the index's nodes, the
+    callbacks into it), which only a full collection frees: the next run starts with one
+    once runs in this process have left more than ``COLLECT_AFTER`` such objects."""
+
+    COLLECT_AFTER = 1_000_000
+    unscanned = 0  # tracked objects runs in this process moved there since the last collect
+
+    def __enter__(self) -> None:
+        if _CyclicGcOff.unscanned > self.COLLECT_AFTER:
+            gc.collect()
+            _CyclicGcOff.unscanned = 0
+        self.was_enabled = gc.isenabled()
+        gc.disable()
+
+    def __exit__(self, *exc: object) -> None:
+        _CyclicGcOff.unscanned += gc.get_count()[0]  # net objects made while it was off
+        gc.freeze()
+        gc.unfreeze()
+        if self.was_enabled:
+            gc.enable()
+
+
 @dataclass(slots=True)
 class _Job:
     """A remote prefill in the queue (what a PrefillJob carries, less the transport)."""
@@ -108,6 +143,7 @@ class _Job:
     request_id: str
     decode: _Worker
     tokens: list[int]
+    hashes: Seq[BlockHash] | None
     first_block: int
     num_blocks: int
     effective_tokens: int
@@ -119,11 +155,15 @@ class _Job:
 class _Run:
     """A fast-forwarded run in a worker's pipe, for the load ticks inside it: when each of
     its steps would have been composed, each sequence's computed tokens and blocks before
-    it, and the pool's blocks in use before it."""
+    it, and the pool's blocks in use before it. ``load``: the worker's load sample as a
+    tick took it in the run (its blocks aside), kept until the engine may change: anything
+    that steps or calls the worker's engine goes through ``_between_steps`` or ``_compose``,
+    which drop it."""
 
     composed_at: list[float]
     seqs: list[tuple[int, int]]
     used: int
+    load: WorkerLoad | None = None
 
 
 class _PrefillQueue:
@@ -284,14 +324,8 @@ class Simulation:
 
     # ---- the loop --------------------------------------------------------------------
     def run(self) -> SimResult:
-        # NOTE: the run holds millions of long-lived objects (index nodes, block hashes);
-        # the default thresholds rescan them so often that a run takes 1.6x as long.
-        thresholds = gc.get_threshold()
-        gc.set_threshold(*INDEX_GC_THRESHOLDS)
-        try:
+        with _CyclicGcOff():
             return self._run()
-        finally:
-            gc.set_threshold(*thresholds)
 
     def _run(self) -> SimResult:
         t0 = time.perf_counter()
@@ -392,13 +426,17 @@ class Simulation:
             return
         self._route(rid, tokens, req)
 
-    def _route(self, rid: str, tokens: list[int], req: SimRequest) -> None:
+    def _route(self, rid: str, made: list[int] | np.ndarray, req: SimRequest) -> None:
         rec = self.records[rid]
         router = self.routers[self._rr % len(self.routers)]
         self._rr += 1
+        # NOTE: hashed once, as the processor hashes a prompt to route it: the router takes
+        # the local hashes, the engine the chained ones.
+        hashes = block_hashes(made, self.block_size)
+        tokens = made if isinstance(made, list) else token_list(made)
         try:
             resp = run_sync(router.route(RouteRequest(
-                rid, tokens, local_block_hashes(tokens, self.block_size))))
+                rid, tokens, [h.local_hash for h in hashes])))
         except NoWorkersAvailable as e:
             self._fail(rec, None, str(e))
             return
@@ -410,7 +448,7 @@ class Simulation:
         eng = w.engine
         refused = refusal(w.id, w.inflight, eng.stats().num_running, self.cfg.decode)
         request = GenerateRequest(rid, tokens, SamplingParams(
-            temperature=0.0, max_tokens=req.output_len, ignore_eos=True))
+            temperature=0.0, max_tokens=req.output_len, ignore_eos=True), block_hashes=hashes)
         if refused is None:
             try:
                 eng.validate(request)
@@ -465,6 +503,8 @@ class Simulation:
         returns: at once unless it waits for a batch (the serial loop's own; the
         overlapped loop's one in flight before the calls). Calls the calls make (the next
         of a request's) wait for the step they were made during, when there is one."""
+        if w.run is not None:
+            w.run.load = None
         while True:
             calls, w.calls = w.calls, []
             outs: list[TokenOutput] = []
@@ -519,7 +559,8 @@ class Simulation:
             assert self.queue is not None
             rid = request.request_id
             self.records[rid].remote = True
-            job = _Job(rid, w, list(request.prompt_token_ids), handle.first_block_to_fill,
+            job = _Job(rid, w, list(request.prompt_token_ids), request.block_hashes,
+                       handle.first_block_to_fill,
                        handle.num_blocks_to_fill, decision.effective_tokens)
             job.published_s = self.now
             self.jobs[rid] = job
@@ -552,6 +593,8 @@ class Simulation:
         (``self.depth`` 2) a batch is composed while the one before it computes, as
         ``LLMEngine`` does it; else when the device is free."""
         eng = w.engine
+        if w.run is not None:
+            w.run.load = None
         self._flush(w)
         if w.draining and w.role == DECODE and self._movable(w):
             return  # its requests move at the end of the step in flight (_try_leave)
@@ -596,16 +639,25 @@ class Simulation:
         t = max(self.now, w.device_free)
         times: list[float] = []
         dts: list[float] = []
-        per_step = model.reads_decode_context
         dt = model.step_seconds(BatchShape(0, 0, b, ctx))
-        for j in range(k):
-            if per_step and j:
-                dt = model.step_seconds(BatchShape(0, 0, b, ctx + b * j))
-            if t + dt > horizon:
-                break
-            t += dt
-            times.append(t)
-            dts.append(dt)
+        if model.reads_decode_context:
+            for j in range(k):
+                if j:
+                    dt = model.step_seconds(BatchShape(0, 0, b, ctx + b * j))
+                if t + dt > horizon:
+                    break
+                t += dt
+                times.append(t)
+                dts.append(dt)
+        else:  # NOTE: the same sums, in the same order, as the loop above (no per-step call)
+            append = times.append
+            for _ in range(k):
+                t_next = t + dt
+                if t_next > horizon:
+                    break
+                t = t_next
+                append(t)
+            dts = [dt] * len(times)
         # NOTE: one at a time, the step after the run is composed when its last but one
         # step completes; a load tick before the run's end would see it: end the run first.
         while self.depth == 2 and len(times) >= 2 and self._tick_between(times[-2], times[-1]):
@@ -616,9 +668,11 @@ class Simulation:
         n = len(times)
         # When each step of the run is composed one at a time: as the batches ahead of it
         # complete (a load tick in between samples the state as of then, ``_run_load``).
-        ahead = list(w.ends) + times
-        free = self.depth - w.in_pipe
-        w.run = _Run([self.now if i < free else ahead[i - free] for i in range(n)],
+        free = self.depth - w.in_pipe  # >= 1: steps composed at once
+        composed = [self.now] * min(free, n)
+        if n > free:
+            composed += (list(w.ends) + times)[:n - free]
+        w.run = _Run(composed,
                      [(s.num_computed_tokens, len(s.block_table)) for s in running],
                      w.engine.pool.num_used)
         sched.advance_decodes(n, tok)
@@ -642,7 +696,11 @@ class Simulation:
             need = -(-(computed + j) // bs) - blocks
             if need > 0:
                 used += need
-        return worker_load(w.id, replace(w.engine.stats(), kv_blocks_used=used), now)
+        ld = run.load
+        if ld is None:  # NOTE: the engine is as at the last tick otherwise: same stats
+            ld = run.load = worker_load(w.id, w.engine.stats(), now)
+        return WorkerLoad(ld.worker_id, used, ld.kv_blocks_total, ld.requests_running,
+                          ld.requests_waiting, ld.active_prefill_tokens, now)
 
     def _step_done(self, w: _Worker, dts: list[float], outs: list[TokenOutput] | None,
                    run: tuple[list[Sequence], list[float]] | None, events: list[list]) -> None:
@@ -675,26 +733,24 @@ class Simulation:
 
     def _ran(self, seqs: list[Sequence], times: list[float]) -> None:
         """Record a fast-forwarded run's tokens: what its steps' outputs would have."""
-        gaps = self.gaps
-        records = self.records
+        # NOTE: GapSamples.add inlined (a run adds one gap per sequence and per step).
+        values, counts = self.gaps.values, self.gaps.counts
+        recs = [self.records[s.request_id] for s in seqs]
         k = len(times)
-        for s in seqs:
-            rec = records[s.request_id]
-            first = times[0] - rec.last_token_s
-            gaps.add(first)
+        start, last = times[0], times[-1]
+        for rec in recs:
+            first = start - rec.last_token_s
+            values.append(first)
+            counts.append(1)
             if first > rec.max_gap_s:
                 rec.max_gap_s = first
-            rec.last_token_s = times[-1]
+            rec.last_token_s = last
             rec.tokens_out += k
-        b = len(seqs)
-        widest = 0.0  # the run's largest step gap: every sequence in it had it
-        for j in range(1, k):
-            g = times[j] - times[j - 1]
-            gaps.add(g, b)
-            if g > widest:
-                widest = g
-        for s in seqs:
-            rec = records[s.request_id]
+        steps = list(map(sub, times[1:], times[:-1]))
+        values += steps
+        counts += [len(seqs)] * len(steps)
+        widest = max(steps, default=0.0)  # the run's largest step gap: every sequence had it
+        for rec in recs:
             if widest > rec.max_gap_s:
                 rec.max_gap_s = widest
 
@@ -765,7 +821,7 @@ class Simulation:
             p.totals.requests += 1
             self._call(p, (_ADD, GenerateRequest(
                 job.request_id, job.tokens, SamplingParams(temperature=0.0, max_tokens=1),
-                export_kv_from_block=job.first_block)))
+                export_kv_from_block=job.first_block, block_hashes=job.hashes)))
 
     def _puller(self) -> _Worker | None:
         """The prefill worker whose pull request comes first in the consumer's waiting list
@@ -920,21 +976,22 @@ class Simulation:
         for w in self.decoders:
             run = w.run
             if run is not None and now < run.composed_at[-1]:
-                w.last_load = self._run_load(w, run, now)
+                ld = w.last_load = self._run_load(w, run, now)
                 w.dirty = True  # its sample changes as the run goes on
             elif w.dirty or w.last_load is None:
-                w.last_load = worker_load(w.id, w.engine.stats(), now)
+                ld = w.last_load = worker_load(w.id, w.engine.stats(), now)
                 w.dirty = False
-            if keep:
+            else:
                 ld = w.last_load
+            if keep:
                 self.worker_samples.append(WorkerSample(
                     now, w.id, ld.requests_running, ld.requests_waiting, ld.kv_blocks_used,
                     ld.kv_blocks_total, ld.active_prefill_tokens))
+                sched = w.engine.scheduler
+                prompt += sched.prompt_tokens_total
+                hit += sched.prefix_hit_tokens_total
             for router in routers:
-                router.apply_load(w.last_load)
-            sched = w.engine.scheduler
-            prompt += sched.prompt_tokens_total
-            hit += sched.prefix_hit_tokens_total
+                router.apply_load(ld)
         if keep:
             self.hit_samples.append(HitSample(now, prompt, hit))
         # NOTE: with nothing due before the next event, the skipped ticks would only
@@ -979,7 +1036,7 @@ class _Routed:
     """A request on its way through the frontend and processor to the router."""
 
     request_id: str
-    tokens: list[int]
+    tokens: list[int] | np.ndarray
     request: SimRequest
 
 

@@ -91,11 +91,11 @@ def test_load_tracker_inflight_phases_and_metrics_merge() -> None:
     assert lt.inflight_count() == 0
 
 
-def test_views_match_view() -> None:
+def test_ttft_views_match_view() -> None:
     clock = FakeClock()
     lt = LoadTracker(block_size=16, inflight_ttl_s=60, load_stale_s=5, clock=clock)
     lt.add("r1", "a", 10, 7)
     lt.update_metrics(WorkerLoad("b", 25, 100, 2, 0, 33, 0.0))
-    got = lt.views(["a", "b", "c"])
+    got = [(prefill, active) for prefill, active, _, _ in lt.ttft_views(["a", "b", "c"])]
     assert got == [(v.pending_prefill_blocks, v.active_blocks) for v in map(lt.view, "abc")]
     assert got == [(7, 10), (3, 25), (0, 0)]
