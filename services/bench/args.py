@@ -99,19 +99,27 @@ def _engine(sub: argparse._SubParsersAction, add_config: AddConfig) -> None:
 
 
 def _tp(sub: argparse._SubParsersAction, add_config: AddConfig) -> None:
-    p = sub.add_parser("tp", help="tensor parallelism: sync vs async request broadcast under a "
-                                  "burst, decode tokens/s at TP=1 vs TP=N")
+    p = sub.add_parser("tp", help="tensor parallelism under mixed arrivals: running streams' ITL with and "
+                                  "without arrivals, TTFT and output tok/s, sync vs async request broadcast, "
+                                  "at each TP size")
     add_config(p)
     add_json_arg(p)
-    p.add_argument("--tp", default="auto", help="tensor-parallel size (auto: smallest above 1 "
-                                                "that divides the model)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads of the entry rank")
-    p.add_argument("--requests", type=int, default=2000, help="burst: requests arriving at once")
-    p.add_argument("--payload-kib", type=int, default=64, help="burst: raw payload per request")
-    p.add_argument("--prompt-len", type=int, default=8, help="burst: prompt tokens per request")
-    p.add_argument("--decode-seqs", type=int, default=8)
-    p.add_argument("--decode-steps", type=int, default=32)
-    p.add_argument("--decode-context", type=int, default=64)
+    p.add_argument("--tp", default="1,2,3", help="comma-separated TP sizes (1: the baseline row, no "
+                                                 "broadcast; a size the model cannot split is skipped)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads of rank 0 (the other ranks: engine.tp_rank_threads)")
+    p.add_argument("--requests", type=int, default=24, help="requests per run")
+    p.add_argument("--rate", type=float, default=2.0, help="arrivals per second (Poisson, seeded)")
+    p.add_argument("--short-len", type=int, default=16, help="prompt tokens of a short request")
+    p.add_argument("--long-len", type=int, default=256, help="prompt tokens of a long request")
+    p.add_argument("--long-share", type=float, default=0.25, help="share of long requests")
+    p.add_argument("--heavy-share", type=float, default=0.5,
+                   help="share of requests carrying an image (LLaVA model) or --payload-kib of raw bytes")
+    p.add_argument("--payload-kib", type=int, default=4608,
+                   help="raw payload of a heavy request on a text model (default: one image's "
+                        "embeddings for a 7B LLaVA in 16 bits, 576 x 4096 x 2 bytes)")
+    p.add_argument("--output-len", type=int, default=24, help="output tokens per request")
+    p.add_argument("--seed", type=int, default=0, help="of the requests and their arrival times")
     p.set_defaults(_key=("bench", "tp"))
 
 
