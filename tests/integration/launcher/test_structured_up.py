@@ -16,7 +16,6 @@ import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
 
 import jsonschema
 import openai
@@ -28,6 +27,7 @@ from services.common.config import ClusterConfig
 from tests.support.mock_cluster import MODEL, mock_cluster_cfg
 from tests.support.ports import free_port
 from tests.support.procs import needs_nats_server, write_config
+from tests.support.tool_models import Search, Weather, get_weather, search
 from tests.support.up import gone, start_up
 
 
@@ -190,28 +190,10 @@ def test_named_tool_call_streamed_and_not(url: str) -> None:
     asyncio.run(go())
 
 
-class Weather(BaseModel):
-    city: str
-    unit: Literal["celsius", "fahrenheit"] = "celsius"
-
-
-class Search(BaseModel):
-    query: str = Field(max_length=40)
-    max_results: int = 5
-
-
 class Person(BaseModel):
     model_config = ConfigDict(extra="forbid")  # validation only: its schema is not sent
     name: str = Field(max_length=20)
     age: int = Field(ge=0, le=120)
-
-
-def get_weather(city: str, unit: str = "celsius") -> str:
-    return f"{city}: 20 {unit}"
-
-
-def search(query: str, max_results: int = 5) -> str:
-    return f"{max_results} results for {query}"
 
 
 def _pydantic_tool(name: str, description: str, model: type[BaseModel]) -> dict:

@@ -10,12 +10,10 @@ import asyncio
 import json
 import re
 from pathlib import Path
-from typing import Literal
 
 import jsonschema
 import pytest
 import torch
-from pydantic import BaseModel, Field
 
 from services.api.json_schema import MAX_FREE_DEPTH
 from services.api.outputs import FinishReason
@@ -35,6 +33,7 @@ from services.engine.runner.torch_runner import TorchRunner
 from services.engine.scheduler import InvalidRequestError
 from services.model.tokenizer import Tokenizer
 from services.processor.tools import ToolCallParser, call_schema, system_prompt
+from tests.support.tool_models import Search, Weather, get_weather, search
 
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 12},
@@ -298,24 +297,6 @@ def test_bench_structured_decode_keeps_every_sequence_under_the_schema(model) ->
     assert eng.grammar is not None and eng.grammar.stats.errors == 0
     assert eng.grammar.stats.requests_by_kind["json_schema"] == 3
     assert eng.pool.num_used == 0
-
-
-class Weather(BaseModel):
-    city: str
-    unit: Literal["celsius", "fahrenheit"] = "celsius"
-
-
-class Search(BaseModel):
-    query: str = Field(max_length=40)
-    max_results: int = 5
-
-
-def get_weather(city: str, unit: str = "celsius") -> str:
-    return f"{city}: 20 {unit}"
-
-
-def search(query: str, max_results: int = 5) -> str:
-    return f"{max_results} results for {query}"
 
 
 def forced_calls(tok: Tokenizer, tools: list[Tool], asks: list[tuple[str, ToolChoice]],
