@@ -193,10 +193,14 @@ async def run(cfg: ClusterConfig, role: str, replica: int, build: Build, *, host
             await stop.wait()
             log.info("%s: deregistering, then draining (up to %.1fs)", setup.instance, spec.grace_s)
         finally:
-            await _bounded(lease.close, "deregistration", setup.instance)
-            await _drain(spec, listener, setup.instance)
-            # what the drained requests published last (the router's in-flight reports)
-            await _bounded(nc.flush, "NATS flush", setup.instance)
+            # NOTE: every step runs even when one before it fails (a drain that raises after
+            # a TP rank's death): a gRPC server never stopped is finalized after the loop
+            # closes, and the process ends with a traceback instead of its one error line
+            await _run_all(setup.instance,
+                           lambda: _bounded(lease.close, "deregistration", setup.instance),
+                           lambda: _drain(spec, listener, setup.instance),
+                           # what the drained requests published last (the router's in-flight reports)
+                           lambda: _bounded(nc.flush, "NATS flush", setup.instance))
 
 
 async def run_many(cfg: ClusterConfig, role: str, first: int, count: int, build: Build) -> None:
@@ -237,11 +241,29 @@ async def _drain(spec: PartSpec, listener: Listener | None, instance: str) -> No
     """The part's own drain with its grace, then the server's stop: with the grace when the
     server's stop is the drain, briefly after the part's own."""
     grace = spec.grace_s
-    if spec.drain is not None:
-        await _bounded(spec.drain, "drain", instance, grace + STOP_MARGIN_S, grace)
-        grace = AFTER_DRAIN_GRACE_S
-    if listener is not None:
-        await _bounded(listener.stop, "server stop", instance, grace + STOP_MARGIN_S, grace)
+    try:
+        if spec.drain is not None:
+            await _bounded(spec.drain, "drain", instance, grace + STOP_MARGIN_S, grace)
+            grace = AFTER_DRAIN_GRACE_S
+    finally:
+        if listener is not None:
+            await _bounded(listener.stop, "server stop", instance, grace + STOP_MARGIN_S, grace)
+
+
+async def _run_all(instance: str, *steps: Callable[[], Awaitable[None]]) -> None:
+    """Each step in turn whatever the ones before it raised; the first error is raised at
+    the end, the later ones logged."""
+    first: BaseException | None = None
+    for step in steps:
+        try:
+            await step()
+        except Exception as e:
+            if first is None:
+                first = e
+            else:
+                log.warning("%s: shutdown step failed after an earlier one: %r", instance, e)
+    if first is not None:
+        raise first
 
 
 async def _bounded(step: Callable[..., Awaitable[Any] | Any], what: str, instance: str,
