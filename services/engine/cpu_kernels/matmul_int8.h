@@ -2,7 +2,8 @@
 // Q4 x Q8 dot products reach their speed): each row of the input is quantized per 32-wide
 // group to int8 (one float scale per group, and the group's sum for the weights' min
 // term), the 4-bit codes (0..15, unsigned) times the int8 inputs summed in int32 by
-// vpdpbusd (AVX512-VNNI, or AVX-VNNI on 256 bits), vpmaddubsw + vpmaddwd, or NEON's sdot
+// vpdpbusd (AVX512-VNNI, or AVX-VNNI on 256 bits), vpmaddubsw (+ vpmaddwd once a group),
+// or NEON's sdot
 // (the codes fit a signed byte), then per group
 //   y += scale_w * scale_x * dot + min_w * scale_x * sum(xq).
 //
@@ -126,11 +127,26 @@ inline void quantize_group(const T* x, int8_t* q, float& d, int32_t& sum) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtsepi32_epi8(qb));
 }
 
-inline __m512i dot4(__m512i acc, __m512i codes, __m512i x) {
+// Chunk j of a group into (lo, hi): low-nibble codes by inputs 4j.., high by 16+4j... With
+// VNNI each in int32 by vpdpbusd. Without, vpmaddubsw's int16 pair sums are added in
+// int16 (each at most 2 * 15 * 127 = 3810 in magnitude, a group's eight 30480 < 32767)
+// and widened once a group by dot_sum, not once a chunk: a third fewer instructions.
+inline void dot_chunk(__m512i& lo, __m512i& hi, __m512i cl, __m512i ch, __m512i xl, __m512i xh) {
 #if defined(__AVX512VNNI__)
-  return _mm512_dpbusd_epi32(acc, codes, x);
+  lo = _mm512_dpbusd_epi32(lo, cl, xl);
+  hi = _mm512_dpbusd_epi32(hi, ch, xh);
 #else
-  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(codes, x), _mm512_set1_epi16(1)));
+  (void)hi;
+  lo = _mm512_add_epi16(lo, _mm512_add_epi16(_mm512_maddubs_epi16(cl, xl), _mm512_maddubs_epi16(ch, xh)));
+#endif
+}
+
+inline __m512i dot_sum(__m512i lo, __m512i hi) {
+#if defined(__AVX512VNNI__)
+  return _mm512_add_epi32(lo, hi);
+#else
+  (void)hi;
+  return _mm512_madd_epi16(lo, _mm512_set1_epi16(1));
 #endif
 }
 
@@ -156,14 +172,13 @@ inline void gemv_tile(const Int4Weight& w, int64_t tile, const QuantX& x, int64_
       const __m512i cl = _mm512_and_si512(v, nib), ch = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
       for (int m = 0; m < MB; ++m) {
         const int32_t* xq = reinterpret_cast<const int32_t*>(x.q + (m0 + m) * x.kx + xg * kGroup);
-        lo[m] = dot4(lo[m], cl, _mm512_set1_epi32(xq[j]));
-        hi[m] = dot4(hi[m], ch, _mm512_set1_epi32(xq[4 + j]));
+        dot_chunk(lo[m], hi[m], cl, ch, _mm512_set1_epi32(xq[j]), _mm512_set1_epi32(xq[4 + j]));
       }
     }
     const __m512 scale = simd::load_f16(sm + g * 32).v, mins = simd::load_f16(sm + g * 32 + 16).v;
     for (int m = 0; m < MB; ++m) {
       const int64_t i = (m0 + m) * x.groups + xg;
-      const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(lo[m], hi[m]));
+      const __m512 dot = _mm512_cvtepi32_ps(dot_sum(lo[m], hi[m]));
       acc[m] = _mm512_fmadd_ps(dot, _mm512_mul_ps(scale, _mm512_set1_ps(x.d[i])), acc[m]);
       acc[m] = _mm512_fmadd_ps(mins, _mm512_set1_ps(x.ds[i]), acc[m]);
     }
@@ -204,11 +219,23 @@ inline void quantize_group(const T* x, int8_t* q, float& d, int32_t& sum) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
 }
 
-inline __m256i dot4(__m256i acc, __m256i codes, __m256i x) {
+// As the AVX-512 dot_chunk and dot_sum, on 256 bits (AVX-VNNI's vpdpbusd where present).
+inline void dot_chunk(__m256i& lo, __m256i& hi, __m256i cl, __m256i ch, __m256i xl, __m256i xh) {
 #if defined(__AVXVNNI__)
-  return _mm256_dpbusd_avx_epi32(acc, codes, x);
+  lo = _mm256_dpbusd_avx_epi32(lo, cl, xl);
+  hi = _mm256_dpbusd_avx_epi32(hi, ch, xh);
 #else
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(codes, x), _mm256_set1_epi16(1)));
+  (void)hi;
+  lo = _mm256_add_epi16(lo, _mm256_add_epi16(_mm256_maddubs_epi16(cl, xl), _mm256_maddubs_epi16(ch, xh)));
+#endif
+}
+
+inline __m256i dot_sum(__m256i lo, __m256i hi) {
+#if defined(__AVXVNNI__)
+  return _mm256_add_epi32(lo, hi);
+#else
+  (void)hi;
+  return _mm256_madd_epi16(lo, _mm256_set1_epi16(1));
 #endif
 }
 
@@ -233,8 +260,7 @@ inline void gemv_tile(const Int4Weight& w, int64_t tile, const QuantX& x, int64_
         const __m256i cl = _mm256_and_si256(v, nib), ch = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
         for (int m = 0; m < MB; ++m) {
           const int32_t* xq = reinterpret_cast<const int32_t*>(x.q + (m0 + m) * x.kx + xg * kGroup);
-          lo[m] = dot4(lo[m], cl, _mm256_set1_epi32(xq[j]));
-          hi[m] = dot4(hi[m], ch, _mm256_set1_epi32(xq[4 + j]));
+          dot_chunk(lo[m], hi[m], cl, ch, _mm256_set1_epi32(xq[j]), _mm256_set1_epi32(xq[4 + j]));
         }
       }
       const uint16_t* s = sm + g * 32 + 8 * h;
@@ -242,7 +268,7 @@ inline void gemv_tile(const Int4Weight& w, int64_t tile, const QuantX& x, int64_
       const __m256 mins = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16)));
       for (int m = 0; m < MB; ++m) {
         const int64_t i = (m0 + m) * x.groups + xg;
-        const __m256 dot = _mm256_cvtepi32_ps(_mm256_add_epi32(lo[m], hi[m]));
+        const __m256 dot = _mm256_cvtepi32_ps(dot_sum(lo[m], hi[m]));
         acc[m] = _mm256_fmadd_ps(dot, _mm256_mul_ps(scale, _mm256_set1_ps(x.d[i])), acc[m]);
         acc[m] = _mm256_fmadd_ps(mins, _mm256_set1_ps(x.ds[i]), acc[m]);
       }
