@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, TypeVar
@@ -139,6 +140,8 @@ class AsyncEngine:
         try:
             while True:
                 item = await q.get()
+                if not q.empty() and isinstance(item, TokenOutput):
+                    item = _coalesce(item, q)
                 if isinstance(item, RequestMoving):
                     finished = True  # held or aborted already: nothing to abort
                     raise item
@@ -328,6 +331,32 @@ class AsyncEngine:
             e = EngineDeadError(str(err))  # one instance per request: each gets its traceback
             e.__cause__ = err.__cause__ or err
             q.put_nowait(e)
+
+
+def _coalesce(first: TokenOutput, q: asyncio.Queue[TokenOutput | BaseException]) -> TokenOutput:
+    """``first`` with the tokens queued behind it of the same choice, as one output.
+
+    A consumer that falls behind the engine (a loaded machine, a slow client) then sends one
+    message per wakeup instead of one per token through every hop after this one; one that
+    keeps up still gets each token as it is made. Stops at anything that is not a plain
+    continuation (another choice, an error or abort, a finish carried by ``first``)."""
+    out = first
+    while not q.empty() and not out.finished and out.error is None:
+        nxt = q._queue[0]  # type: ignore[attr-defined]  # NOTE: peek: asyncio.Queue has no public one
+        if (not isinstance(nxt, TokenOutput) or nxt.index != out.index or nxt.prompt_logprobs is not None
+                or nxt.error is not None or nxt.finish_reason is FinishReason.ABORT
+                or (nxt.logprobs is None) != (out.logprobs is None)):
+            break
+        q.get_nowait()
+        if out is first:
+            out = dataclasses.replace(first, token_ids=list(first.token_ids),
+                                      logprobs=list(first.logprobs) if first.logprobs is not None else None)
+        out.token_ids.extend(nxt.token_ids)
+        if out.logprobs is not None and nxt.logprobs is not None:
+            out.logprobs.extend(nxt.logprobs)
+        out.finished, out.finish_reason, out.kv, out.error = nxt.finished, nxt.finish_reason, nxt.kv, nxt.error
+        out.num_prompt_tokens, out.num_cached_tokens = nxt.num_prompt_tokens, nxt.num_cached_tokens
+    return out
 
 
 def _set_result(fut: asyncio.Future[Any], value: Any) -> None:

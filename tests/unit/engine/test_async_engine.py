@@ -40,7 +40,7 @@ async def test_concurrent_generates_stream_their_own_tokens() -> None:
     async with AsyncEngine(eng) as ae:
         results = await asyncio.gather(*(drain(ae, r) for r in reqs))
         for r, outs in zip(reqs, results, strict=True):
-            assert [len(o.token_ids) for o in outs] == [1] * len(outs)  # one token per output
+            assert all(o.token_ids for o in outs)  # several when the consumer fell behind
             assert [t for o in outs for t in o.token_ids] == oracle(eng, runner, r)[0]
             assert outs[-1].finished and not any(o.finished for o in outs[:-1])
         assert await idle(ae)
@@ -214,3 +214,41 @@ async def test_shutdown_fails_a_request_still_waiting() -> None:
 
 async def _read(ae: AsyncEngine, rid: str) -> list[TokenOutput]:
     return [o async for o in ae.stream(rid)]
+
+
+async def test_a_consumer_that_keeps_up_gets_one_token_per_output() -> None:
+    # NOTE: two permits: with overlap scheduling a step's output goes out once the next
+    # step is launched
+    eng, runner = gated_engine(permits=2)
+    async with AsyncEngine(eng) as ae:
+        outs = []
+        async for o in ae.generate(req("k", [1, 2, 3], max_tokens=6)):
+            outs.append(o)
+            runner.gate.release()  # one more step only once this output was read
+        # the last step's output follows its predecessor's with no launch between: those
+        # two may come together
+        assert [len(o.token_ids) for o in outs[:4]] == [1] * 4
+        assert sum(len(o.token_ids) for o in outs) == 6
+        assert outs[-1].finished and outs[-1].finish_reason is FinishReason.LENGTH
+        assert await idle(ae)
+
+
+async def test_a_consumer_that_falls_behind_gets_the_queued_tokens_as_one_output() -> None:
+    """Tokens (and their logprobs) made while nobody read come as one output carrying the
+    finish, equal to what a reader that kept up saw token by token."""
+    eng, runner = gated_engine(permits=2)  # the first output (see keeps_up above)
+    r = req("s", [1, 2, 3], max_tokens=5, logprobs=1)
+    async with AsyncEngine(eng) as ae:
+        async with contextlib.aclosing(ae.generate(r)) as gen:
+            first = await anext(gen)
+            runner.gate.release(3)
+            while await ae.call(lambda e: e.has_unfinished()):
+                await asyncio.sleep(0.01)
+            rest = [o async for o in gen]
+        assert len(rest) == 1, [o.token_ids for o in rest]
+        outs = [first, *rest]
+        tokens = [t for o in outs for t in o.token_ids]
+        assert tokens == oracle(eng, runner, r)[0] and len(rest[0].token_ids) >= 2
+        assert rest[0].finished and rest[0].finish_reason is FinishReason.LENGTH
+        assert len([lp for o in outs for lp in (o.logprobs or [])]) == len(tokens)
+        assert await idle(ae)
