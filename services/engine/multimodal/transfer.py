@@ -159,7 +159,8 @@ class EmbeddingReceiver:
                         raise ReceiveBuffersFullError(str(e)) from None
                     try:
                         ask = TransferRequest(req_id, image_hash, image, received, allocation.num_tokens, row_bytes)
-                        reply = await asyncio.wait_for(channel.transfer(ask), self.timeout_s)
+                        async with asyncio.timeout(self.timeout_s):  # NOTE: no task per ask, unlike wait_for
+                            reply = await channel.transfer(ask)
                         try:
                             n = _check_reply(reply, ask, total, hidden)
                             if reply.owned and n == reply.total_tokens and reply.embeds.dtype == dtype:
