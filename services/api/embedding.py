@@ -52,6 +52,5 @@ class TransferChunk:
     # segment reused only once ``embeds`` and its views are gone): the receiver may keep it
     # as the image's tensor instead of copying it.
     owned: bool = False
-    # Call once ``embeds`` was copied out: its memory (a shared segment, a gRPC message)
-    # may be reused.
+    # Call once ``embeds`` was copied out: its memory (a pooled buffer) may be reused.
     release: Callable[[], None] = field(default=lambda: None, repr=False, compare=False)

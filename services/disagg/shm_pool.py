@@ -8,9 +8,9 @@ flag. The owner (the process that created the segment) sets it when it hands the
 a transfer; whoever finishes with the payload clears it: the KV receiver once the engine
 imported the KV (``ReceivedKv.release``); for an embedding transfer (the language side owns
 the segment) the last reference to the image's tensor, which is the payload itself
-(``Segment.lend``). The owner reuses only segments whose flag is
-clear, and drops a segment whose state it does not know (a cancelled or failed call):
-dropping is always safe, since a dropped segment is never written again.
+(``Segment.lend``). The owner reuses only segments whose flag is clear, and drops a segment
+whose state it does not know (a cancelled or failed call): dropping is always safe, since a
+dropped segment is never written again.
 
 Lifetime: a segment is named in /dev/shm only until its first transfer ends: the peer unlinks
 the file once mapped and the owner unlinks it after the call, whatever the outcome (as for

@@ -5,8 +5,9 @@ this side's pool (services/disagg/shm_pool.py) for the rows: the encode worker w
 there and answers with the header only. The rows stay where they landed: the chunk's tensor
 is the segment's payload (``Segment.lend``; the one copy in all), and the segment is free for
 the next ask once the last reference to that tensor is gone (a whole image's: when the
-engine is done with the image; a resumed chunk's: once the receiver copied it out). The segment's name is unlinked once the
-call ended, whatever the outcome; a segment whose call failed or was cancelled is dropped
+engine is done with the image; a resumed chunk's: once the receiver copied it out). The
+segment's name is unlinked once the call ended, whatever the outcome; a segment whose call
+failed or was cancelled is dropped
 (the encode worker may still be writing it). An encode worker that answers with bytes
 instead (another host, a private /dev/shm) is not offered segments again; one that lost
 its mapping of a segment it used before (restarted, evicted) is offered fresh ones."""

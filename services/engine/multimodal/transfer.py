@@ -5,10 +5,10 @@ side for the image; the reply carries the first ``min(capacity, true length)`` r
 true length (aux). While rows remain it keeps what it got, frees, allocates the remainder
 (or, when the buffer has no run that long, as much as it has: several resumes) and resumes
 with ``sent_tokens``; each chunk's rows are copied once, straight into the image's tensor
-(a whole image in memory of its own, a gRPC answer's buffer or a lent shared-memory segment, is kept
-as that tensor: no copy at all). If an encode side
-fails or times out, the request resumes from ``sent_tokens`` on the next one (which encodes
-the image and skips what was already received), or fails with ``EncodeFailedError``.
+(a whole image in memory of its own, a gRPC answer's buffer or a lent shared-memory
+segment, is kept as that tensor: no copy at all). If an encode side fails or times out, the
+request resumes from ``sent_tokens`` on the next one (which encodes the image and skips what
+was already received), or fails with ``EncodeFailedError``.
 
 Encode side (``EmbeddingSender``): encodes, ``alloc``s by true length, sends from the offset
 asked (rows in the model's dtype; written straight into the ask's shared-memory target when

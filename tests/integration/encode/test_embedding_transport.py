@@ -144,6 +144,17 @@ async def test_an_images_segment_is_its_tensor_and_free_once_that_is_gone(segmen
         assert not any(os.path.exists(p) for p in segments)
 
 
+async def test_a_segment_past_the_pool_lives_as_long_as_its_image(segments: list[str]) -> None:
+    dtype = torch.bfloat16
+    async with encode_worker(dtype, pool=1) as (_, channel, _):  # every segment past the pool
+        receiver = _receiver(dtype, 32)
+        a = await _fetch(receiver, b"a", [channel], "r/0")
+        b = await _fetch(receiver, b"b", [channel], "r/1")
+        assert channel.segments.segments(channel.address) == [] and len(segments) == 2
+        assert not any(os.path.exists(p) for p in segments)  # dropped: mapped here through a and b only
+        assert _bits(a) == _bits(_embeds(b"a", dtype)) and _bits(b) == _bits(_embeds(b"b", dtype))
+
+
 async def test_resume_after_a_broken_stream_on_another_encode_worker(segments: list[str]) -> None:
     dtype = torch.bfloat16
     async with encode_worker(dtype, name="e0") as (dying, ch0, server0), \
