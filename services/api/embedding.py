@@ -48,9 +48,9 @@ class TransferChunk:
     is_last: bool
     # The rows were written into the ask's ShmTarget (``embeds`` views that segment).
     placed: bool = False
-    # ``embeds`` is memory of this chunk alone (no buffer, message or segment anyone reuses):
-    # the receiver may keep it as the image's tensor instead of copying it.
+    # ``embeds`` is memory of this chunk alone (no buffer or message anyone reuses; a shared
+    # segment reused only once ``embeds`` and its views are gone): the receiver may keep it
+    # as the image's tensor instead of copying it.
     owned: bool = False
-    # Call once ``embeds`` was copied out: its memory (a shared segment, a gRPC message)
-    # may be reused.
+    # Call once ``embeds`` was copied out: its memory (a pooled buffer) may be reused.
     release: Callable[[], None] = field(default=lambda: None, repr=False, compare=False)

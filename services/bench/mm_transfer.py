@@ -129,6 +129,7 @@ async def _bench(rows_list: list[int], hidden: int, repeats: int, resume_blocks:
                     raise RuntimeError("received embeddings differ from the sent ones")
                 if transport == "shm" and channel.shm_declined:
                     raise RuntimeError("the encode side did not take the shared-memory segment")
+                del got  # as the engine drops an image once prefilled: its segment is free again
                 rates = []
                 for i in range(repeats):
                     t0 = time.perf_counter()

@@ -6,10 +6,11 @@ that are mapped already.
 Layout: a ``HEADER_BYTES`` control page, then the payload. Byte 0 of the header is the busy
 flag. The owner (the process that created the segment) sets it when it hands the segment to
 a transfer; whoever finishes with the payload clears it: the KV receiver once the engine
-imported the KV (``ReceivedKv.release``), the language side of an embedding transfer (the
-owner there) once it copied the rows out. The owner reuses only segments whose flag is
-clear, and drops a segment whose state it does not know (a cancelled or failed call):
-dropping is always safe, since a dropped segment is never written again.
+imported the KV (``ReceivedKv.release``); for an embedding transfer (the language side owns
+the segment) the last reference to the image's tensor, which is the payload itself
+(``Segment.lend``). The owner reuses only segments whose flag is clear, and drops a segment
+whose state it does not know (a cancelled or failed call): dropping is always safe, since a
+dropped segment is never written again.
 
 Lifetime: a segment is named in /dev/shm only until its first transfer ends: the peer unlinks
 the file once mapped and the owner unlinks it after the call, whatever the outcome (as for
@@ -23,10 +24,12 @@ from __future__ import annotations
 
 import mmap
 import os
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from services.disagg.kv_shm import ShmUnavailableError, segment_path, unlink_segment
@@ -58,6 +61,16 @@ class Segment:
         """A uint8 tensor over the first ``nbytes`` of the payload (it writes the segment)."""
         return payload_view(self.mm, HEADER_BYTES, nbytes)
 
+    def lend(self, nbytes: int) -> torch.Tensor:
+        """The first ``nbytes`` of the payload as a uint8 tensor that keeps the segment busy:
+        its flag clears once that tensor and every view of it are gone, from whichever
+        thread drops the last one (the owner may then reuse the segment). Once per ``take``."""
+        # NOTE: through numpy because a torch storage cannot carry a callback: the array is
+        # the storage's owner, so it dies with the last view, and its finalizer frees the flag.
+        arr = np.frombuffer(self.mm, dtype=np.uint8, count=nbytes, offset=HEADER_BYTES)
+        weakref.finalize(arr, release_flag(self.mm))
+        return torch.from_numpy(arr)
+
     def write(self, data: torch.Tensor) -> None:
         """Copy a C-contiguous CPU tensor's bytes to the payload's start (the one copy in)."""
         src = data.reshape(-1).view(torch.uint8)
@@ -72,8 +85,10 @@ def payload_view(mm: mmap.mmap, offset: int, nbytes: int) -> torch.Tensor:
 def release_flag(mm: mmap.mmap) -> Callable[[], None]:
     """Clears the segment's busy flag (its owner may reuse it): call once nothing reads it."""
     def release() -> None:
-        if not mm.closed:
+        try:
             mm[0] = _FREE
+        except ValueError:
+            pass  # closed: the segment was dropped
     return release
 
 

@@ -2,9 +2,12 @@
 
 On one host (equal ``kv_shm.host_id()``) each ask offers a reusable /dev/shm segment of
 this side's pool (services/disagg/shm_pool.py) for the rows: the encode worker writes them
-there and answers with the header only; this side copies them out into the image's tensor
-and clears the segment's flag for the next ask. The segment's name is unlinked once the
-call ended, whatever the outcome; a segment whose call failed or was cancelled is dropped
+there and answers with the header only. The rows stay where they landed: the chunk's tensor
+is the segment's payload (``Segment.lend``; the one copy in all), and the segment is free for
+the next ask once the last reference to that tensor is gone (a whole image's: when the
+engine is done with the image; a resumed chunk's: once the receiver copied it out). The
+segment's name is unlinked once the call ended, whatever the outcome; a segment whose call
+failed or was cancelled is dropped
 (the encode worker may still be writing it). An encode worker that answers with bytes
 instead (another host, a private /dev/shm) is not offered segments again; one that lost
 its mapping of a segment it used before (restarted, evicted) is offered fresh ones."""
@@ -86,9 +89,10 @@ class GrpcEncodeChannel:
             else:  # it lost its mappings (restarted, evicted them): fresh segments next time
                 self.segments.forget(self.address)
             return chunk
-        seg.fresh = False  # mapped there: the next ask may name it again
-        return dataclasses.replace(chunk, release=functools.partial(self.segments.idle, seg))
-
+        seg.fresh = False  # mapped there: the next ask may name it again (once the rows are freed)
+        if not seg.pooled:
+            self.segments.drop(seg)  # past the pool's bytes: the rows keep its mapping alive
+        return chunk
 
     async def _receive(self, call: grpc.aio.UnaryStreamCall, seg: Segment | None) -> TransferChunk:
         try:
@@ -97,8 +101,8 @@ class GrpcEncodeChannel:
             call.cancel()  # a no-op once the answer ended; frees the call on an error
 
     async def _assemble(self, pieces: AsyncIterator[bytes], seg: Segment | None) -> TransferChunk:
-        """The chunk of one answer: header-only (rows in ``seg``), one message (rows viewed
-        in it), or several (rows copied once, in order, into a pooled buffer)."""
+        """The chunk of one answer: header-only (rows in ``seg``, lent), one message (rows
+        viewed in it), or several (rows copied once, in order, into a pooled buffer)."""
         first = await anext(pieces, None)
         if first is None:
             raise ValueError("empty answer")
@@ -107,9 +111,9 @@ class GrpcEncodeChannel:
         if head.in_shm:
             if seg is None or len(data) or nbytes > seg.capacity:
                 raise ValueError("chunk placed in a shared-memory segment this ask did not offer")
-            if await anext(pieces, None) is not None:
-                raise ValueError("a placed chunk with more messages")
-            return chunk_from_rows(head, seg.payload(nbytes))
+            # NOTE: the rows are whole once the header is here (written before it was sent):
+            # the call's end is not awaited (a read more: a tenth of a small transfer's time).
+            return dataclasses.replace(chunk_from_rows(head, seg.lend(nbytes)), owned=True)
         nxt = await anext(pieces, None)
         if nxt is None and head.byte_offset == 0:
             if len(data) != nbytes:

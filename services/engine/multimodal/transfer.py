@@ -4,9 +4,11 @@ Language side (``EmbeddingReceiver.fetch``): ``alloc_default()`` a buffer, ask t
 side for the image; the reply carries the first ``min(capacity, true length)`` rows and the
 true length (aux). While rows remain it keeps what it got, frees, allocates the remainder
 (or, when the buffer has no run that long, as much as it has: several resumes) and resumes
-with ``sent_tokens``; each chunk's rows are copied once, straight into the image's tensor. If an encode side
-fails or times out, the request resumes from ``sent_tokens`` on the next one (which encodes
-the image and skips what was already received), or fails with ``EncodeFailedError``.
+with ``sent_tokens``; each chunk's rows are copied once, straight into the image's tensor
+(a whole image in memory of its own, a gRPC answer's buffer or a lent shared-memory
+segment, is kept as that tensor: no copy at all). If an encode side fails or times out, the
+request resumes from ``sent_tokens`` on the next one (which encodes the image and skips what
+was already received), or fails with ``EncodeFailedError``.
 
 Encode side (``EmbeddingSender``): encodes, ``alloc``s by true length, sends from the offset
 asked (rows in the model's dtype; written straight into the ask's shared-memory target when
@@ -157,7 +159,8 @@ class EmbeddingReceiver:
                         raise ReceiveBuffersFullError(str(e)) from None
                     try:
                         ask = TransferRequest(req_id, image_hash, image, received, allocation.num_tokens, row_bytes)
-                        reply = await asyncio.wait_for(channel.transfer(ask), self.timeout_s)
+                        async with asyncio.timeout(self.timeout_s):  # NOTE: no task per ask, unlike wait_for
+                            reply = await channel.transfer(ask)
                         try:
                             n = _check_reply(reply, ask, total, hidden)
                             if reply.owned and n == reply.total_tokens and reply.embeds.dtype == dtype:
@@ -168,11 +171,12 @@ class EmbeddingReceiver:
                                 out[received:received + n].copy_(reply.embeds)  # the one copy out
                         finally:
                             reply.release()
-                        total = reply.total_tokens
+                        total, last = reply.total_tokens, reply.is_last
+                        del reply  # NOTE: a lent segment is free for the next ask once its rows are gone
                     finally:
                         self.allocator.free(allocation, req_id)
                     received += n
-                    if reply.is_last:
+                    if last:
                         if received != total or out is None:
                             raise ValueError(f"last chunk at {received} of {total} rows")
                         return out

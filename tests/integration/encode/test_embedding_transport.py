@@ -1,6 +1,7 @@
 """Image embeddings between a real encode worker servicer and GrpcEncodeChannel, as gRPC
 bytes (streamed pieces) and through the language side's reusable /dev/shm segments:
-bit-exact in float32 and bfloat16 with and without resumes, a resume after a broken stream
+bit-exact in float32 and bfloat16 with and without resumes, an image's tensor that is its
+segment (busy while the tensor lives, reused after), a resume after a broken stream
 on another encode worker, no segment left in /dev/shm after success, failure or cancel, and
 an encode worker that cannot see the segment answering with bytes."""
 
@@ -115,12 +116,43 @@ async def test_bit_exact_in_the_models_dtype(segments: list[str], dtype, pool, d
             image = f"img{i}".encode()
             got = await _fetch(receiver, image, [channel], f"r/{i}")
             assert got.dtype == dtype and _bits(got) == _bits(_embeds(image, dtype))
+            del got  # the engine is done with the image: a segment it lives in is free again
         assert [a.sent_tokens for a in local.asks] == ([0, 0] if default_blocks == 32 else [0, 64, 0, 64])
         assert receiver.allocator.used_blocks == 0 and local.sender.allocator.used_blocks == 0
         assert not channel.shm_declined
         # whole: one segment for both images; resumes: the same segment for every ask
         assert len(segments) == (1 if pool else 0)
         assert not any(os.path.exists(p) for p in segments)
+
+
+async def test_an_images_segment_is_its_tensor_and_free_once_that_is_gone(segments: list[str]) -> None:
+    dtype = torch.float32
+    async with encode_worker(dtype) as (_, channel, _):
+        receiver = _receiver(dtype, 32)
+        a = await _fetch(receiver, b"a", [channel], "r/0")
+        (seg,) = channel.segments.segments(channel.address)
+        assert seg.busy() and a.data_ptr() == seg.payload(1).data_ptr()  # no copy out: the rows are there
+        b = await _fetch(receiver, b"b", [channel], "r/1")  # a is still in use: another segment
+        assert len(segments) == 2 and _bits(a) == _bits(_embeds(b"a", dtype))
+        del a
+        assert not seg.busy()
+        c = await _fetch(receiver, b"c", [channel], "r/2")  # reuses a's
+        assert len(segments) == 2 and _bits(b) == _bits(_embeds(b"b", dtype))
+        assert _bits(c) == _bits(_embeds(b"c", dtype))
+        del b, c
+        assert not any(s.busy() for s in channel.segments.segments(channel.address))
+        assert not any(os.path.exists(p) for p in segments)
+
+
+async def test_a_segment_past_the_pool_lives_as_long_as_its_image(segments: list[str]) -> None:
+    dtype = torch.bfloat16
+    async with encode_worker(dtype, pool=1) as (_, channel, _):  # every segment past the pool
+        receiver = _receiver(dtype, 32)
+        a = await _fetch(receiver, b"a", [channel], "r/0")
+        b = await _fetch(receiver, b"b", [channel], "r/1")
+        assert channel.segments.segments(channel.address) == [] and len(segments) == 2
+        assert not any(os.path.exists(p) for p in segments)  # dropped: mapped here through a and b only
+        assert _bits(a) == _bits(_embeds(b"a", dtype)) and _bits(b) == _bits(_embeds(b"b", dtype))
 
 
 async def test_resume_after_a_broken_stream_on_another_encode_worker(segments: list[str]) -> None:
@@ -152,6 +184,8 @@ async def test_cancelled_fetch_leaves_no_segment(segments: list[str]) -> None:
             await task
         assert segments and not any(os.path.exists(p) for p in segments)
         assert receiver.allocator.used_blocks == 0
+        # the first chunk's segment was free once copied out, so the hung ask reused it; dropped
+        assert channel.segments.segments(channel.address) == []
 
 
 async def test_failed_fetch_leaves_no_segment(segments: list[str]) -> None:
@@ -160,7 +194,8 @@ async def test_failed_fetch_leaves_no_segment(segments: list[str]) -> None:
         receiver = _receiver(torch.float32, 4, timeout_s=0.5)
         with pytest.raises(Exception, match="no encode worker finished"):
             await _fetch(receiver, b"img", [channel])
-        assert segments and not any(os.path.exists(p) for p in segments)
+        assert len(segments) == 1 and not any(os.path.exists(p) for p in segments)
+        assert channel.segments.segments(channel.address) == []  # as for a cancel
         await server.stop(grace=0)
 
 

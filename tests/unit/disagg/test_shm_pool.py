@@ -1,5 +1,5 @@
 """Reusable /dev/shm segments (services/disagg/shm_pool.py): reuse only once the busy flag
-is clear, the smallest fitting segment, eviction past the pool's bytes, segments past it
+is clear (for a lent payload: once every view of it is gone), the smallest fitting segment, eviction past the pool's bytes, segments past it
 used once, and the peer's mappings kept least recently used first."""
 
 from __future__ import annotations
@@ -54,6 +54,26 @@ def test_reused_only_once_the_flag_is_clear(pool: SegmentPool, made: list[str]) 
     release_flag(a.mm)()
     assert pool.take("peer", 100) is a
     assert pool.take("other", 100) not in (a, b)  # per peer
+
+
+def test_a_lent_payload_keeps_its_segment_busy_until_every_view_is_gone(pool: SegmentPool, made: list[str]) -> None:
+    a = pool.take("peer", 100)
+    pool.kept(a)
+    a.write(torch.arange(25, dtype=torch.float32))
+    rows = a.lend(100).view(torch.float32).view(5, 5)  # an image's tensor, as the receiver keeps it
+    part = rows[1:3]
+    del rows
+    assert a.busy() and pool.take("peer", 100) is not a  # a view still reads it
+    assert torch.equal(part.reshape(-1), torch.arange(5, 15, dtype=torch.float32))
+    del part
+    assert not a.busy() and pool.take("peer", 100) is a
+    # dropped (evicted) while lent: still readable, and freeing the rows later is safe
+    kept = a.lend(100).view(torch.float32)
+    pool.drop(a)
+    assert not os.path.exists(kv_shm.segment_path(a.name)) and not a.mm.closed
+    assert torch.equal(kept, torch.arange(25, dtype=torch.float32))
+    del kept
+    assert a not in pool.segments("peer")
 
 
 def test_sizes_round_up_to_a_power_of_two_and_the_smallest_fit_is_taken(made: list[str]) -> None:
