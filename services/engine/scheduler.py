@@ -429,18 +429,20 @@ class Scheduler:
             s = self.ready.popleft()
             s.status = SeqStatus.RUNNING
             running.append(s)
-        num_decodes = decode_context = 0
+        num_decodes = decode_context = prefilling = 0
         for s in running:
             if s.num_tokens - s.num_computed_tokens == 1 and not s.length_capped:
                 num_decodes += 1
                 decode_context += s.num_tokens
+            elif not s.length_capped:
+                prefilling += 1
         budget = self.max_num_batched_tokens - num_decodes
         # NOTE: the cap matters only when someone waits for the budget it leaves.
         chunk_cap = self.long_prefill if self.waiting else budget
         # Seconds the step's prefill slices may still add under the ITL target; inf: no
         # target, or no decode running to protect.
         limit = self.chunk_limit
-        left = (limit.seconds_left(num_decodes, decode_context)
+        left = (limit.seconds_left(num_decodes, decode_context, prefilling + len(self.waiting))
                 if limit is not None and num_decodes else math.inf)
         prefilled = False  # whether a prefill slice is in the step (the floor is given)
         preempted = 0

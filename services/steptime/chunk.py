@@ -103,19 +103,27 @@ class ChunkLimit:
             raise ValueError(f"an ITL target must be positive, got {target_ms} ms")
         return cls(StepCost.of(model), target_ms / 1e3, block_size)
 
-    def seconds_left(self, decode_seqs: int, decode_context: int) -> float:
-        """Seconds the step's prefill slices share beside these decodes (may be <= 0)."""
-        return self.target_s - self.cost.fixed_seconds(decode_seqs, decode_context)
+    def seconds_left(self, decode_seqs: int, decode_context: int, queued: int = 0) -> float:
+        """Seconds the step's prefill slices share beside these decodes (may be <= 0).
+
+        ``queued``: requests still waiting for their first token (waiting, or running and
+        not done prefilling). Where they outnumber the streams the target stretches by that
+        ratio: a step's prefill delays each stream's next token but brings each of them
+        nearer its first, and a burst of prompts held to a sliver a step beside the few
+        streams it started first would leave most of the burst waiting (32 prompts at
+        once: half the output rate, 4x the TTFT, docs/engine.md "The ITL target")."""
+        target = self.target_s * (queued / decode_seqs) if queued > decode_seqs > 0 else self.target_s
+        return target - self.cost.fixed_seconds(decode_seqs, decode_context)
 
     def first_chunk(self, tokens: int, start: int, decode_seqs: int, decode_context: int,
-                    budget: int) -> int:
+                    budget: int, queued: int = 0) -> int:
         """Tokens of the one prefill slice a step takes beside these decodes, of a prompt
         with ``tokens`` left after ``start`` computed ones, within ``budget`` tokens: what the
         scheduler gives a lone prefill (decode_seqs 0: no stream to protect, the budget)."""
         n = min(tokens, budget)
         if decode_seqs <= 0:
             return n
-        fits = self.cost.slice_tokens(self.seconds_left(decode_seqs, decode_context), start)
+        fits = self.cost.slice_tokens(self.seconds_left(decode_seqs, decode_context, queued), start)
         return min(n, max(fits, self.floor_tokens))
 
 

@@ -90,6 +90,41 @@ def test_steps_beside_running_streams_keep_the_target(others_wait: bool) -> None
     assert chunks == [24] * (1000 // 24)
 
 
+def burst_steps(eng: LLMEngine, runner: MockRunner, bound_s: float) -> tuple[int, ScheduledBatch]:
+    """Steps until a burst of 12 100-token prompts (behind 4 streams) is prefilled, each
+    within ``bound_s`` by the model; and the first step."""
+    start_streams(eng, runner, 4)  # a decode-only step: 4 + 4 * 2 = 12 ms
+    for i in range(12):
+        eng.add_request(req(f"b{i}", [500 + i] * 100, max_tokens=2))
+    first = step(eng, runner)
+    steps = 1
+    while any(s.request_id.startswith("b") and s.num_computed_tokens < 100
+              for s in (*eng.scheduler.waiting, *eng.scheduler.running)):
+        assert MODEL.step_seconds(batch_shape(step(eng, runner))) <= bound_s + 1e-9
+        steps += 1
+    return steps, first
+
+
+def test_a_burst_that_outnumbers_the_streams_stretches_the_target_by_that_ratio(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    eng, runner = engine(40.0)
+    steps, first = burst_steps(eng, runner, 0.120)
+    # 12 waiting against 4 streams: 3 x 40 ms, less the 12 ms of decodes, leaves 108 ms (the
+    # first prompt whole; the plain target would leave 28 ms: 28 tokens)
+    assert prefill_tokens(first) == 100
+    assert 0.040 < MODEL.step_seconds(batch_shape(first)) <= 0.120 + 1e-9
+    # once the prompts no longer outnumber the streams, the plain target again
+    assert MODEL.step_seconds(batch_shape(step(eng, runner))) <= 0.040 + 1e-9
+    # the same burst held to the plain target throughout
+    plain = ChunkLimit.seconds_left
+    monkeypatch.setattr(ChunkLimit, "seconds_left",
+                        lambda self, seqs, context, queued=0: plain(self, seqs, context))
+    eng, runner = engine(40.0)
+    held, first = burst_steps(eng, runner, 0.040)
+    assert prefill_tokens(first) == 28
+    assert steps < 0.75 * held
+
+
 def test_a_target_no_chunk_meets_still_prefills_one_block_a_step() -> None:
     eng, runner = engine(10.0)  # below even the decode-only step (16 ms)
     start_streams(eng, runner, 6)
