@@ -111,10 +111,13 @@ class MoveReceiver:
             async for o in outs:
                 if first:
                     first = False
-                    # NOTE: the last token the source streamed, appended again here.
-                    if not o.finished:
+                    # NOTE: its first token is the last one the source streamed, appended
+                    # again here; tokens behind it in the same output (a reader behind the
+                    # engine gets them joined, AsyncEngine.stream) are new.
+                    o.token_ids = o.token_ids[1:]
+                    o.logprobs = o.logprobs[1:] if o.logprobs and o.token_ids else None
+                    if not o.token_ids and not o.finished:
                         continue
-                    o.token_ids, o.logprobs = [], None
                 yield o
 
     async def _import(self, resumed: GenerateRequest, handle: RemotePrefillHandle,

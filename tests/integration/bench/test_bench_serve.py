@@ -37,7 +37,9 @@ async def test_bench_serve_writes_counts_latencies_and_hits(nats_url: str, tok: 
     s = res["summary"]
     assert (s["completed"], s["failed"], s["errors"]) == (6, 0, {})
     assert s["total_output_tokens"] == 24 and s["total_input_tokens"] == 6 * 72
-    assert s["ttft"]["count"] == 6 and s["tpot"]["count"] == 6 and s["itl"]["count"] == 18
+    # one ITL per gap between two chunks: 3 a request, fewer where a chunk carried the
+    # tokens queued behind a reader that fell behind (AsyncEngine.stream)
+    assert s["ttft"]["count"] == 6 and s["tpot"]["count"] == 6 and s["itl"]["count"] <= 18
     assert 0 < s["ttft"]["p50"] <= s["ttft"]["p99"] <= s["e2e"]["p99"]
     assert s["goodput"] == pytest.approx(s["request_throughput"])
     # oracle: 4 of 6 prompts find their group's 4 system blocks (64 tokens) cached
@@ -46,7 +48,7 @@ async def test_bench_serve_writes_counts_latencies_and_hits(nats_url: str, tok: 
     assert 0 < s["prefix_hit_rate"] <= res["oracle_prefix_hit_rate"] + 1e-9
     assert len(res["requests"]) == 6 and all(r["ok"] and r["output_tokens"] == 4
                                             for r in res["requests"])
-    assert len(res["itl_ms"]) == 18
+    assert len(res["itl_ms"]) == s["itl"]["count"]
     assert res["meta"]["load_average_1m"]["before"] is not None
     assert {p.name for p in (tmp_path / "plots").iterdir()} == {"ttft_cdf.png", "itl_cdf.png"}
 
