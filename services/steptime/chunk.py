@@ -116,14 +116,14 @@ class ChunkLimit:
         return target - self.cost.fixed_seconds(decode_seqs, decode_context)
 
     def first_chunk(self, tokens: int, start: int, decode_seqs: int, decode_context: int,
-                    budget: int, queued: int = 0) -> int:
+                    budget: int) -> int:
         """Tokens of the one prefill slice a step takes beside these decodes, of a prompt
         with ``tokens`` left after ``start`` computed ones, within ``budget`` tokens: what the
         scheduler gives a lone prefill (decode_seqs 0: no stream to protect, the budget)."""
         n = min(tokens, budget)
         if decode_seqs <= 0:
             return n
-        fits = self.cost.slice_tokens(self.seconds_left(decode_seqs, decode_context, queued), start)
+        fits = self.cost.slice_tokens(self.seconds_left(decode_seqs, decode_context), start)
         return min(n, max(fits, self.floor_tokens))
 
 
