@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from services.common.config import ClusterConfig, DisaggConfig
 from services.engine.engine import EngineStats
-from services.steptime.chunk import ChunkLimit, chunk_limit_for
+from services.steptime.chunk import ChunkLimit, DeviceSpeed, chunk_limit_for
 from services.steptime.model import BatchShape, StepModel
 from services.steptime.predict import prefill_seconds, prefill_shape
 
@@ -73,7 +73,8 @@ def worker_times(cfg: ClusterConfig, model: StepModel, stats: EngineStats,
                        stats.num_running, stats.kv_blocks_used * cfg.engine.block_size,
                        cfg.prefill.replicas,
                        kv_bytes_per_token / (cfg.decode.disagg.kv_transfer_gbps * 1e9),
-                       chunk_limit_for(cfg.engine, stats.runner.device, model))
+                       chunk_limit_for(cfg.engine, stats.runner.device, model,
+                                       DeviceSpeed(stats.step_speed) if stats.step_speed else None))
 
 
 def decide_prefill(

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 from services.api.outputs import TokenLogprob
 from services.api.sampling import SamplingParams
 from services.engine.timings import StepKind
+from services.steptime.model import BatchShape
 
 if TYPE_CHECKING:
     from services.engine.grammar.batch_mask import BatchMask
@@ -144,3 +145,26 @@ class DoneOutput:
 
     def result(self) -> RunnerOutput:
         return self._out
+
+
+def batch_shape(batch: ScheduledBatch) -> BatchShape:
+    """The shape of a scheduled batch (BatchShape's docstring):
+    what the simulator's runner costs, what ``tandem sim profile`` records of each real step,
+    and what the ITL target
+    compares an engine's measured step with (``DeviceSpeed``)."""
+    prefill_tokens = prefill_context = decode_seqs = decode_context = 0
+    prefix_context = prefix_end = 0
+    for s in batch.seqs:
+        n = len(s.token_ids)
+        end = s.start_pos + n
+        if n == 1:
+            decode_seqs += 1
+            decode_context += end
+        else:
+            prefill_tokens += n
+            prefill_context += n * end
+            if s.start_pos:
+                prefix_context += n * end
+                prefix_end += end
+    return BatchShape(prefill_tokens, prefill_context, decode_seqs, decode_context, prefix_context,
+                      prefix_end)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from services.api.kv_events import KvEvent
 from services.api.outputs import TokenLogprob, TokenOutput
 from services.common.config import EngineConfig
-from services.engine.batch import PendingOutput, RunnerOutput, ScheduledBatch
+from services.engine.batch import PendingOutput, RunnerOutput, ScheduledBatch, batch_shape
 from services.engine.block_pool import BlockPool, BlockPoolIntegrityError
 from services.engine.kv_cache_manager import KvCacheManager
 from services.engine.move import MoveHold
@@ -23,7 +23,8 @@ from services.engine.request import GenerateRequest
 from services.engine.runner.base import ModelRunner, RunnerInfo
 from services.engine.scheduler import InvalidRequestError, Scheduler
 from services.engine.timings import EngineTimings
-from services.steptime.chunk import chunk_limit_for
+from services.steptime.chunk import chunk_limit_for, measures_speed
+from services.steptime.profile import step_model_for
 
 if TYPE_CHECKING:
     from services.engine.grammar.batch_mask import BatchMask, MaskBuilder
@@ -57,6 +58,9 @@ class EngineStats:
     grammar: GrammarStats | None = None
     # What computes the steps (device, dtype, quantization, CPU kernel set).
     runner: RunnerInfo = RunnerInfo()
+    # Measured / modelled seconds of its steps with decodes (DeviceSpeed.ratio); None: no
+    # ITL target, or a runner whose steps take no real time.
+    step_speed: float | None = None
 
 
 class LLMEngine:
@@ -101,7 +105,7 @@ class LLMEngine:
             max_num_batched_tokens=cfg.max_num_batched_tokens,
             max_model_len=max_len,
             long_prefill_token_threshold=cfg.long_prefill_token_threshold,
-            chunk_limit=chunk_limit_for(cfg, runner.info.device, step_model),
+            chunk_limit=(limit := chunk_limit_for(cfg, runner.info.device, step_model)),
             vocab_size=runner.vocab_size,
             eos_token_ids=eos_token_ids,
             kv_exporter=runner.export_kv,
@@ -118,6 +122,12 @@ class LLMEngine:
 
             self._masks = MaskBuilder(cfg.max_num_seqs, runner.vocab_size,
                                       pin=runner.pins_host_memory)
+        # The ITL target's measure of this device against its step model: each step that ran
+        # decodes, predicted and timed (None: no target, or steps that take no real time).
+        self.speed = limit.speed if limit is not None and measures_speed(runner.info.device) else None
+        self._speed_model = (step_model or step_model_for(cfg)) if self.speed is not None else None
+        self._flight_start = 0.0  # when the batch in flight was launched
+        self._last_done = 0.0  # when the last batch read back completed
         # Sequences the last step launched (or, launching none, read back); 0 = it did
         # nothing, so a caller may wait for new work.
         self.last_batch_size = 0
@@ -174,9 +184,15 @@ class LLMEngine:
         self.scheduler_seconds += (t1 - t0) + (t3 - t2)
         if batch.seqs:
             self._step_seconds[batch.kind].observe(t3 - t0)
+            if self.speed is not None and batch.num_decodes:
+                self._observe_speed(batch, t3 - t0)
         self.num_steps += 1
         self._forget_finished(outputs)
         return outputs
+
+    def _observe_speed(self, batch: ScheduledBatch, seconds: float) -> None:
+        assert self.speed is not None and self._speed_model is not None
+        self.speed.observe(self._speed_model.step_seconds(batch_shape(batch)), seconds)
 
     def _forget_finished(self, outputs: list[TokenOutput]) -> None:
         for o in outputs:
@@ -190,6 +206,7 @@ class LLMEngine:
         t0 = time.perf_counter()
         batch = sched.schedule()  # batch N's samples are placeholders in it
         prev = self._in_flight
+        prev_start = self._flight_start
         mask = self._mask_for(batch)
         if mask is not None and prev is None:
             self._fill(mask)  # nothing in flight: the matchers are current now
@@ -197,6 +214,7 @@ class LLMEngine:
         if batch.seqs:
             pending = self.runner.launch(batch)
             self._in_flight = (batch, pending, fence.launched(pending))
+            self._flight_start = t1
         else:
             self._in_flight = None
         self.last_batch_size = len(batch.seqs)
@@ -208,6 +226,11 @@ class LLMEngine:
                 result = prev_pending.result()  # blocks until batch N is done; N+1 computes on
                 fence.completed(ticket)
                 t2 = time.perf_counter()
+                if self.speed is not None and prev_batch.num_decodes:
+                    # NOTE: batch N computed from its launch or N-1's completion, whichever
+                    # came last: its forward alone, as an overlapped profile times it.
+                    self._observe_speed(prev_batch, t2 - max(prev_start, self._last_done))
+                self._last_done = t2
                 outputs = sched.update(prev_batch, result)
             finally:
                 if mask is not None:
@@ -338,6 +361,7 @@ class LLMEngine:
             grammar=self.grammar.stats if self.grammar is not None else None,
             timings=self.timings,
             runner=self.runner.info,
+            step_speed=self.speed.ratio if self.speed is not None else None,
         )
 
     def check_integrity(self) -> None:

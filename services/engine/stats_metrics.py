@@ -43,6 +43,11 @@ class EngineStatsCollector(Collector):
         r = s.runner
         info.add_metric([r.device, r.dtype, r.quantization, r.cpu_isa], 1)
         yield info
+        if s.step_speed is not None:
+            yield GaugeMetricFamily(
+                "tandem_worker_engine_step_speed_ratio",
+                "Measured / modelled seconds of the engine's steps with decodes (engine.step_model); "
+                "the ITL target's prefill budget divides the target by it", value=s.step_speed)
         if s.grammar is not None:
             yield from _grammar_metrics(s.grammar)
 

@@ -9,6 +9,10 @@ from collections.abc import Callable
 from services.bench.args import add_workload_args
 from services.sim.calibrate_args import add_calibrate_parser
 
+# `tandem sim profile --check`: the mean relative error past which a profile no longer
+# describes this machine (the calibration's own target).
+CHECK_TOLERANCE = 0.10
+
 AddConfig = Callable[[argparse.ArgumentParser], None]
 
 
@@ -52,8 +56,16 @@ def add_sim_parsers(sub: argparse._SubParsersAction, add_config: AddConfig) -> N
     prof = sub_sim.add_parser("profile", help="time the real engine's steps here and write a "
                               "step-time profile for engine.step_model")
     add_config(prof)
-    prof.add_argument("--out", required=True, metavar="FILE", help="the profile YAML to write")
-    prof.add_argument("--quick", action="store_true", help="a small grid (about a minute on a CPU)")
+    what = prof.add_mutually_exclusive_group(required=True)
+    what.add_argument("--out", metavar="FILE", help="the profile YAML to write")
+    what.add_argument("--check", metavar="FILE",
+                      help="time the quick grid here and compare it with this profile: a "
+                           "profile describes the machine it was measured on, and another "
+                           "instance of the same CPU model can differ by a quarter; exits 1 "
+                           f"when the mean error passes {CHECK_TOLERANCE * 100:.0f}%% or the "
+                           f"max {CHECK_TOLERANCE * 200:.0f}%%")
+    prof.add_argument("--quick", action="store_true",
+                      help="a small grid (about a minute on a CPU); --check always uses it")
     prof.set_defaults(_key=("sim", "profile"))
     add_calibrate_parser(sub_sim, add_config)
     add_decisions_parser(sub_sim, add_config)

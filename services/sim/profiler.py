@@ -32,13 +32,12 @@ import torch
 
 from services.api.sampling import SamplingParams
 from services.common.config import ClusterConfig, load_config
-from services.engine.batch import RunnerOutput, ScheduledBatch
+from services.engine.batch import RunnerOutput, ScheduledBatch, batch_shape
 from services.engine.engine import LLMEngine
 from services.engine.factory import build_engine
 from services.engine.request import GenerateRequest
-from services.sim.runner import batch_shape
 from services.steptime.model import BatchShape
-from services.steptime.profile import MeasuredStep, ProfileStepModel, fit_profile
+from services.steptime.profile import FitError, MeasuredStep, ProfileStepModel, fit_profile
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,16 +257,30 @@ def print_table(model: ProfileStepModel) -> None:
         print(f"fit error over {kind} steps: mean {e.mean * 100:.1f}%, max {e.max * 100:.1f}%")
 
 
+def check(profile: ProfileStepModel, points: list[MeasuredStep]) -> FitError:
+    """How far ``profile`` is from steps timed now: per point, then the mean and max."""
+    print(f"{'shape':<58}{'now ms':>9}{'profile ms':>12}{'error':>8}")
+    errs = []
+    for p in points:
+        s, then = p.shape, profile.step_seconds(p.shape)
+        errs.append(abs(then / p.seconds - 1))
+        print(f"{f'prefill {s.prefill_tokens} (prefix {s.prefill_prefix_end}), decode {s.decode_seqs} x ctx {s.decode_context}':<58}"
+              f"{p.seconds * 1e3:>9.2f}{then * 1e3:>12.2f}{(then / p.seconds - 1) * 100:>7.1f}%")
+    return FitError(statistics.fmean(errs), max(errs))
+
+
 def main(args: argparse.Namespace) -> int:
     from services.bench.results import load_average
+    from services.sim.args import CHECK_TOLERANCE
 
     load_before = load_average()
     cfg = load_config(args.config, args.overrides)
+    against = ProfileStepModel.load(args.check) if args.check else None
     torch.set_num_threads(cfg.engine.threads)
     parts = build_engine(cfg)
     engine = parts.engine
     profiler = Profiler(engine)
-    grid = grid_for(cfg, engine.runner.max_model_len, args.quick)
+    grid = grid_for(cfg, engine.runner.max_model_len, args.quick or against is not None)
     fitted = "forward" if profiler.serve_overlapped else "step"
     print(f"profiling {cfg.model.path} on {engine.runner.info.device} ({engine.runner.info.dtype}, "
           f"quantization {engine.runner.info.quantization}, {torch.get_num_threads()} threads): "
@@ -278,6 +291,16 @@ def main(args: argparse.Namespace) -> int:
         points.append(p)
         print(f"  [{i}] {p.shape}: {p.seconds * 1e3:.2f} ms", flush=True)
     engine.check_integrity()
+    if against is not None:
+        err = check(against, points)
+        # NOTE: the max too: a profile can be close on average and a fifth off on batch-1
+        # decode, which sets a lightly loaded cluster's ITL.
+        stale = err.mean > CHECK_TOLERANCE or err.max > 2 * CHECK_TOLERANCE
+        print(f"{args.check}: mean error {err.mean * 100:.1f}%, max {err.max * 100:.1f}% against "
+              f"this machine now (load average {load_before} before)"
+              + (f": past {CHECK_TOLERANCE:.0%} mean or {2 * CHECK_TOLERANCE:.0%} max, profile this "
+                 "machine again (--out)" if stale else ""))
+        return 1 if stale else 0
     model = fit_profile(points, measured_on(cfg, engine, parts.model_path, fitted, load_before),
                         profiler.serve_overlapped)
     print_table(model)

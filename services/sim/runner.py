@@ -14,31 +14,9 @@ from dataclasses import dataclass
 import torch
 
 from services.common.config import EngineConfig
-from services.engine.batch import RunnerOutput, ScheduledBatch
+from services.engine.batch import RunnerOutput, ScheduledBatch, batch_shape
 from services.engine.runner.base import KvSpec, ModelRunner, RunnerInfo
-from services.steptime.model import BatchShape, StepModel
-
-
-def batch_shape(batch: ScheduledBatch) -> BatchShape:
-    """The shape of a scheduled batch (BatchShape's docstring): what this runner costs and
-    what ``tandem sim profile`` records of each real step."""
-    prefill_tokens = prefill_context = decode_seqs = decode_context = 0
-    prefix_context = prefix_end = 0
-    for s in batch.seqs:
-        n = len(s.token_ids)
-        end = s.start_pos + n
-        if n == 1:
-            decode_seqs += 1
-            decode_context += end
-        else:
-            prefill_tokens += n
-            prefill_context += n * end
-            if s.start_pos:
-                prefix_context += n * end
-                prefix_end += end
-    return BatchShape(prefill_tokens, prefill_context, decode_seqs, decode_context, prefix_context,
-                      prefix_end)
-
+from services.steptime.model import StepModel
 
 # Clear of the special tokens at the bottom of a vocabulary (and of the mock's eos).
 SIM_TOKEN = 1000

@@ -11,16 +11,19 @@ the linear step models (services/steptime/model.py, profile.py),
     slice(t, s) = per_token * t + per_prefix_context * t * (s + t) + per_prefix_end * (s + t)
 
 for a slice of ``t`` tokens after ``s`` computed ones. The running streams wait for the
-whole step, so under a target ``T`` a step's slices share ``T - fixed(r, D)`` seconds, and
-``slice_tokens`` solves the quadratic for the most tokens a slice fits in what is left. The
-coefficients are read off the model once (``StepCost.of``): the scheduler's step does float
-arithmetic only.
+whole step, so under a target ``T`` a step's slices share ``T / speed - fixed(r, D)`` model
+seconds, and ``slice_tokens`` solves the quadratic for the most tokens a slice fits in what is
+left. ``speed`` (``DeviceSpeed``) is how long this engine's steps really take against the
+model's prediction: the shipped profile was timed with one thread on one machine, and an
+engine with two threads, or another instance of the CPU, runs its steps in half or 1.3x the
+time (docs/engine.md "The ITL target"). The coefficients are read off the model once
+(``StepCost.of``): the scheduler's step does float arithmetic only.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from services.common.config import EngineConfig
 from services.steptime.model import BatchShape, StepModel
@@ -87,21 +90,48 @@ class StepCost:
         return int(t)
 
 
+# DeviceSpeed: the weight of each new step, and the bounds of one step's measured /
+# predicted (a step stalled by a page fault or a busy core moves the mean a little only).
+SPEED_WEIGHT = 0.05
+SPEED_BOUNDS = (0.25, 4.0)
+
+
+@dataclass(slots=True)
+class DeviceSpeed:
+    """Measured / predicted seconds of this engine's steps that ran decodes (the steps an
+    ITL target governs), an exponentially weighted mean from 1. The engine feeds it
+    (``observe``) where its steps take real time (a CPU or CUDA runner; the mock and the
+    simulator's runner take their model's time already)."""
+
+    ratio: float = 1.0
+    steps: int = 0
+
+    def observe(self, predicted_s: float, measured_s: float) -> None:
+        if predicted_s <= 0 or measured_s <= 0:
+            return
+        r = min(max(measured_s / predicted_s, SPEED_BOUNDS[0]), SPEED_BOUNDS[1])
+        self.ratio += SPEED_WEIGHT * (r - self.ratio)
+        self.steps += 1
+
+
 @dataclass(frozen=True, slots=True)
 class ChunkLimit:
     """What a step may prefill under ``target_s`` (> 0): its slices share the time left
     after the running decodes, and the step still takes at least ``floor_tokens`` (one KV
-    block) so a prompt never starves, whatever the target."""
+    block) so a prompt never starves, whatever the target. ``speed``: how the engine's real
+    steps compare with ``cost`` (the target is real seconds, the cost model seconds)."""
 
     cost: StepCost
     target_s: float
     floor_tokens: int
+    speed: DeviceSpeed = field(default_factory=DeviceSpeed)
 
     @classmethod
-    def of(cls, model: StepModel, target_ms: float, block_size: int) -> ChunkLimit:
+    def of(cls, model: StepModel, target_ms: float, block_size: int,
+           speed: DeviceSpeed | None = None) -> ChunkLimit:
         if target_ms <= 0:
             raise ValueError(f"an ITL target must be positive, got {target_ms} ms")
-        return cls(StepCost.of(model), target_ms / 1e3, block_size)
+        return cls(StepCost.of(model), target_ms / 1e3, block_size, speed or DeviceSpeed())
 
     def seconds_left(self, decode_seqs: int, decode_context: int, queued: int = 0) -> float:
         """Seconds the step's prefill slices share beside these decodes (may be <= 0).
@@ -113,7 +143,7 @@ class ChunkLimit:
         streams it started first would leave most of the burst waiting (32 prompts at
         once: half the output rate, 4x the TTFT, docs/engine.md "The ITL target")."""
         target = self.target_s * (queued / decode_seqs) if queued > decode_seqs > 0 else self.target_s
-        return target - self.cost.fixed_seconds(decode_seqs, decode_context)
+        return target / self.speed.ratio - self.cost.fixed_seconds(decode_seqs, decode_context)
 
     def first_chunk(self, tokens: int, start: int, decode_seqs: int, decode_context: int,
                     budget: int) -> int:
@@ -127,12 +157,20 @@ class ChunkLimit:
         return min(n, max(fits, self.floor_tokens))
 
 
-def chunk_limit_for(cfg: EngineConfig, device: str, model: StepModel | None = None
-                    ) -> ChunkLimit | None:
+def chunk_limit_for(cfg: EngineConfig, device: str, model: StepModel | None = None,
+                    speed: DeviceSpeed | None = None) -> ChunkLimit | None:
     """``engine.itl_target_ms``'s limit for an engine computing on ``device`` (its
-    RunnerInfo's) modelled by ``model`` (None: the one ``engine.step_model`` names); None
-    when off: no target, or a CUDA device under ``step_model: auto``, whose shipped profile models a CPU (its chunks would be a GPU's hundredth)."""
+    RunnerInfo's) modelled by ``model`` (None: the one ``engine.step_model`` names), its
+    steps running ``speed`` against the model (None: as the model says, until observed);
+    None when off: no target, or a CUDA device under ``step_model: auto``, whose shipped
+    profile models a CPU (its chunks would be a GPU's hundredth)."""
     target = cfg.itl_target_ms
     if not target or (cfg.step_model == "auto" and device.startswith("cuda")):
         return None
-    return ChunkLimit.of(model or step_model_for(cfg), target, cfg.block_size)
+    return ChunkLimit.of(model or step_model_for(cfg), target, cfg.block_size, speed)
+
+
+def measures_speed(device: str) -> bool:
+    """Whether an engine on ``device`` (RunnerInfo's) takes real time for its steps: a CPU
+    or CUDA runner. The mock and the simulator's runner take their model's time."""
+    return device.startswith(("cpu", "cuda"))

@@ -10,11 +10,18 @@ from hypothesis import strategies as st
 
 from services.common.config import DisaggConfig, EngineConfig
 from services.decode.disagg import DecisionReason, WorkerTimes, decide_prefill
-from services.engine.batch import ScheduledBatch
+from services.engine.batch import ScheduledBatch, batch_shape
 from services.engine.engine import LLMEngine
+from services.engine.runner.base import RunnerInfo
 from services.engine.runner.mock_runner import MockRunner
-from services.sim.runner import batch_shape
-from services.steptime.chunk import ChunkLimit, StepCost, chunk_limit_for
+from services.steptime.chunk import (
+    SPEED_BOUNDS,
+    SPEED_WEIGHT,
+    ChunkLimit,
+    DeviceSpeed,
+    StepCost,
+    chunk_limit_for,
+)
 from services.steptime.model import BatchShape, MockStepModel
 from services.steptime.predict import prefill_shape
 from services.steptime.profile import SHIPPED_CPU_PROFILE, ProfileStepModel
@@ -206,3 +213,65 @@ def test_the_step_model_is_read_once_at_start_not_per_step() -> None:
     for _ in range(10):
         assert prefill_tokens(step(eng, runner)) == 24
     assert _Counting.calls == at_start  # the budget is arithmetic on hoisted coefficients
+
+
+def test_device_speed_is_a_bounded_moving_mean_of_measured_over_predicted() -> None:
+    speed = DeviceSpeed()
+    for _ in range(400):
+        speed.observe(0.040, 0.020)  # the device runs twice as fast as its model
+    assert speed.ratio == pytest.approx(0.5, rel=1e-3) and speed.steps == 400
+    speed.observe(0.0, 1.0)  # nothing predicted: nothing learnt
+    assert speed.steps == 400
+    once = DeviceSpeed()
+    once.observe(0.010, 100.0)  # a step stalled 10,000x counts as 4x, and weighs little
+    assert once.ratio == pytest.approx(1 + SPEED_WEIGHT * (SPEED_BOUNDS[1] - 1))
+
+
+def test_a_faster_device_fits_more_prefill_under_the_same_target() -> None:
+    limit = ChunkLimit.of(MODEL, 40.0, 4)
+    twice = ChunkLimit.of(MODEL, 40.0, 4, DeviceSpeed(0.5))
+    # 6 streams: 16 ms of the model's decodes. 40 ms leave 24 tokens at 1 ms a token; on a
+    # device twice as fast the 40 real ms are 80 model ms: 64 tokens.
+    assert limit.first_chunk(1000, 0, 6, 6 * 10, 256) == 24
+    assert twice.first_chunk(1000, 0, 6, 6 * 10, 256) == 64
+
+
+class _CpuMock(MockRunner):
+    """A mock whose steps count as real time (as a CPU runner's)."""
+
+    info = RunnerInfo(device="cpu")
+
+
+class _Recording(DeviceSpeed):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[float, float]] = []
+
+    def observe(self, predicted_s: float, measured_s: float) -> None:
+        self.seen.append((predicted_s, measured_s))
+
+
+def test_the_engine_feeds_its_steps_with_decodes_to_the_speed_where_steps_take_real_time(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = mock_cfg(block_size=4, num_kv_blocks=512, max_num_seqs=16, max_num_batched_tokens=256,
+                   max_model_len=2048).model_copy(update={"itl_target_ms": 40.0})
+    assert LLMEngine(MockRunner(cfg), cfg, [EOS], step_model=MODEL).speed is None
+    assert LLMEngine(_CpuMock(cfg), cfg.model_copy(update={"itl_target_ms": None}), [EOS],
+                     step_model=MODEL).speed is None
+    for overlap in (False, True):
+        eng = LLMEngine(_CpuMock(cfg), cfg.model_copy(update={"overlap": overlap}), [EOS],
+                        step_model=MODEL)
+        assert eng.speed is not None and eng.overlap == overlap
+        eng.speed = speed = _Recording()
+        seen = speed.seen
+        ran: list[ScheduledBatch] = []
+        execute = eng.runner.execute
+        monkeypatch.setattr(eng.runner, "execute", lambda b, ran=ran, ex=execute: (ran.append(b), ex(b))[1])
+        eng.add_request(req("a", [100] * 8, max_tokens=5))
+        eng.add_request(req("b", list(range(200, 260)), max_tokens=5))
+        while eng.has_unfinished():
+            eng.step()
+        with_decodes = [MODEL.step_seconds(batch_shape(b)) for b in ran if b.num_decodes]
+        assert [p for p, _ in seen] == pytest.approx(with_decodes) and len(seen) >= 4
+        assert all(m > 0 for _, m in seen)
+        assert eng.stats().step_speed == eng.speed.ratio

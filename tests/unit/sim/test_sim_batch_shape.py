@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from services.api.sampling import SamplingParams
-from services.engine.batch import ScheduledBatch, ScheduledSeq
-from services.sim.runner import batch_shape
+from services.engine.batch import ScheduledBatch, ScheduledSeq, batch_shape
 from services.steptime.model import BatchShape
 
 

@@ -11,9 +11,9 @@ import pytest
 
 from services.common.config import ClusterConfig, load_config
 from services.engine.factory import build_engine
-from services.sim.profiler import Grid, Profiler, grid_for, main, measure
+from services.sim.profiler import Grid, Profiler, check, grid_for, main, measure
 from services.steptime.model import BatchShape
-from services.steptime.profile import ProfileStepModel, fit_profile
+from services.steptime.profile import MeasuredStep, ProfileStepModel, fit_profile
 
 MOCK = ["engine.runner=mock", "model.path=/nonexistent", "engine.mock.step_base_s=0.004",
         "engine.mock.per_prefill_token_s=0.00004", "engine.mock.per_decode_seq_s=0.0005",
@@ -79,7 +79,7 @@ def test_the_profile_of_the_mock_finds_its_costs() -> None:
 
 def test_main_writes_a_profile_that_loads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "mock.yaml"
-    args = argparse.Namespace(config=None, overrides=MOCK, out=str(out), quick=True)
+    args = argparse.Namespace(config=None, overrides=MOCK, out=str(out), check=None, quick=True)
     assert main(args) == 0
     model = ProfileStepModel.load(out)
     assert model.measured_on["device"] == "mock" and model.measured_on["timed"] == "forward"
@@ -87,6 +87,38 @@ def test_main_writes_a_profile_that_loads(tmp_path: Path, capsys: pytest.Capture
     assert len(model.points) >= 10
     printed = capsys.readouterr().out
     assert "fit error over all steps" in printed and f"wrote {out}" in printed
+
+
+def _exact_points(scale: float) -> list[MeasuredStep]:
+    """Steps of a device costing 5 ms + 1 ms a sequence and 10 ms + 0.2 ms a prompt token,
+    every time times ``scale``."""
+    points = [MeasuredStep(BatchShape(0, 0, b, 64 * b), scale * (0.005 + 0.001 * b))
+              for b in (1, 2, 4, 8, 16)]
+    points += [MeasuredStep(BatchShape(n, n * n), scale * (0.010 + 0.0002 * n))
+               for n in (16, 32, 64, 128, 256, 512)]
+    return points
+
+
+def test_check_reports_how_far_a_profile_is_from_steps_timed_now(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    profile = fit_profile(_exact_points(1.0))
+    assert check(profile, _exact_points(1.0)).max == pytest.approx(0.0, abs=1e-3)
+    slower = check(profile, _exact_points(1.25))  # the machine now takes a quarter longer
+    assert slower.mean == pytest.approx(0.2, abs=1e-3) and slower.max == pytest.approx(0.2, abs=1e-3)
+    assert "-20.0%" in capsys.readouterr().out
+
+
+def test_check_exits_1_against_a_profile_of_another_machine(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A profile 20x slower than the mock's sleeps: stale whatever this machine's timing noise."""
+    slow = tmp_path / "slow.yaml"
+    fit_profile([MeasuredStep(p.shape, 20 * (0.004 + 0.00004 * p.shape.prefill_tokens
+                                              + 0.0005 * p.shape.decode_seqs))
+                 for p in _exact_points(1.0)]).save(slow)
+    args = argparse.Namespace(config=None, overrides=MOCK, out=None, check=str(slow), quick=False)
+    assert main(args) == 1
+    printed = capsys.readouterr().out
+    assert "profile this machine again" in printed and "wrote" not in printed
 
 
 def test_the_cli_parses_sim_profile_beside_the_replays_options() -> None:
@@ -97,3 +129,7 @@ def test_the_cli_parses_sim_profile_beside_the_replays_options() -> None:
     assert (args._key, args.config, args.overrides, args.out, args.quick) == (
         ("sim", "profile"), "configs/local.yaml", ["engine.threads=2"], "p.yaml", True)
     assert build_parser().parse_args(["sim", "--trace", "t.jsonl"])._key == ("sim",)
+    checked = build_parser().parse_args(["sim", "profile", "--check", "p.yaml"])
+    assert (checked.check, checked.out) == ("p.yaml", None)
+    with pytest.raises(SystemExit):  # one of --out and --check, not both
+        build_parser().parse_args(["sim", "profile", "--out", "a.yaml", "--check", "b.yaml"])
