@@ -7,7 +7,7 @@ import argparse
 from collections.abc import Callable
 
 AddConfig = Callable[[argparse.ArgumentParser], None]
-WORKLOADS = ("chat", "long-disagg", "conversation", "real-chat")
+WORKLOADS = ("chat", "long-disagg", "conversation", "real-chat", "real-long")
 
 
 def add_calibrate_parser(sim_sub: argparse._SubParsersAction, add_config: AddConfig) -> None:
@@ -28,11 +28,12 @@ def add_calibrate_parser(sim_sub: argparse._SubParsersAction, add_config: AddCon
                         "prompts, 6 decode + 2 prefill workers; conversation: whole "
                         "conversations of a Mooncake trace, 8 decode workers, KV routing; "
                         "real-chat: chat on 2 workers of the real engine against the fitted "
-                        "profile in engine.step_model (services/sim/calibrate_workloads.py)")
+                        "profile in engine.step_model; real-long: 40%% prompts of 512 tokens on "
+                        "the same 2 workers (services/sim/calibrate_workloads.py)")
     p.add_argument("--quick", action="store_true", help="small sizes (~15 s of sending each)")
     p.add_argument("--num-requests", type=int, default=None,
                    help="instead of the preset's (conversation: 0 = the whole sample)")
-    p.add_argument("--rate", type=float, default=None, help="Poisson req/s (chat, long-disagg, real-chat)")
+    p.add_argument("--rate", type=float, default=None, help="Poisson req/s (all but conversation)")
     p.add_argument("--speedup", type=float, default=None,
                    help="conversation: trace timestamps divided by it (default 30)")
     p.add_argument("--trace", default=None,

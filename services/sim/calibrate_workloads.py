@@ -43,9 +43,12 @@ PRESETS: dict[str, Preset] = {
     "chat": Preset(SCALE_MOCK, (*_EIGHT, "prefill.replicas=0"),
                    num_requests=500, quick_requests=60, rate=5.0),
     # 40% 768-token prompts (the rest 64), 32 output tokens, Poisson 2.5 req/s; 6 decode + 2
-    # prefill workers (remote prefill above decode.disagg.max_local_prefill_length, 256)
+    # prefill workers (remote prefill above decode.disagg.max_local_prefill_length, 256, by
+    # the threshold policy: the predict policy keeps an idle probe local, and the probes
+    # measure the remote path)
     "long-disagg": Preset(SCALE_MOCK, ("decode.replicas=6", "decode.replicas_per_process=6",
-                                       "prefill.replicas=2", "decode.disagg.enabled=true"),
+                                       "prefill.replicas=2", "decode.disagg.enabled=true",
+                                       "decode.disagg.policy=threshold"),
                           num_requests=300, quick_requests=40, rate=2.5),
     # whole conversations of a Mooncake trace (hash_ids[1] % M == 0), lengths scaled 1/32 (as
     # the mock-mooncake bench preset), arrivals 30x faster, KV routing (0: the whole sample)
@@ -54,6 +57,11 @@ PRESETS: dict[str, Preset] = {
     # prompts of 128 tokens + 32-token questions, 16 output tokens, Poisson 2 req/s
     "real-chat": Preset(AGG, ("prefill.replicas=0", f"engine.step_model={XEON_PROFILE}"),
                         num_requests=120, quick_requests=20, rate=2.0),
+    # the real engine on the same 2 workers under long prompts: 40% of 512 tokens (the rest
+    # 64), 32 output tokens, Poisson 0.75 req/s. Chunked prefill beside running streams and
+    # the ITL target (engine.itl_target_ms) shape its steps, the aggregated layout's case.
+    "real-long": Preset(AGG, ("prefill.replicas=0", f"engine.step_model={XEON_PROFILE}"),
+                        num_requests=60, quick_requests=12, rate=0.75),
     "conversation": Preset(SCALE_MOCK, (*_EIGHT, "prefill.replicas=0", "router.mode=kv"),
                            num_requests=0, quick_requests=60, speedup=30.0),
 }
@@ -103,6 +111,8 @@ def build(name: str, num_requests: int | None, quick: bool, rate: float | None,
         reqs = workloads.shared_prefix(groups, per, 128, 32, 16, seed)[:n]
     elif name == "long-disagg":
         reqs = workloads.mixed_lengths(n, 64, 768, 0.4, 32, seed)
+    elif name == "real-long":
+        reqs = workloads.mixed_lengths(n, 64, 512, 0.4, 32, seed)
     else:
         src = trace or default_trace()
         with tempfile.TemporaryDirectory() as d:

@@ -109,6 +109,10 @@ def test_the_presets_send_what_the_bench_builds(tmp_path: Path) -> None:
     assert len(long.requests) == 30 and long.arrivals.rate == 1.0
     assert long.overrides[-1] == "engine.max_num_seqs=8"  # --set comes last: it wins
     assert {r.prompt_len for r in long.requests} == {64, 768}
+    real_long = build("real-long", None, False, None, None, None, 24, 0)
+    assert len(real_long.requests) == PRESETS["real-long"].num_requests
+    assert {r.prompt_len for r in real_long.requests} == {64, 512}
+    assert real_long.config.endswith("agg.yaml") and real_long.arrivals.rate == 0.75
     trace = tmp_path / "t.jsonl"
     rows = [{"timestamp": 1000 * i, "input_length": 1024, "output_length": 64,
              "hash_ids": [0, 1 + i % 4, 100 + i]} for i in range(12)]
