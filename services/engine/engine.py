@@ -58,9 +58,9 @@ class EngineStats:
     grammar: GrammarStats | None = None
     # What computes the steps (device, dtype, quantization, CPU kernel set).
     runner: RunnerInfo = RunnerInfo()
-    # Measured / modelled seconds of its steps with decodes (DeviceSpeed.ratio); None: no
-    # ITL target, or a runner whose steps take no real time.
-    step_speed: float | None = None
+    # Measured / modelled seconds of its steps (DeviceSpeed): (decode-only, with prefill);
+    # None: no ITL target, or a runner whose steps take no real time.
+    step_speed: tuple[float, float] | None = None
 
 
 class LLMEngine:
@@ -122,8 +122,8 @@ class LLMEngine:
 
             self._masks = MaskBuilder(cfg.max_num_seqs, runner.vocab_size,
                                       pin=runner.pins_host_memory)
-        # The ITL target's measure of this device against its step model: each step that ran
-        # decodes, predicted and timed (None: no target, or steps that take no real time).
+        # The ITL target's measure of this device against its step model: each step,
+        # predicted and timed (None: no target, or steps that take no real time).
         self.speed = limit.speed if limit is not None and measures_speed(runner.info.device) else None
         self._speed_model = (step_model or step_model_for(cfg)) if self.speed is not None else None
         self._flight_start = 0.0  # when the batch in flight was launched
@@ -184,7 +184,7 @@ class LLMEngine:
         self.scheduler_seconds += (t1 - t0) + (t3 - t2)
         if batch.seqs:
             self._step_seconds[batch.kind].observe(t3 - t0)
-            if self.speed is not None and batch.num_decodes:
+            if self.speed is not None:
                 self._observe_speed(batch, t3 - t0)
         self.num_steps += 1
         self._forget_finished(outputs)
@@ -192,7 +192,8 @@ class LLMEngine:
 
     def _observe_speed(self, batch: ScheduledBatch, seconds: float) -> None:
         assert self.speed is not None and self._speed_model is not None
-        self.speed.observe(self._speed_model.step_seconds(batch_shape(batch)), seconds)
+        shape = batch_shape(batch)
+        self.speed.observe(shape.prefill_tokens > 0, self._speed_model.step_seconds(shape), seconds)
 
     def _forget_finished(self, outputs: list[TokenOutput]) -> None:
         for o in outputs:
@@ -226,7 +227,7 @@ class LLMEngine:
                 result = prev_pending.result()  # blocks until batch N is done; N+1 computes on
                 fence.completed(ticket)
                 t2 = time.perf_counter()
-                if self.speed is not None and prev_batch.num_decodes:
+                if self.speed is not None:
                     # NOTE: batch N computed from its launch or N-1's completion, whichever
                     # came last: its forward alone, as an overlapped profile times it.
                     self._observe_speed(prev_batch, t2 - max(prev_start, self._last_done))
@@ -361,7 +362,7 @@ class LLMEngine:
             grammar=self.grammar.stats if self.grammar is not None else None,
             timings=self.timings,
             runner=self.runner.info,
-            step_speed=self.speed.ratio if self.speed is not None else None,
+            step_speed=(self.speed.decode, self.speed.prefill) if self.speed is not None else None,
         )
 
     def check_integrity(self) -> None:

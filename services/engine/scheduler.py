@@ -14,7 +14,10 @@ the engine can schedule step N+1 while step N computes:
    slices also share the seconds the step-time model leaves beside the decodes
    (services/steptime/chunk.py), whether or not others wait; the first slice of a step
    takes at least one block whatever the target, so a prompt never starves. With no
-   decode running there is no stream to protect: the token budget alone.
+   decode running there is no stream to protect: the token budget alone. Where the model
+   says the decodes cost less in a step of their own (``ChunkLimit.split_pays``: a CPU's
+   one-call decode kernel, past a few streams), a step prefills alone and the next one is
+   the decodes' alone, the two together within the target.
 3. Running sequences in the middle of a chunked prefill continue, chunked to the budget --
    and, while requests wait, to ``long_prefill_token_threshold``, so that one long prompt
    never holds the whole budget: a short request behind it starts within a step.
@@ -124,6 +127,9 @@ class Scheduler:
         self.long_prefill = min(long_prefill_token_threshold or max_num_batched_tokens,
                                 max_num_batched_tokens)
         self.chunk_limit = chunk_limit
+        # The last step prefilled alone beside running streams (ChunkLimit.split_pays): this
+        # one is theirs, decodes alone.
+        self._decode_turn = False
         self.model_max_len = max_model_len
         # NOTE: a sequence can never hold more tokens than the whole pool, or it would
         # preempt itself forever; past that it finishes with LENGTH.
@@ -420,7 +426,10 @@ class Scheduler:
         return self.kv_exporter(seq.block_table[first_block:end]), seq.token_ids[-1]
 
     # ---- one step -------------------------------------------------------------------
-    def schedule(self) -> ScheduledBatch:
+    def schedule(self, split: bool = True) -> ScheduledBatch:
+        """The next batch (module docstring). ``split``: whether the step may prefill alone
+        beside running streams (tried again without when such a step found nothing it
+        could prefill)."""
         out: list[ScheduledSeq] = []
         owners: list[Sequence] = []
         self._future_next = self._future_base
@@ -442,8 +451,18 @@ class Scheduler:
         # Seconds the step's prefill slices may still add under the ITL target; inf: no
         # target, or no decode running to protect.
         limit = self.chunk_limit
-        left = (limit.seconds_left(num_decodes, decode_context, prefilling + len(self.waiting))
-                if limit is not None and num_decodes else math.inf)
+        left = math.inf
+        decode_turn, self._decode_turn = self._decode_turn, False
+        alone = False  # a step of prefill alone: the decodes wait for the next (split_pays)
+        if limit is not None and num_decodes:
+            queued = prefilling + len(self.waiting)
+            if decode_turn:
+                left = 0.0  # the streams' own step: no prefill at all
+            elif split and queued and limit.split_pays(num_decodes, decode_context):
+                alone = True
+                left = limit.split_seconds_left(num_decodes, decode_context, queued)
+            else:
+                left = limit.seconds_left(num_decodes, decode_context, queued)
         prefilled = False  # whether a prefill slice is in the step (the floor is given)
         preempted = 0
         decodes = 0  # sequences scheduled for one decode token: the step's kind
@@ -455,7 +474,13 @@ class Scheduler:
                 continue
             remaining = seq.num_tokens - seq.num_computed_tokens
             if remaining == 1:
+                if alone:
+                    i += 1
+                    continue
                 n = 1
+            elif decode_turn:
+                i += 1
+                continue
             else:
                 n = min(remaining, budget, chunk_cap)
                 if left < math.inf:
@@ -490,9 +515,14 @@ class Scheduler:
                     decodes += 1
                 i += 1
         if not preempted:
-            self._admit(out, owners, budget, left, prefilled)
+            if not decode_turn:
+                self._admit(out, owners, budget, left, prefilled)
         else:
             self._expect_hits(preempted)
+        if alone:
+            if not out:  # nothing could prefill (no seat, no block): the decodes, as usual
+                return self.schedule(split=False)
+            self._decode_turn = True
         batch = ScheduledBatch(out, owners, self._future_base, num_decodes=decodes)
         if self._future_next != self._future_base:
             self._future_base = (self._future_base + self.max_num_seqs) % self.num_future_slots
@@ -699,6 +729,8 @@ class Scheduler:
         blocks, prefix-cache entries and their KV events; blocks are taken per sequence
         rather than per step, the same number from the same free and eviction order).
         Only for ``k <= decode_run_length(k, token)``; no outputs are made."""
+        if k > 0:
+            self._decode_turn = False  # the first of them was the streams' own step
         for s in self.running:
             if self.kv.allocate(s, k) is None:
                 raise RuntimeError(f"advance_decodes({k}): no blocks for {s.request_id!r}; "

@@ -44,10 +44,14 @@ class EngineStatsCollector(Collector):
         info.add_metric([r.device, r.dtype, r.quantization, r.cpu_isa], 1)
         yield info
         if s.step_speed is not None:
-            yield GaugeMetricFamily(
+            speed = GaugeMetricFamily(
                 "tandem_worker_engine_step_speed_ratio",
-                "Measured / modelled seconds of the engine's steps with decodes (engine.step_model); "
-                "the ITL target's prefill budget divides the target by it", value=s.step_speed)
+                "Measured / modelled seconds of the engine's steps (engine.step_model), by the "
+                "model's fit: decode (decode-only steps), prefill (steps with prefill, which the "
+                "ITL target's budget reads)", labels=["kind"])
+            speed.add_metric(["decode"], s.step_speed[0])
+            speed.add_metric(["prefill"], s.step_speed[1])
+            yield speed
         if s.grammar is not None:
             yield from _grammar_metrics(s.grammar)
 

@@ -14,9 +14,9 @@ for a slice of ``t`` tokens after ``s`` computed ones. The running streams wait 
 whole step, so under a target ``T`` a step's slices share ``T / speed - fixed(r, D)`` model
 seconds, and ``slice_tokens`` solves the quadratic for the most tokens a slice fits in what is
 left. ``speed`` (``DeviceSpeed``) is how long this engine's steps really take against the
-model's prediction: the shipped profile was timed with one thread on one machine, and an
-engine with two threads, or another instance of the CPU, runs its steps in half or 1.3x the
-time (docs/engine.md "The ITL target"). The coefficients are read off the model once
+model's prediction (for steps with prefill, the ones a target governs): the shipped profile
+was timed with one thread on one machine, and an engine with two threads, or another
+instance of the CPU, runs its steps in another time (docs/engine.md "The ITL target"). The coefficients are read off the model once
 (``StepCost.of``): the scheduler's step does float arithmetic only.
 """
 
@@ -41,6 +41,10 @@ class StepCost:
     per_context_s: float
     per_prefix_context_s: float  # per_context_s included: a slice after a prefix pays this alone
     per_prefix_end_s: float
+    # A step of decodes alone, which a model may cost apart (a CPU's one-call decode kernel)
+    decode_base_s: float = 0.0
+    decode_per_seq_s: float = 0.0
+    decode_per_context_s: float = 0.0
 
     @classmethod
     def of(cls, model: StepModel) -> StepCost:
@@ -54,13 +58,22 @@ class StepCost:
         context = per(prefill_context=1)
         # NOTE: a slice after a prefix counts in both prefill_context and prefill_prefix_context.
         prefix_context = per(prefill_context=1, prefill_prefix_context=1)
+        # NOTE: step_seconds, not steps_seconds: a shape without prefill is a decode-only step.
+        d0 = model.step_seconds(BatchShape())
         return cls(base, per(decode_seqs=1), per(decode_context=1), per(prefill_tokens=1),
-                   context, prefix_context, per(prefill_prefix_end=1))
+                   context, prefix_context, per(prefill_prefix_end=1), d0,
+                   model.step_seconds(BatchShape(decode_seqs=1)) - d0,
+                   model.step_seconds(BatchShape(decode_context=1)) - d0)
 
     def fixed_seconds(self, decode_seqs: int, decode_context: int) -> float:
         """A prefill step's seconds before its slices: the base and the decodes beside them."""
         return (self.base_s + self.per_decode_seq_s * decode_seqs
                 + self.per_decode_context_s * decode_context)
+
+    def decode_seconds(self, decode_seqs: int, decode_context: int) -> float:
+        """A step of these decodes alone."""
+        return (self.decode_base_s + self.decode_per_seq_s * decode_seqs
+                + self.decode_per_context_s * decode_context)
 
     def slice_seconds(self, tokens: int, start: int) -> float:
         """What a slice of ``tokens`` after ``start`` computed tokens adds to its step."""
@@ -98,19 +111,27 @@ SPEED_BOUNDS = (0.25, 4.0)
 
 @dataclass(slots=True)
 class DeviceSpeed:
-    """Measured / predicted seconds of this engine's steps that ran decodes (the steps an
-    ITL target governs), an exponentially weighted mean from 1. The engine feeds it
+    """Measured / predicted seconds of this engine's steps, an exponentially weighted mean
+    from 1 for each of the model's two fits: ``decode`` (decode-only steps) and ``prefill``
+    (steps with prefill, beside decodes or not). They differ: with 2 threads on the 1-thread
+    CPU profile a decode-only step takes ~0.5 of its prediction (the one-call decode kernel
+    splits across threads) and a small prefill step ~1.1 (its fixed cost does not). The
+    target governs steps with prefill: it reads ``prefill``. The engine feeds it
     (``observe``) where its steps take real time (a CPU or CUDA runner; the mock and the
     simulator's runner take their model's time already)."""
 
-    ratio: float = 1.0
+    decode: float = 1.0
+    prefill: float = 1.0
     steps: int = 0
 
-    def observe(self, predicted_s: float, measured_s: float) -> None:
+    def observe(self, with_prefill: bool, predicted_s: float, measured_s: float) -> None:
         if predicted_s <= 0 or measured_s <= 0:
             return
         r = min(max(measured_s / predicted_s, SPEED_BOUNDS[0]), SPEED_BOUNDS[1])
-        self.ratio += SPEED_WEIGHT * (r - self.ratio)
+        if with_prefill:
+            self.prefill += SPEED_WEIGHT * (r - self.prefill)
+        else:
+            self.decode += SPEED_WEIGHT * (r - self.decode)
         self.steps += 1
 
 
@@ -143,7 +164,26 @@ class ChunkLimit:
         streams it started first would leave most of the burst waiting (32 prompts at
         once: half the output rate, 4x the TTFT, docs/engine.md "The ITL target")."""
         target = self.target_s * (queued / decode_seqs) if queued > decode_seqs > 0 else self.target_s
-        return target / self.speed.ratio - self.cost.fixed_seconds(decode_seqs, decode_context)
+        return target / self.speed.prefill - self.cost.fixed_seconds(decode_seqs, decode_context)
+
+    def split_pays(self, decode_seqs: int, decode_context: int) -> bool:
+        """Whether these decodes take less time as a step of their own than beside a prefill
+        (each fit at its own measured speed): on the CPU a decode-only step runs the one-call
+        decode kernel, while decodes in a prefill step run the torch path at ~2x the cost a
+        sequence, so past a few streams a step of prefill alone, then one of decodes alone,
+        beats mixing them."""
+        c, sp = self.cost, self.speed
+        return sp.decode * c.decode_seconds(decode_seqs, decode_context) < sp.prefill * (
+            c.per_decode_seq_s * decode_seqs + c.per_decode_context_s * decode_context)
+
+    def split_seconds_left(self, decode_seqs: int, decode_context: int, queued: int = 0) -> float:
+        """Model seconds the slices of a step of prefill alone share, the running streams
+        skipping it for a step of their decodes alone right after: they wait for both, so
+        the two together keep the target."""
+        target = self.target_s * (queued / decode_seqs) if queued > decode_seqs > 0 else self.target_s
+        c, sp = self.cost, self.speed
+        return ((target - sp.decode * c.decode_seconds(decode_seqs, decode_context)) / sp.prefill
+                - c.fixed_seconds(0, 0))
 
     def first_chunk(self, tokens: int, start: int, decode_seqs: int, decode_context: int,
                     budget: int) -> int:

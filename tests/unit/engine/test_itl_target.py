@@ -215,25 +215,30 @@ def test_the_step_model_is_read_once_at_start_not_per_step() -> None:
     assert _Counting.calls == at_start  # the budget is arithmetic on hoisted coefficients
 
 
-def test_device_speed_is_a_bounded_moving_mean_of_measured_over_predicted() -> None:
+def test_device_speed_is_a_bounded_moving_mean_of_measured_over_predicted_for_each_fit() -> None:
     speed = DeviceSpeed()
     for _ in range(400):
-        speed.observe(0.040, 0.020)  # the device runs twice as fast as its model
-    assert speed.ratio == pytest.approx(0.5, rel=1e-3) and speed.steps == 400
-    speed.observe(0.0, 1.0)  # nothing predicted: nothing learnt
-    assert speed.steps == 400
+        speed.observe(False, 0.040, 0.020)  # decode-only steps run twice as fast as modelled
+        speed.observe(True, 0.100, 0.110)  # steps with prefill 10% slower
+    assert speed.decode == pytest.approx(0.5, rel=1e-3) and speed.prefill == pytest.approx(1.1, rel=1e-3)
+    assert speed.steps == 800
+    speed.observe(True, 0.0, 1.0)  # nothing predicted: nothing learnt
+    assert speed.steps == 800
     once = DeviceSpeed()
-    once.observe(0.010, 100.0)  # a step stalled 10,000x counts as 4x, and weighs little
-    assert once.ratio == pytest.approx(1 + SPEED_WEIGHT * (SPEED_BOUNDS[1] - 1))
+    once.observe(True, 0.010, 100.0)  # a step stalled 10,000x counts as 4x, and weighs little
+    assert once.prefill == pytest.approx(1 + SPEED_WEIGHT * (SPEED_BOUNDS[1] - 1))
+    assert once.decode == 1.0
 
 
 def test_a_faster_device_fits_more_prefill_under_the_same_target() -> None:
     limit = ChunkLimit.of(MODEL, 40.0, 4)
-    twice = ChunkLimit.of(MODEL, 40.0, 4, DeviceSpeed(0.5))
-    # 6 streams: 16 ms of the model's decodes. 40 ms leave 24 tokens at 1 ms a token; on a
-    # device twice as fast the 40 real ms are 80 model ms: 64 tokens.
+    twice = ChunkLimit.of(MODEL, 40.0, 4, DeviceSpeed(decode=1.0, prefill=0.5))
+    # 6 streams: 16 ms of the model's decodes. 40 ms leave 24 tokens at 1 ms a token; where
+    # steps with prefill run twice as fast the 40 real ms are 80 model ms: 64 tokens.
     assert limit.first_chunk(1000, 0, 6, 6 * 10, 256) == 24
     assert twice.first_chunk(1000, 0, 6, 6 * 10, 256) == 64
+    # the decode-only ratio does not move a step with prefill
+    assert ChunkLimit.of(MODEL, 40.0, 4, DeviceSpeed(decode=0.25)).first_chunk(1000, 0, 6, 60, 256) == 24
 
 
 class _CpuMock(MockRunner):
@@ -245,13 +250,13 @@ class _CpuMock(MockRunner):
 class _Recording(DeviceSpeed):
     def __init__(self) -> None:
         super().__init__()
-        self.seen: list[tuple[float, float]] = []
+        self.seen: list[tuple[bool, float, float]] = []
 
-    def observe(self, predicted_s: float, measured_s: float) -> None:
-        self.seen.append((predicted_s, measured_s))
+    def observe(self, with_prefill: bool, predicted_s: float, measured_s: float) -> None:
+        self.seen.append((with_prefill, predicted_s, measured_s))
 
 
-def test_the_engine_feeds_its_steps_with_decodes_to_the_speed_where_steps_take_real_time(
+def test_the_engine_feeds_every_step_to_the_speed_where_steps_take_real_time(
         monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = mock_cfg(block_size=4, num_kv_blocks=512, max_num_seqs=16, max_num_batched_tokens=256,
                    max_model_len=2048).model_copy(update={"itl_target_ms": 40.0})
@@ -271,7 +276,65 @@ def test_the_engine_feeds_its_steps_with_decodes_to_the_speed_where_steps_take_r
         eng.add_request(req("b", list(range(200, 260)), max_tokens=5))
         while eng.has_unfinished():
             eng.step()
-        with_decodes = [MODEL.step_seconds(batch_shape(b)) for b in ran if b.num_decodes]
-        assert [p for p, _ in seen] == pytest.approx(with_decodes) and len(seen) >= 4
-        assert all(m > 0 for _, m in seen)
-        assert eng.stats().step_speed == eng.speed.ratio
+        shapes = [batch_shape(b) for b in ran]
+        assert [(w, p) for w, p, _ in seen] == [(sh.prefill_tokens > 0, pytest.approx(MODEL.step_seconds(sh)))
+                                              for sh in shapes]
+        assert len(seen) >= 5 and any(w for w, _, _ in seen) and not all(w for w, _, _ in seen)
+        assert all(m > 0 for _, _, m in seen)
+        assert eng.stats().step_speed == (speed.decode, speed.prefill)
+
+
+class _CheapDecodes:
+    """A CPU-like device: a prefill step costs 10 ms + 1 ms a token + 2 ms a decode beside
+    it; a decode-only step 2 ms + 0.5 ms a sequence (the one-call decode kernel)."""
+
+    reads_decode_context = False
+    overlap_pays = True
+
+    def step_seconds(self, shape: BatchShape) -> float:
+        if shape.prefill_tokens:
+            return self.steps_seconds(shape, 1)
+        return 0.002 + 0.0005 * shape.decode_seqs
+
+    def steps_seconds(self, total: BatchShape, steps: int) -> float:
+        return 0.010 * steps + 0.001 * total.prefill_tokens + 0.002 * total.decode_seqs
+
+
+CHEAP = _CheapDecodes()
+
+
+def split_engine(target_ms: float, max_num_seqs: int = 16) -> tuple[LLMEngine, MockRunner]:
+    cfg = mock_cfg(block_size=4, num_kv_blocks=512, max_num_seqs=max_num_seqs, max_num_batched_tokens=256,
+                   max_model_len=2048).model_copy(update={"itl_target_ms": target_ms})
+    runner = MockRunner(cfg)
+    return LLMEngine(runner, cfg, [EOS], step_model=CHEAP), runner
+
+
+def test_past_a_few_streams_prefill_runs_alone_then_the_decodes_and_the_pair_keeps_the_target() -> None:
+    limit = ChunkLimit.of(CHEAP, 40.0, 4)
+    # 1 stream: 2.5 ms alone against 2 ms beside a prefill: mixing pays; 8: 6 ms against 16
+    assert not limit.split_pays(1, 0) and limit.split_pays(8, 0)
+    eng, runner = split_engine(40.0)
+    start_streams(eng, runner, 8)
+    eng.add_request(req("long", list(range(200, 600)), max_tokens=1))
+    batches = []
+    while "long" in eng.scheduler.seqs:
+        batches.append(step(eng, runner))
+    assert not any(b.num_decodes and prefill_tokens(b) for b in batches)  # never mixed
+    alone = [i for i, b in enumerate(batches) if prefill_tokens(b)]
+    assert len(alone) == -(-400 // 24) and all(b.num_decodes == 8 for b in batches[alone[0] + 1::2])
+    # 40 ms less the 6 ms decode step and the prefill step's 10: 24 tokens a prefill step,
+    # and each prefill step with the streams' step after it keeps the target
+    assert [prefill_tokens(batches[i]) for i in alone[:-1]] == [24] * (len(alone) - 1)
+    for i in alone[:-1]:
+        pair = CHEAP.step_seconds(batch_shape(batches[i])) + CHEAP.step_seconds(batch_shape(batches[i + 1]))
+        assert pair <= 0.040 + 1e-9
+
+
+def test_a_prefill_step_with_nothing_to_prefill_runs_the_decodes_instead() -> None:
+    eng, runner = split_engine(40.0, max_num_seqs=8)
+    start_streams(eng, runner, 8)  # every seat taken: the waiting prompt cannot be admitted
+    eng.add_request(req("waits", list(range(200, 260)), max_tokens=1))
+    for _ in range(4):
+        batch = step(eng, runner)
+        assert batch.num_decodes == 8 and prefill_tokens(batch) == 0
