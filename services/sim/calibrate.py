@@ -33,7 +33,15 @@ from services.bench.results import header, load_average, write_json
 from services.bench.workloads import BenchRequest, oracle_hit_rate
 from services.common.config import ClusterConfig, load_config
 from services.launcher.up import served_name
-from services.sim.calibrate_compare import Figures, Row, compare, rows_json, table
+from services.sim.calibrate_compare import (
+    REAL_TARGET_PCT,
+    TARGET_PCT,
+    Figures,
+    Row,
+    compare,
+    rows_json,
+    table,
+)
 from services.sim.calibrate_workloads import Calibration, build
 from services.sim.records import SimResult
 from services.sim.report import summary
@@ -204,7 +212,8 @@ def calibrate_one(cal: Calibration, args: argparse.Namespace, log_dir: Path) -> 
     cfg = sim_config(cal, config, ov)
     result = run_sim(cal, cfg)
     real, sim = Figures.of_bench(real_sum), Figures.of_sim(summary(result))
-    rows = compare(cal.name, real, sim)
+    rows = compare(cal.name, real, sim,
+                   TARGET_PCT if cfg.engine.runner == "mock" else REAL_TARGET_PCT)
     sim_remote = sum(r.remote for r in result.records)
     if cfg.prefill.replicas:
         print(f"  remote prefills: real {real_remote}, simulated {sim_remote}", flush=True)

@@ -62,11 +62,14 @@ def test_the_table_shows_every_figure_and_counts_the_misses() -> None:
     lines = text.splitlines()
     assert len(lines) == 2 + 12 + 1
     assert "mean TTFT ms" in lines[2] and "100.0" in lines[2] and "92.0" in lines[2]
-    assert "-8.0%" in lines[2] and lines[2].endswith("ok")
-    assert "+15.0%" in lines[3] and lines[3].endswith("MISS")
+    assert "-8.0%" in lines[2] and lines[2].endswith("ok (10%)")
+    assert "+15.0%" in lines[3] and lines[3].endswith("MISS (10%)")
     assert "0.500" in lines[5]  # a hit rate with three decimals
     assert lines[6].endswith("(info)") and "+10.0%" in lines[6]
-    assert lines[-1] == "7/8 targeted figures within 10%"
+    assert lines[-1] == "7/8 targeted figures within their targets"
+    # against the real engine the target is 15%: +15.0% is within it
+    real_engine = table(compare("real", REAL, SIM, 15.0)).splitlines()
+    assert real_engine[3].endswith("ok (15%)") and real_engine[-1] == "4/4 targeted figures within their targets"
 
 
 def _bench_record(i: int, t0: float, ttft: float, gaps: list[float], prompt: int,
