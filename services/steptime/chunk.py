@@ -187,13 +187,17 @@ class ChunkLimit:
 
     def first_chunk(self, tokens: int, start: int, decode_seqs: int, decode_context: int,
                     budget: int) -> int:
-        """Tokens of the one prefill slice a step takes beside these decodes, of a prompt
-        with ``tokens`` left after ``start`` computed ones, within ``budget`` tokens: what the
-        scheduler gives a lone prefill (decode_seqs 0: no stream to protect, the budget)."""
+        """Tokens of the one prefill slice a step takes beside these decodes (or, where
+        ``split_pays``, in a step of its own before theirs), of a prompt with ``tokens`` left
+        after ``start`` computed ones, within ``budget`` tokens: what the scheduler gives a
+        lone prefill (decode_seqs 0: no stream to protect, the budget)."""
         n = min(tokens, budget)
         if decode_seqs <= 0:
             return n
-        fits = self.cost.slice_tokens(self.seconds_left(decode_seqs, decode_context), start)
+        left = (self.split_seconds_left(decode_seqs, decode_context)
+                if self.split_pays(decode_seqs, decode_context)
+                else self.seconds_left(decode_seqs, decode_context))
+        fits = self.cost.slice_tokens(left, start)
         return min(n, max(fits, self.floor_tokens))
 
 

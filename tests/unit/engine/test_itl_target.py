@@ -237,8 +237,11 @@ def test_a_faster_device_fits_more_prefill_under_the_same_target() -> None:
     # steps with prefill run twice as fast the 40 real ms are 80 model ms: 64 tokens.
     assert limit.first_chunk(1000, 0, 6, 6 * 10, 256) == 24
     assert twice.first_chunk(1000, 0, 6, 6 * 10, 256) == 64
-    # the decode-only ratio does not move a step with prefill
-    assert ChunkLimit.of(MODEL, 40.0, 4, DeviceSpeed(decode=0.25)).first_chunk(1000, 0, 6, 60, 256) == 24
+    # the decode-only ratio does not move a step with prefill, until decode-only steps run
+    # fast enough that the split pays: 6 decodes alone at 0.25 x 16 ms = 4 ms against 12 ms
+    # beside a prefill; the prefill step alone gets 40 - 4 - its 4 ms base = 32 tokens
+    assert ChunkLimit.of(MODEL, 40.0, 4, DeviceSpeed(decode=0.8)).first_chunk(1000, 0, 6, 60, 256) == 24
+    assert ChunkLimit.of(MODEL, 40.0, 4, DeviceSpeed(decode=0.25)).first_chunk(1000, 0, 6, 60, 256) == 32
 
 
 class _CpuMock(MockRunner):
@@ -338,3 +341,11 @@ def test_a_prefill_step_with_nothing_to_prefill_runs_the_decodes_instead() -> No
     for _ in range(4):
         batch = step(eng, runner)
         assert batch.num_decodes == 8 and prefill_tokens(batch) == 0
+
+
+def test_the_decode_workers_chunk_is_the_split_steps_where_the_scheduler_splits() -> None:
+    limit = ChunkLimit.of(CHEAP, 40.0, 4)
+    # 8 streams: a step of prefill alone gets 40 - 6 (their decode step) - 10 (its base) ms
+    assert limit.first_chunk(1000, 0, 8, 0, 256) == 24
+    # 1 stream mixes: 40 - 10 - 2 ms beside it
+    assert limit.first_chunk(1000, 0, 1, 0, 256) == 28
