@@ -17,6 +17,7 @@ import asyncio
 import os
 import re
 import statistics
+import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -48,7 +49,7 @@ from services.sim.report import summary
 from services.sim.simulator import simulate
 from services.sim.traces import from_bench
 from services.steptime.model import BatchShape, StepModel
-from services.steptime.profile import step_model_for
+from services.steptime.profile import SHIPPED_CPU_PROFILE, step_model_for
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE_LEN = 8  # prompt tokens of an overhead probe
@@ -229,6 +230,44 @@ def calibrate_one(cal: Calibration, args: argparse.Namespace, log_dir: Path) -> 
     return rows, detail
 
 
+_CHECK_LINE = re.compile(r"mean error ([0-9.]+)%, max ([0-9.]+)%")
+
+
+def check_in_subprocess(config: str, overrides: list[str], path: str) -> tuple[float, float, bool]:
+    """(mean error, max error, stale) of `tandem sim profile --check path` with this config,
+    run in a process of its own: an engine built here would stay in this process (its
+    threads and memory) beside the cluster being measured."""
+    argv = [sys.executable, "-m", "services.cli", "sim", "profile", "-c", config, "--check", path]
+    for o in overrides:
+        argv += ["--set", o]
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, check=False)
+    m = _CHECK_LINE.search(done.stdout.splitlines()[-1] if done.stdout.strip() else "")
+    if done.returncode not in (0, 1) or m is None:
+        raise RuntimeError(f"tandem sim profile --check {path} failed ({done.returncode}): "
+                           f"{done.stderr.strip()[-2000:]}")
+    return float(m.group(1)) / 100, float(m.group(2)) / 100, done.returncode == 1
+
+
+def profile_checks(cals: list[Calibration], config: str | None) -> dict[str, dict]:
+    """``tandem sim profile --check`` of each real-engine workload's profile, once a file:
+    a profile measured on another machine (or another instance of this CPU) makes the
+    calibration measure the profile's age, not the simulator. Warns when one is stale."""
+    out: dict[str, dict] = {}
+    for cal in cals:
+        cfg_path = config or str(REPO / cal.config)
+        cfg = load_config(cfg_path, list(cal.overrides))
+        path = str(SHIPPED_CPU_PROFILE if cfg.engine.step_model == "auto" else cfg.engine.step_model)
+        if cfg.engine.runner == "mock" or cfg.engine.step_model == "mock" or path in out:
+            continue
+        print(f"== checking {path} against this machine (tandem sim profile --check)", flush=True)
+        mean, worst, stale = check_in_subprocess(cfg_path, list(cal.overrides), path)
+        out[path] = {"mean_error": mean, "max_error": worst, "stale": stale}
+        print(f"  mean error {mean * 100:.1f}%, max {worst * 100:.1f}%"
+              + ("  WARNING: stale here; profile this machine again (tandem sim profile --out)"
+                 if stale else ""), flush=True)
+    return out
+
+
 def main(args: argparse.Namespace) -> int:
     head = header(args)
     names = args.workloads or ["chat", "long-disagg", "conversation"]
@@ -246,6 +285,7 @@ def main(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as e:
         print(f"tandem sim calibrate: {e}", file=sys.stderr)
         return 2
+    checks = {} if args.skip_profile_check else profile_checks(cals, args.config)
     log_dir = Path(args.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     rows: list[Row] = []
@@ -256,5 +296,6 @@ def main(args: argparse.Namespace) -> int:
         print(table(r), flush=True)
     if len(cals) > 1:
         print(f"\n{table(rows)}")
-    write_json(args.json_path, {**head, "rows": rows_json(rows), "workloads": details})
+    write_json(args.json_path, {**head, "rows": rows_json(rows), "profile_checks": checks,
+                                "workloads": details})
     return 0

@@ -45,6 +45,10 @@ def add_calibrate_parser(sim_sub: argparse._SubParsersAction, add_config: AddCon
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--probes", type=int, default=10,
                    help="1-token requests at idle that measure the request overhead")
+    p.add_argument("--skip-profile-check", action="store_true",
+                   help="real-engine workloads: do not time the quick grid against their profile "
+                        "first (tandem sim profile --check, ~40 s; it warns when the profile "
+                        "is stale on this machine)")
     p.add_argument("--json", dest="json_path", default=None, metavar="FILE",
                    help="every figure and error, the overhead and per-request TTFTs")
     p.add_argument("--log-dir", default="/tmp/tandem-sim/calibrate",

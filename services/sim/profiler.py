@@ -269,18 +269,45 @@ def check(profile: ProfileStepModel, points: list[MeasuredStep]) -> FitError:
     return FitError(statistics.fmean(errs), max(errs))
 
 
+def is_stale(err: FitError) -> bool:
+    """Whether a profile this far from steps timed now no longer describes the machine.
+    The max counts too: a profile can be close on average and a fifth off on batch-1
+    decode, which sets a lightly loaded cluster's ITL."""
+    from services.sim.args import CHECK_TOLERANCE
+
+    return err.mean > CHECK_TOLERANCE or err.max > 2 * CHECK_TOLERANCE
+
+
+def check_profile(cfg: ClusterConfig, path: str | Path) -> FitError:
+    """Build ``cfg``'s engine here, time the quick grid and compare it with the profile at
+    ``path`` (``check``: prints each point)."""
+    against = ProfileStepModel.load(path)
+    torch.set_num_threads(cfg.engine.threads)
+    engine = build_engine(cfg).engine
+    points = list(measure(Profiler(engine), grid_for(cfg, engine.runner.max_model_len, True)))
+    engine.check_integrity()
+    return check(against, points)
+
+
 def main(args: argparse.Namespace) -> int:
     from services.bench.results import load_average
     from services.sim.args import CHECK_TOLERANCE
 
     load_before = load_average()
     cfg = load_config(args.config, args.overrides)
-    against = ProfileStepModel.load(args.check) if args.check else None
+    if args.check:
+        err = check_profile(cfg, args.check)
+        stale = is_stale(err)
+        print(f"{args.check}: mean error {err.mean * 100:.1f}%, max {err.max * 100:.1f}% against "
+              f"this machine now (load average {load_before} before)"
+              + (f": past {CHECK_TOLERANCE:.0%} mean or {2 * CHECK_TOLERANCE:.0%} max, profile this "
+                 "machine again (--out)" if stale else ""))
+        return 1 if stale else 0
     torch.set_num_threads(cfg.engine.threads)
     parts = build_engine(cfg)
     engine = parts.engine
     profiler = Profiler(engine)
-    grid = grid_for(cfg, engine.runner.max_model_len, args.quick or against is not None)
+    grid = grid_for(cfg, engine.runner.max_model_len, args.quick)
     fitted = "forward" if profiler.serve_overlapped else "step"
     print(f"profiling {cfg.model.path} on {engine.runner.info.device} ({engine.runner.info.dtype}, "
           f"quantization {engine.runner.info.quantization}, {torch.get_num_threads()} threads): "
@@ -291,16 +318,6 @@ def main(args: argparse.Namespace) -> int:
         points.append(p)
         print(f"  [{i}] {p.shape}: {p.seconds * 1e3:.2f} ms", flush=True)
     engine.check_integrity()
-    if against is not None:
-        err = check(against, points)
-        # NOTE: the max too: a profile can be close on average and a fifth off on batch-1
-        # decode, which sets a lightly loaded cluster's ITL.
-        stale = err.mean > CHECK_TOLERANCE or err.max > 2 * CHECK_TOLERANCE
-        print(f"{args.check}: mean error {err.mean * 100:.1f}%, max {err.max * 100:.1f}% against "
-              f"this machine now (load average {load_before} before)"
-              + (f": past {CHECK_TOLERANCE:.0%} mean or {2 * CHECK_TOLERANCE:.0%} max, profile this "
-                 "machine again (--out)" if stale else ""))
-        return 1 if stale else 0
     model = fit_profile(points, measured_on(cfg, engine, parts.model_path, fitted, load_before),
                         profiler.serve_overlapped)
     print_table(model)

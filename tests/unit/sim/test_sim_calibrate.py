@@ -19,7 +19,7 @@ from services.sim.calibrate import (
     sim_config,
 )
 from services.sim.calibrate_compare import Figures, compare, table
-from services.sim.calibrate_workloads import PRESETS, build, sample_conversations
+from services.sim.calibrate_workloads import PRESETS, XEON_PROFILE, build, sample_conversations
 from services.sim.records import GapSamples, RequestRecord, SimResult
 from services.sim.report import summary
 
@@ -163,3 +163,40 @@ def test_a_real_engine_is_calibrated_against_a_profile_only(tmp_path) -> None:
     assert calibrate.main(args) == 2  # refused before any cluster starts
     args.overrides = [f"engine.step_model={tmp_path / 'missing.yaml'}"]
     assert calibrate.main(args) == 2
+
+
+def test_each_real_engine_profile_is_checked_once_before_the_clusters(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import services.sim.calibrate as calibrate
+
+    seen: list[str] = []
+
+    def fake(config: str, overrides: list[str], path: str) -> tuple[float, float, bool]:
+        seen.append(path)
+        return 0.056, 0.214, True  # close on average, a fifth off somewhere: stale
+
+    monkeypatch.setattr(calibrate, "check_in_subprocess", fake)
+    cals = [build(n, None, True, None, None, None, 24, 0) for n in ("chat", "real-chat", "real-long")]
+    checks = calibrate.profile_checks(cals, None)
+    # the mock workload has no profile; the two real ones share one, timed once
+    assert seen == [XEON_PROFILE] and list(checks) == seen
+    assert checks[seen[0]] == {"mean_error": 0.056, "max_error": 0.214, "stale": True}
+    assert "WARNING: stale here" in capsys.readouterr().out
+
+
+def test_the_check_runs_in_a_process_of_its_own_and_reads_its_verdict(tmp_path: Path) -> None:
+    from services.sim.calibrate import check_in_subprocess
+    from services.steptime.model import BatchShape
+    from services.steptime.profile import MeasuredStep, fit_profile
+
+    mock = ["engine.runner=mock", "model.path=/nonexistent", "engine.mock.step_base_s=0.004",
+            "engine.mock.per_prefill_token_s=0.00004", "engine.mock.per_decode_seq_s=0.0005",
+            "engine.max_num_batched_tokens=256", "engine.max_num_seqs=8", "engine.num_kv_blocks=512"]
+    slow = tmp_path / "slow.yaml"  # 20x the mock's own step: stale whatever the timing noise
+    shapes = [BatchShape(0, 0, b, 64 * b) for b in (1, 2, 4, 8)] + [BatchShape(n, n * n) for n in (16, 64, 256)]
+    fit_profile([MeasuredStep(s, 20 * (0.004 + 0.00004 * s.prefill_tokens + 0.0005 * s.decode_seqs))
+                 for s in shapes]).save(slow)
+    mean, worst, stale = check_in_subprocess("configs/agg.yaml", mock, str(slow))
+    assert stale and 10 < mean <= worst  # the profile says ~20x what the steps take: ~1900% off
+    with pytest.raises(RuntimeError, match="failed"):
+        check_in_subprocess("configs/agg.yaml", mock, str(tmp_path / "missing.yaml"))
