@@ -23,7 +23,7 @@ import argparse
 import platform
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -37,7 +37,13 @@ from services.engine.engine import LLMEngine
 from services.engine.factory import build_engine
 from services.engine.request import GenerateRequest
 from services.steptime.model import BatchShape
-from services.steptime.profile import FitError, MeasuredStep, ProfileStepModel, fit_profile
+from services.steptime.profile import (
+    FitError,
+    MeasuredStep,
+    ProfileStepModel,
+    fit_error,
+    fit_profile,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,14 +250,19 @@ def measured_on(cfg: ClusterConfig, engine: LLMEngine, model_path: Path | None, 
     return out
 
 
-def print_table(model: ProfileStepModel) -> None:
+def print_points(model: ProfileStepModel, points: Sequence[MeasuredStep], predicted: str) -> None:
+    """Each point's measured time beside ``model``'s (headed ``predicted``) and the error."""
     print(f"{'prefill tok':>11}{'prefill ctx':>13}{'of it prefix':>13}{'decode seqs':>12}"
-          f"{'decode ctx':>11}{'measured ms':>13}{'fitted ms':>11}{'error':>8}")
-    for p in model.points:
+          f"{'decode ctx':>11}{'measured ms':>13}{predicted:>11}{'error':>8}")
+    for p in points:
         s, fitted = p.shape, model.step_seconds(p.shape)
         print(f"{s.prefill_tokens:>11}{s.prefill_context:>13}{s.prefill_prefix_context:>13}"
               f"{s.decode_seqs:>12}{s.decode_context:>11}{p.seconds * 1e3:>13.2f}{fitted * 1e3:>11.2f}"
               f"{(fitted / p.seconds - 1) * 100:>7.1f}%")
+
+
+def print_table(model: ProfileStepModel) -> None:
+    print_points(model, model.points, "fitted ms")
     for kind, e in (("all", model.error), ("decode-only", model.decode_error),
                     ("prefill", model.prefill_error)):
         print(f"fit error over {kind} steps: mean {e.mean * 100:.1f}%, max {e.max * 100:.1f}%")
@@ -259,14 +270,8 @@ def print_table(model: ProfileStepModel) -> None:
 
 def check(profile: ProfileStepModel, points: list[MeasuredStep]) -> FitError:
     """How far ``profile`` is from steps timed now: per point, then the mean and max."""
-    print(f"{'shape':<58}{'now ms':>9}{'profile ms':>12}{'error':>8}")
-    errs = []
-    for p in points:
-        s, then = p.shape, profile.step_seconds(p.shape)
-        errs.append(abs(then / p.seconds - 1))
-        print(f"{f'prefill {s.prefill_tokens} (prefix {s.prefill_prefix_end}), decode {s.decode_seqs} x ctx {s.decode_context}':<58}"
-              f"{p.seconds * 1e3:>9.2f}{then * 1e3:>12.2f}{(then / p.seconds - 1) * 100:>7.1f}%")
-    return FitError(statistics.fmean(errs), max(errs))
+    print_points(profile, points, "profile ms")
+    return fit_error(profile, points)
 
 
 def is_stale(err: FitError) -> bool:

@@ -229,7 +229,8 @@ def _fit_cost(kind: type[DecodeCost] | type[PrefillCost], points: list[MeasuredS
     return kind(*map(float, x / scale))
 
 
-def _error(model: ProfileStepModel, points: list[MeasuredStep]) -> FitError:
+def fit_error(model: ProfileStepModel, points: list[MeasuredStep]) -> FitError:
+    """``|predicted - measured| / measured`` of ``model`` over ``points``: mean and max."""
     rel = [abs(model.step_seconds(p.shape) - p.seconds) / p.seconds for p in points]
     return FitError(float(np.mean(rel)), float(np.max(rel))) if rel else FitError()
 
@@ -248,8 +249,8 @@ def fit_profile(points: list[MeasuredStep], measured_on: dict[str, Any] | None =
                          f"profile: it needs {MIN_POINTS} of each")
     model = ProfileStepModel(_fit_cost(DecodeCost, decode), _fit_cost(PrefillCost, prefill),
                              overlap_pays, measured_on=measured_on or {}, points=tuple(points))
-    return replace(model, error=_error(model, points), decode_error=_error(model, decode),
-                   prefill_error=_error(model, prefill))
+    return replace(model, error=fit_error(model, points), decode_error=fit_error(model, decode),
+                   prefill_error=fit_error(model, prefill))
 
 
 # What ``engine.step_model: auto`` means for the torch runner: SmolLM2-135M measured on a
