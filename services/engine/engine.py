@@ -24,7 +24,6 @@ from services.engine.runner.base import ModelRunner, RunnerInfo
 from services.engine.scheduler import InvalidRequestError, Scheduler
 from services.engine.timings import EngineTimings
 from services.steptime.chunk import chunk_limit_for, measures_speed
-from services.steptime.profile import step_model_for
 
 if TYPE_CHECKING:
     from services.engine.grammar.batch_mask import BatchMask, MaskBuilder
@@ -125,7 +124,7 @@ class LLMEngine:
         # The ITL target's measure of this device against its step model: each step,
         # predicted and timed (None: no target, or steps that take no real time).
         self.speed = limit.speed if limit is not None and measures_speed(runner.info.device) else None
-        self._speed_model = (step_model or step_model_for(cfg)) if self.speed is not None else None
+        self._step_cost = limit.cost if limit is not None else None  # the prediction of a step
         self._flight_start = 0.0  # when the batch in flight was launched
         self._last_done = 0.0  # when the last batch read back completed
         # Sequences the last step launched (or, launching none, read back); 0 = it did
@@ -191,9 +190,9 @@ class LLMEngine:
         return outputs
 
     def _observe_speed(self, batch: ScheduledBatch, seconds: float) -> None:
-        assert self.speed is not None and self._speed_model is not None
+        assert self.speed is not None and self._step_cost is not None
         shape = batch_shape(batch)
-        self.speed.observe(shape.prefill_tokens > 0, self._speed_model.step_seconds(shape), seconds)
+        self.speed.observe(shape.prefill_tokens > 0, self._step_cost.shape_seconds(shape), seconds)
 
     def _forget_finished(self, outputs: list[TokenOutput]) -> None:
         for o in outputs:

@@ -75,6 +75,18 @@ class StepCost:
         return (self.decode_base_s + self.decode_per_seq_s * decode_seqs
                 + self.decode_per_context_s * decode_context)
 
+    def shape_seconds(self, shape: BatchShape) -> float:
+        """What a step of ``shape`` takes: a decode-only step, or a prefill step with its
+        decodes and its fresh and after-prefix context (the model's own answer, for the
+        linear models)."""
+        if not shape.prefill_tokens:
+            return self.decode_seconds(shape.decode_seqs, shape.decode_context)
+        fresh = shape.prefill_context - shape.prefill_prefix_context
+        return (self.fixed_seconds(shape.decode_seqs, shape.decode_context)
+                + self.per_token_s * shape.prefill_tokens + self.per_context_s * fresh
+                + self.per_prefix_context_s * shape.prefill_prefix_context
+                + self.per_prefix_end_s * shape.prefill_prefix_end)
+
     def slice_seconds(self, tokens: int, start: int) -> float:
         """What a slice of ``tokens`` after ``start`` computed tokens adds to its step."""
         if start:
@@ -163,8 +175,13 @@ class ChunkLimit:
         nearer its first, and a burst of prompts held to a sliver a step beside the few
         streams it started first would leave most of the burst waiting (32 prompts at
         once: half the output rate, 4x the TTFT, docs/engine.md "The ITL target")."""
-        target = self.target_s * (queued / decode_seqs) if queued > decode_seqs > 0 else self.target_s
-        return target / self.speed.prefill - self.cost.fixed_seconds(decode_seqs, decode_context)
+        return (self._target_s(decode_seqs, queued) / self.speed.prefill
+                - self.cost.fixed_seconds(decode_seqs, decode_context))
+
+    def _target_s(self, decode_seqs: int, queued: int) -> float:
+        """The target, stretched where requests waiting for their first token outnumber
+        the streams (``seconds_left``)."""
+        return self.target_s * (queued / decode_seqs) if queued > decode_seqs > 0 else self.target_s
 
     def split_pays(self, decode_seqs: int, decode_context: int) -> bool:
         """Whether these decodes take less time as a step of their own than beside a prefill
@@ -180,9 +197,8 @@ class ChunkLimit:
         """Model seconds the slices of a step of prefill alone share, the running streams
         skipping it for a step of their decodes alone right after: they wait for both, so
         the two together keep the target."""
-        target = self.target_s * (queued / decode_seqs) if queued > decode_seqs > 0 else self.target_s
         c, sp = self.cost, self.speed
-        return ((target - sp.decode * c.decode_seconds(decode_seqs, decode_context)) / sp.prefill
+        return ((self._target_s(decode_seqs, queued) - sp.decode * c.decode_seconds(decode_seqs, decode_context)) / sp.prefill
                 - c.fixed_seconds(0, 0))
 
     def first_chunk(self, tokens: int, start: int, decode_seqs: int, decode_context: int,

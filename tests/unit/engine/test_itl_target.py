@@ -37,6 +37,10 @@ def test_the_step_cost_is_the_models_own(tokens: int, start: int, seqs: int, con
     assert steps == 1
     got = cost.fixed_seconds(seqs, context) + cost.slice_seconds(tokens, start)
     assert got == pytest.approx(PROFILE.step_seconds(shape), rel=1e-9)
+    # and a whole step's shape, with prefill or without (what DeviceSpeed compares with)
+    assert cost.shape_seconds(shape) == pytest.approx(PROFILE.step_seconds(shape), rel=1e-9)
+    decodes = BatchShape(decode_seqs=seqs, decode_context=context)
+    assert cost.shape_seconds(decodes) == pytest.approx(PROFILE.step_seconds(decodes), rel=1e-9)
 
 
 @given(st.floats(0.0, 2.0), st.integers(0, 6000))
