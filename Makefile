@@ -31,12 +31,24 @@ cross-tools:
 		echo "installing g++-aarch64-linux-gnu and qemu-user (Debian packages, for the NEON kernel tests)"; \
 		$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq g++-aarch64-linux-gnu qemu-user; }
 
-$(STAMP): pyproject.toml
+# instructor, for tests/integration/launcher/test_structured_up.py. Not in the dev extra:
+# its releases (1.17.0 at most) pin jiter<0.15 and rich<15, while the openai the tests use
+# needs jiter>=0.16, so pip cannot resolve both. It uses jiter only for `from_json` (partial
+# JSON, in newer jiter too) and rich only in its CLI, so it is installed without its
+# requirements, then those with the two stale caps lifted (the rest as it states them).
+INSTRUCTOR := instructor==1.17.0
+INSTRUCTOR_DEPS := 'aiohttp>=3.14.3,<4' 'click>=8.3.3' 'docstring-parser>=0.16,<1.0' 'idna>=3.15' \
+	'jinja2>=3.1.4,<4' 'jiter>=0.6.1' 'openai>=2,<4' 'pydantic>=2.8,<3' 'regex>=2023' \
+	'requests>=2.33,<3' 'rich>=13.7' 'tenacity>=8.2.3,<10' 'typer>=0.9,<1' 'urllib3>=2.7,<3'
+
+$(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# torch first: 2.13.0 is the CPU build already on disk; a bare `torch` pulls CUDA wheels.
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[dev,planner]'
+	$(PIP) install -q --no-deps $(INSTRUCTOR)
+	$(PIP) install -q $(INSTRUCTOR_DEPS)
 	touch $(STAMP)
 
 nats:

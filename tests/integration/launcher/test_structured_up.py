@@ -4,7 +4,8 @@ parse and validate with ``jsonschema``; regex and choice answers match; a named 
 comes back as a valid ``tool_calls`` entry through the openai client, streamed and not;
 pydantic schemas (no ``additionalProperties``) give calls and answers with none of the
 keys a small model invents, so ``fn(**args)`` and ``model_validate`` work, also through
-langchain-openai's ``bind_tools`` and ``with_structured_output``; a call cut by
+langchain-openai's ``bind_tools`` and ``with_structured_output`` and through
+instructor (TOOLS and JSON_SCHEMA modes, ``create_partial`` streams); a call cut by
 max_tokens comes back in ``tool_calls`` with finish_reason "length".
 Long prompts are prefilled remotely, so the prefill worker's grammar is exercised too."""
 
@@ -15,6 +16,7 @@ import json
 import re
 import uuid
 from collections.abc import Iterator
+from itertools import pairwise
 from pathlib import Path
 
 import jsonschema
@@ -253,6 +255,42 @@ def test_langchain_bind_tools_and_with_structured_output(url: str) -> None:
     person = llm.bind(max_tokens=96).with_structured_output(Person, method="json_schema").invoke(
         "Describe a person as JSON.")
     assert isinstance(person, Person) and person.name
+
+
+def test_instructor_tools_and_json_schema_modes_and_partial_streams(url: str) -> None:
+    """instructor as its users call it: ``from_openai`` over an ``OpenAI`` client with a
+    pydantic ``response_model``, in TOOLS mode (a forced call) and JSON_SCHEMA mode
+    (``response_format``), each answering a validated instance on its first try
+    (``max_retries=0``: no re-ask hides a bad answer). ``create_partial`` in both modes:
+    a JSON_SCHEMA stream gives growing partial objects (parsed with jiter's partial mode)
+    and, like TOOLS mode's (a call streams as one ``delta.tool_calls`` chunk, docs/api.md),
+    ends on one that validates. JSON mode is left out: it asks for ``json_object`` with the
+    schema only in a system message, and SmolLM2-135M does not follow a schema it is only
+    told about (it answers other keys)."""
+    import instructor
+    from openai import OpenAI
+
+    client = OpenAI(base_url=url, api_key="none", timeout=300, max_retries=0)
+    modes = (instructor.Mode.TOOLS, instructor.Mode.JSON_SCHEMA)
+    ask = [{"role": "user", "content": "What is the weather like in Paris?"}]
+    for mode in modes:
+        weather = instructor.from_openai(client, mode=mode).chat.completions.create(
+            model=MODEL, response_model=Weather, messages=ask, temperature=0, max_tokens=64,
+            max_retries=0)
+        assert isinstance(weather, Weather) and weather.city, (mode, weather)
+        assert get_weather(**weather.model_dump())
+    describe = [{"role": "user", "content": "Describe a person as JSON."}]
+    for mode in modes:
+        parts = list(instructor.from_openai(client, mode=mode).chat.completions.create_partial(
+            model=MODEL, response_model=Person, messages=describe, temperature=0, max_tokens=96,
+            max_retries=0))
+        person = Person.model_validate(parts[-1].model_dump())
+        assert person.name, (mode, person)
+        if mode is instructor.Mode.JSON_SCHEMA:
+            names = [p.name for p in parts if p.name]
+            assert len(names) > 2 and names[-1] == person.name, names
+            assert all(b.startswith(a) for a, b in pairwise(names)), names
+            assert any(p.age is None for p in parts if p.name), parts
 
 
 def test_call_cut_by_max_tokens_comes_back_as_a_call(url: str) -> None:
