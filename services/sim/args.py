@@ -66,6 +66,10 @@ def add_sim_parsers(sub: argparse._SubParsersAction, add_config: AddConfig) -> N
                            f"max {CHECK_TOLERANCE * 200:.0f}%%")
     prof.add_argument("--quick", action="store_true",
                       help="a small grid (about a minute on a CPU); --check always uses it")
+    prof.add_argument("--json", dest="json_path", default=None, metavar="FILE",
+                      help="with --check: write its verdict here (mean and max error, stale, "
+                           "each point timed beside the profile's time; with the command line "
+                           "and machine)")
     prof.set_defaults(_key=("sim", "profile"))
     add_calibrate_parser(sub_sim, add_config)
     add_decisions_parser(sub_sim, add_config)

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import re
 import statistics
 import subprocess
 import sys
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -44,6 +46,7 @@ from services.sim.calibrate_compare import (
     table,
 )
 from services.sim.calibrate_workloads import Calibration, build
+from services.sim.profile_check import ProfileCheck
 from services.sim.records import SimResult
 from services.sim.report import summary
 from services.sim.simulator import simulate
@@ -230,22 +233,34 @@ def calibrate_one(cal: Calibration, args: argparse.Namespace, log_dir: Path) -> 
     return rows, detail
 
 
-_CHECK_LINE = re.compile(r"mean error ([0-9.]+)%, max ([0-9.]+)%")
+# The lines of a failed check's stderr an error message carries (a traceback's last ones
+# name the exception).
+CHECK_STDERR_LINES = 12
 
 
-def check_in_subprocess(config: str, overrides: list[str], path: str) -> tuple[float, float, bool]:
-    """(mean error, max error, stale) of `tandem sim profile --check path` with this config,
-    run in a process of its own: an engine built here would stay in this process (its
-    threads and memory) beside the cluster being measured."""
-    argv = [sys.executable, "-m", "services.cli", "sim", "profile", "-c", config, "--check", path]
-    for o in overrides:
-        argv += ["--set", o]
-    done = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, check=False)
-    m = _CHECK_LINE.search(done.stdout.splitlines()[-1] if done.stdout.strip() else "")
-    if done.returncode not in (0, 1) or m is None:
-        raise RuntimeError(f"tandem sim profile --check {path} failed ({done.returncode}): "
-                           f"{done.stderr.strip()[-2000:]}")
-    return float(m.group(1)) / 100, float(m.group(2)) / 100, done.returncode == 1
+class ProfileCheckError(RuntimeError):
+    """`tandem sim profile --check` ended without a verdict: its exit code and the last
+    lines of its stderr."""
+
+
+def check_in_subprocess(config: str, overrides: list[str], path: str) -> ProfileCheck:
+    """The verdict of `tandem sim profile --check path --json FILE` with this config, run in
+    a process of its own: an engine built here would stay in this process (its threads and
+    memory) beside the cluster being measured. ProfileCheckError when it gives none."""
+    with tempfile.TemporaryDirectory(prefix="tandem-check-") as tmp:
+        out = Path(tmp) / "check.json"
+        argv = [sys.executable, "-m", "services.cli", "sim", "profile", "-c", config,
+                "--check", path, "--json", str(out)]
+        for o in overrides:
+            argv += ["--set", o]
+        done = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, check=False)
+        # NOTE: exit 1 is a stale profile, and also an uncaught exception: the file tells.
+        if done.returncode in (0, 1) and out.exists():
+            return ProfileCheck.from_json(json.loads(out.read_text()))
+    tail = "\n".join("  " + line for line in done.stderr.rstrip().splitlines()[-CHECK_STDERR_LINES:])
+    raise ProfileCheckError(f"checking the profile {path} against this machine failed "
+                            f"(tandem sim profile --check exited {done.returncode})"
+                            + (f":\n{tail}" if tail else ", printing nothing on stderr"))
 
 
 def profile_checks(cals: list[Calibration], config: str | None) -> dict[str, dict]:
@@ -260,11 +275,11 @@ def profile_checks(cals: list[Calibration], config: str | None) -> dict[str, dic
         if cfg.engine.runner == "mock" or cfg.engine.step_model == "mock" or path in out:
             continue
         print(f"== checking {path} against this machine (tandem sim profile --check)", flush=True)
-        mean, worst, stale = check_in_subprocess(cfg_path, list(cal.overrides), path)
-        out[path] = {"mean_error": mean, "max_error": worst, "stale": stale}
-        print(f"  mean error {mean * 100:.1f}%, max {worst * 100:.1f}%"
+        verdict = check_in_subprocess(cfg_path, list(cal.overrides), path)
+        out[path] = verdict.to_json()
+        print(f"  mean error {verdict.mean_error * 100:.1f}%, max {verdict.max_error * 100:.1f}%"
               + ("  WARNING: stale here; profile this machine again (tandem sim profile --out)"
-                 if stale else ""), flush=True)
+                 if verdict.stale else ""), flush=True)
     return out
 
 
@@ -282,10 +297,10 @@ def main(args: argparse.Namespace) -> int:
                     f"{cal.name}: engine.runner is {cfg.engine.runner!r} but engine.step_model is "
                     "mock: name a profile of this engine on this machine (tandem sim profile)")
             step_model_for(cfg)  # a missing or bad profile fails here, before any cluster
-    except (ValueError, OSError) as e:
+        checks = {} if args.skip_profile_check else profile_checks(cals, args.config)
+    except (ValueError, OSError, ProfileCheckError) as e:
         print(f"tandem sim calibrate: {e}", file=sys.stderr)
         return 2
-    checks = {} if args.skip_profile_check else profile_checks(cals, args.config)
     log_dir = Path(args.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     rows: list[Row] = []

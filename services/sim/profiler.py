@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from services.engine.batch import RunnerOutput, ScheduledBatch, batch_shape
 from services.engine.engine import LLMEngine
 from services.engine.factory import build_engine
 from services.engine.request import GenerateRequest
+from services.sim.profile_check import CheckedStep, ProfileCheck
 from services.steptime.model import BatchShape
 from services.steptime.profile import (
     FitError,
@@ -283,7 +285,7 @@ def is_stale(err: FitError) -> bool:
     return err.mean > CHECK_TOLERANCE or err.max > 2 * CHECK_TOLERANCE
 
 
-def check_profile(cfg: ClusterConfig, path: str | Path) -> FitError:
+def check_profile(cfg: ClusterConfig, path: str | Path) -> ProfileCheck:
     """Build ``cfg``'s engine here, time the quick grid and compare it with the profile at
     ``path`` (``check``: prints each point)."""
     against = ProfileStepModel.load(path)
@@ -291,23 +293,32 @@ def check_profile(cfg: ClusterConfig, path: str | Path) -> FitError:
     engine = build_engine(cfg).engine
     points = list(measure(Profiler(engine), grid_for(cfg, engine.runner.max_model_len, True)))
     engine.check_integrity()
-    return check(against, points)
+    err = check(against, points)
+    return ProfileCheck(str(path), err.mean, err.max, is_stale(err),
+                        tuple(CheckedStep(p.shape, p.seconds, against.step_seconds(p.shape))
+                              for p in points))
 
 
 def main(args: argparse.Namespace) -> int:
-    from services.bench.results import load_average
+    from services.bench.results import header, load_average, write_json
     from services.sim.args import CHECK_TOLERANCE
 
+    if args.json_path and not args.check:
+        print("tandem sim profile: --json is the verdict of --check (--out writes the profile)",
+              file=sys.stderr)
+        return 2
+    head = header(args)
     load_before = load_average()
     cfg = load_config(args.config, args.overrides)
     if args.check:
-        err = check_profile(cfg, args.check)
-        stale = is_stale(err)
-        print(f"{args.check}: mean error {err.mean * 100:.1f}%, max {err.max * 100:.1f}% against "
-              f"this machine now (load average {load_before} before)"
+        verdict = check_profile(cfg, args.check)
+        print(f"{args.check}: mean error {verdict.mean_error * 100:.1f}%, max "
+              f"{verdict.max_error * 100:.1f}% against this machine now (load average "
+              f"{load_before} before)"
               + (f": past {CHECK_TOLERANCE:.0%} mean or {2 * CHECK_TOLERANCE:.0%} max, profile this "
-                 "machine again (--out)" if stale else ""))
-        return 1 if stale else 0
+                 "machine again (--out)" if verdict.stale else ""))
+        write_json(args.json_path, {**head, **verdict.to_json()})
+        return 1 if verdict.stale else 0
     torch.set_num_threads(cfg.engine.threads)
     parts = build_engine(cfg)
     engine = parts.engine

@@ -4,6 +4,7 @@ workloads and the simulator's side of a run (no cluster: tests/e2e/sim has that)
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -20,10 +21,16 @@ from services.sim.calibrate import (
 )
 from services.sim.calibrate_compare import Figures, compare, table
 from services.sim.calibrate_workloads import PRESETS, XEON_PROFILE, build, sample_conversations
+from services.sim.profile_check import CheckedStep, ProfileCheck
 from services.sim.records import GapSamples, RequestRecord, SimResult
 from services.sim.report import summary
+from services.steptime.model import BatchShape
 
 SCALE_MOCK = str(REPO / "configs" / "scale-mock.yaml")
+MOCK_ENGINE = ["engine.runner=mock", "model.path=/nonexistent", "engine.mock.step_base_s=0.004",
+               "engine.mock.per_prefill_token_s=0.00004", "engine.mock.per_decode_seq_s=0.0005",
+               "engine.max_num_batched_tokens=256", "engine.max_num_seqs=8",
+               "engine.num_kv_blocks=512"]
 REAL = Figures(completed=10, ttft_mean_ms=100.0, ttft_p90_ms=200.0, itl_mean_ms=30.0,
                prefix_hit_rate=0.5, tpot_mean_ms=30.0, e2e_mean_ms=500.0)
 SIM = Figures(completed=10, ttft_mean_ms=92.0, ttft_p90_ms=230.0, itl_mean_ms=30.3,
@@ -171,32 +178,62 @@ def test_each_real_engine_profile_is_checked_once_before_the_clusters(
 
     seen: list[str] = []
 
-    def fake(config: str, overrides: list[str], path: str) -> tuple[float, float, bool]:
+    def fake(config: str, overrides: list[str], path: str) -> ProfileCheck:
         seen.append(path)
-        return 0.056, 0.214, True  # close on average, a fifth off somewhere: stale
+        # close on average, a fifth off somewhere: stale
+        return ProfileCheck(path, 0.056, 0.214, True, (CheckedStep(BatchShape(0, 0, 1, 64), 0.01, 0.0079),))
 
     monkeypatch.setattr(calibrate, "check_in_subprocess", fake)
     cals = [build(n, None, True, None, None, None, 24, 0) for n in ("chat", "real-chat", "real-long")]
     checks = calibrate.profile_checks(cals, None)
     # the mock workload has no profile; the two real ones share one, timed once
     assert seen == [XEON_PROFILE] and list(checks) == seen
-    assert checks[seen[0]] == {"mean_error": 0.056, "max_error": 0.214, "stale": True}
+    assert checks[seen[0]] == {"profile": XEON_PROFILE, "mean_error": 0.056, "max_error": 0.214,
+                               "stale": True, "points": [{**asdict(BatchShape(0, 0, 1, 64)),
+                                                          "seconds": 0.01, "profile_seconds": 0.0079}]}
     assert "WARNING: stale here" in capsys.readouterr().out
 
 
 def test_the_check_runs_in_a_process_of_its_own_and_reads_its_verdict(tmp_path: Path) -> None:
-    from services.sim.calibrate import check_in_subprocess
-    from services.steptime.model import BatchShape
+    from services.sim.calibrate import ProfileCheckError, check_in_subprocess
     from services.steptime.profile import MeasuredStep, fit_profile
 
-    mock = ["engine.runner=mock", "model.path=/nonexistent", "engine.mock.step_base_s=0.004",
-            "engine.mock.per_prefill_token_s=0.00004", "engine.mock.per_decode_seq_s=0.0005",
-            "engine.max_num_batched_tokens=256", "engine.max_num_seqs=8", "engine.num_kv_blocks=512"]
     slow = tmp_path / "slow.yaml"  # 20x the mock's own step: stale whatever the timing noise
     shapes = [BatchShape(0, 0, b, 64 * b) for b in (1, 2, 4, 8)] + [BatchShape(n, n * n) for n in (16, 64, 256)]
     fit_profile([MeasuredStep(s, 20 * (0.004 + 0.00004 * s.prefill_tokens + 0.0005 * s.decode_seqs))
                  for s in shapes]).save(slow)
-    mean, worst, stale = check_in_subprocess("configs/agg.yaml", mock, str(slow))
-    assert stale and 10 < mean <= worst  # the profile says ~20x what the steps take: ~1900% off
-    with pytest.raises(RuntimeError, match="failed"):
-        check_in_subprocess("configs/agg.yaml", mock, str(tmp_path / "missing.yaml"))
+    verdict = check_in_subprocess("configs/agg.yaml", MOCK_ENGINE, str(slow))
+    assert verdict.profile == str(slow) and verdict.stale
+    assert 10 < verdict.mean_error <= verdict.max_error  # the profile says ~20x: ~1900% off
+    assert len(verdict.points) >= 10  # the quick grid's points, each timed beside the profile
+    errors = [abs(p.error) for p in verdict.points]
+    assert verdict.mean_error == pytest.approx(sum(errors) / len(errors))
+    assert verdict.max_error == pytest.approx(max(errors))
+    with pytest.raises(ProfileCheckError, match=r"(?s)checking the profile .*missing\.yaml against "
+                       r"this machine failed \(tandem sim profile --check exited 1\):\n.*"
+                       r"ProfileError: step-time profile not found"):
+        check_in_subprocess("configs/agg.yaml", MOCK_ENGINE, str(tmp_path / "missing.yaml"))
+
+
+def test_a_profile_check_that_fails_stops_calibrate_with_its_error_before_any_cluster(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The real engine cannot be built here (no model at model.path): `tandem sim profile
+    --check` fails in its process, and calibrate says so as it says its other up-front
+    errors, exit 2, with the check's last stderr lines and no traceback of its own."""
+    import argparse
+
+    from services.sim import calibrate
+
+    logs = tmp_path / "logs"
+    args = argparse.Namespace(
+        workloads=["real-chat"], num_requests=None, quick=True, rate=None, speedup=None,
+        trace=None, sample_mod=24, seed=0, config=None, overrides=["model.path=/nonexistent"],
+        skip_profile_check=False, log_dir=str(logs), json_path=None, _argv=[])
+    assert calibrate.main(args) == 2
+    out, err = capsys.readouterr()
+    first, *tail = err.rstrip().splitlines()
+    assert first == (f"tandem sim calibrate: checking the profile {XEON_PROFILE} against this "
+                     "machine failed (tandem sim profile --check exited 1):")
+    assert 1 <= len(tail) <= calibrate.CHECK_STDERR_LINES
+    assert "ModelNotFoundError: model path /nonexistent does not exist" in tail[-1]
+    assert not logs.exists() and "== real-chat" not in out  # no cluster was started

@@ -5,12 +5,14 @@ so the profile fitted on it must find those coefficients."""
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import pytest
 
 from services.common.config import ClusterConfig, load_config
 from services.engine.factory import build_engine
+from services.sim.profile_check import CheckedStep, ProfileCheck
 from services.sim.profiler import Grid, Profiler, check, grid_for, main, measure
 from services.steptime.model import BatchShape
 from services.steptime.profile import MeasuredStep, ProfileStepModel, fit_profile
@@ -79,7 +81,8 @@ def test_the_profile_of_the_mock_finds_its_costs() -> None:
 
 def test_main_writes_a_profile_that_loads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "mock.yaml"
-    args = argparse.Namespace(config=None, overrides=MOCK, out=str(out), check=None, quick=True)
+    args = argparse.Namespace(config=None, overrides=MOCK, out=str(out), check=None, quick=True,
+                              json_path=None)
     assert main(args) == 0
     model = ProfileStepModel.load(out)
     assert model.measured_on["device"] == "mock" and model.measured_on["timed"] == "forward"
@@ -115,10 +118,42 @@ def test_check_exits_1_against_a_profile_of_another_machine(
     fit_profile([MeasuredStep(p.shape, 20 * (0.004 + 0.00004 * p.shape.prefill_tokens
                                               + 0.0005 * p.shape.decode_seqs))
                  for p in _exact_points(1.0)]).save(slow)
-    args = argparse.Namespace(config=None, overrides=MOCK, out=None, check=str(slow), quick=False)
+    verdict = tmp_path / "verdict.json"
+    args = argparse.Namespace(config=None, overrides=MOCK, out=None, check=str(slow), quick=False,
+                              json_path=str(verdict))
     assert main(args) == 1
     printed = capsys.readouterr().out
     assert "profile this machine again" in printed and "wrote" not in printed
+    doc = json.loads(verdict.read_text())
+    assert doc["command"].startswith("tandem") and doc["machine"]["cores"]
+    read = ProfileCheck.from_json(doc)
+    assert read.profile == str(slow) and read.stale and 10 < read.mean_error <= read.max_error
+    # the points as printed, each timed now beside the profile's time and its error
+    rows = [line for line in printed.splitlines() if line.split()[:1] and line.split()[0].isdigit()]
+    assert len(read.points) == len(rows) >= 10
+    profile = ProfileStepModel.load(slow)
+    for p in read.points:
+        assert p.profile_seconds == pytest.approx(profile.step_seconds(p.shape))
+        assert f"{p.error * 100:.1f}%" in printed
+    assert read.max_error == pytest.approx(max(abs(p.error) for p in read.points))
+
+
+def test_the_verdict_round_trips_through_its_json() -> None:
+    verdict = ProfileCheck("p.yaml", 0.05, 0.2, False, (
+        CheckedStep(BatchShape(0, 0, 4, 256), 0.012, 0.0114),
+        CheckedStep(BatchShape(64, 64 * 576, 0, 0, 64 * 576, 576), 0.031, 0.0372)))
+    assert ProfileCheck.from_json(json.loads(json.dumps(verdict.to_json()))) == verdict
+    assert verdict.points[0].error == pytest.approx(-0.05)
+    with pytest.raises(ValueError, match="stale"):
+        ProfileCheck.from_json({**verdict.to_json(), "stale": "false"})
+
+
+def test_json_goes_with_check_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = argparse.Namespace(config=None, overrides=MOCK, out=str(tmp_path / "p.yaml"), check=None,
+                              quick=True, json_path=str(tmp_path / "v.json"))
+    assert main(args) == 2
+    assert "--json is the verdict of --check" in capsys.readouterr().err
+    assert not (tmp_path / "p.yaml").exists() and not (tmp_path / "v.json").exists()
 
 
 def test_the_cli_parses_sim_profile_beside_the_replays_options() -> None:
@@ -129,7 +164,7 @@ def test_the_cli_parses_sim_profile_beside_the_replays_options() -> None:
     assert (args._key, args.config, args.overrides, args.out, args.quick) == (
         ("sim", "profile"), "configs/local.yaml", ["engine.threads=2"], "p.yaml", True)
     assert build_parser().parse_args(["sim", "--trace", "t.jsonl"])._key == ("sim",)
-    checked = build_parser().parse_args(["sim", "profile", "--check", "p.yaml"])
-    assert (checked.check, checked.out) == ("p.yaml", None)
+    checked = build_parser().parse_args(["sim", "profile", "--check", "p.yaml", "--json", "v.json"])
+    assert (checked.check, checked.out, checked.json_path) == ("p.yaml", None, "v.json")
     with pytest.raises(SystemExit):  # one of --out and --check, not both
         build_parser().parse_args(["sim", "profile", "--out", "a.yaml", "--check", "b.yaml"])
