@@ -119,8 +119,10 @@ class FormulaPolicy:
         self.last_change = -math.inf
         self.window = ScaleDownWindow(cfg.scale_down_window_s, cfg.max_total_workers, cap.max_seqs)
 
-    def observe(self, signals: ClusterSignals) -> Load | None:
-        """Feed this interval to the forecast; the load to size for, None before any."""
+    def observe(self, signals: ClusterSignals, current: Split) -> Load | None:
+        """Feed this interval to the forecast (and the split to the window); the load to
+        size for, None before any."""
+        self.window.note(signals.t, current)
         self.forecast.update(signals.last)
         if not self.forecast.seen:
             return None
@@ -155,7 +157,7 @@ class FormulaPolicy:
         return desired, why_p if grow_p else why_d
 
     def decide(self, signals: ClusterSignals, current: Split) -> Decision:
-        load = self.observe(signals)
+        load = self.observe(signals, current)
         if load is None:
             return Decision(signals.t, current, current, Action.HOLD, "no_data")
         desired, reason = self.target(load, signals, current)
@@ -181,4 +183,5 @@ class FormulaPolicy:
             return Decision(t, current, current, Action.HOLD, "cooldown", detail)
         if desired != current:
             self.last_change = t
+            self.window.note(t, desired)
         return Decision(t, current, desired, action_of(current, desired), reason, detail)

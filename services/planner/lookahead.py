@@ -75,7 +75,7 @@ class SimulatePolicy:
 
     def decide(self, signals: ClusterSignals, current: Split) -> Decision:
         f = self.formula
-        load = f.observe(signals)
+        load = f.observe(signals, current)
         if load is None:
             return Decision(signals.t, current, current, Action.HOLD, "no_data")
         target, _ = f.target(load, signals, current)
@@ -90,7 +90,7 @@ class SimulatePolicy:
         best = max(preds, key=_rank(current))
         detail = " ".join(f"{p.split.prefill}p{p.split.decode}d={p.goodput:.3f}" for p in preds)
         if best.split == current:
-            return Decision(signals.t, current, current, Action.HOLD, "best_now", detail)
+            return self._hold(signals, current, "best_now", detail)
         rank = _rank(current)
         b, n = rank(best), rank(now)
         reason = ("lookahead_goodput" if b[0] > n[0] else "lookahead_backlog" if b[1] > n[1]
@@ -101,13 +101,19 @@ class SimulatePolicy:
             # formula's steady state (Little's law) wait for a better prediction than a tie.
             if (best.split.prefill < min(target.prefill, current.prefill)
                     or best.split.decode < min(target.decode, current.decode)):
-                return Decision(signals.t, current, current, Action.HOLD, "steady_state",
+                return self._hold(signals, current, "steady_state",
                                 detail)
             # NOTE: the band: fewer workers only if they stay as good at 1 + BAND the load
             more = [Load(x.rate * (1 + BAND), x.input_tokens, x.output_tokens) for x in loads]
             hi_best = rank(run_forward(start, best.split, more, self.cap, self.cfg))
             hi_now = rank(run_forward(start, current, more, self.cap, self.cfg))
             if hi_best[:2] < hi_now[:2]:
-                return Decision(signals.t, current, current, Action.HOLD, "within_band", detail)
+                return self._hold(signals, current, "within_band", detail)
         urgent = best.goodput - now.goodput >= URGENT_GAIN
         return f.gate(signals, current, best.split, reason, detail, urgent)
+
+    def _hold(self, signals: ClusterSignals, current: Split, reason: str, detail: str) -> Decision:
+        """A hold the lookahead chose: the split now is this interval's recommendation, which
+        the scale-down window counts as the gate's are counted."""
+        self.formula.window.record(signals.t, current, current)
+        return Decision(signals.t, current, current, Action.HOLD, reason, detail)

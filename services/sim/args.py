@@ -107,4 +107,7 @@ def add_planner_eval_parser(sub: argparse._SubParsersAction, add_config: AddConf
     p.add_argument("--seed", type=int, default=0, help="the workload's seed")
     p.add_argument("--out", default="benchmarks/results/planner", metavar="DIR",
                    help="budget<N>.json and the plots go here")
+    p.add_argument("--only", choices=("planner",), default=None,
+                   help="planner: run only the config's policy (no fixed splits, no verdict, "
+                   "no plots), to iterate on a policy")
     p.set_defaults(_key=("sim", "planner-eval"))

@@ -116,11 +116,20 @@ def evaluate(args: argparse.Namespace, budget: int, out: Path) -> dict[str, Any]
     half = budget // 2
     # the config's policy first (the one the verdict is about), then the other one
     first = load_config(args.config, [*EVAL_SETTINGS, *args.overrides]).planner.policy
-    for name in (first, "formula" if first == "simulate" else "simulate"):
+    policies = (first,) if args.only == "planner" else (
+        first, "formula" if first == "simulate" else "simulate")
+    for name in policies:
         label = "planner" if name == first else f"planner ({name})"
         print(f"budget {budget}: {label}", file=sys.stderr, flush=True)
         runs.append(_row(label, _run(cfg(half, budget - half), args.phase_s, args.seed, budget,
                                      name), args.phase_s))
+    result = {"budget": budget, "phases": [asdict(p) for p in shifting_phases(budget, args.phase_s)],
+              "seed": args.seed, "settings": list(EVAL_SETTINGS), "overrides": args.overrides,
+              "slo": dict(cfg(half, budget - half).sim.slo),
+              "planner_config": cfg(half, budget - half).planner.model_dump(),
+              "verdict": None, "runs": runs}
+    if args.only == "planner":
+        return result  # a policy's iteration: no fixed splits to compare, no plots
     base = load_config(args.config, [*EVAL_SETTINGS, *args.overrides])
     default = (base.prefill.replicas, base.decode.replicas)
     for p in range(1, budget):
@@ -133,17 +142,12 @@ def evaluate(args: argparse.Namespace, budget: int, out: Path) -> dict[str, Any]
     fixed = [r for r in runs if r["run"].startswith("fixed")]
     best = max(fixed, key=lambda r: r["goodput_fraction"])
     plan, dflt = runs[0], runs[-1]
-    verdict = {
+    result["verdict"] = {
         "best_fixed": best["run"],
         "planner_vs_best_fixed": _ratio(plan, best),
         "planner_vs_default": _ratio(plan, dflt),
         "target_met": (plan["goodput_fraction"] >= best["goodput_fraction"]
                        and plan["goodput_fraction"] >= 1.5 * dflt["goodput_fraction"])}
-    result = {"budget": budget, "phases": [asdict(p) for p in shifting_phases(budget, args.phase_s)],
-              "seed": args.seed, "settings": list(EVAL_SETTINGS), "overrides": args.overrides,
-              "slo": dict(cfg(half, budget - half).sim.slo),
-              "planner_config": cfg(half, budget - half).planner.model_dump(),
-              "verdict": verdict, "runs": runs}
     from services.sim.planner_plots import planner_plots
     planner_plots(result, out, f"budget{budget}_")
     return result

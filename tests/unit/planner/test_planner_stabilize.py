@@ -3,12 +3,17 @@ from services.planner.signals import ClusterSignals, Role, WorkerSignals
 from services.planner.stabilize import ScaleDownWindow
 
 
-def _run(wants: list[Split], start: Split, window_s: float = 30.0, interval: float = 10.0) -> list[Split]:
-    """Each recommendation through the window, the kept split applied."""
-    w = ScaleDownWindow(window_s, max_total=8, seats=64)
+def _run(wants: list[Split], start: Split, window_s: float = 30.0, interval: float = 10.0,
+         max_total: int = 8) -> list[Split]:
+    """Each recommendation through the window, the kept split applied (and noted, as the
+    policies' gate notes a change it makes)."""
+    w = ScaleDownWindow(window_s, max_total=max_total, seats=64)
     cur, out = start, []
     for i, want in enumerate(wants):
-        cur = w.limit(interval * i, cur, want)
+        kept = w.limit(interval * i, cur, want)
+        if kept != cur:
+            w.note(interval * i, kept)
+        cur = kept
         out.append(cur)
     return out
 
@@ -25,11 +30,36 @@ def test_a_dip_shorter_than_the_window_changes_nothing() -> None:
     assert got == [Split(2, 6)] * 5
 
 
-def test_a_rebalance_moves_within_the_budget_while_the_shrinking_role_waits() -> None:
-    got = _run([Split(1, 7)] + [Split(6, 2)] * 5, Split(1, 7))
-    assert all(s.total <= 8 for s in got)
-    assert got[1] == Split(1, 7)  # decode may not shrink yet, so prefill cannot grow
-    assert got[-1] == Split(6, 2)
+def test_a_shift_between_roles_goes_at_once() -> None:
+    """The role that shrinks funds the other's growth: holding it a window held the growing
+    role too, a whole window behind each change of the load's shape (the old policy here:
+    1/7 for three more intervals)."""
+    got = _run([Split(1, 7)] + [Split(6, 2)] * 3, Split(1, 7))
+    assert got == [Split(1, 7)] + [Split(6, 2)] * 3
+
+
+def test_a_shift_the_forecast_asks_for_in_two_steps_goes_on() -> None:
+    """The forecast follows a step in two or three intervals, so a move comes in steps; the
+    old window took the first step's prefill as a recommendation and held the second a
+    whole window (13p3d -> 8p8d, then 8p8d while decode workers preempted)."""
+    got = _run([Split(13, 3), Split(9, 7), Split(5, 11)], Split(13, 3), window_s=60.0,
+               max_total=16)
+    assert got == [Split(13, 3), Split(9, 7), Split(5, 11)]
+
+
+def test_a_role_that_grew_within_the_window_is_not_taken_from() -> None:
+    """No swing back and forth (real processes: 1P/7D -> 6P/1D -> 2P/6D within a minute)."""
+    got = _run([Split(1, 7)] + [Split(6, 1)] * 5, Split(1, 6))
+    assert got[0] == Split(1, 7)  # up at once
+    assert got[1:4] == [Split(1, 7)] * 3  # decode grew at t=0: not taken from within 30 s
+    assert got[4] == Split(6, 1)
+
+
+def test_a_shift_releases_the_workers_beyond_it_only_after_the_window() -> None:
+    got = _run([Split(1, 5)] * 5, Split(4, 4))
+    assert got[0] == Split(3, 5)  # decode grows at once; the budget in use stays 8
+    assert got[1:4] == [Split(3, 5)] * 3
+    assert got[4] == Split(1, 5)  # t=40: every recommendation of the last 30 s asked for 6
 
 
 def test_a_zero_window_passes_the_recommendation_through() -> None:
@@ -56,6 +86,23 @@ def test_the_policies_cooldown_counts_only_changes_made() -> None:
     assert up.reason != "cooldown" and up.desired.total >= busy.desired.total
 
 
-def test_a_planner_just_started_shrinks_nothing_before_a_whole_window() -> None:
+def test_a_planner_just_started_releases_nothing_before_a_whole_window() -> None:
     got = _run([Split(1, 1)] * 5, Split(4, 4))
     assert got[:4] == [Split(4, 4)] * 4 and got[4] == Split(1, 1)
+
+
+def test_the_formula_moves_decode_workers_to_prefill_when_prompts_grow_at_the_budget() -> None:
+    """A decode-heavy load, then a prefill-heavy one, all 16 workers in use: the first
+    decision that asks for prefill workers takes them from decode at once. The old window
+    held decode at its recommendations of the last minute, so prefill could not grow past
+    what the budget left (8P/8D, stabilizing, for six intervals)."""
+    from tests.unit.planner.test_planner_formula import cfg, policy, signals
+
+    p = policy(cfg("planner.cooldown_s=30", "planner.scale_down_window_s=60"))
+    split = Split(8, 8)
+    for i in range(10):
+        split = p.decide(signals(10.0 * (i + 1), 5.0, 360, 1500), split).desired
+    assert split.decode == 8
+    d = p.decide(signals(110.0, 8.0, 700, 40), split)
+    assert d.desired.prefill > 8 and d.desired.decode < 8 and d.desired.total <= 16
+    assert "stabilizing" not in d.reason

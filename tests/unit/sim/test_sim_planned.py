@@ -4,6 +4,8 @@ the policy reads; the sim actuator's join and leave."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from services.common.config import ClusterConfig
 from services.planner.decision import Split
 from services.planner.policies import policy_for
@@ -86,3 +88,18 @@ def test_signals_and_actuator_on_a_running_simulation() -> None:
     assert seen[1].count(Role.PREFILL, ready_only=True) == 2
     assert all(r.completed and r.tokens_out == r.output_tokens for r in res.records)
     assert sim.leaked_blocks == 0 and act.started == 1 and act.drained == 1
+
+
+def test_planner_eval_only_planner_runs_the_policy_alone(tmp_path: Path) -> None:
+    """`tandem sim planner-eval --only planner`: a policy's iteration, no fixed splits, no
+    verdict, no plots."""
+    import argparse
+
+    from services.sim.planner_eval import evaluate
+
+    args = argparse.Namespace(config="configs/disagg.yaml", overrides=["planner.interval_s=5"],
+                              phase_s=10.0, seed=0, only="planner")
+    result = evaluate(args, 2, tmp_path)
+    assert [r["run"] for r in result["runs"]] == ["planner"]
+    assert result["verdict"] is None and "planner" in result["runs"][0]
+    assert list(tmp_path.iterdir()) == []
