@@ -91,20 +91,18 @@ def select_worker(
         raise ValueError("select_worker: no candidate workers")
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
-    # NOTE: ``cost`` inlined: this runs for every worker on every route.
-    costs = [
-        overlap_weight * (
-            (request_blocks - ov if ov < request_blocks else 0) + pending
-        ) + active + request_blocks
-        for _, ov, pending, active, _ in candidates
-    ]
-    if eviction_weight > 0:
-        price = overlap_weight * eviction_weight
-        for i, (_, ov, pending, _, unused) in enumerate(candidates):
-            evicted = evicted_blocks(request_blocks - ov if ov < request_blocks else 0,
-                                     pending, unused)
-            if evicted:
-                costs[i] += price * evicted
+    # NOTE: ``cost`` and ``evicted_blocks`` inlined: this runs for every worker on every route.
+    price = overlap_weight * eviction_weight
+    costs = []
+    append = costs.append
+    for _, ov, pending, active, unused in candidates:
+        uncached = request_blocks - ov if ov < request_blocks else 0
+        c = overlap_weight * (uncached + pending) + active + request_blocks
+        if price and unused >= 0:
+            room = unused - pending if unused > pending else 0
+            if uncached > room:
+                c += price * (uncached - room)
+        append(c)
     if temperature == 0:
         best = min(costs)
         tied = [i for i, x in enumerate(costs) if x == best]
