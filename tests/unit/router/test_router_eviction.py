@@ -12,6 +12,8 @@ from services.common.discovery import Registration
 from services.common.hashing import local_block_hashes, seq_hashes
 from services.router.router import Router
 from services.router.selection import Candidate, cost, select_worker
+from services.router.ttft import TtftCandidate, TtftPredictor, select_by_ttft
+from services.steptime.model import MockStepModel
 
 
 def test_cost_prices_evicted_blocks_after_the_queued_prefills() -> None:
@@ -69,3 +71,20 @@ async def test_the_router_reads_room_from_the_index_and_the_load_sample() -> Non
         old.apply_load(WorkerLoad(w, 0, 10, 0, 0, 0, 0.0))
     _store(old, "used", system + list(range(100, 100 + 9 * bs)), bs)
     assert (await old.route(RouteRequest("new", prompt))).worker_id == "used"
+
+
+def test_ttft_ranks_a_full_cache_behind_an_empty_one_but_reports_the_prediction() -> None:
+    """The same case under the ttft policy: the full worker's first token is a few ms sooner
+    (8 blocks cached), but its prefill would evict 192 cached blocks."""
+    model = MockStepModel(step_base_s=0.01, per_prefill_token_s=2e-5, per_decode_seq_s=2e-4)
+    p = TtftPredictor(model, 64, 8192, 0.0, lambda: 0.0)
+    rng = random.Random(0)
+    full = TtftCandidate("full", 8, 0, 0, 0, free_blocks=16384, unused_blocks=0)
+    empty = TtftCandidate("empty", 0, 0, 0, 0, free_blocks=16384, unused_blocks=16384)
+    assert p.predict(full, 200) < p.predict(empty, 200)
+    assert select_by_ttft(p, [full, empty], 200, 0.0, rng).worker_id == "full"
+    s = select_by_ttft(p, [full, empty], 200, 0.0, rng, eviction_weight=0.5)
+    assert s.worker_id == "empty" and s.predicted_s == p.predict(empty, 200)
+    # a later turn of a conversation the full worker holds stays there
+    turn = full._replace(overlap_blocks=190)
+    assert select_by_ttft(p, [turn, empty], 200, 0.0, rng, eviction_weight=0.5).worker_id == "full"
