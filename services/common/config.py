@@ -203,6 +203,12 @@ class RouterConfig(_Strict):
     # piles onto the worker holding it (10 of 16 in test_burst_sharing_a_system_prompt_spreads).
     overlap_weight: float = Field(4.0, ge=0)
     temperature: float = Field(0.0, ge=0)
+    # kv and ttft modes: a cached block the request's prefill would evict, priced as this fraction of
+    # a block to prefill (services/router/selection.py). Not 0: new conversations would
+    # crowd onto the workers already caching the system prompt while others' caches sit
+    # empty (docs/benchmarks.md "The whole conversation trace": 0.1, 0.5 and 1 measured;
+    # 0.5 the best at 64 workers, 1 a little better at 8).
+    eviction_weight: float = Field(0.5, ge=0)
     # ttft mode: workers predicted within this fraction of the fastest count as tied, and
     # the tie goes to the most cached prefix (cache affinity keeps later turns' hits).
     affinity_band: float = Field(0.1, ge=0)

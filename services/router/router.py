@@ -203,24 +203,31 @@ class Router:
         scores = self.index.find_matches(hashes).scores
         n = len(hashes)
         mode = self.mode
+        rc = self.cfg.router
+        # NOTE: free + active is a worker's KV total (free is -1 without fresh metrics); less
+        # the blocks the index holds for it, the blocks that hold nothing (selection.py)
+        cached = self.index.num_blocks
         if mode is RouterMode.TTFT:
             assert self.ttft is not None
             tcands = [
-                TtftCandidate(w, scores.get(w, 0), prefill, active, running, free)
+                TtftCandidate(w, scores.get(w, 0), prefill, active, running, free,
+                              max(free + active - cached(w), 0) if free >= 0 else -1)
                 for w, (prefill, active, running, free)
                 in zip(workers, self.load.ttft_views(workers), strict=True)
             ]
-            sel = select_by_ttft(self.ttft, tcands, n, self.cfg.router.affinity_band, self._rng)
+            sel = select_by_ttft(self.ttft, tcands, n, rc.affinity_band, self._rng,
+                                 rc.eviction_weight)
             worker = sel.worker_id
             self.ttft.routed(req.request_id, worker, sel.predicted_s)
         elif mode is RouterMode.KV:
             cands = [
-                Candidate(w, scores.get(w, 0), prefill, active)
-                for w, (prefill, active, _, _)
+                Candidate(w, scores.get(w, 0), prefill, active,
+                          max(free + active - cached(w), 0) if free >= 0 else -1)
+                for w, (prefill, active, _, free)
                 in zip(workers, self.load.ttft_views(workers), strict=True)
             ]
             worker = select_worker(
-                cands, n, self.cfg.router.overlap_weight, self.cfg.router.temperature, self._rng
+                cands, n, rc.overlap_weight, rc.temperature, self._rng, rc.eviction_weight
             ).worker_id
         elif mode is RouterMode.ROUND_ROBIN:
             worker = workers[self._rr % len(workers)]

@@ -3,14 +3,27 @@
 For a request of ``B`` full blocks and each candidate worker ``w``:
 
     prefill_blocks(w) = (B - overlap(w)) + pending_prefill(w)
+    evicted_blocks(w) = max((B - overlap(w)) - max(unused(w) - pending_prefill(w), 0), 0)
     decode_blocks(w)  = active_blocks(w) + B
-    cost(w)           = overlap_weight * prefill_blocks(w) + decode_blocks(w)
+    cost(w)           = overlap_weight * (prefill_blocks(w) + eviction_weight * evicted_blocks(w))
+                        + decode_blocks(w)
 
 ``overlap(w)`` is the prefix the worker already caches (from the index), ``pending_prefill``
 the prompt blocks it still has to prefill for requests already sent to it, ``active_blocks``
 the KV blocks its running requests occupy (the load tracker merges the worker's own metrics
 with what the routers sent it and have not seen finish). The first term prices the compute
 the request would cost on that worker, the second the memory pressure it would join.
+
+``unused(w)`` is the worker's KV blocks that hold nothing, neither a live request nor a
+cached prefix (its total less the blocks the index holds for it; unknown without a fresh
+load sample, and then nothing is evicted). ``evicted_blocks`` are the cached blocks the
+request's uncached part would push out once the prefills queued ahead have filled that space:
+blocks some later request would have hit and now recomputes. ``eviction_weight`` prices one
+at that fraction of a block to prefill now. Without it, a worker that has never served a
+request ranks behind every worker that caches the prompt's shared first block (a system
+prompt), however full their caches: new conversations then crowd onto the workers already
+used and evict each other's earlier turns, while the other workers' caches sit empty
+(docs/benchmarks.md "The whole conversation trace").
 
 temperature == 0: the lowest cost wins; ties go to the worker with fewer active blocks, and
 remaining ties are broken uniformly at random (so idle workers share a burst).
@@ -35,6 +48,7 @@ class Candidate(NamedTuple):
     overlap_blocks: int
     pending_prefill_blocks: int
     active_blocks: int
+    unused_blocks: int = -1  # KV blocks holding nothing (-1: unknown)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,11 +58,24 @@ class Selection:
     cost: float
 
 
-def cost(c: Candidate, request_blocks: int, overlap_weight: float) -> float:
+def evicted_blocks(uncached: int, pending_prefill: int, unused: int) -> int:
+    """Cached blocks a prefill of ``uncached`` blocks pushes out of a worker with ``unused``
+    empty blocks (-1: unknown, none assumed) once ``pending_prefill`` blocks queued ahead
+    of it have been written (module docstring)."""
+    if unused < 0:
+        return 0
+    room = unused - pending_prefill if unused > pending_prefill else 0
+    return uncached - room if uncached > room else 0
+
+
+def cost(c: Candidate, request_blocks: int, overlap_weight: float,
+         eviction_weight: float = 0.0) -> float:
     """The cost of sending a request of ``request_blocks`` to ``c`` (module docstring)."""
-    prefill = max(request_blocks - c.overlap_blocks, 0) + c.pending_prefill_blocks
+    uncached = max(request_blocks - c.overlap_blocks, 0)
+    prefill = uncached + c.pending_prefill_blocks
+    evicted = evicted_blocks(uncached, c.pending_prefill_blocks, c.unused_blocks)
     decode = c.active_blocks + request_blocks
-    return overlap_weight * prefill + decode
+    return overlap_weight * (prefill + eviction_weight * evicted) + decode
 
 
 def select_worker(
@@ -57,19 +84,25 @@ def select_worker(
     overlap_weight: float,
     temperature: float,
     rng: random.Random,
+    eviction_weight: float = 0.0,
 ) -> Selection:
     """Pick a worker by the cost in the module docstring. Raises ValueError on no candidates."""
     if not candidates:
         raise ValueError("select_worker: no candidate workers")
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
-    # NOTE: ``cost`` inlined: this runs for every worker on every route.
-    costs = [
-        overlap_weight * (
-            (request_blocks - ov if ov < request_blocks else 0) + pending
-        ) + active + request_blocks
-        for _, ov, pending, active in candidates
-    ]
+    # NOTE: ``cost`` and ``evicted_blocks`` inlined: this runs for every worker on every route.
+    price = overlap_weight * eviction_weight
+    costs = []
+    append = costs.append
+    for _, ov, pending, active, unused in candidates:
+        uncached = request_blocks - ov if ov < request_blocks else 0
+        c = overlap_weight * (uncached + pending) + active + request_blocks
+        if price and unused >= 0:
+            room = unused - pending if unused > pending else 0
+            if uncached > room:
+                c += price * (uncached - room)
+        append(c)
     if temperature == 0:
         best = min(costs)
         tied = [i for i, x in enumerate(costs) if x == best]

@@ -15,8 +15,18 @@ that will decode beside it: those running and those queued ahead) and the KV the
 from the load tracker. A worker whose free KV cannot hold
 the request's uncached blocks ranks after every worker that can (it would queue for KV).
 
-The lowest prediction wins; every candidate within ``router.affinity_band`` (relative) of it
-is a tie, broken toward the most cached blocks, then the fewest active blocks, then at random.
+Each prediction is ranked with the prefill its eviction costs later added:
+
+    rank(w) = ttft(w) + eviction_weight * evicted_blocks(w) * block_size * s_token
+
+``evicted_blocks`` as in the ``kv`` cost (services/router/selection.py: the cached blocks the
+request's uncached part pushes out of ``w``'s cache, ``unused_blocks`` the empty ones), and
+``s_token`` the seconds a token of this prompt takes to prefill alone (its whole prefill's
+over its tokens). Without it every new conversation goes where its first token is soonest,
+the workers already caching the shared system prompt, while the others' caches sit empty.
+
+The lowest rank wins; every candidate within ``router.affinity_band`` (relative) of it is a
+tie, broken toward the most cached blocks, then the fewest active blocks, then at random.
 
 Correction: the router remembers each prediction it routed by and, when the request's first
 token is reported (RequestPhase.PREFILLED), folds ``actual - predicted`` into an
@@ -36,6 +46,7 @@ from typing import NamedTuple
 
 from prometheus_client import Histogram
 
+from services.router.selection import evicted_blocks
 from services.steptime.model import BatchShape, StepModel
 from services.steptime.predict import prefill_seconds
 
@@ -57,6 +68,7 @@ class TtftCandidate(NamedTuple):
     active_blocks: int
     running: int
     free_blocks: int  # KV blocks not held by live requests (-1: unknown)
+    unused_blocks: int = -1  # KV blocks holding nothing, not even a cached prefix (-1: unknown)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,17 +156,29 @@ class TtftPredictor:
 
 
 def select_by_ttft(predictor: TtftPredictor, candidates: Sequence[TtftCandidate],
-                   request_blocks: int, affinity_band: float, rng: random.Random) -> TtftSelection:
-    """The candidate with the lowest predicted TTFT, ties (within ``affinity_band`` of the
-    lowest, relative) to the most cached blocks, then the fewest active blocks, then at
-    random. ValueError on no candidates."""
+                   request_blocks: int, affinity_band: float, rng: random.Random,
+                   eviction_weight: float = 0.0) -> TtftSelection:
+    """The candidate with the lowest rank (module docstring: the predicted TTFT plus the
+    prefill its evictions cost later), ties (within ``affinity_band`` of the lowest,
+    relative) to the most cached blocks, then the fewest active blocks, then at random.
+    ``predicted_s`` is the prediction alone. ValueError on no candidates."""
     if not candidates:
         raise ValueError("select_by_ttft: no candidate workers")
     predict = predictor.predict
     times = [predict(c, request_blocks) for c in candidates]
-    best = min(times)
+    ranks = times
+    if eviction_weight > 0 and request_blocks:
+        evicted = [evicted_blocks(request_blocks - c.overlap_blocks
+                                  if c.overlap_blocks < request_blocks else 0,
+                                  c.pending_prefill_blocks, c.unused_blocks) for c in candidates]
+        if any(evicted):
+            tokens = request_blocks * predictor.block_size
+            per_block = eviction_weight * predictor.block_size * prefill_seconds(
+                predictor.model, tokens, predictor.chunk) / tokens
+            ranks = [t + per_block * e for t, e in zip(times, evicted, strict=True)]
+    best = min(ranks)
     limit = best + abs(best) * affinity_band
-    tied = [i for i, t in enumerate(times) if t <= limit]
+    tied = [i for i, t in enumerate(ranks) if t <= limit]
     if len(tied) > 1:
         most = max(candidates[i].overlap_blocks for i in tied)
         tied = [i for i in tied if candidates[i].overlap_blocks == most]
