@@ -27,6 +27,7 @@
 #endif
 
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 namespace {
@@ -68,9 +69,10 @@ inline void quantize_group(const T* x, int8_t* q, float& d, int32_t& sum) {
 // One tile (16 output rows, four q registers of 4) for MB input rows starting at row m0.
 template <int MB>
 inline void gemv_tile(const Int4Weight& w, int64_t tile, const QuantX& x, int64_t m0, const float* bias, float* y,
-                      int64_t ldy) {
+                      int64_t ldy, bool stream) {
   const uint8_t* c = w.codes + tile * w.groups * 256;
   const uint16_t* sm = w.sm + tile * w.groups * 32;
+  (void)stream;  // no non-temporal stores here: NEON's output writes are unmeasured
   const uint8x16_t nib = vdupq_n_u8(0x0f);
   float32x4_t acc[MB][4];
   for (int m = 0; m < MB; ++m)
@@ -153,7 +155,7 @@ inline __m512i dot_sum(__m512i lo, __m512i hi) {
 // One tile (16 output rows, one a lane) for MB input rows starting at row m0.
 template <int MB>
 inline void gemv_tile(const Int4Weight& w, int64_t tile, const QuantX& x, int64_t m0, const float* bias, float* y,
-                      int64_t ldy) {
+                      int64_t ldy, bool stream) {
   const uint8_t* c = w.codes + tile * w.groups * 256;
   const uint16_t* sm = w.sm + tile * w.groups * 32;
   const __m512i nib = _mm512_set1_epi8(0x0f);
@@ -186,6 +188,7 @@ inline void gemv_tile(const Int4Weight& w, int64_t tile, const QuantX& x, int64_
   const int64_t n0 = tile * 16, left = w.n - n0;
   const __mmask16 k = left >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << left) - 1);
   const __m512 b = bias ? _mm512_maskz_loadu_ps(k, bias + n0) : _mm512_setzero_ps();
+  (void)stream;  // its whole-line stores measured no faster streamed (850 x 3072: 13.7 vs 12.8 ms)
   for (int m = 0; m < MB; ++m) _mm512_mask_storeu_ps(y + (m0 + m) * ldy + n0, k, _mm512_add_ps(acc[m], b));
 }
 #else
@@ -242,10 +245,15 @@ inline __m256i dot_sum(__m256i lo, __m256i hi) {
 // One tile (16 output rows) for MB input rows starting at row m0, in two halves of 8 rows.
 template <int MB>
 inline void gemv_tile(const Int4Weight& w, int64_t tile, const QuantX& x, int64_t m0, const float* bias, float* y,
-                      int64_t ldy) {
+                      int64_t ldy, bool stream) {
   const uint8_t* c = w.codes + tile * w.groups * 256;
   const uint16_t* sm = w.sm + tile * w.groups * 32;
   const __m256i nib = _mm256_set1_epi8(0x0f);
+  // A whole tile's two halves are stored together, as whole 64-byte lines: written one
+  // half at a time, a line of a large output was read in from memory first (2x the time
+  // of the matmul at 850 rows), and only whole lines can be streamed past the cache.
+  const bool whole = w.n - tile * 16 >= 16;
+  __m256 first[MB];
   for (int h = 0; h < 2; ++h) {
     const int64_t n0 = tile * 16 + 8 * h, left = w.n - n0;
     if (left <= 0) return;
@@ -273,11 +281,29 @@ inline void gemv_tile(const Int4Weight& w, int64_t tile, const QuantX& x, int64_
         acc[m] = _mm256_fmadd_ps(mins, _mm256_set1_ps(x.ds[i]), acc[m]);
       }
     }
+    if (left >= 8) {
+      const __m256 b = bias ? _mm256_loadu_ps(bias + n0) : _mm256_setzero_ps();
+      for (int m = 0; m < MB; ++m) acc[m] = _mm256_add_ps(acc[m], b);
+    }
+    if (whole && h == 0) {
+      for (int m = 0; m < MB; ++m) first[m] = acc[m];
+      continue;
+    }
     for (int m = 0; m < MB; ++m) {
-      alignas(32) float out[8];
-      _mm256_store_ps(out, acc[m]);
       float* row = y + (m0 + m) * ldy + n0;
-      for (int64_t i = 0; i < std::min<int64_t>(8, left); ++i) row[i] = out[i] + (bias ? bias[n0 + i] : 0.0f);
+      if (whole && stream) {
+        _mm256_stream_ps(row - 8, first[m]);
+        _mm256_stream_ps(row, acc[m]);
+      } else if (whole) {
+        _mm256_storeu_ps(row - 8, first[m]);
+        _mm256_storeu_ps(row, acc[m]);
+      } else if (left >= 8) {
+        _mm256_storeu_ps(row, acc[m]);
+      } else {
+        alignas(32) float out[8];
+        _mm256_store_ps(out, acc[m]);
+        for (int64_t i = 0; i < left; ++i) row[i] = out[i] + (bias ? bias[n0 + i] : 0.0f);
+      }
     }
   }
 }
@@ -300,22 +326,39 @@ QuantX quantize_rows(const T* x, int64_t rows, int64_t kx) {
   return {q.data(), d.data(), ds.data(), kx, groups};
 }
 
+// Outputs at least this large are written past the cache (non-temporal stores, whole
+// lines): larger than a core's L2, their lines would be read in from memory only to be
+// overwritten.
+constexpr int64_t kStreamBytes = int64_t{2} << 20;
+
 // y[m, n] = sum_k x[m, k mod kx] * w[n, k] (+ bias[n]); x bfloat16 or float32 (rows, kx),
-// y float32 (rows, ldy). Parallel over tiles; each task runs all rows over its tiles in
-// blocks of 4 (one unpack of the codes feeds every row of a block), so a prefill reads
-// each weight tile once, from L1, for every row.
+// y float32 (rows, ldy). Tasks are (block of 32 rows, tiles): the block's int8 inputs stay
+// in L1 while its tasks run, in order, over the tiles; within a tile every 4 rows share
+// one unpack of the codes.
 template <class T>
 void int4_matmul(const Int4Weight& w, const T* x, int64_t rows, int64_t kx, const float* bias, float* y,
                  int64_t ldy) {
   TORCH_CHECK((w.groups * kGroup) % kx == 0, "int4 weight: ", w.groups * kGroup, " inputs do not repeat an input of ", kx);
   const QuantX xq = quantize_rows(x, rows, kx);
-  parallel_for(w.tiles, rows >= 8 ? 1 : 4, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      int64_t m = 0;
-      for (; m + 4 <= rows; m += 4) gemv_tile<4>(w, t, xq, m, bias, y, ldy);
-      for (; m + 2 <= rows; m += 2) gemv_tile<2>(w, t, xq, m, bias, y, ldy);
-      for (; m < rows; ++m) gemv_tile<1>(w, t, xq, m, bias, y, ldy);
+  constexpr int64_t kRowBlock = 32;
+  const bool stream = rows * ldy * static_cast<int64_t>(sizeof(float)) >= kStreamBytes && ldy % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(y) % 64 == 0;
+  const int64_t grain = rows >= 8 ? 1 : 4, chunks = (w.tiles + grain - 1) / grain;
+  const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
+  parallel_for(chunks * blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t r0 = i / chunks * kRowBlock, r1 = std::min(rows, r0 + kRowBlock);
+      const int64_t t1 = std::min(w.tiles, (i % chunks + 1) * grain);
+      for (int64_t t = i % chunks * grain; t < t1; ++t) {
+        int64_t m = r0;
+        for (; m + 4 <= r1; m += 4) gemv_tile<4>(w, t, xq, m, bias, y, ldy, stream);
+        for (; m + 2 <= r1; m += 2) gemv_tile<2>(w, t, xq, m, bias, y, ldy, stream);
+        for (; m < r1; ++m) gemv_tile<1>(w, t, xq, m, bias, y, ldy, stream);
+      }
     }
+#if !defined(__aarch64__)
+    if (stream) _mm_sfence();  // streamed stores are weakly ordered: done before the task is
+#endif
   });
 }
 
