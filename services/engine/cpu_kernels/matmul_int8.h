@@ -242,68 +242,81 @@ inline __m256i dot_sum(__m256i lo, __m256i hi) {
 #endif
 }
 
-// One tile (16 output rows) for MB input rows starting at row m0, in two halves of 8 rows.
+// One tile (16 output rows) for MB input rows starting at row m0, in two halves of 8 rows:
+// both in one pass over the codes where the registers allow (one broadcast of each input
+// feeds both), one after the other for 4 rows.
 template <int MB>
 inline void gemv_tile(const Int4Weight& w, int64_t tile, const QuantX& x, int64_t m0, const float* bias, float* y,
                       int64_t ldy, bool stream) {
+  constexpr int H = MB >= 4 ? 1 : 2;  // halves a pass
   const uint8_t* c = w.codes + tile * w.groups * 256;
   const uint16_t* sm = w.sm + tile * w.groups * 32;
   const __m256i nib = _mm256_set1_epi8(0x0f);
-  // A whole tile's two halves are stored together, as whole 64-byte lines: written one
-  // half at a time, a line of a large output was read in from memory first (2x the time
-  // of the matmul at 850 rows), and only whole lines can be streamed past the cache.
-  const bool whole = w.n - tile * 16 >= 16;
-  __m256 first[MB];
-  for (int h = 0; h < 2; ++h) {
-    const int64_t n0 = tile * 16 + 8 * h, left = w.n - n0;
-    if (left <= 0) return;
-    __m256 acc[MB];
-    for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
+  const int64_t n0 = tile * 16, left = w.n - n0;
+  const int halves = left > 8 ? 2 : 1;
+  __m256 acc[MB][2];
+  for (int p = 0; p < halves; p += H) {
+    __m256 a[MB][H];  // this pass's sums, in registers (acc is indexed by the pass)
+    for (int m = 0; m < MB; ++m)
+      for (int h = 0; h < H; ++h) a[m][h] = _mm256_setzero_ps();
     for (int64_t g = 0, xg = 0; g < w.groups; ++g, xg = xg + 1 == x.groups ? 0 : xg + 1) {
-      const uint8_t* cg = c + g * 256 + 32 * h;
-      __m256i lo[MB], hi[MB];
-      for (int m = 0; m < MB; ++m) lo[m] = hi[m] = _mm256_setzero_si256();
+      const uint8_t* cg = c + g * 256 + 32 * p;
+      __m256i lo[MB][H], hi[MB][H];
+      for (int m = 0; m < MB; ++m)
+        for (int h = 0; h < H; ++h) lo[m][h] = hi[m][h] = _mm256_setzero_si256();
       for (int j = 0; j < 4; ++j) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cg + 64 * j));
-        const __m256i cl = _mm256_and_si256(v, nib), ch = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+        __m256i cl[H], ch[H];
+        for (int h = 0; h < H; ++h) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cg + 64 * j + 32 * h));
+          cl[h] = _mm256_and_si256(v, nib);
+          ch[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+        }
         for (int m = 0; m < MB; ++m) {
           const int32_t* xq = reinterpret_cast<const int32_t*>(x.q + (m0 + m) * x.kx + xg * kGroup);
-          dot_chunk(lo[m], hi[m], cl, ch, _mm256_set1_epi32(xq[j]), _mm256_set1_epi32(xq[4 + j]));
+          const __m256i xl = _mm256_set1_epi32(xq[j]), xh = _mm256_set1_epi32(xq[4 + j]);
+          for (int h = 0; h < H; ++h) dot_chunk(lo[m][h], hi[m][h], cl[h], ch[h], xl, xh);
         }
       }
-      const uint16_t* s = sm + g * 32 + 8 * h;
-      const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
-      const __m256 mins = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16)));
-      for (int m = 0; m < MB; ++m) {
-        const int64_t i = (m0 + m) * x.groups + xg;
-        const __m256 dot = _mm256_cvtepi32_ps(dot_sum(lo[m], hi[m]));
-        acc[m] = _mm256_fmadd_ps(dot, _mm256_mul_ps(scale, _mm256_set1_ps(x.d[i])), acc[m]);
-        acc[m] = _mm256_fmadd_ps(mins, _mm256_set1_ps(x.ds[i]), acc[m]);
+      for (int h = 0; h < H; ++h) {
+        const uint16_t* s = sm + g * 32 + 8 * (p + h);
+        const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
+        const __m256 mins = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16)));
+        for (int m = 0; m < MB; ++m) {
+          const int64_t i = (m0 + m) * x.groups + xg;
+          const __m256 dot = _mm256_cvtepi32_ps(dot_sum(lo[m][h], hi[m][h]));
+          a[m][h] = _mm256_fmadd_ps(dot, _mm256_mul_ps(scale, _mm256_set1_ps(x.d[i])), a[m][h]);
+          a[m][h] = _mm256_fmadd_ps(mins, _mm256_set1_ps(x.ds[i]), a[m][h]);
+        }
       }
     }
-    if (left >= 8) {
-      const __m256 b = bias ? _mm256_loadu_ps(bias + n0) : _mm256_setzero_ps();
-      for (int m = 0; m < MB; ++m) acc[m] = _mm256_add_ps(acc[m], b);
-    }
-    if (whole && h == 0) {
-      for (int m = 0; m < MB; ++m) first[m] = acc[m];
-      continue;
-    }
+    for (int m = 0; m < MB; ++m)
+      for (int h = 0; h < H; ++h) acc[m][p + h] = a[m][h];
+  }
+  // A whole tile is stored as whole 64-byte lines: stored one half at a time, a line of a
+  // large output was read in from memory first (2x the matmul's time at 850 rows), and
+  // only whole lines can be streamed past the cache.
+  if (left >= 16) {
+    const __m256 b0 = bias ? _mm256_loadu_ps(bias + n0) : _mm256_setzero_ps();
+    const __m256 b1 = bias ? _mm256_loadu_ps(bias + n0 + 8) : _mm256_setzero_ps();
     for (int m = 0; m < MB; ++m) {
       float* row = y + (m0 + m) * ldy + n0;
-      if (whole && stream) {
-        _mm256_stream_ps(row - 8, first[m]);
-        _mm256_stream_ps(row, acc[m]);
-      } else if (whole) {
-        _mm256_storeu_ps(row - 8, first[m]);
-        _mm256_storeu_ps(row, acc[m]);
-      } else if (left >= 8) {
-        _mm256_storeu_ps(row, acc[m]);
+      if (stream) {
+        _mm256_stream_ps(row, _mm256_add_ps(acc[m][0], b0));
+        _mm256_stream_ps(row + 8, _mm256_add_ps(acc[m][1], b1));
       } else {
-        alignas(32) float out[8];
-        _mm256_store_ps(out, acc[m]);
-        for (int64_t i = 0; i < left; ++i) row[i] = out[i] + (bias ? bias[n0 + i] : 0.0f);
+        _mm256_storeu_ps(row, _mm256_add_ps(acc[m][0], b0));
+        _mm256_storeu_ps(row + 8, _mm256_add_ps(acc[m][1], b1));
       }
+    }
+    return;
+  }
+  for (int m = 0; m < MB; ++m) {
+    for (int h = 0; h < halves; ++h) {
+      alignas(32) float out[8];
+      _mm256_store_ps(out, acc[m][h]);
+      float* row = y + (m0 + m) * ldy + n0 + 8 * h;
+      for (int64_t i = 0; i < std::min<int64_t>(8, left - 8 * h); ++i)
+        row[i] = out[i] + (bias ? bias[n0 + 8 * h + i] : 0.0f);
     }
   }
 }
