@@ -76,6 +76,25 @@ def test_int4_linear_on_gguf_groupings(isa: str, source: str) -> None:
 
 
 @EACH_ISA
+@pytest.mark.parametrize("out_features", [1040, 1036])
+def test_int4_linear_of_a_large_output_equals_small_calls(isa: str, out_features: int) -> None:
+    """An output of 2 MiB or more (520 x 1040 float32) is written past the cache in whole
+    lines; 1036 has a part tile (and a row width that cannot stream). Each output is
+    computed the same way whatever the call's size, so the large call equals 8-row calls
+    bit for bit."""
+    ks = build.load(isa)
+    dtype = torch.float32 if ks.float_input else torch.bfloat16
+    gen = torch.Generator().manual_seed(out_features)
+    groups = from_float(torch.randn(out_features, 64, generator=gen))
+    codes, scale_min = pack.pack(groups, ks.layout)
+    x = torch.randn(520, 64, generator=gen).to(dtype)
+    whole = _ops(isa).int4_linear(x, codes, scale_min, out_features)
+    parts = torch.cat([_ops(isa).int4_linear(x[i:i + 8], codes, scale_min, out_features) for i in range(0, 520, 8)])
+    assert torch.equal(whole, parts)
+    check(isa, whole, x, groups)
+
+
+@EACH_ISA
 def test_int4_linear_refuses_mismatched_shapes(isa: str) -> None:
     ops, ks = _ops(isa), build.load(isa)
     codes, scale_min = pack.pack(from_float(torch.randn(16, 64)), ks.layout)
