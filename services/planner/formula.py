@@ -168,13 +168,13 @@ class FormulaPolicy:
         return self.gate(signals, current, desired, reason, detail, urgent)
 
     def gate(self, signals: ClusterSignals, current: Split, desired: Split, reason: str,
-             detail: str, urgent: bool = False) -> Decision:
+             detail: str, urgent: bool = False, shift_now: bool = True) -> Decision:
         """Keep a scale-down to what the window allows (stabilize.py); hold a change inside
         the cooldown, unless ``urgent`` (a target missed now, or a large predicted gain:
         waiting out the cooldown then costs more than a change undone); record when one is
         made."""
         t = signals.t
-        kept = self.window.limit(t, current, desired, signals)
+        kept = self.window.limit(t, current, desired, signals, shift_now)
         if kept != desired:
             if kept == current:
                 return Decision(t, current, current, Action.HOLD, "stabilizing", detail)

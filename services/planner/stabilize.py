@@ -1,8 +1,9 @@
 """Scale up at once, release workers only when the load has stayed down: the budget in use
 shrinks only as far as every recommendation of the last ``planner.scale_down_window_s``
 allows (the stabilization window of Kubernetes' HorizontalPodAutoscaler); a shift of
-workers from one role to the other goes ahead at once, unless it takes from a role that grew
-within the window (no swing back and forth); and decode never shrinks below the seats its
+workers from one role to the other goes ahead at once when the policy predicts it raises
+goodput, unless it takes from a role that grew within the window (no swing back and forth);
+a shift only a tie-break chose is held as a release is; and decode never shrinks below the seats its
 requests in flight need. Both policies apply it in ``FormulaPolicy.gate``, before the
 cooldown, so the cooldown counts only changes made.
 
@@ -36,7 +37,7 @@ class ScaleDownWindow:
         self._grew = {Role.PREFILL: -float("inf"), Role.DECODE: -float("inf")}
 
     def limit(self, t: float, current: Split, want: Split,
-              signals: ClusterSignals | None = None) -> Split:
+              signals: ClusterSignals | None = None, shift_now: bool = True) -> Split:
         """``want`` as far as the window allows; records it as this interval's recommendation.
         The first call counts the split running then as a recommendation too: a planner
         just started releases nothing before a whole window of evidence."""
@@ -53,6 +54,16 @@ class ScaleDownWindow:
         # window (then only into what the budget leaves free); workers beyond the shift are
         # released as a release is
         to_prefill = p > current.prefill
+        if not shift_now:
+            # a shift no predicted gain asks for: the shrinking role is held as a release
+            # is, and the growing one gets only what that leaves of the budget
+            if to_prefill:
+                d = max(d, min(current.decode, max(s.decode for _, s in self._recent)))
+                p = max(current.prefill, min(p, self.max_total - d))
+            else:
+                p = max(p, min(current.prefill, max(s.prefill for _, s in self._recent)))
+                d = max(current.decode, min(d, self.max_total - p))
+            return self._seated(Split(p, d), current, signals)
         if self._grew[Role.DECODE if to_prefill else Role.PREFILL] >= t - self.window_s:
             free = max(0, self.max_total - current.total)
             kept = (Split(min(p, current.prefill + free), current.decode) if to_prefill
