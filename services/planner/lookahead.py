@@ -26,6 +26,9 @@ from services.planner.forward import Prediction, Start, run_forward
 from services.planner.signals import ClusterSignals, Role
 
 MIN_GAIN = 0.02
+# The fraction of requests within the targets that the p90 targets (planner.ttft_p90_s,
+# itl_p90_s) ask for: a split predicted below it is overloaded.
+ATTAINMENT = 0.9
 # A predicted gain this large goes ahead inside the cooldown.
 URGENT_GAIN = 0.2
 
@@ -95,6 +98,11 @@ class SimulatePolicy:
         b, n = rank(best), rank(now)
         reason = ("lookahead_goodput" if b[0] > n[0] else "lookahead_backlog" if b[1] > n[1]
                   else "lookahead_fewer")
+        if reason == "lookahead_fewer" and _coarse(best.goodput) < ATTAINMENT:
+            # every candidate misses the targets (with real processes the forward run then
+            # predicted 0 for all, and the fewer-workers tie-break drained an overloaded
+            # cluster to 1P/1D): fewer workers need a prediction that they keep them
+            return self._hold(signals, current, "overloaded", detail)
         if reason == "lookahead_fewer":
             # NOTE: a horizon of a few intervals is shorter than a long request's life: the
             # running population is still growing when it ends. Fewer workers than the

@@ -119,3 +119,20 @@ def test_decision_at_16_workers_is_fast() -> None:
         pol.decide(_signals(20.0 + 10 * i, load, split), split)
     per = (time.perf_counter() - t0) / 5
     assert per < 0.5, per  # measured ~10-40 ms on a shared 2-core machine
+
+
+def test_an_overloaded_cluster_is_never_shrunk() -> None:
+    """Far more load than the budget serves: every split predicts ~0 goodput, so the
+    fewer-workers tie-break would release workers (with real processes it drained an
+    overloaded cluster to 1P/1D). Fewer workers need a prediction that they meet the
+    targets; the total in use never falls."""
+    c = cfg("planner.max_total_workers=8", "planner.max_prefill=7", "planner.max_decode=7")
+    pol = SimulatePolicy(c.planner, cap(c))
+    split, flood = Split(4, 4), Load(400.0, 700, 1500)
+    reasons = set()
+    for i in range(15):
+        d = pol.decide(_signals(10.0 * (i + 1), flood, split), split)
+        assert d.desired.total >= split.total, d
+        reasons.add(d.reason)
+        split = d.desired
+    assert "overloaded" in reasons
