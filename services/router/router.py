@@ -204,27 +204,24 @@ class Router:
         n = len(hashes)
         mode = self.mode
         rc = self.cfg.router
-        # NOTE: free + active is a worker's KV total (free is -1 without fresh metrics); less
-        # the blocks the index holds for it, the blocks that hold nothing (selection.py)
-        cached = self.index.num_blocks
         if mode is RouterMode.TTFT:
             assert self.ttft is not None
+            views = self.load.ttft_views(workers)
             tcands = [
-                TtftCandidate(w, scores.get(w, 0), prefill, active, running, free,
-                              max(free + active - cached(w), 0) if free >= 0 else -1)
-                for w, (prefill, active, running, free)
-                in zip(workers, self.load.ttft_views(workers), strict=True)
+                TtftCandidate(w, scores.get(w, 0), prefill, active, running, free, unused)
+                for w, (prefill, active, running, free), unused
+                in zip(workers, views, self._unused_blocks(workers, views), strict=True)
             ]
             sel = select_by_ttft(self.ttft, tcands, n, rc.affinity_band, self._rng,
                                  rc.eviction_weight)
             worker = sel.worker_id
             self.ttft.routed(req.request_id, worker, sel.predicted_s)
         elif mode is RouterMode.KV:
+            views = self.load.ttft_views(workers)
             cands = [
-                Candidate(w, scores.get(w, 0), prefill, active,
-                          max(free + active - cached(w), 0) if free >= 0 else -1)
-                for w, (prefill, active, _, free)
-                in zip(workers, self.load.ttft_views(workers), strict=True)
+                Candidate(w, scores.get(w, 0), prefill, active, unused)
+                for w, (prefill, active, _, _), unused
+                in zip(workers, views, self._unused_blocks(workers, views), strict=True)
             ]
             worker = select_worker(
                 cands, n, rc.overlap_weight, rc.temperature, self._rng, rc.eviction_weight
@@ -298,6 +295,14 @@ class Router:
             self.load.free(u.request_id)
             if self.ttft is not None:
                 self.ttft.forget(u.request_id)
+
+    def _unused_blocks(self, workers: list[str], views: list[tuple[int, int, int, int]]) -> list[int]:
+        """Each worker's KV blocks that hold nothing, neither a live request nor a cached
+        prefix (selection.py): its total (free + active) less the blocks the index holds for
+        it; -1 where its free blocks are unknown (no fresh metrics)."""
+        cached = self.index.num_blocks
+        return [max(free + active - cached(w), 0) if free >= 0 else -1
+                for w, (_, active, _, free) in zip(workers, views, strict=True)]
 
     async def _track(self, u: InflightUpdate) -> None:
         self.apply_inflight(u)
