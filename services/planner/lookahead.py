@@ -98,19 +98,19 @@ class SimulatePolicy:
         b, n = rank(best), rank(now)
         reason = ("lookahead_goodput" if b[0] > n[0] else "lookahead_backlog" if b[1] > n[1]
                   else "lookahead_fewer")
-        if reason == "lookahead_fewer" and _coarse(best.goodput) < ATTAINMENT:
-            # every candidate misses the targets (with real processes the forward run then
-            # predicted 0 for all, and the fewer-workers tie-break drained an overloaded
-            # cluster to 1P/1D): fewer workers need a prediction that they keep them
-            return self._hold(signals, current, "overloaded", detail)
         if reason == "lookahead_fewer":
+            if _coarse(best.goodput) < ATTAINMENT:
+                # every candidate misses the targets (with real processes the forward run
+                # then predicted 0 for all, and the fewer-workers tie-break drained an
+                # overloaded cluster to 1P/1D): fewer workers need a prediction that they
+                # keep them
+                return self._hold(signals, current, "overloaded", detail)
             # NOTE: a horizon of a few intervals is shorter than a long request's life: the
             # running population is still growing when it ends. Fewer workers than the
             # formula's steady state (Little's law) wait for a better prediction than a tie.
             if (best.split.prefill < min(target.prefill, current.prefill)
                     or best.split.decode < min(target.decode, current.decode)):
-                return self._hold(signals, current, "steady_state",
-                                detail)
+                return self._hold(signals, current, "steady_state", detail)
             # NOTE: the band: fewer workers only if they stay as good at 1 + BAND the load
             more = [Load(x.rate * (1 + BAND), x.input_tokens, x.output_tokens) for x in loads]
             hi_best = rank(run_forward(start, best.split, more, self.cap, self.cfg))

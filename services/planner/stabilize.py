@@ -47,9 +47,8 @@ class ScaleDownWindow:
             return self._seated(Split(p, d), current, signals)
         if p <= current.prefill and d <= current.decode:
             # a release: each role only as far as every recommendation of the window allowed
-            p = min(current.prefill, max(s.prefill for _, s in self._recent))
-            d = min(current.decode, max(s.decode for _, s in self._recent))
-            return self._seated(Split(max(p, want.prefill), max(d, want.decode)), current, signals)
+            low = self._floor(current)
+            return self._seated(Split(max(low.prefill, p), max(low.decode, d)), current, signals)
         # a shift: one role grows at once from the other, unless that one grew within the
         # window (then only into what the budget leaves free); workers beyond the shift are
         # released as a release is
@@ -57,11 +56,12 @@ class ScaleDownWindow:
         if not shift_now:
             # a shift no predicted gain asks for: the shrinking role is held as a release
             # is, and the growing one gets only what that leaves of the budget
+            low = self._floor(current)
             if to_prefill:
-                d = max(d, min(current.decode, max(s.decode for _, s in self._recent)))
+                d = max(d, low.decode)
                 p = max(current.prefill, min(p, self.max_total - d))
             else:
-                p = max(p, min(current.prefill, max(s.prefill for _, s in self._recent)))
+                p = max(p, low.prefill)
                 d = max(current.decode, min(d, self.max_total - p))
             return self._seated(Split(p, d), current, signals)
         if self._grew[Role.DECODE if to_prefill else Role.PREFILL] >= t - self.window_s:
@@ -85,6 +85,12 @@ class ScaleDownWindow:
         self._recent.append((t, want))
         while self._recent and self._recent[0][0] < t - self.window_s:
             self._recent.popleft()
+
+    def _floor(self, current: Split) -> Split:
+        """The lowest each role may be released to: no lower than every recommendation of
+        the window asked for, and never above what runs now."""
+        return Split(min(current.prefill, max(s.prefill for _, s in self._recent)),
+                     min(current.decode, max(s.decode for _, s in self._recent)))
 
     def note(self, t: float, current: Split) -> None:
         """The split running (or just asked for) at ``t``: when each role last grew, a change
