@@ -234,9 +234,11 @@ class TorchRunner(ModelRunner):
             kernels = (_cpu_kernels(cfg, self.device, self.dtype, isa)
                        if self.quantization == "int4" else None)
             if self.quantization != "none":
-                quantize_model(self.model, tensors, source, self.quantization,
-                               resolve_dense_above_rows(cfg.quantized_max_rows, self.device, self.dtype),
-                               kernels=kernels)
+                # NOTE: a dense copy above some row count would give the sampled rows' logits
+                # (lm_head) other bits in a large batch than alone: never in deterministic mode.
+                dense_above = (None if cfg.deterministic
+                               else resolve_dense_above_rows(cfg.quantized_max_rows, self.device, self.dtype))
+                quantize_model(self.model, tensors, source, self.quantization, dense_above, kernels=kernels)
             # the instruction set whose kernels run (none: torch's), logged once and a metric label
             self.info = RunnerInfo(str(self.device), str(self.dtype).removeprefix("torch."), self.quantization,
                                    kernels.isa if kernels is not None else "none")

@@ -64,6 +64,18 @@ def test_a_tokens_logits_are_the_same_bits_alone_chunked_and_beside_others() -> 
     assert torch.equal(mixed, want)
 
 
+def test_the_mode_never_takes_a_dense_copy_for_many_rows() -> None:
+    """engine.quantized_max_rows sends batches of more rows to a dense GEMM (the default on
+    CPUs with native bfloat16); the mode keeps every row on the kernels, so the logits of a
+    row sampled among four equal its logits alone."""
+    prompts = [[(5 * i + 7 * j) % 128 for j in range(6 + i)] for i in range(4)]
+    blocks = [list(range(8 * i, 8 * i + 8)) for i in range(4)]
+    alone = _tiny_runner(deterministic=True, quantized_max_rows=1).logits_for(batch(seq("s0", prompts[0], 0, blocks[0])))
+    many = _tiny_runner(deterministic=True, quantized_max_rows=1).logits_for(
+        batch(*[seq(f"s{i}", p, 0, blocks[i]) for i, p in enumerate(prompts)]))
+    assert torch.equal(many[0:1], alone)
+
+
 def test_without_the_mode_they_are_not() -> None:
     """The control: off the mode the same three differ in their last bits, so the test
     above would see a difference where there is one."""
