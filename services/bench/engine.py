@@ -17,8 +17,9 @@ weights: the scheduler and sampler cost little next to a step's matmuls).
 of logits_process.py) or ``logprobs`` (5 top logprobs per token): compare their tok/s
 with greedy's for what those features cost.
 ``--structured none,json`` adds decode with every sequence under a JSON schema (structured
-output: one grammar matcher per sequence, the batch's token mask filled on the scheduler
-thread each step) and reports the mask fill time per step beside it.
+output: one grammar matcher per sequence, the batch's token mask filled each step: on the
+scheduler thread, or with the overlapped loop on a thread of its own) and reports beside it
+the mask fill time per step and the time the sampler waited for the mask per step.
 Each decode figure comes with the **bubble**: the fraction of the timed wall time the
 runner was not computing (``runner.busy_seconds``: inside ``execute``, on the forward
 thread, the mock's simulated device time, or CUDA event time), and the scheduler's time
@@ -106,8 +107,9 @@ def bench_decode(engine: LLMEngine, n: int, steps: int, context: int, repeats: i
     (and, under ``structured``, the mask fill ms/step)."""
     vocab = engine.runner.vocab_size
     runner, fence = engine.runner, engine.kv.fence
-    rates, bubbles, sched_ms, fill_ms = [], [], [], []
+    rates, bubbles, sched_ms, fill_ms, wait_ms = [], [], [], [], []
     fills = engine.grammar.stats.mask_fill_seconds if engine.grammar is not None else None
+    waits = engine.grammar.stats.mask_wait_seconds if engine.grammar is not None else None
     sampling = SamplingParams(temperature=0, max_tokens=steps + 4, ignore_eos=True,
                               structured=structured, **DECODE_SAMPLING[sampling_mode])
     for r in range(repeats):
@@ -122,6 +124,7 @@ def bench_decode(engine: LLMEngine, n: int, steps: int, context: int, repeats: i
         fence.drain()  # nothing computing when the clock starts
         busy0, sched0, steps0 = runner.busy_seconds, engine.scheduler_seconds, engine.num_steps
         fill0 = fills.total if fills is not None else 0.0
+        wait0 = waits.total if waits is not None else 0.0
         tokens = 0
         t0 = time.perf_counter()
         for _ in range(steps):
@@ -131,14 +134,16 @@ def bench_decode(engine: LLMEngine, n: int, steps: int, context: int, repeats: i
         rates.append(tokens / wall)
         bubbles.append(max(0.0, 1 - (runner.busy_seconds - busy0) / wall))
         sched_ms.append((engine.scheduler_seconds - sched0) / (engine.num_steps - steps0) * 1e3)
-        if fills is not None:
+        if fills is not None and waits is not None:
             fill_ms.append((fills.total - fill0) / (engine.num_steps - steps0) * 1e3)
+            wait_ms.append((waits.total - wait0) / (engine.num_steps - steps0) * 1e3)
         _drain(engine)
     out = {"tok_s": round(statistics.median(rates), 1),
            "bubble": round(statistics.median(bubbles), 4),
            "sched_ms_per_step": round(statistics.median(sched_ms), 3)}
     if structured is not None:
         out["mask_fill_ms_per_step"] = round(statistics.median(fill_ms), 3)
+        out["mask_wait_ms_per_step"] = round(statistics.median(wait_ms), 3)
     return out
 
 
@@ -239,7 +244,8 @@ def _print_table(results: dict, concurrency: list[int], runners: list[str],
     row's tok/s over the unconstrained row of the same runner and overlap."""
     print(f"fp32 matmul GFLOP/s: {results['matmul_gflops']}")
     print(f"{'runner':<8}{'overlap':<9}{'output':<8}{'seqs':>6}{'decode tok/s':>14}{'bubble':>9}"
-          f"{'sched ms/step':>15}{'fill ms/step':>14}{'on/off':>8}{'json/none':>11}")
+          f"{'sched ms/step':>15}{'fill ms/step':>14}{'wait ms/step':>14}{'on/off':>8}"
+          f"{'json/none':>11}")
     runs = results["runs"]
     for runner in runners:
         for mode in overlaps:
@@ -261,6 +267,7 @@ def _print_table(results: dict, concurrency: list[int], runners: list[str],
                         free = run["decode"][str(n)]["tok_s"]
                         vs_none = f"{d['tok_s'] / free:.3f}" if free else ""
                     fill = d.get("mask_fill_ms_per_step", "")
+                    wait = d.get("mask_wait_ms_per_step", "")
                     print(f"{runner:<8}{mode:<9}{kind:<8}{n:>6}{d['tok_s']:>14}"
                           f"{d['bubble'] * 100:>8.1f}%{d['sched_ms_per_step']:>15}{fill:>14}"
-                          f"{ratio:>8}{vs_none:>11}")
+                          f"{wait:>14}{ratio:>8}{vs_none:>11}")

@@ -112,6 +112,10 @@ class EngineConfig(_Strict):
     # forward already takes every core and a second thread only competes with it
     # (docs/benchmarks.md "Overlap scheduler": 0.78-0.97x there).
     overlap: bool | Literal["auto"] = "auto"
+    # Threads that fill structured output's token masks (docs/engine.md "Constrained
+    # decoding"); 0: half the CPUs, 1 to 8. Each is a lane: a schema is compiled once per
+    # lane, since copies of one compiled grammar fill one at a time.
+    grammar_threads: int = Field(0, ge=0)
     # Tensor parallelism (docs/engine.md, "Tensor parallelism"): N > 1 starts N-1 extra rank
     # processes that each hold a 1/N slice of the model and of the KV cache. Request payloads
     # reach them on a background thread ("async") or inline on the step thread ("sync", for

@@ -26,7 +26,7 @@ from services.engine.timings import EngineTimings
 from services.steptime.chunk import chunk_limit_for, measures_speed
 
 if TYPE_CHECKING:
-    from services.engine.grammar.batch_mask import BatchMask, MaskBuilder
+    from services.engine.grammar.batch_mask import BatchMask, MaskBuilder, MaskFiller
     from services.engine.grammar.compiler import GrammarCompiler
     from services.engine.grammar.stats import GrammarStats
     from services.steptime.model import StepModel
@@ -116,11 +116,14 @@ class LLMEngine:
         # the builder of each batch's allowed-token mask.
         self.grammar = self.scheduler.grammar
         self._masks: MaskBuilder | None = None
+        self._filler: MaskFiller | None = None  # the overlapped loop's (made with it)
+        self._next_mask: BatchMask | None = None  # the launched batch's, to fill once N's tokens are in
+        self._grammars_advanced = self._start_next_fill  # update's callback, bound once
         if self.grammar is not None:
             from services.engine.grammar.batch_mask import MaskBuilder
 
             self._masks = MaskBuilder(cfg.max_num_seqs, runner.vocab_size,
-                                      pin=runner.pins_host_memory)
+                                      pin=runner.pins_host_memory, stats=self.grammar.stats)
         # The ITL target's measure of this device against its step model: each step,
         # predicted and timed (None: no target, or steps that take no real time).
         self.speed = limit.speed if limit is not None and measures_speed(runner.info.device) else None
@@ -222,6 +225,7 @@ class LLMEngine:
         t2 = t3 = 0.0
         if prev is not None:
             prev_batch, prev_pending, ticket = prev
+            self._next_mask = mask
             try:
                 result = prev_pending.result()  # blocks until batch N is done; N+1 computes on
                 fence.completed(ticket)
@@ -231,11 +235,12 @@ class LLMEngine:
                     # came last: its forward alone, as an overlapped profile times it.
                     self._observe_speed(prev_batch, t2 - max(prev_start, self._last_done))
                 self._last_done = t2
-                outputs = sched.update(prev_batch, result)
+                outputs = sched.update(prev_batch, result,
+                                       self._grammars_advanced if mask is not None else None)
             finally:
-                if mask is not None:
-                    # Batch N's tokens advanced the matchers: N+1's sampler waits for this.
-                    self._fill(mask)
+                if self._next_mask is not None:  # failed before the fill started
+                    self._fill(self._next_mask)
+                    self._next_mask = None
             t3 = time.perf_counter()
             self._step_seconds[prev_batch.kind].observe(t3 - t0)
             if not batch.seqs:
@@ -267,7 +272,19 @@ class LLMEngine:
 
     def _fill(self, mask: BatchMask) -> None:
         assert self.grammar is not None
-        mask.fill(self.grammar.executor, self.grammar.stats)
+        mask.fill(self.grammar.executor)
+
+    def _start_next_fill(self) -> None:
+        """Batch N's tokens have advanced the matchers: fill N+1's mask (which N+1's
+        sampler waits for) beside the rest of this step."""
+        mask = self._next_mask
+        assert mask is not None and self.grammar is not None
+        if self._filler is None:
+            from services.engine.grammar.batch_mask import MaskFiller
+
+            self._filler = MaskFiller(self.grammar.executor)
+        self._filler.start(mask)
+        self._next_mask = None
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or self._in_flight is not None

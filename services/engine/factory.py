@@ -142,10 +142,11 @@ def build_engine(
         eos = (cfg.engine.mock.eos_token_id,)
     grammar = None
     if tokenizer is not None and runner.supports_grammar:
-        from services.engine.grammar.compiler import GrammarCompiler
+        from services.engine.grammar.compiler import GrammarCompiler, default_threads
 
         try:
-            grammar = GrammarCompiler(tokenizer.to_json(), runner.vocab_size, eos)
+            grammar = GrammarCompiler(tokenizer.to_json(), runner.vocab_size, eos,
+                                      threads=cfg.engine.grammar_threads or default_threads())
         except ValueError as e:
             # A tokenizer llguidance cannot read (no decoder, say) still serves free text;
             # structured requests then get validate()'s clear 400 instead of a dead worker.

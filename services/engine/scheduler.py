@@ -740,9 +740,16 @@ class Scheduler:
             self.kv.cache_computed_blocks(s)
 
     # ---- after the forward ----------------------------------------------------------
-    def update(self, batch: ScheduledBatch, result: RunnerOutput) -> list[TokenOutput]:
+    def update(self, batch: ScheduledBatch, result: RunnerOutput,
+               grammars_advanced: Callable[[], None] | None = None) -> list[TokenOutput]:
         """Apply a completed batch's result: register the blocks it computed, put its
-        samples in place of their placeholders, stop, free."""
+        samples in place of their placeholders, stop, free. ``grammars_advanced`` is called
+        once every grammar row's matcher has taken its token, before the rest of the work
+        (the overlapped loop starts the next batch's mask fill there)."""
+        if grammars_advanced is not None:
+            if self.num_grammar_seqs:
+                self._advance_grammars(batch, result.sampled)
+            grammars_advanced()
         outputs: list[TokenOutput] = []
         any_finished = False
         logprobs = result.logprobs or [None] * len(batch.seqs)
@@ -768,6 +775,15 @@ class Scheduler:
             self.running = [s for s in self.running if s.status is SeqStatus.RUNNING]
         return outputs
 
+    def _advance_grammars(self, batch: ScheduledBatch, sampled: list[int | None]) -> None:
+        """Advance each live grammar row's matcher by its token, as ``_resolve_token``
+        would (which then finds the position consumed)."""
+        for sched, seq, tok in zip(batch.seqs, batch.owners, sampled, strict=True):
+            g = seq.grammar
+            if (g is not None and sched.sample and tok is not None
+                    and seq.status is not SeqStatus.FINISHED and seq.sampling.max_tokens != 0):
+                g.advance_at(sched.end_pos, tok)
+
     def _keep_prompt_logprobs(self, seq: Sequence, sched: ScheduledSeq,
                               lps: list[TokenLogprob] | None) -> None:
         if lps is None or len(lps) != len(sched.prompt_targets):
@@ -791,7 +807,7 @@ class Scheduler:
         sp = seq.sampling
         reason: FinishReason | None = None
         drop = sp.max_tokens == 0  # the prompt only: the token drawn after it is dropped
-        error = seq.grammar.advance(tok) if seq.grammar is not None and not drop else None
+        error = seq.grammar.advance_at(pos, tok) if seq.grammar is not None and not drop else None
         if drop:
             reason = FinishReason.LENGTH
         elif error is not None:

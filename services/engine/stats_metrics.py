@@ -80,6 +80,8 @@ def _grammar_metrics(g: GrammarStats) -> Iterator[CounterMetricFamily | Histogra
          g.compile_seconds),
         ("grammar_mask_fill_seconds", "Time to fill one batch's allowed-token mask",
          g.mask_fill_seconds),
+        ("grammar_mask_wait_seconds", "Time a step's sampling waited for its allowed-token mask",
+         g.mask_wait_seconds),
     ))
     kinds = CounterMetricFamily("tandem_worker_structured_requests",
                                 "Requests with structured output, by kind", labels=["kind"])

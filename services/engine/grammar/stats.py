@@ -19,6 +19,8 @@ FILL_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.
 class GrammarStats:
     compile_seconds: Histogram = field(default_factory=lambda: Histogram(COMPILE_BUCKETS))
     mask_fill_seconds: Histogram = field(default_factory=lambda: Histogram(FILL_BUCKETS))
+    # The sampler's wait for a mask not yet filled: what the grammar costs a step.
+    mask_wait_seconds: Histogram = field(default_factory=lambda: Histogram(FILL_BUCKETS))
     requests_by_kind: Counter[str] = field(default_factory=Counter)
     errors: int = 0  # requests ended by a grammar error (a rejected token, a matcher error)
     lock: threading.Lock = field(default_factory=threading.Lock)  # compiles run off the step thread

@@ -45,6 +45,7 @@ CONTRACT_METRICS = {
     "tandem_worker_request_decode_seconds",
     "tandem_worker_grammar_compile_seconds",
     "tandem_worker_grammar_mask_fill_seconds",
+    "tandem_worker_grammar_mask_wait_seconds",
     "tandem_worker_structured_requests_total",
     "tandem_worker_grammar_errors_total",
     "tandem_router_decisions_total",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import threading
 from pathlib import Path
 
 import jsonschema
@@ -230,7 +231,7 @@ def test_mask_apply_sets_only_disallowed_logits_of_grammar_rows() -> None:
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(3, vocab, generator=g)
     bits = torch.randint(-(2**31), 2**31 - 1, (1, words), dtype=torch.int32, generator=g)
-    mask = BatchMask([1], [], bits, 3)
+    mask = BatchMask([1], [], bits, 3, GrammarStats())
     mask.ready.set()
     out = mask.apply(logits.clone())
     allowed = [bool((int(bits[0, t // 32]) >> (t % 32)) & 1) for t in range(vocab)]
@@ -250,8 +251,8 @@ def test_mask_that_allows_nothing_kills_that_row_and_sets_ready(model) -> None:
     comp = GrammarCompiler(tok.to_json(), 49152, tok.stop_token_ids)
     states = [comp.start(StructuredOutput(StructuredKind.JSON_OBJECT)) for _ in range(2)]
     bits = torch.zeros(2, (49152 + 31) // 32, dtype=torch.int32)
-    mask = BatchMask([0, 1], states, bits, 2)
-    mask.fill(_ZeroExecutor(), GrammarStats())  # type: ignore[arg-type]
+    mask = BatchMask([0, 1], states, bits, 2, GrammarStats())
+    mask.fill(_ZeroExecutor())  # type: ignore[arg-type]
     assert mask.ready.is_set()
     assert all(s.dead and "allows no token" in (s.error or "") for s in states)
     assert bool((bits == -1).all())
@@ -268,6 +269,75 @@ def test_compiled_grammars_are_cached_by_spec(model) -> None:
     comp.start(b)
     assert sum(comp.stats.compile_seconds.counts) == 1
     assert comp.stats.requests_by_kind["json_schema"] == 2
+
+
+def test_each_lane_is_its_own_compile_and_fills_the_same_masks(model, monkeypatch) -> None:
+    """threads=3: a spec compiles to three lanes taken in turn, and masks filled in
+    parallel across lanes equal those of one lane, step by step; a spec whose compile is
+    slow gets one lane."""
+    from services.engine.grammar import compiler as compiler_mod
+
+    tok = model[1]
+    spec = StructuredOutput.json_schema(LIST_SCHEMA)
+    lanes = GrammarCompiler(tok.to_json(), 49152, tok.stop_token_ids, threads=3)
+    one = GrammarCompiler(tok.to_json(), 49152, tok.stop_token_ids, threads=1)
+    a = [lanes.start(spec) for _ in range(6)]
+    b = [one.start(spec) for _ in range(6)]
+    assert len(lanes._lanes(spec)) == 3 and len(one._lanes(spec)) == 1
+    assert sum(lanes.stats.compile_seconds.counts) == 1  # one cache miss, however many lanes
+    words = (49152 + 31) // 32
+    text = '[{"id":7,"name":"ab"},{"id":12,"name":"xyz"},{"id":3,"name":""},{"id":0,"name":"q"}]'
+    for t in tok.encode(text):
+        masks = []
+        for comp, states in ((lanes, a), (one, b)):
+            bits = torch.zeros(len(states), words, dtype=torch.int32)
+            BatchMask(list(range(len(states))), states, bits, len(states), comp.stats).fill(comp.executor)
+            masks.append(bits)
+        assert torch.equal(masks[0], masks[1])
+        assert all(bool((masks[0][i, t // 32] >> (t % 32)) & 1) for i in range(6))
+        for s in (*a, *b):
+            assert s.advance(t) is None
+    monkeypatch.setattr(compiler_mod, "LANE_COMPILE_LIMIT_S", 0.0)
+    slow = GrammarCompiler(tok.to_json(), 49152, tok.stop_token_ids, threads=3)
+    slow.start(spec)
+    assert len(slow._lanes(spec)) == 1
+
+
+def test_overlapped_fill_starts_after_the_matchers_took_their_tokens(model, monkeypatch) -> None:
+    """The overlapped loop fills N+1's mask on the filler thread, started once update(N)
+    has advanced every grammar row (the rest of update does not advance them again)."""
+    from services.engine.grammar.batch_mask import MaskFiller
+
+    tok = model[1]
+    eng = make_engine(model, True)
+    at_start: list[list[tuple[GrammarState, int]]] = []
+    threads: set[str] = set()
+    real_start, real_fill = MaskFiller.start, BatchMask.fill
+
+    def start(self: MaskFiller, mask: BatchMask) -> None:
+        at_start.append([(s, s.last_pos) for s in mask.states])
+        real_start(self, mask)
+
+    def fill(self: BatchMask, executor) -> None:
+        threads.add(threading.current_thread().name)
+        real_fill(self, executor)
+
+    monkeypatch.setattr(MaskFiller, "start", start)
+    monkeypatch.setattr(BatchMask, "fill", fill)
+    reqs = mixed_requests(tok)
+    for r in reqs:
+        eng.add_request(r)
+    checked = 0
+    while eng.has_unfinished():
+        before = len(at_start)
+        eng.step()
+        for snapshot in at_start[before:]:
+            for state, pos in snapshot:
+                assert state.last_pos == pos  # update(N) found every token already taken
+                checked += pos >= 0
+    assert checked > 20
+    assert any(name.startswith("engine-grammar") for name in threads)
+    assert eng.pool.num_used == 0
 
 
 def test_worker_metrics_show_compiles_mask_fills_and_kinds(model) -> None:
