@@ -1,5 +1,6 @@
-"""A decode-only step's decoder stack in one call of decode.cpp's ``decode_forward`` (and
-in ``engine.deterministic`` mode every step's, each new token its own row).
+"""A decode-only step's decoder stack in one call of decode.cpp's ``decode_forward``; also a
+step whose prefill is small beside its decodes, and in ``engine.deterministic`` mode every
+step, each new token its own row (the runner builds those rows: ``TokenRows``).
 
 Where the model runs on our int4 CPU kernels (every decoder linear an Int4Matmul on the
 kernel, bfloat16, no tensor parallelism), a step whose rows are all single decode tokens
@@ -9,6 +10,12 @@ dense bfloat16 GEMMs at 32 and 64 sequences too (docs/benchmarks.md, "Engine").
 The numbers differ from the eager bfloat16 forward only in rounding: the residual stream
 stays float32 and each matmul's output is not rounded to bfloat16 (on the int8 paths the
 matmuls' inputs are rounded to int8 per 32-group, as the eager forward's are there too).
+
+Small mixed steps: the eager forward's fixed cost (~50 ms with one thread on SmolLM2) is
+more than the kernel's per-row cost for a few dozen prefill tokens, so under an ITL
+target, whose steps carry small chunks beside the streams, the runner sends a step with
+up to ``ONE_CALL_PREFILL_TOKENS`` prefill tokens here (docs/benchmarks.md "The prefill
+budget under an ITL target").
 
 Deterministic mode: the kernel computes each row alone in a fixed order (the matmuls'
 rows do not mix, attention reads the row's context from the cache key by key), and a
@@ -26,6 +33,10 @@ from services.engine.layers.attention import AttentionMetadata
 from services.engine.quant.linear import Int4Matmul, QuantizedLinear
 
 _LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")  # decode_forward's order
+# A step with at most this many prefill tokens runs here, each token a row. Measured with
+# one thread (AMD EPYC, avx512_bf16; 8 decodes at 256 context): 16 tokens 56 vs 86 ms
+# eager, 32: 82 vs 98, 64: 135 vs 135, 128: 251 vs 216.
+ONE_CALL_PREFILL_TOKENS = 32
 
 
 def _kernel_matmul(linear: torch.nn.Module) -> Int4Matmul | None:
@@ -37,9 +48,8 @@ def _kernel_matmul(linear: torch.nn.Module) -> Int4Matmul | None:
 class CpuDecode:
     """The weights of every layer in ``decode_forward``'s order, gathered once at load."""
 
-    def __init__(self, model: torch.nn.Module, block_size: int, every_step: bool = False) -> None:
+    def __init__(self, model: torch.nn.Module, block_size: int) -> None:
         arch = model.arch
-        self.every_step = every_step  # engine.deterministic: prefill and mixed steps too
         first = _kernel_matmul(model.layers[0].qkv_proj)
         assert first is not None and first.kernels is not None  # supports() checked
         self._decode_forward = getattr(torch.ops, first.kernels.namespace).decode_forward
@@ -78,14 +88,14 @@ class CpuDecode:
     def takes(self, meta: AttentionMetadata, mm_rows: torch.Tensor | None) -> bool:
         if mm_rows is not None:
             return False
-        if self.every_step:
-            return meta.token_rows is not None
+        if meta.token_rows is not None:  # the runner built one row per token for this call
+            return True
         # NOTE: CUDA graphs' padded metadata has no ctx_len (and never reaches a CPU model).
         return meta.num_prefill_tokens == 0 and meta.decode is not None and meta.decode.ctx_len is not None
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                  kv_layers: list[torch.Tensor]) -> torch.Tensor:
-        rows = meta.token_rows if self.every_step else meta.decode
+        rows = meta.token_rows if meta.token_rows is not None else meta.decode
         assert rows is not None and rows.ctx_len is not None  # takes() checked
         return self._decode_forward(
             input_ids, positions, meta.slot_mapping, rows.block_table, rows.ctx_len, self.embed, kv_layers,

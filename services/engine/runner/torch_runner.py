@@ -25,7 +25,7 @@ from services.engine.parallel.shard import TpShard
 from services.engine.quant.apply import quantize_model, resolve_quantization
 from services.engine.quant.groups import QuantSource
 from services.engine.runner.base import KvSpec, ModelRunner, RunnerInfo
-from services.engine.runner.cpu_decode import CpuDecode
+from services.engine.runner.cpu_decode import ONE_CALL_PREFILL_TOKENS, CpuDecode
 from services.engine.runner.step_inputs import build_step_inputs, validate_batch
 from services.engine.sampler import Sampled, Sampler, prompt_token_logprobs
 from services.model.arch import ModelArchConfig
@@ -254,7 +254,7 @@ class TorchRunner(ModelRunner):
                     f"which cannot run here ({self.device}, {self.dtype}, quantization {self.quantization}, "
                     f"CPU kernels {kernels.isa if kernels is not None else 'none'}, TP={self.tp.size})")
             if one_call:
-                self.model.cpu_decode = CpuDecode(self.model, cfg.block_size, every_step=cfg.deterministic)
+                self.model.cpu_decode = CpuDecode(self.model, cfg.block_size)
                 # NOTE: a decode step in one C++ call holds no GIL and leaves a core's worth of
                 # gaps, so scheduling beside it pays (bench engine: 1.13x at 32 sequences,
                 # 0.96x at 1; docs/benchmarks.md "Overlap scheduler").
@@ -376,7 +376,7 @@ class TorchRunner(ModelRunner):
             key = self.graphs.bucket(batch)
             if key is not None:
                 return self._graph_forward(batch, key)
-        step = build_step_inputs(batch, self.block_size, self.device, self.dtype, per_token=self.deterministic)
+        step = build_step_inputs(batch, self.block_size, self.device, self.dtype, per_token=self._one_call_rows(batch))
         ids = step.input_ids
         if step.has_futures:  # tokens the previous batch sampled: read on the device
             ids = torch.where(ids < 0, self._future[(-1 - ids).clamp_(min=0)], ids)
@@ -390,6 +390,22 @@ class TorchRunner(ModelRunner):
             return StepForward(step.sample_index, step.sample_seqs, None, prompt_lps)
         return StepForward(step.sample_index, step.sample_seqs,
                            self.model.compute_logits(hidden[step.sample_rows]), prompt_lps)
+
+    def _one_call_rows(self, batch: ScheduledBatch) -> bool:
+        """Whether the step runs on the one-call kernel with a row per token: every step in
+        deterministic mode; otherwise one with a few prefill tokens and no image (a
+        decode-only step takes the kernel's decode rows without asking)."""
+        if self.deterministic:
+            return True
+        if self.model.cpu_decode is None:
+            return False
+        n = 0
+        for s in batch.seqs:
+            if s.images:
+                return False
+            if len(s.token_ids) > 1:
+                n += len(s.token_ids)
+        return 0 < n <= ONE_CALL_PREFILL_TOKENS
 
     def _prompt_logprobs(self, hidden: torch.Tensor, batch: ScheduledBatch,
                          rows: list[tuple[int, int]]) -> PromptLogprobs:

@@ -22,7 +22,7 @@ from services.engine.cpu_kernels.isa import KernelSet
 from services.engine.quant import pack
 from services.engine.quant.groups import QuantSource, from_float
 from services.engine.runner import torch_runner
-from services.engine.runner.cpu_decode import CpuDecode
+from services.engine.runner.cpu_decode import ONE_CALL_PREFILL_TOKENS, CpuDecode
 from services.engine.runner.torch_runner import TorchRunner
 from tests.support.int4_reference import check, gguf_groups
 from tests.support.tiny_model import batch, seq, tiny_hf_model
@@ -228,9 +228,12 @@ def test_decode_step_on_the_real_model(isa: str, real_runners: tuple) -> None:
 
 
 @EACH_ISA
-def test_decode_step_writes_the_same_kv_as_the_eager_forward(isa: str) -> None:
+def test_decode_step_writes_the_same_kv_as_the_eager_forward(isa: str, monkeypatch: pytest.MonkeyPatch) -> None:
     runners = _runners("llama", isa)
     kernels, eager = runners["kernels"], runners["eager"]
+    # both prefill on the eager forward (no small mixed step on the one call): only the
+    # decode step differs between them
+    monkeypatch.setattr(torch_runner, "ONE_CALL_PREFILL_TOKENS", 0)
     for r in (kernels, eager):
         r.execute(batch(seq("a", [5, 6, 7, 8, 9], 0, [0, 1])))
         r.execute(batch(seq("a", [10], 5, [0, 1])))
@@ -240,10 +243,14 @@ def test_decode_step_writes_the_same_kv_as_the_eager_forward(isa: str) -> None:
     torch.testing.assert_close(got, want, rtol=0.05, atol=0.05)
 
 
-def test_mixed_steps_still_take_the_eager_forward(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A step with a prefill chunk is not decode-only: the eager forward runs it (on the
-    int4 kernel for its few rows), and the next decode-only step takes the one call."""
-    r = _runners("llama", RUNNABLE[0])["kernels"]
+def test_small_mixed_steps_take_the_one_call_and_large_ones_the_eager_forward(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step with up to ONE_CALL_PREFILL_TOKENS prefill tokens runs on the one call, a
+    row per token, and its logits stay as close to the float32 reference as the eager
+    forward's; a step with more prefill takes the eager forward; decode-only steps the one
+    call."""
+    runners = _runners("llama", RUNNABLE[0])
+    r = runners["kernels"]
     calls: list[int] = []
     real = CpuDecode.__call__
 
@@ -252,9 +259,20 @@ def test_mixed_steps_still_take_the_eager_forward(monkeypatch: pytest.MonkeyPatc
         return real(self, input_ids, *rest)
 
     monkeypatch.setattr(CpuDecode, "__call__", spy)
-    r.execute(batch(seq("a", [1, 2, 3], 0, [0]), seq("b", [4], 0, [1])))
+    small = [(5 * j + 3) % 128 for j in range(ONE_CALL_PREFILL_TOKENS)]
+    logits = {}
+    for name, each in runners.items():
+        each.execute(batch(seq("b", [4, 5, 6], 0, [1])))
+        logits[name] = each.logits_for(batch(seq("a", small, 0, list(range(2, 2 + 9))), seq("b", [7], 3, [1])))
+    assert calls == [3, ONE_CALL_PREFILL_TOKENS + 1]  # b's prompt, then the mixed step
+    ref = logits["reference"]
+    err = {name: (logits[name] - ref).abs().max().item() for name in ("eager", "kernels")}
+    assert err["kernels"] <= 1.5 * err["eager"] + 0.05, err
+    calls.clear()
+    large = [(5 * j + 3) % 128 for j in range(ONE_CALL_PREFILL_TOKENS + 1)]
+    r.execute(batch(seq("c", large, 0, list(range(20, 20 + 9))), seq("b", [8], 4, [1, 11])))
     assert calls == []
-    r.execute(batch(seq("a", [9], 3, [0]), seq("b", [9], 1, [1])))
+    r.execute(batch(seq("c", [9], len(large), list(range(20, 20 + 9))), seq("b", [9], 5, [1, 11])))
     assert calls == [2]
 
 
