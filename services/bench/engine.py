@@ -108,8 +108,7 @@ def bench_decode(engine: LLMEngine, n: int, steps: int, context: int, repeats: i
     vocab = engine.runner.vocab_size
     runner, fence = engine.runner, engine.kv.fence
     rates, bubbles, sched_ms, fill_ms, wait_ms = [], [], [], [], []
-    fills = engine.grammar.stats.mask_fill_seconds if engine.grammar is not None else None
-    waits = engine.grammar.stats.mask_wait_seconds if engine.grammar is not None else None
+    grammar = engine.grammar.stats if engine.grammar is not None else None
     sampling = SamplingParams(temperature=0, max_tokens=steps + 4, ignore_eos=True,
                               structured=structured, **DECODE_SAMPLING[sampling_mode])
     for r in range(repeats):
@@ -123,8 +122,8 @@ def bench_decode(engine: LLMEngine, n: int, steps: int, context: int, repeats: i
             started.update(o.request_id for o in engine.step() if o.token_ids)
         fence.drain()  # nothing computing when the clock starts
         busy0, sched0, steps0 = runner.busy_seconds, engine.scheduler_seconds, engine.num_steps
-        fill0 = fills.total if fills is not None else 0.0
-        wait0 = waits.total if waits is not None else 0.0
+        fill0 = grammar.mask_fill_seconds.total if grammar is not None else 0.0
+        wait0 = grammar.mask_wait_seconds.total if grammar is not None else 0.0
         tokens = 0
         t0 = time.perf_counter()
         for _ in range(steps):
@@ -134,9 +133,10 @@ def bench_decode(engine: LLMEngine, n: int, steps: int, context: int, repeats: i
         rates.append(tokens / wall)
         bubbles.append(max(0.0, 1 - (runner.busy_seconds - busy0) / wall))
         sched_ms.append((engine.scheduler_seconds - sched0) / (engine.num_steps - steps0) * 1e3)
-        if fills is not None and waits is not None:
-            fill_ms.append((fills.total - fill0) / (engine.num_steps - steps0) * 1e3)
-            wait_ms.append((waits.total - wait0) / (engine.num_steps - steps0) * 1e3)
+        if grammar is not None:
+            steps_done = engine.num_steps - steps0
+            fill_ms.append((grammar.mask_fill_seconds.total - fill0) / steps_done * 1e3)
+            wait_ms.append((grammar.mask_wait_seconds.total - wait0) / steps_done * 1e3)
         _drain(engine)
     out = {"tok_s": round(statistics.median(rates), 1),
            "bubble": round(statistics.median(bubbles), 4),
