@@ -340,6 +340,35 @@ def test_overlapped_fill_starts_after_the_matchers_took_their_tokens(model, monk
     assert eng.pool.num_used == 0
 
 
+def test_a_step_failing_before_the_fill_started_still_fills_the_launched_mask(model, monkeypatch) -> None:
+    """update(N) raising before the matchers are advanced: the step raises, and the mask of
+    the batch already launched is filled anyway, so its forward thread is not left waiting
+    and the batch completes."""
+    from services.engine.scheduler import Scheduler
+
+    tok = model[1]
+    eng = make_engine(model, True)
+    calls = {"n": 0}
+    real = Scheduler._advance_grammars
+
+    def failing(self, batch, sampled) -> None:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("boom")
+        real(self, batch, sampled)
+
+    monkeypatch.setattr(Scheduler, "_advance_grammars", failing)
+    for r in mixed_requests(tok):
+        eng.add_request(r)
+    with pytest.raises(RuntimeError, match="boom"):
+        while eng.has_unfinished():
+            eng.step()
+    assert eng._in_flight is not None
+    launched, pending, _ = eng._in_flight
+    assert launched.grammar_mask is not None and launched.grammar_mask.ready.is_set()
+    assert pending._future.result(timeout=60) is not None  # the forward thread finished
+
+
 def test_worker_metrics_show_compiles_mask_fills_and_kinds(model) -> None:
     from prometheus_client import CollectorRegistry
 
