@@ -128,6 +128,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # the exact command line, for the result files of `tandem bench` (services/bench/results.py)
     args._argv = list(sys.argv[1:] if argv is None else argv)
     module, func = _HANDLERS[args._key].split(":")
+    from services.common.malloc_tuning import tune_malloc
+
+    tune_malloc()
     if args._key[0] in ("bench", "sim"):
         # a bench terminated by SIGTERM (what `timeout` sends) unwinds like Ctrl-C: the
         # clusters, servers and TP ranks it started are stopped on the way out

@@ -27,6 +27,7 @@ import torch
 from services.bench.results import finish, header, write_json
 from services.common.config import PrefillConfig
 from services.common.grpc_server import serve_grpc
+from services.common.malloc_tuning import tune_malloc
 from services.decode.grpc_server import SERVER_OPTIONS, DecodeWorkerServicer, add_decode_servicer
 from services.decode.kv_receiver import ExpectedKv, KvReceiver
 from services.disagg.kv_wire import dtype_from_name
@@ -105,6 +106,7 @@ async def _serve(receiver: KvReceiver):
 
 
 def _child_main(conn) -> None:
+    tune_malloc()  # a spawned process, not the CLI: as the decode worker's process is
     torch.set_num_threads(1)
 
     async def run() -> None:

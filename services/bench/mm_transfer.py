@@ -28,6 +28,7 @@ import torch
 
 from services.bench.kv_transfer import _memcpy_seconds
 from services.bench.results import finish, header, write_json
+from services.common.malloc_tuning import tune_malloc
 from services.disagg.kv_wire import dtype_from_name
 from services.encode.client import CHANNEL_OPTIONS, GrpcEncodeChannel
 from services.encode.grpc_server import serve_encode_worker
@@ -76,6 +77,8 @@ class _EncodeEnd:
 
 
 def _child_main(conn, rows_list: list[int], hidden: int, dtype: torch.dtype) -> None:
+    tune_malloc()  # a spawned process, not the CLI: as the encode worker's process is
+
     async def run() -> None:
         end = _EncodeEnd(rows_list, hidden, dtype)
         conn.send(await end.start())

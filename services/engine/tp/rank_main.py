@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from services.common.config import EngineConfig
+from services.common.malloc_tuning import tune_malloc
 from services.engine.parallel import comm
 from services.engine.parallel.shard import TpShard
 from services.engine.tp.broadcast import PayloadReceiver
@@ -54,6 +55,7 @@ def rank_main(
     # NOTE: Ctrl-C reaches the whole foreground process group: the worker drains and then
     # stops its ranks; a rank that died of the SIGINT first would look like a failure.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    tune_malloc()  # spawned, not started by the CLI: allocate as the worker does
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s tp-rank{rank} %(levelname)s %(message)s")
     try:
