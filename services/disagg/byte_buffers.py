@@ -3,14 +3,15 @@
 A fresh multi-hundred-MB ``torch.empty`` is backed by untouched pages: the first write to
 each 4 KiB page faults, and on the bench machine that alone halved the receive copy rate
 (~0.9 GB/s into a fresh buffer, ~2.5 GB/s into a reused one). The decode worker imports the
-received KV into its cache and then hands the buffer back (the language side of an embedding
-transfer once it copied the rows out), so the next transfer of a similar size writes into
-pages that are already mapped.
+received KV into its cache and then hands the buffer back; an image's embeddings that came
+whole keep their buffer as the image's tensor, lent (``lend``) until the last view of it is
+gone. So the next transfer of a similar size writes into pages that are already mapped.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
 
 import torch
 
@@ -28,7 +29,9 @@ class ByteBufferPool:
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
         self.max_bytes = max_bytes
         self._idle: list[torch.Tensor] = []  # base buffers, uint8, 1-D
-        self._lock = threading.Lock()
+        # NOTE: reentrant: a lent buffer's finalizer gives it back from whatever code drops
+        # the last view, which may be this pool's own code holding the lock.
+        self._lock = threading.RLock()
 
     @property
     def idle_bytes(self) -> int:
@@ -43,6 +46,16 @@ class ByteBufferPool:
                 best = self._idle.pop(min(fits, key=lambda i: self._idle[i].numel()))
                 return best[:nbytes]
         return torch.empty(nbytes, dtype=torch.uint8)
+
+    def lend(self, nbytes: int) -> torch.Tensor:
+        """Like ``take``, but the buffer comes back by itself once the returned tensor and
+        every view of it are gone: for a receiver that keeps it as the payload's own tensor."""
+        buf = self.take(nbytes)
+        # NOTE: through numpy because a torch storage cannot carry a callback: the array
+        # owns the returned tensor's storage, so it dies with the last view.
+        arr = buf.numpy()
+        weakref.finalize(arr, self.give, buf)
+        return torch.from_numpy(arr)
 
     def give(self, buf: torch.Tensor) -> None:
         base = buf._base if buf._base is not None else buf

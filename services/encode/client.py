@@ -119,10 +119,12 @@ class GrpcEncodeChannel:
             if len(data) != nbytes:
                 raise ValueError(f"chunk of {len(data)} bytes is not {head.rows}x{head.hidden} {head.dtype}")
             return chunk_from_rows(head, bytes_view(data))
-        # NOTE: a whole image in one chunk lands in memory of its own, which the receiver
-        # keeps as the image's tensor (no second copy); parts of one go through a pooled buffer.
+        # NOTE: a whole image in one chunk lands in a lent buffer, which the receiver keeps
+        # as the image's tensor (no second copy) and which returns to the pool with its
+        # last view (a fresh one faulted in every page: a sixth of the receiving CPU);
+        # parts of one go through a taken buffer.
         whole = head.offset == 0 and head.is_last
-        buf = torch.empty(nbytes, dtype=torch.uint8) if whole else self.buffers.take(nbytes)
+        buf = self.buffers.lend(nbytes) if whole else self.buffers.take(nbytes)
         try:
             mv = memoryview(buf.numpy())
             pos, off = 0, head.byte_offset

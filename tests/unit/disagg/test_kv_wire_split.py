@@ -49,6 +49,20 @@ def test_pool_reuses_a_given_back_buffer_and_caps_idle_bytes() -> None:
     assert pool.idle_bytes == 90
 
 
+def test_a_lent_buffer_comes_back_once_its_last_view_is_gone() -> None:
+    pool = ByteBufferPool(max_bytes=1 << 20)
+    t = pool.lend(4096)
+    rows = t.view(torch.float32).reshape(32, 32)  # as a receiver keeps an image's rows
+    ptr = t.data_ptr()
+    del t
+    assert pool.idle_bytes == 0  # the rows still read it
+    del rows
+    assert pool.idle_bytes == 4096
+    again = pool.lend(2048)  # the same pages: no fresh allocation to fault in
+    assert again.data_ptr() == ptr and again.numel() == 2048
+    assert pool.idle_bytes == 0
+
+
 @pytest.mark.asyncio
 async def test_receiver_answers_an_unparsable_raw_chunk_instead_of_raising() -> None:
     from services.decode.kv_receiver import KvReceiver
