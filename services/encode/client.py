@@ -19,7 +19,6 @@ import functools
 from collections.abc import AsyncIterator
 
 import grpc
-import torch
 
 from services.api.embedding import ShmTarget, TransferChunk, TransferRequest
 from services.api.embedding_codec import (
