@@ -25,7 +25,8 @@ log = logging.getLogger(__name__)
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 
-# NOTE: glibc refuses an mmap threshold above HEAP_MAX_SIZE / 2 (32 MiB on 64-bit).
+# NOTE: 32 MiB is where glibc's adaptive threshold itself stops on 64-bit: larger blocks
+# (KV caches, weights, big activations) stay mmapped as before.
 MMAP_THRESHOLD = 32 << 20
 TRIM_THRESHOLD = 128 << 20
 
