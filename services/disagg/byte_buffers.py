@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections import deque
 
 import torch
 
@@ -29,17 +30,22 @@ class ByteBufferPool:
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
         self.max_bytes = max_bytes
         self._idle: list[torch.Tensor] = []  # base buffers, uint8, 1-D
-        # NOTE: reentrant: a lent buffer's finalizer gives it back from whatever code drops
-        # the last view, which may be this pool's own code holding the lock.
-        self._lock = threading.RLock()
+        # NOTE: lent buffers come back here, not through ``give``: their finalizer runs in
+        # whatever code drops the last view, which may be this pool's own code holding the
+        # lock (a garbage collection inside ``take``). A deque's append needs no lock;
+        # the next call under the lock keeps them.
+        self._returned: deque[torch.Tensor] = deque()
+        self._lock = threading.Lock()
 
     @property
     def idle_bytes(self) -> int:
         with self._lock:
+            self._reclaim()
             return sum(b.numel() for b in self._idle)
 
     def take(self, nbytes: int) -> torch.Tensor:
         with self._lock:
+            self._reclaim()
             fits = [i for i, b in enumerate(self._idle) if b.numel() >= nbytes]
             if fits:
                 # NOTE: by index: list.remove would compare tensors with == (elementwise).
@@ -54,7 +60,7 @@ class ByteBufferPool:
         # NOTE: through numpy because a torch storage cannot carry a callback: the array
         # owns the returned tensor's storage, so it dies with the last view.
         arr = buf.numpy()
-        weakref.finalize(arr, self.give, buf)
+        weakref.finalize(arr, self._returned.append, buf)
         return torch.from_numpy(arr)
 
     def give(self, buf: torch.Tensor) -> None:
@@ -62,15 +68,26 @@ class ByteBufferPool:
         if base.dtype != torch.uint8 or base.dim() != 1:
             raise ValueError("give() takes a buffer from take()")
         with self._lock:
-            if any(b is base for b in self._idle):
-                return
-            self._idle.append(base)
-            # NOTE: keep the largest (they fit the most requests); drop the rest past the cap.
-            self._idle.sort(key=lambda b: b.numel(), reverse=True)
-            total = 0
-            kept = []
-            for b in self._idle:
-                if total + b.numel() <= self.max_bytes:
-                    kept.append(b)
-                    total += b.numel()
-            self._idle = kept
+            self._reclaim()
+            self._keep(base)
+
+    def _reclaim(self) -> None:
+        """Keep the lent buffers that came back (call holding the lock)."""
+        while self._returned:
+            buf = self._returned.popleft()
+            self._keep(buf._base if buf._base is not None else buf)
+
+    def _keep(self, base: torch.Tensor) -> None:
+        """Add ``base`` to the idle set (call holding the lock)."""
+        if any(b is base for b in self._idle):
+            return
+        self._idle.append(base)
+        # NOTE: keep the largest (they fit the most requests); drop the rest past the cap.
+        self._idle.sort(key=lambda b: b.numel(), reverse=True)
+        total = 0
+        kept = []
+        for b in self._idle:
+            if total + b.numel() <= self.max_bytes:
+                kept.append(b)
+                total += b.numel()
+        self._idle = kept

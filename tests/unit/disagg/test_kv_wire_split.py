@@ -63,6 +63,17 @@ def test_a_lent_buffer_comes_back_once_its_last_view_is_gone() -> None:
     assert pool.idle_bytes == 0
 
 
+def test_a_lent_buffer_dropped_while_the_pool_is_busy_comes_back_later() -> None:
+    """A finalizer may run inside the pool's own code (a garbage collection in ``take``):
+    it must neither deadlock on the lock nor reorder the idle list under that code."""
+    pool = ByteBufferPool(max_bytes=1 << 20)
+    t = pool.lend(4096)
+    with pool._lock:
+        del t  # the finalizer runs here, under the lock
+        assert pool._idle == []
+    assert pool.idle_bytes == 4096
+
+
 @pytest.mark.asyncio
 async def test_receiver_answers_an_unparsable_raw_chunk_instead_of_raising() -> None:
     from services.decode.kv_receiver import KvReceiver
