@@ -31,7 +31,7 @@ MMAP_THRESHOLD = 32 << 20
 TRIM_THRESHOLD = 128 << 20
 
 # Variables a user sets to tune malloc their own way; their choice wins.
-_USER_SETTINGS = ("GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+USER_SETTINGS = ("GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
 
 
 def tune_malloc() -> bool:
@@ -39,7 +39,7 @@ def tune_malloc() -> bool:
     ``TANDEM_MALLOC=system``, or when the environment already tunes malloc."""
     if os.environ.get("TANDEM_MALLOC", "tuned") == "system":
         return False
-    if any(os.environ.get(k) for k in _USER_SETTINGS):
+    if any(os.environ.get(k) for k in USER_SETTINGS):
         return False
     if platform.libc_ver()[0] != "glibc":
         return False

@@ -13,6 +13,8 @@ import textwrap
 
 import pytest
 
+from services.common.malloc_tuning import USER_SETTINGS
+
 pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
 
 # A thread holds four ~1 MiB buffers at once, touches and frees them, 30 rounds; prints
@@ -45,8 +47,7 @@ _CHURN = textwrap.dedent("""
 
 
 def _churn(**env: str) -> tuple[bool, int]:
-    base = {k: v for k, v in os.environ.items()
-            if k not in ("TANDEM_MALLOC", "GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")}
+    base = {k: v for k, v in os.environ.items() if k != "TANDEM_MALLOC" and k not in USER_SETTINGS}
     out = subprocess.run([sys.executable, "-c", _CHURN], env={**base, **env}, capture_output=True,
                          text=True, check=True, timeout=60).stdout.split()
     return out[0] == "True", int(out[1])
