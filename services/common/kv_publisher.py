@@ -26,6 +26,7 @@ from nats.aio.msg import Msg
 from services.api.kv_events import KvEvent
 from services.api.wire import encode_dump, encode_event_batch
 from services.common.nats_client import NatsClient, Subjects
+from services.common.nats_client import flush as nats_flush
 from services.common.service import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -105,7 +106,7 @@ class KvEventPublisher:
         """Publish everything queued so far and flush the connection (a PING/PONG round
         trip to the server: once it returns, the server has the events)."""
         await self._publish_pending()
-        await self._nc.flush()
+        await nats_flush(self._nc)
 
     async def _publish_pending(self) -> None:
         while True:

@@ -25,7 +25,7 @@ from services.common.env import nats_credentials
 log = logging.getLogger(__name__)
 
 __all__ = ["ROLES", "NatsAuthError", "NatsClient", "NatsTlsError", "RolePermissions", "Subjects",
-           "connect", "inbox_prefix", "role_permissions", "tls_context", "with_env_credentials"]
+           "connect", "flush", "inbox_prefix", "role_permissions", "tls_context", "with_env_credentials"]
 
 
 class NatsAuthError(ConnectionError):
@@ -213,6 +213,20 @@ def role_permissions(namespace: str, role: str, user: str | None = None,
                 s.prefill_progress("*")]  # to the decode worker a job names
         sub.append(s.prefill_cancel)
     return RolePermissions(tuple(pub), tuple(sub), responses)
+
+
+async def flush(nc: NatsClient, timeout: float = 10.0) -> None:
+    """Return once the server has processed every command this connection issued so far.
+
+    ``nc.flush()`` alone does not promise that: nats-py writes its PING straight to the
+    socket, ahead of SUBs and PUBs still queued for its flusher task, so the PONG can come
+    back before the server has seen a subscription made just before (a peer's publish then
+    finds no subscriber). Writing the queue out first puts the PING behind them.
+    """
+    # NOTE: ``_flush_pending`` is nats-py's own queue drain (what ``publish`` kicks); there
+    # is no public call that waits for it.
+    await nc._flush_pending(force_flush=True)
+    await nc.flush(timeout=timeout)
 
 
 async def connect(cfg: NatsConfig, name: str, no_echo: bool = False) -> NatsClient:

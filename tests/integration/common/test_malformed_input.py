@@ -16,7 +16,7 @@ from services.common.address_book import ChannelPool
 from services.common.discovery import Registration
 from services.common.grpc_server import serve_grpc
 from services.common.kv_publisher import KvEventPublisher
-from services.common.nats_client import Subjects, connect
+from services.common.nats_client import Subjects, connect, flush
 from services.disagg.prefill_outcome import PrefillLocation
 from services.gen import processor_pb2, router_pb2, worker_pb2
 from services.model.tokenizer import Tokenizer
@@ -153,7 +153,7 @@ async def test_garbage_on_every_nats_subject_is_counted_and_the_parts_stay_up(na
                 # A dump request's body is ignored: garbage still gets a well-formed dump.
                 reply = await nc.request(subjects.kv_dump("decode-0"), payload, timeout=5)
                 assert decode_dump(reply.data).worker_id == "decode-0"
-            await nc.flush()
+            await flush(nc)
 
             def count(kind: str) -> float:
                 v = router.metrics.registry.get_sample_value(

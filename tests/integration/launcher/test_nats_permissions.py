@@ -27,6 +27,7 @@ from services.common.nats_client import (
     NatsClient,
     Subjects,
     connect,
+    flush,
     inbox_prefix,
 )
 from services.disagg.prefill_queue import ensure_prefill_queue
@@ -145,8 +146,8 @@ async def test_every_role_does_its_part(locked: Locked) -> None:
             await msg.respond(b"the dump")
 
         await dec.nc.subscribe(S.kv_dump("decode-0"), cb=dump)
-        await dec.nc.flush()
-        await rtr.nc.flush()
+        await flush(dec.nc)
+        await flush(rtr.nc)
 
         # discovery: every part registers its own key; watchers see decode-0
         leases = []
@@ -178,7 +179,7 @@ async def test_every_role_does_its_part(locked: Locked) -> None:
         assert job.data == b"job-1"
         await job.in_progress()
         await job.ack()
-        await pre.nc.flush()
+        await flush(pre.nc)
         info = await dec.js().consumer_info(S.prefill_stream, S.prefill_consumer)  # queue depth
         assert info.num_pending == 0
 
@@ -228,7 +229,7 @@ async def test_no_part_can_make_the_server_deliver_forged_messages(locked: Locke
     async with client(locked, "frontend") as fe, client(locked, "router") as rtr:
         got: list[bytes] = []
         await rtr.nc.subscribe(S.kv_events("decode-0"), cb=collect(got))
-        await rtr.nc.flush()
+        await flush(rtr.nc)
         await Discovery.open(fe.nc, NS, DISC)  # the bucket exists
         kv = await fe.js().key_value(S.discovery_bucket)
         await kv.put("frontend.frontend-0", b"forged KV event batch")
@@ -238,7 +239,7 @@ async def test_no_part_can_make_the_server_deliver_forged_messages(locked: Locke
                 deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
                 filter_subject=S.discovery_key("frontend", "frontend-0")))
         await _until(fe.violations, "the frontend's violation")
-        await rtr.nc.flush()  # a delivery the server had made would be in by now
+        await flush(rtr.nc)  # a delivery the server had made would be in by now
         assert got == []
 
 
@@ -249,7 +250,7 @@ async def test_the_prefill_queue_is_read_by_prefill_workers_alone(locked: Locked
         heard: list[bytes] = []
         await fe.nc.subscribe(S.prefill_queue, cb=collect(heard))  # the prompt subject
         await fe.nc.subscribe("_INBOX.prefill-0.>", cb=collect(heard))  # its deliveries
-        await fe.nc.flush()
+        await flush(fe.nc)
         await dec.js().publish(S.prefill_queue, b"a prompt")
         with pytest.raises(nats.errors.TimeoutError):
             await fe.js().get_msg(S.prefill_stream, seq=1)
@@ -258,13 +259,13 @@ async def test_the_prefill_queue_is_read_by_prefill_workers_alone(locked: Locked
         with pytest.raises(nats.errors.TimeoutError):
             await psub.fetch(1, timeout=1)
         await _until(lambda: len(fe.violations()) >= 3 and dec.violations(), "the violations")
-        await fe.nc.flush()
+        await flush(fe.nc)
         assert heard == []
         psub = await pre.js().pull_subscribe_bind(durable=S.prefill_consumer, stream=S.prefill_stream)
         (job,) = await psub.fetch(1, timeout=2)
         assert job.data == b"a prompt"
         await job.ack()
-        await pre.nc.flush()
+        await flush(pre.nc)
 
 
 async def test_decode_0_cannot_speak_for_decode_1(locked: Locked) -> None:
@@ -272,7 +273,7 @@ async def test_decode_0_cannot_speak_for_decode_1(locked: Locked) -> None:
         got: list[bytes] = []
         await rtr.nc.subscribe(S.kv_events_all, cb=collect(got))
         await rtr.nc.subscribe(S.load_all, cb=collect(got))
-        await rtr.nc.flush()
+        await flush(rtr.nc)
         await dec.nc.publish(S.kv_events("decode-1"), b"forged events")
         await dec.nc.publish(S.load("decode-1"), b"forged load")
         await dec.nc.subscribe(S.kv_dump("decode-1"))  # would answer decode-1's dumps
