@@ -107,43 +107,96 @@ void rotary(float* v, int64_t heads, int64_t hd, const float* cos, const float* 
   }
 }
 
+// Softmax numerators in place (exp(x - mx)) and their sum: 16 at a time with the
+// kernels' exp, the tail with std::exp.
+float exp_shifted(float* x, int64_t n, float mx) {
+  const vf m = simd::set1(mx);
+  vf acc = simd::zero();
+  int64_t t = 0;
+  for (; t + 16 <= n; t += 16) {
+    const vf e = simd::exp(simd::load(x + t) - m);
+    simd::store(x + t, e);
+    acc = acc + e;
+  }
+  float total = simd::sum(acc);
+  for (; t < n; ++t) total += (x[t] = std::exp(x[t] - mx));
+  return total;
+}
+
+constexpr int64_t kMaxFuse = 4;  // query heads a task attends together
+
+// Query heads h0 .. h0 + nh - 1 of row m (all on KV head kvh) over the row's ``len``
+// tokens: each K and V vector is loaded once for all of them, and the paged context is
+// walked block by block (no division per token).
+void attend_heads(const float* q, const uint16_t* kv, int64_t kv_half, const int64_t* blocks, int64_t len,
+                  int64_t kvh, int64_t nh, const Dims& d, float* scores, float* out) {
+  const int64_t hd = d.head_dim, vecs = hd / 16, bs = d.block_size, tok = d.kv_heads * hd;
+  const vf scale = simd::set1(1.0f / std::sqrt(static_cast<float>(hd)));
+  vf qv[kMaxFuse][16];
+  float mx[kMaxFuse];
+  for (int64_t j = 0; j < nh; ++j) {
+    for (int64_t v = 0; v < vecs; ++v) qv[j][v] = simd::load(q + j * hd + v * 16) * scale;
+    mx[j] = -INFINITY;
+  }
+  vf x[16];
+  for (int64_t t0 = 0, b = 0; t0 < len; t0 += bs, ++b) {
+    const int64_t n = std::min(bs, len - t0);
+    const uint16_t* k = kv + (blocks[b] * bs * d.kv_heads + kvh) * hd;
+    for (int64_t i = 0; i < n; ++i, k += tok) {
+      for (int64_t v = 0; v < vecs; ++v) x[v] = simd::load_bf16(k + v * 16);
+      for (int64_t j = 0; j < nh; ++j) {
+        vf s = qv[j][0] * x[0];
+        for (int64_t v = 1; v < vecs; ++v) s = simd::fmadd(qv[j][v], x[v], s);
+        const float sc = simd::sum(s);
+        scores[j * len + t0 + i] = sc;
+        mx[j] = std::max(mx[j], sc);
+      }
+    }
+  }
+  float inv[kMaxFuse];
+  for (int64_t j = 0; j < nh; ++j) inv[j] = 1.0f / exp_shifted(scores + j * len, len, mx[j]);
+  vf o[kMaxFuse][16];
+  for (int64_t j = 0; j < nh; ++j)
+    for (int64_t v = 0; v < vecs; ++v) o[j][v] = simd::zero();
+  for (int64_t t0 = 0, b = 0; t0 < len; t0 += bs, ++b) {
+    const int64_t n = std::min(bs, len - t0);
+    const uint16_t* vp = kv + kv_half + (blocks[b] * bs * d.kv_heads + kvh) * hd;
+    for (int64_t i = 0; i < n; ++i, vp += tok) {
+      for (int64_t v = 0; v < vecs; ++v) x[v] = simd::load_bf16(vp + v * 16);
+      for (int64_t j = 0; j < nh; ++j) {
+        const vf p = simd::set1(scores[j * len + t0 + i]);
+        for (int64_t v = 0; v < vecs; ++v) o[j][v] = simd::fmadd(p, x[v], o[j][v]);
+      }
+    }
+  }
+  for (int64_t j = 0; j < nh; ++j) {
+    const vf r = simd::set1(inv[j]);
+    for (int64_t v = 0; v < vecs; ++v) simd::store(out + j * hd + v * 16, o[j][v] * r);
+  }
+}
+
 // Attention of one new token per row over its sequence's paged context; K/V bfloat16
 // (2, blocks, block_size, kv_heads, hd), q float32 (rows, q_stride) with the heads first,
-// out float32 (rows, heads, hd). One task a
-// query head: a few KV heads alone would leave one of two threads idle a third of the time.
+// out float32 (rows, heads, hd).
+//
+// A task is up to kMaxFuse query heads of one KV head. With few rows a task is one query
+// head instead: a lone sequence's 3 KV heads (SmolLM2) would leave one of two threads idle
+// a third of the time. Each head's arithmetic is the same either way, so a row's output
+// does not depend on the rows beside it (deterministic mode relies on that).
 void decode_attention(const float* q, int64_t q_stride, const uint16_t* kv, int64_t kv_half, const int64_t* table,
                       int64_t table_w, const int64_t* ctx, int64_t rows, const Dims& d, float* out) {
-  const int64_t group = d.heads / d.kv_heads, hd = d.head_dim, vecs = hd / 16;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  parallel_for(rows * d.heads, 1, [&](int64_t begin, int64_t end) {
+  const int64_t group = d.heads / d.kv_heads, hd = d.head_dim;
+  const int64_t fuse = rows * d.kv_heads >= 4 * at::get_num_threads() ? std::min(group, kMaxFuse) : 1;
+  const int64_t chunks = (group + fuse - 1) / fuse;  // tasks per KV head
+  parallel_for(rows * d.kv_heads * chunks, 1, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> scores;
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t m = task / d.heads, h = task % d.heads, kvh = h / group, len = ctx[m];
-      const int64_t* blocks = table + m * table_w;
-      scores.resize(len);
-      vf qv[16];
-      for (int64_t v = 0; v < vecs; ++v) qv[v] = simd::load(q + m * q_stride + h * hd + v * 16) * simd::set1(scale);
-      float mx = -INFINITY;
-      for (int64_t t = 0; t < len; ++t) {
-        const uint16_t* k = kv + ((blocks[t / d.block_size] * d.block_size + t % d.block_size) * d.kv_heads + kvh) * hd;
-        vf s = qv[0] * simd::load_bf16(k);
-        for (int64_t v = 1; v < vecs; ++v) s = simd::fmadd(qv[v], simd::load_bf16(k + v * 16), s);
-        const float sc = simd::sum(s);
-        scores[t] = sc;
-        mx = std::max(mx, sc);
-      }
-      float total = 0;
-      for (int64_t t = 0; t < len; ++t) total += (scores[t] = std::exp(scores[t] - mx));
-      vf o[16];
-      for (int64_t v = 0; v < vecs; ++v) o[v] = simd::zero();
-      for (int64_t t = 0; t < len; ++t) {
-        const uint16_t* vv = kv + kv_half + ((blocks[t / d.block_size] * d.block_size + t % d.block_size) * d.kv_heads + kvh) * hd;
-        const vf p = simd::set1(scores[t]);
-        for (int64_t v = 0; v < vecs; ++v) o[v] = simd::fmadd(p, simd::load_bf16(vv + v * 16), o[v]);
-      }
-      const vf inv = simd::set1(1.0f / total);
-      float* om = out + (m * d.heads + h) * hd;
-      for (int64_t v = 0; v < vecs; ++v) simd::store(om + v * 16, o[v] * inv);
+      const int64_t m = task / (d.kv_heads * chunks), kvh = task / chunks % d.kv_heads;
+      const int64_t h0 = kvh * group + task % chunks * fuse, nh = std::min(fuse, (kvh + 1) * group - h0);
+      const int64_t len = ctx[m];
+      if (static_cast<int64_t>(scores.size()) < nh * len) scores.resize(nh * len);
+      attend_heads(q + m * q_stride + h0 * hd, kv, kv_half, table + m * table_w, len, kvh, nh, d, scores.data(),
+                   out + (m * d.heads + h0) * hd);
     }
   });
 }

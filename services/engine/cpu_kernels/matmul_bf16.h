@@ -15,6 +15,9 @@ namespace {
 using simd::f32_to_bf16;
 
 constexpr bool kFloatInput = false;  // bfloat16 activations only
+// Rows a tile pass takes at once: accumulators for 8 rows (24 of the 32 vector registers)
+// halve the code unpacks of 4-row blocks.
+constexpr int kRowBlock = 8;
 
 inline __m512 load_bf16x16(const uint16_t* p) { return simd::load_bf16(p).v; }
 inline __m512 load_f16x16(const uint16_t* p) { return simd::load_f16(p).v; }
@@ -75,15 +78,6 @@ inline void gemv_tile(const Int4Weight& w, int64_t tile, const uint16_t* x, int6
   for (int m = 0; m < MB; ++m) _mm512_mask_storeu_ps(y + m * ldy + n0, k, _mm512_add_ps(acc[m], b));
 }
 
-template <int MB>
-void gemv_rows(const Int4Weight& w, const uint16_t* x, int64_t kx, const float* gsum, const float* bias,
-               float* y, int64_t ldy) {
-  const __m512i table = code_table();
-  parallel_for(w.tiles, 4, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) gemv_tile<MB>(w, t, x, kx, gsum, bias, y, ldy, table);
-  });
-}
-
 // gsum[m, g] for the weight's groups: the sum of the inputs group g reads (the min term),
 // reading the input cyclically where the weight is wider (input_repeat).
 void group_sums(const uint16_t* x, int64_t rows, int64_t kx, int64_t wgroups, float* out) {
@@ -98,8 +92,10 @@ void group_sums(const uint16_t* x, int64_t rows, int64_t kx, int64_t wgroups, fl
 }
 
 // y[m, n] = sum_k x[m, k mod kx] * w[n, k] (+ bias[n]); x bfloat16 (rows, kx), y float32
-// (rows, ldy), in blocks of 4 rows (one unpack of the codes feeds every row of a block).
-// The group sums go into a buffer kept across calls.
+// (rows, ldy). A task is a few tiles, each for every row in blocks of MB (one unpack of
+// the codes feeds every row of a block): a tile's codes are read from memory once a call
+// and stay in L1 across the row blocks, where a pass over the whole weight per row block
+// read a batch's weights rows / 4 times. The group sums go into a buffer kept across calls.
 void int4_matmul(const Int4Weight& w, const uint16_t* x, int64_t rows, int64_t kx, const float* bias, float* y,
                  int64_t ldy) {
   TORCH_CHECK((w.groups * kGroup) % kx == 0, "int4 weight: ", w.groups * kGroup, " inputs do not repeat an input of ", kx);
@@ -107,10 +103,17 @@ void int4_matmul(const Int4Weight& w, const uint16_t* x, int64_t rows, int64_t k
   gsum.resize(rows * w.groups);
   group_sums(x, rows, kx, w.groups, gsum.data());
   const float* gs = gsum.data();
-  int64_t m = 0;
-  for (; m + 4 <= rows; m += 4) gemv_rows<4>(w, x + m * kx, kx, gs + m * w.groups, bias, y + m * ldy, ldy);
-  for (; m + 2 <= rows; m += 2) gemv_rows<2>(w, x + m * kx, kx, gs + m * w.groups, bias, y + m * ldy, ldy);
-  for (; m < rows; ++m) gemv_rows<1>(w, x + m * kx, kx, gs + m * w.groups, bias, y + m * ldy, ldy);
+  const __m512i table = code_table();
+  parallel_for(w.tiles, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      int64_t m = 0;
+      for (; m + kRowBlock <= rows; m += kRowBlock)
+        gemv_tile<kRowBlock>(w, t, x + m * kx, kx, gs + m * w.groups, bias, y + m * ldy, ldy, table);
+      for (; m + 4 <= rows; m += 4) gemv_tile<4>(w, t, x + m * kx, kx, gs + m * w.groups, bias, y + m * ldy, ldy, table);
+      for (; m + 2 <= rows; m += 2) gemv_tile<2>(w, t, x + m * kx, kx, gs + m * w.groups, bias, y + m * ldy, ldy, table);
+      for (; m < rows; ++m) gemv_tile<1>(w, t, x + m * kx, kx, gs + m * w.groups, bias, y + m * ldy, ldy, table);
+    }
+  });
 }
 
 }  // namespace

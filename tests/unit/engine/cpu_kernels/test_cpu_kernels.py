@@ -196,6 +196,22 @@ def test_decode_step_matches_the_eager_forward(isa: str, architecture: str) -> N
     assert agree >= 0.9 * total
 
 
+@EACH_ISA
+def test_a_rows_decode_does_not_depend_on_the_rows_beside_it(isa: str) -> None:
+    """Alone, a row's attention runs one query head a task; beside 19 others, the query
+    heads that share a KV head together (and every matmul takes rows 8 at a time): its
+    logits must be the same bits either way (deterministic mode relies on it)."""
+    r = _runners("llama", isa)["kernels"]
+    prompts = [[(7 * i + 3 * j) % 128 for j in range(17 + i)] for i in range(20)]  # 5-10 blocks
+    blocks = [list(range(12 * i, 12 * i + 12)) for i in range(20)]
+    r.execute(batch(*[seq(f"s{i}", p[:-1], 0, blocks[i]) for i, p in enumerate(prompts)]))
+    alone = r.logits_for(batch(seq("s0", [prompts[0][-1]], len(prompts[0]) - 1, blocks[0])))
+    together = r.logits_for(batch(*[seq(f"s{i}", [p[-1]], len(p) - 1, blocks[i]) for i, p in enumerate(prompts)]))
+    assert torch.equal(alone[0], together[0])
+    # and the rows beside it differ from it (the batch is not one row copied)
+    assert not torch.equal(together[0], together[1])
+
+
 _REAL = dict(device="cpu", quantization="int4", quantized_max_rows=None, block_size=4, num_kv_blocks=256)
 
 
