@@ -44,6 +44,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(h, arch.rms_norm_eps, dtype, device)
         self.gate_up_proj = MergedColumnParallelLinear(h, [arch.intermediate_size] * 2, **tp)
         self.down_proj = RowParallelLinear(arch.intermediate_size, h, **tp)
+        # paged_attention's contract; engine.deterministic on CUDA swaps in its own (layers/invariant.py)
+        self.attend = paged_attention
 
     def forward(
         self,
@@ -61,7 +63,7 @@ class DecoderLayer(nn.Module):
         qk = apply_rotary(qkv[:, : self.num_heads + self.num_kv_heads], cos, sin)  # (T, Hq+Hkv, hd)
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)  # (T, Hq, hd), (T, Hkv, hd)
         v = qkv[:, self.num_heads + self.num_kv_heads :]  # (T, Hkv, hd)
-        attn = paged_attention(q, k, v, kv_cache, meta)  # (T, Hq, hd)
+        attn = self.attend(q, k, v, kv_cache, meta)  # (T, Hq, hd)
         x = self.o_proj(attn.reshape(t, self.num_heads * self.head_dim))
         x, residual = self.post_attention_layernorm(x, residual)
         gate, up = self.gate_up_proj.split_output(self.gate_up_proj(x))

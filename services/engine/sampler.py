@@ -93,8 +93,13 @@ class Sampled:
 
 
 class Sampler:
-    def __init__(self, seed: int = 0, device: torch.device | str = "cpu") -> None:
+    """``row_invariant``: draw each sampled row in its own call, so that every reduction and
+    scan of the draw (CUDA's cumsum and logsumexp pick their split from the row count) sees
+    one row, and a row's draw is the same bits in any batch (engine.deterministic on CUDA)."""
+
+    def __init__(self, seed: int = 0, device: torch.device | str = "cpu", row_invariant: bool = False) -> None:
         self.device = torch.device(device)
+        self.row_invariant = row_invariant
         self.generator = torch.Generator()  # CPU: see the module docstring
         self.generator.manual_seed(seed)
         self.processor = LogitsProcessor(self.device)
@@ -116,7 +121,10 @@ class Sampler:
         if mask is not None:
             logits = mask.apply(logits)
         k = max((s.sampling.logprobs for s in seqs if s.sampling.logprobs is not None), default=-1)
-        tokens = self._draw(logits, seqs)
+        if self.row_invariant and len(seqs) > 1 and not all(s.sampling.greedy for s in seqs):
+            tokens = torch.cat([self._draw(logits[i : i + 1], seqs[i : i + 1]) for i in range(len(seqs))])
+        else:
+            tokens = self._draw(logits, seqs)
         out = Sampled(tokens)
         if k >= 0:
             logp = torch.log_softmax(logits.float(), dim=-1)  # (B, V)

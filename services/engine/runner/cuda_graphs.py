@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from services.engine.batch import ScheduledBatch
-from services.engine.layers.attention import AttentionMetadata, DecodeGroup
+from services.engine.layers.attention import AttentionMetadata, DecodeGroup, TokenRows
 from services.engine.model import LlamaModel
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ class DecodeGraphs:
 
     def __init__(self, model: LlamaModel, kv_layers: list[torch.Tensor], block_size: int,
                  max_num_seqs: int, max_context: int, scratch_slot: int,
-                 device: torch.device) -> None:
+                 device: torch.device, per_token: bool = False) -> None:
         self.model = model
         self.kv_layers = kv_layers
         self.block_size = block_size
@@ -80,6 +80,7 @@ class DecodeGraphs:
         self.scratch_slot = scratch_slot
         self.device = device
         self.dtype = kv_layers[0].dtype
+        self.per_token = per_token  # TokenRows metadata: the batch-invariant kernels' (engine.deterministic)
         self._graphs: dict[tuple[int, int], _Graph] = {}
         self.replays = 0  # decode steps served by a graph (tests and the bench read it)
 
@@ -124,6 +125,10 @@ class DecodeGraphs:
     def _forward(self, packed: torch.Tensor, b: int, nb: int) -> torch.Tensor:
         ids, positions, slots, ctx_len = packed[: 4 * b].view(4, b)
         table = packed[4 * b :].view(b, nb)
+        if self.per_token:
+            meta = AttentionMetadata(slot_mapping=slots, num_prefill_tokens=0,
+                                     token_rows=TokenRows(block_table=table, ctx_len=ctx_len))
+            return self.model.compute_logits(self.model(ids, positions, meta, self.kv_layers))
         pos = torch.arange(nb * self.block_size, device=self.device)
         keep = pos[None, :] < ctx_len[:, None]  # (B, L)
         mask = torch.zeros(keep.shape, dtype=self.dtype, device=self.device)

@@ -230,7 +230,14 @@ class TorchRunner(ModelRunner):
             self.model = LlamaModel(arch, self.dtype, self.device, self.tp.rank, self.tp.size,
                                     max_len=self.max_model_len)
             self.model.load_hf_weights(tensors)
-            self.quantization = resolve_quantization(cfg, self.dtype, source)
+            # NOTE: the batch-invariant CUDA kernels take dense weights: a 4-bit file is dequantized.
+            invariant_cuda = cfg.deterministic and self.device.type == "cuda"
+            self.quantization = ("none" if invariant_cuda and cfg.quantization == "auto"
+                                 else resolve_quantization(cfg, self.dtype, source))
+            if invariant_cuda and (self.quantization != "none" or self.tp.size > 1):
+                raise ValueError(
+                    "engine.deterministic: true on CUDA runs dense weights on its batch-invariant kernels "
+                    f"without tensor parallelism, not quantization {self.quantization} with TP={self.tp.size}")
             kernels = (_cpu_kernels(cfg, self.device, self.dtype, isa)
                        if self.quantization == "int4" else None)
             if self.quantization != "none":
@@ -248,9 +255,14 @@ class TorchRunner(ModelRunner):
             # NOTE: the one-call step has no all-reduce: each rank's linears run on the kernels
             # under tensor parallelism, the step itself in torch.
             one_call = kernels is not None and self.tp.size == 1 and CpuDecode.supports(self.model)
-            if cfg.deterministic and not one_call:
+            if invariant_cuda:
+                from services.engine.layers.invariant import make_batch_invariant
+
+                make_batch_invariant(self.model)
+            elif cfg.deterministic and not one_call:
                 raise ValueError(
-                    "engine.deterministic: true runs every step on the CPU int4 kernels' one-call step, "
+                    "engine.deterministic: true runs every step on the CPU int4 kernels' one-call step "
+                    "(or, on CUDA, on batch-invariant kernels), "
                     f"which cannot run here ({self.device}, {self.dtype}, quantization {self.quantization}, "
                     f"CPU kernels {kernels.isa if kernels is not None else 'none'}, TP={self.tp.size})")
             if one_call:
@@ -274,12 +286,13 @@ class TorchRunner(ModelRunner):
                 self.model, self._kv_layers, cfg.block_size, cfg.max_num_seqs,
                 min(cfg.cuda_graph_max_context, self.max_model_len),
                 scratch_slot=cfg.num_kv_blocks * cfg.block_size, device=self.device,
+                per_token=cfg.deterministic,
             )
             t0 = time.perf_counter()
             self.graphs.capture(progress=log.info)
             log.info("decode CUDA graphs: %d captured in %.1fs", self.graphs.num_graphs,
                      time.perf_counter() - t0)
-        self.sampler = Sampler(cfg.seed, self.device)
+        self.sampler = Sampler(cfg.seed, self.device, row_invariant=cfg.deterministic and self.device.type == "cuda")
         # Overlap: the future-token map (device), the forward thread and, on CUDA, its
         # stream; made by reserve_future_slots / the first launch.
         self._future = torch.zeros(0, dtype=torch.int64, device=self.device)
@@ -396,7 +409,8 @@ class TorchRunner(ModelRunner):
         deterministic mode; otherwise one with a few prefill tokens and no image (a
         decode-only step takes the kernel's decode rows without asking)."""
         if self.deterministic:
-            return True
+            # NOTE: a CPU step with image rows takes the eager forward, which reads chunk masks
+            return self.device.type == "cuda" or not any(s.images for s in batch.seqs)
         if self.model.cpu_decode is None:
             return False
         n = 0

@@ -137,6 +137,21 @@ def test_same_seed_same_token_whatever_the_batch(sp):
     assert len(set(alone)) > 3  # the step number changes the draw
 
 
+def test_a_row_invariant_sampler_draws_what_the_batched_one_draws():
+    """row_invariant (engine.deterministic on CUDA) draws row by row: same seeded tokens,
+    greedy rows still argmax, logprobs still per row."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(6, V, generator=g) * 3
+    sps = [SamplingParams(seed=i, temperature=0.8, top_p=0.9 if i % 2 else 1.0, logprobs=2) for i in range(5)]
+    seqs = [seq(f"r{i}", [1], 0, [0], sampling=sp, num_generated=4) for i, sp in enumerate(sps)]
+    seqs.append(seq("g", [1], 0, [0], sampling=SamplingParams(temperature=0.0, logprobs=2)))
+    batched = Sampler(0).sample_tensor(logits.clone(), seqs)
+    rows = Sampler(0, row_invariant=True).sample_tensor(logits.clone(), seqs)
+    assert rows.tokens.tolist() == batched.tokens.tolist()
+    assert rows.tokens[5].item() == logits[5].argmax().item()
+    torch.testing.assert_close(rows.logprob, batched.logprob)
+
+
 def test_different_seeds_differ_and_unseeded_follow_engine_seed():
     logits = torch.zeros(16, V)
     a = Sampler(0).sample(logits, [seq(f"{i}", [1], 0, [0], sampling=SamplingParams(seed=i)) for i in range(16)])
