@@ -8,10 +8,12 @@ compile time, independent of the row count:
 - ``linear``: one tile size, no split-K; an output element is its row's dot product over
   K in ``BLOCK_K`` steps, whatever the other rows hold or how many there are.
 - ``rms_norm``: one program per row, the whole row in one block.
-- ``token_attention``: one program per (token row, query head) that reads the row's own
-  context from the paged cache, key block by key block from position 0, with an online
-  softmax. A token's output depends on its context length and the cached K/V alone, so it
-  is the same whether its prompt came in one chunk, in many, or from the prefix cache.
+- ``token_attention``: programs per (token row, query head, split of 256 keys) that read
+  the row's own context from the paged cache, 64 keys at a time, with an online softmax,
+  and a second kernel merging a row's splits in order. Where the splits fall depends on
+  the position alone, so a token's output depends on its context length and the cached
+  K/V alone: the same whether its prompt came in one chunk, in many, or from the prefix
+  cache.
 
 Elementwise work (rotary, SiLU, residual adds, embeddings) is invariant as torch does it.
 ``make_batch_invariant`` swaps these into a loaded ``LlamaModel``; the runner builds the
@@ -32,6 +34,7 @@ from services.engine.layers.attention import AttentionMetadata, TokenRows
 # invariance). 64x64x64 keeps a decode step's few rows cheap and fills the chip at prefill.
 _BLOCK_M, _BLOCK_N, _BLOCK_K = 64, 64, 64
 _ATTN_BLOCK = 64
+_ATTN_SPLIT = 256  # keys per attention program; a multiple of _ATTN_BLOCK
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -104,47 +107,85 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return y
 
 
-@triton.jit
-def _token_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, table_ptr, ctx_ptr,
-                            stride_qt, stride_qh, stride_ot, stride_oh, stride_tt,
-                            stride_slot, stride_kvh, scale,
-                            GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
-                            HD_PAD: tl.constexpr, BLOCK_N: tl.constexpr):
+@triton.jit(do_not_specialize=["max_splits"])
+def _token_attention_split_kernel(q_ptr, k_ptr, v_ptr, part_ptr, table_ptr, ctx_ptr,
+                                  stride_qt, stride_qh, stride_tt, stride_slot, stride_kvh, scale, max_splits,
+                                  NUM_HEADS: tl.constexpr,
+                                  GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
+                                  HD_PAD: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr):
+    """One (token row, head, split): keys [split * SPLIT, +SPLIT) of the row's context.
+    Writes (max, sum, acc[HD_PAD]) of the split's online softmax to ``part``."""
     t = tl.program_id(0)
     h = tl.program_id(1)
-    kvh = h // GROUP
-    d = tl.arange(0, HD_PAD)
-    dmask = d < HEAD_DIM
-    q = tl.load(q_ptr + t * stride_qt + h * stride_qh + d, mask=dmask, other=0.0).to(tl.float32)
+    sp = tl.program_id(2)
     ctx = tl.load(ctx_ptr + t)
-    offs = tl.arange(0, BLOCK_N)
-    m = tl.full((), float("-inf"), tl.float32)
-    denom = tl.zeros((), tl.float32)
-    acc = tl.zeros((HD_PAD,), tl.float32)
-    for start in range(0, ctx, BLOCK_N):
-        pos = start + offs
-        valid = pos < ctx
-        blk = tl.load(table_ptr + t * stride_tt + pos // BLOCK_SIZE, mask=valid, other=0)
-        slot = blk * BLOCK_SIZE + pos % BLOCK_SIZE
-        kv_off = slot[:, None] * stride_slot + kvh * stride_kvh + d[None, :]
-        kv_mask = valid[:, None] & dmask[None, :]
-        k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0).to(tl.float32)
-        s = tl.sum(k * q[None, :], axis=1) * scale
-        s = tl.where(valid, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=0))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new)
-        v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0).to(tl.float32)
-        denom = denom * alpha + tl.sum(p, axis=0)
-        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+    lo = sp * SPLIT
+    if lo < ctx:
+        hi = tl.minimum(lo + SPLIT, ctx)
+        kvh = h // GROUP
+        d = tl.arange(0, HD_PAD)
+        dmask = d < HEAD_DIM
+        q = tl.load(q_ptr + t * stride_qt + h * stride_qh + d, mask=dmask, other=0.0).to(tl.float32)
+        offs = tl.arange(0, BLOCK_N)
+        m = tl.full((), float("-inf"), tl.float32)
+        denom = tl.zeros((), tl.float32)
+        acc = tl.zeros((HD_PAD,), tl.float32)
+        for start in range(lo, hi, BLOCK_N):
+            pos = start + offs
+            valid = pos < hi
+            blk = tl.load(table_ptr + t * stride_tt + pos // BLOCK_SIZE, mask=valid, other=0)
+            slot = blk * BLOCK_SIZE + pos % BLOCK_SIZE
+            kv_off = slot[:, None] * stride_slot + kvh * stride_kvh + d[None, :]
+            kv_mask = valid[:, None] & dmask[None, :]
+            k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0).to(tl.float32)
+            s = tl.sum(k * q[None, :], axis=1) * scale
+            s = tl.where(valid, s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=0))
+            alpha = tl.exp(m - m_new)
+            p = tl.exp(s - m_new)
+            v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0).to(tl.float32)
+            denom = denom * alpha + tl.sum(p, axis=0)
+            acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+            m = m_new
+        base = part_ptr + ((t * NUM_HEADS + h) * max_splits + sp) * (HD_PAD + 2)
+        tl.store(base, m)
+        tl.store(base + 1, denom)
+        tl.store(base + 2 + d, acc)
+
+
+@triton.jit(do_not_specialize=["max_splits"])
+def _token_attention_combine_kernel(part_ptr, o_ptr, ctx_ptr, stride_ot, stride_oh, max_splits,
+                                    NUM_HEADS: tl.constexpr,
+                                    HEAD_DIM: tl.constexpr, HD_PAD: tl.constexpr, SPLIT: tl.constexpr):
+    """One (token row, head): its splits merged in order 0, 1, ... (a row's split count
+    is its context length's alone)."""
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    ctx = tl.load(ctx_ptr + t)
+    d = tl.arange(0, HD_PAD)
+    row = part_ptr + (t * NUM_HEADS + h) * max_splits * (HD_PAD + 2)
+    m = tl.load(row)
+    denom = tl.load(row + 1)
+    acc = tl.load(row + 2 + d)
+    for sp in range(1, tl.cdiv(ctx, SPLIT)):
+        base = row + sp * (HD_PAD + 2)
+        m_s = tl.load(base)
+        m_new = tl.maximum(m, m_s)
+        a, b = tl.exp(m - m_new), tl.exp(m_s - m_new)
+        denom = denom * a + tl.load(base + 1) * b
+        acc = acc * a + tl.load(base + 2 + d) * b
         m = m_new
     out = acc / denom
-    tl.store(o_ptr + t * stride_ot + h * stride_oh + d, out.to(o_ptr.dtype.element_ty), mask=dmask)
+    tl.store(o_ptr + t * stride_ot + h * stride_oh + d, out.to(o_ptr.dtype.element_ty), mask=d < HEAD_DIM)
 
 
 def token_attention(q: torch.Tensor, kv_cache: torch.Tensor, rows: TokenRows) -> torch.Tensor:
     """q (T, Hq, hd) over each row's context ``[0, ctx_len)`` in one layer's cache
-    (2, blocks, block_size, Hkv, hd), read through the row's block table. Returns (T, Hq, hd)."""
+    (2, blocks, block_size, Hkv, hd), read through the row's block table. Returns (T, Hq, hd).
+
+    The context is cut into splits of ``_ATTN_SPLIT`` keys from position 0, each its own
+    program (a long context still fills the GPU at one row), merged in order by a second
+    kernel: where the splits fall depends on the position alone, so the bits do too."""
     t, num_heads, head_dim = q.shape
     _, _, block_size, num_kv_heads, _ = kv_cache.shape
     out = torch.empty(t, num_heads, head_dim, dtype=q.dtype, device=q.device)
@@ -154,12 +195,18 @@ def token_attention(q: torch.Tensor, kv_cache: torch.Tensor, rows: TokenRows) ->
         q = q.contiguous()
     k_cache, v_cache = kv_cache[0], kv_cache[1]
     table = rows.block_table
-    _token_attention_kernel[(t, num_heads)](
-        q, k_cache, v_cache, out, table, rows.ctx_len,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), table.stride(0),
-        k_cache.stride(1), k_cache.stride(2), head_dim ** -0.5,
-        GROUP=num_heads // num_kv_heads, BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
-        HD_PAD=triton.next_power_of_2(head_dim), BLOCK_N=_ATTN_BLOCK)
+    # the table's width bounds every row's context: no device read to size the grid
+    max_splits = triton.cdiv(table.shape[1] * block_size, _ATTN_SPLIT)
+    hd_pad = triton.next_power_of_2(head_dim)
+    part = torch.empty(t, num_heads, max_splits, hd_pad + 2, dtype=torch.float32, device=q.device)
+    _token_attention_split_kernel[(t, num_heads, max_splits)](
+        q, k_cache, v_cache, part, table, rows.ctx_len,
+        q.stride(0), q.stride(1), table.stride(0), k_cache.stride(1), k_cache.stride(2), head_dim ** -0.5,
+        max_splits, NUM_HEADS=num_heads, GROUP=num_heads // num_kv_heads, BLOCK_SIZE=block_size,
+        HEAD_DIM=head_dim, HD_PAD=hd_pad, BLOCK_N=_ATTN_BLOCK, SPLIT=_ATTN_SPLIT)
+    _token_attention_combine_kernel[(t, num_heads)](
+        part, out, rows.ctx_len, out.stride(0), out.stride(1), max_splits,
+        NUM_HEADS=num_heads, HEAD_DIM=head_dim, HD_PAD=hd_pad, SPLIT=_ATTN_SPLIT)
     return out
 
 

@@ -91,6 +91,30 @@ def test_token_attention_equals_paged_attention_and_a_tokens_bits_its_context_al
     assert torch.equal(alone, got[14:15])
 
 
+def test_token_attention_past_one_split_keeps_a_rows_bits(inv) -> None:
+    """Contexts of 256 to 701 keys (one to three splits): within bfloat16 rounding of
+    paged_attention, and a row's output alone equals its output in the batch."""
+    torch.manual_seed(1)
+    hq, hkv, hd, bs = 9, 3, 64, 16
+    cache = torch.randn(2, 200, bs, hkv, hd, dtype=torch.bfloat16, device=CUDA)
+    prefills = [(500, list(range(0, 40)), 12)]
+    decodes = [(700, list(range(40, 90))), (255, list(range(90, 110))), (256, list(range(110, 130))), (3, [130])]
+    q, k, v = (torch.randn(16, h, hd, dtype=torch.bfloat16, device=CUDA) for h in (hq, hkv, hkv))
+
+    def run(pre, dec, per_token, kernel, rows, c0):
+        meta = build_attention_metadata(pre, dec, bs, CUDA, torch.bfloat16, per_token=per_token)
+        c = c0.clone()
+        return kernel(q[rows], k[rows], v[rows], c, meta), c
+
+    ref, _ = run(prefills, decodes, False, paged_attention, slice(0, 16), cache)
+    got, written = run(prefills, decodes, True, inv.invariant_attention, slice(0, 16), cache)
+    assert _rel(got, ref) < 1e-2
+    alone, _ = run([], [decodes[0]], True, inv.invariant_attention, slice(12, 13), written)
+    assert torch.equal(alone, got[12:13])
+    alone, _ = run([(511, list(range(0, 40)), 1)], [], True, inv.invariant_attention, slice(11, 12), written)
+    assert torch.equal(alone, got[11:12])
+
+
 def _runner(**cfg) -> TorchRunner:
     model, arch = tiny_hf_model("llama")
     base = dict(device="cuda", dtype="bfloat16", block_size=4, num_kv_blocks=256, max_num_seqs=16,
