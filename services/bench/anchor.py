@@ -259,27 +259,40 @@ def tandem_engine_figures(cfg: object, loads: Loads) -> dict[str, float]:
 
 # -- served loads (both servers) ----------------------------------------------------------------
 
-def decode_step_seconds(metrics_url: str) -> tuple[float, float]:
-    """(sum, count) of a tandem worker's decode steps so far (its
-    ``tandem_worker_engine_step_seconds{kind="decode"}``)."""
+StepTotals = dict[str, tuple[float, float]]
+
+
+def step_seconds(metrics_url: str) -> StepTotals:
+    """(sum, count) by kind (prefill, decode, mixed) of a tandem worker's steps so far (its
+    ``tandem_worker_engine_step_seconds``)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    got = {"sum": 0.0, "count": 0.0}
+    got: dict[str, list[float]] = {}
     for fam in text_string_to_metric_families(httpx.get(metrics_url, timeout=10).text):
         if fam.name == "tandem_worker_engine_step_seconds":
             for smp in fam.samples:
                 end = smp.name.rsplit("_", 1)[1]
-                if smp.labels.get("kind") == "decode" and end in got:
-                    got[end] = smp.value
-    return got["sum"], got["count"]
+                kind = smp.labels.get("kind", "")
+                if end in ("sum", "count"):
+                    got.setdefault(kind, [0.0, 0.0])[0 if end == "sum" else 1] = smp.value
+    return {k: (v[0], v[1]) for k, v in got.items()}
+
+
+def _step_delta(before: StepTotals, after: StepTotals, kind: str) -> tuple[float, float]:
+    b, a = before.get(kind, (0.0, 0.0)), after.get(kind, (0.0, 0.0))
+    return a[0] - b[0], a[1] - b[1]
 
 
 def served_figures(base_url: str, model: str, loads: Loads, prompts: _Prompts,
-                   steps: Callable[[], tuple[float, float]] | None = None) -> dict[str, float]:
+                   steps: Callable[[], StepTotals] | None = None) -> dict[str, float]:
     """1 stream: mean ITL and TTFT; ``streams`` streams: output tok/s and mean TTFT. A warm-up
     request first; a failed request fails the bench (a ratio over errors means nothing).
-    With ``steps`` (a worker's decode-step (sum, count)): also the mean decode step during
-    the 1-stream run, the floor its ITL is measured against (``step_ms_1``)."""
+    With ``steps`` (a worker's step totals by kind): also the mean decode step during the
+    1-stream run, the floor its ITL is measured against (``step_ms_1``), and where the
+    ``streams`` run's time went: its mean decode step (``step_ms_n``; against the engine's
+    own, the cost of sharing the cores), and the seconds of decode steps and of steps with
+    prefill tokens (``decode_s_n``, ``prefill_s_n``; the rest of ``duration_s_n`` the
+    worker had no step running)."""
 
     def run(reqs: list[BenchRequest], concurrency: int) -> dict:
         spec = ArrivalSpec("concurrency", concurrency=concurrency)
@@ -296,11 +309,21 @@ def served_figures(base_url: str, model: str, loads: Loads, prompts: _Prompts,
     after = steps() if steps is not None else None
     many = run(prompts.requests(loads.stream_requests, loads.itl_prompt, loads.itl_out),
                loads.streams)
+    last = steps() if steps is not None else None
     out = {"itl_ms_1": round(one["itl"]["mean"], 2), "ttft_ms_1": round(one["ttft"]["mean"], 1),
            "out_tok_s_n": round(many["output_throughput"], 1),
            "ttft_ms_n": round(many["ttft"]["mean"], 1)}
-    if before is not None and after is not None and after[1] > before[1]:
-        out["step_ms_1"] = round((after[0] - before[0]) / (after[1] - before[1]) * 1e3, 2)
+    if before is not None and after is not None:
+        total, count = _step_delta(before, after, "decode")
+        if count:
+            out["step_ms_1"] = round(total / count * 1e3, 2)
+    if after is not None and last is not None:
+        total, count = _step_delta(after, last, "decode")
+        if count:
+            out["step_ms_n"] = round(total / count * 1e3, 2)
+        out["decode_s_n"] = round(total, 2)
+        out["prefill_s_n"] = round(sum(_step_delta(after, last, k)[0] for k in ("prefill", "mixed")), 2)
+        out["duration_s_n"] = round(many["duration_s"], 2)
     return out
 
 
@@ -418,7 +441,7 @@ def main(args: argparse.Namespace) -> int:
                              run_dir / "tandem.log", args.ready_timeout, 2.0):
             metrics = f"http://127.0.0.1:{served_cfg.decode.metrics_port}/metrics"
             tandem.update(served_figures(url, model, loads, _Prompts(loads.seed + 1),
-                                         lambda: decode_step_seconds(metrics)))
+                                         lambda: step_seconds(metrics)))
         print(f"  tandem served: {tandem}", flush=True)
     floor: dict = {"threads": args.threads, "bandwidth_gbs": bandwidth}
     if llama.get("weight_bytes"):

@@ -56,13 +56,22 @@ def test_served_itl_is_put_over_the_workers_own_decode_step(monkeypatch: pytest.
     eng.add_request(req("a", list(range(10, 20)), max_tokens=4))
     while eng.has_unfinished():
         eng.step()
+    # a prompt arriving beside a decoding one: a step with prefill tokens and decodes
+    eng.add_request(req("b", list(range(30, 40)), max_tokens=3))
+    eng.step()
+    eng.add_request(req("c", list(range(50, 60)), max_tokens=2))
+    while eng.has_unfinished():
+        eng.step()
     reg = CollectorRegistry()
     reg.register(EngineStatsCollector(eng.stats))
     body = generate_latest(reg).decode()
     monkeypatch.setattr(anchor.httpx, "get", lambda url, timeout: SimpleNamespace(text=body))
-    total, count = anchor.decode_step_seconds("http://worker/metrics")
-    decode = eng.stats().timings.step_seconds[StepKind.DECODE]
-    assert (total, count) == (pytest.approx(decode.total), 3)
+    got = anchor.step_seconds("http://worker/metrics")
+    timings = eng.stats().timings
+    for kind in StepKind:
+        hist = timings.step_seconds[kind]
+        assert got[kind.name.lower()] == (pytest.approx(hist.total), hist.count), kind
+    assert got["mixed"][1] >= 1 and got["decode"][1] >= 3
 
     rows = anchor.ratio_rows({"itl_ms_1": 10.0}, {"itl_ms_1": 44.0}, _loads())
     table = anchor.format_table(rows, {"threads": 2, "bandwidth_gbs": 10.0}, step_ms=40.0)
