@@ -12,13 +12,12 @@ import pytest
 import torch
 
 from services.api.sampling import SamplingParams
-from services.common.config import EngineConfig, parse_config
+from services.common.config import EngineConfig
 from services.engine.cpu_kernels import build
 from services.engine.cpu_kernels import isa as isas
-from services.engine.factory import build_engine
 from services.engine.runner import torch_runner
 from services.engine.runner.torch_runner import TorchRunner
-from tests.support.engine_factory import req, run_all
+from tests.support.batch_invariance import alone_chunked_mixed, seeded_texts
 from tests.support.tiny_model import batch, seq, tiny_hf_model
 
 RUNNABLE = [i for i in isas.ISAS if build.available(i)]
@@ -34,29 +33,8 @@ def _tiny_runner(**cfg) -> TorchRunner:
 
 
 def _alone_chunked_mixed(**cfg) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One prompt's last logits: prefilled whole and alone; in chunks of 5; as a chunk beside
-    six decoding sequences."""
-    prompt = [(11 * j + 5) % 128 for j in range(23)]
-    blocks = list(range(8))  # 32 slots
-    others = [[(7 * i + 3 * j) % 128 for j in range(4 + 3 * i)] for i in range(6)]
-
-    want = _tiny_runner(**cfg).logits_for(batch(seq("p", prompt, 0, blocks)))
-
-    chunked = _tiny_runner(**cfg)
-    for start in range(0, 20, 5):  # four chunks of 5, then the last 3 with its logits
-        chunked.execute(batch(seq("p", prompt[start:start + 5], start, blocks, sample=False)))
-    got_chunked = chunked.logits_for(batch(seq("p", prompt[20:], 20, blocks)))
-
-    mixed = _tiny_runner(**cfg)
-    other_blocks = [list(range(8 + 6 * i, 14 + 6 * i)) for i in range(6)]
-    mixed.execute(batch(*[seq(f"o{i}", o[:-1], 0, other_blocks[i], sample=False) for i, o in enumerate(others)]))
-    # the prompt's first 20 tokens as a chunk beside six decodes, then its last 3 beside them again
-    b = [seq("p", prompt[:20], 0, blocks, sample=False)]
-    b += [seq(f"o{i}", o[-1:], len(o) - 1, other_blocks[i]) for i, o in enumerate(others)]
-    mixed.execute(batch(*b))
-    b = [seq(f"o{i}", [1], len(o), other_blocks[i]) for i, o in enumerate(others)]
-    got_mixed = mixed.logits_for(batch(*b[:3], seq("p", prompt[20:], 20, blocks), *b[3:]))[3:4]
-    return want, got_chunked, got_mixed
+    got = alone_chunked_mixed(lambda: _tiny_runner(**cfg))
+    return got.want, got.chunked, got.mixed
 
 
 def test_a_tokens_logits_are_the_same_bits_alone_chunked_and_beside_others() -> None:
@@ -106,43 +84,6 @@ def test_deterministic_mode_refuses_a_runner_off_the_kernels() -> None:
         _tiny_runner(dtype="float32", quantization="none", cpu_kernels=False, deterministic=True)
 
 
-TOPICS = ["the sea", "a robot", "Paris", "bread", "the moon", "a violin", "winter", "coffee"]
-
-
-def _mine() -> list:
-    """Eight seeded (temperature 1) and eight greedy requests."""
-    out = []
-    for i, topic in enumerate(TOPICS):
-        prompt = [1 + (ord(c) * 31 + k) % 5000 for k, c in enumerate(f"Write three sentences about {topic}.")]
-        out += [req(f"s{i}", prompt, max_tokens=24, temperature=1.0, seed=i),
-                req(f"g{i}", prompt, max_tokens=24, temperature=0.0)]
-    return out
-
-
-def _pad(n: int) -> list:
-    return [req(f"x{j}", [1 + (97 * j + 13 * k) % 5000 for k in range(6 + j % 11)], max_tokens=24,
-                temperature=1.0, seed=j) for j in range(n)]
-
-
-def _texts(cfg: dict, size: int, repeat: bool = False) -> dict[str, list[int]]:
-    """Each of ``_mine()`` in batches of ``size`` requests (padded with other seeded
-    prompts), every batch one engine run; ``repeat``: each batch twice, the second kept
-    (prefix cache hits)."""
-    eng = build_engine(parse_config({"engine": {"runner": "torch", "num_kv_blocks": 2048, "max_num_seqs": 64,
-                                                **cfg}})).engine
-    mine = _mine()
-    per = min(size, len(mine))
-    out: dict[str, list[int]] = {}
-    for k in range(0, len(mine), per):
-        group = mine[k:k + per] + _pad(size - per)
-        for _ in range(2 if repeat else 1):
-            for r in group:
-                eng.add_request(r)
-            got = run_all(eng)
-        out.update({rid: t for rid, t in got.items() if rid[0] in "sg"})
-    return out
-
-
 @pytest.fixture(scope="module")
 def smollm2(smollm2_path: Path) -> Path:
     return smollm2_path
@@ -150,8 +91,8 @@ def smollm2(smollm2_path: Path) -> Path:
 
 def test_seeded_and_greedy_text_is_the_same_at_batch_sizes_1_7_and_64(smollm2: Path) -> None:
     det = {"deterministic": True}
-    alone = _texts(det, 1)
+    alone = seeded_texts(det, 1)
     assert len(alone) == 16
-    assert _texts(det, 7) == alone
-    assert _texts({**det, "max_num_batched_tokens": 32}, 64) == alone  # chunked prefills in mixed steps
-    assert _texts({**det, "overlap": False}, 7, repeat=True) == alone  # cache hits, serial loop
+    assert seeded_texts(det, 7) == alone
+    assert seeded_texts({**det, "max_num_batched_tokens": 32}, 64) == alone  # chunked prefills in mixed steps
+    assert seeded_texts({**det, "overlap": False}, 7, repeat=True) == alone  # cache hits, serial loop

@@ -18,11 +18,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.common.config import EngineConfig, parse_config
-from services.engine.factory import build_engine
+from services.common.config import EngineConfig
 from services.engine.layers.attention import build_attention_metadata, paged_attention
 from services.engine.runner.torch_runner import TorchRunner
-from tests.support.engine_factory import req, run_all
+from tests.support.batch_invariance import (
+    BLOCKS,
+    OTHER_BLOCKS,
+    OTHERS,
+    alone_chunked_mixed,
+    seeded_texts,
+)
 from tests.support.tiny_model import batch, seq, tiny_hf_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -123,34 +128,14 @@ def _runner(**cfg) -> TorchRunner:
 
 
 def _alone_chunked_mixed(**cfg) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One prompt's last logits: prefilled whole and alone; in chunks of 5; as a chunk beside
-    six decoding sequences; and its next token decoded beside them (a CUDA graph where on)
-    against the same token decoded alone."""
-    prompt = [(11 * j + 5) % 128 for j in range(23)]
-    blocks = list(range(8))
-    others = [[(7 * i + 3 * j) % 128 for j in range(4 + 3 * i)] for i in range(6)]
-    other_blocks = [list(range(8 + 6 * i, 14 + 6 * i)) for i in range(6)]
-
-    alone = _runner(**cfg)
-    want = alone.logits_for(batch(seq("p", prompt, 0, blocks)))
-    want_next = alone.logits_for(batch(seq("p", [7], 23, blocks)))
-
-    chunked = _runner(**cfg)
-    for start in range(0, 20, 5):
-        chunked.execute(batch(seq("p", prompt[start:start + 5], start, blocks, sample=False)))
-    got_chunked = chunked.logits_for(batch(seq("p", prompt[20:], 20, blocks)))
-
-    mixed = _runner(**cfg)
-    mixed.execute(batch(*[seq(f"o{i}", o[:-1], 0, other_blocks[i], sample=False) for i, o in enumerate(others)]))
-    b = [seq("p", prompt[:20], 0, blocks, sample=False)]
-    b += [seq(f"o{i}", o[-1:], len(o) - 1, other_blocks[i]) for i, o in enumerate(others)]
-    mixed.execute(batch(*b))
-    b = [seq(f"o{i}", [1], len(o), other_blocks[i]) for i, o in enumerate(others)]
-    got_mixed = mixed.logits_for(batch(*b[:3], seq("p", prompt[20:], 20, blocks), *b[3:]))[3:4]
-    b = [seq(f"o{i}", [2], len(o) + 1, other_blocks[i]) for i, o in enumerate(others)]
-    got_next = mixed.logits_for(batch(*b[:3], seq("p", [7], 23, blocks), *b[3:]))[3:4]
-    assert torch.equal(want_next, alone.logits_for(batch(seq("p", [7], 23, blocks))))  # a replay of itself
-    return want, got_chunked, got_mixed, torch.stack([want_next, got_next])
+    """The shared three ways of the prompt's last logits, then its next token decoded beside
+    the six others (a CUDA graph where on) against the same token decoded alone."""
+    got = alone_chunked_mixed(lambda: _runner(**cfg))
+    want_next = got.alone_runner.logits_for(batch(seq("p", [7], 23, BLOCKS)))
+    b = [seq(f"o{i}", [2], len(o) + 1, OTHER_BLOCKS[i]) for i, o in enumerate(OTHERS)]
+    got_next = got.mixed_runner.logits_for(batch(*b[:3], seq("p", [7], 23, BLOCKS), *b[3:]))[3:4]
+    assert torch.equal(want_next, got.alone_runner.logits_for(batch(seq("p", [7], 23, BLOCKS))))  # a replay of itself
+    return got.want, got.chunked, got.mixed, torch.stack([want_next, got_next])
 
 
 @pytest.mark.parametrize("graphs", [False, True])
@@ -189,40 +174,6 @@ def test_the_mode_on_cuda_refuses_quantized_weights() -> None:
         _runner(quantization="int8")
 
 
-TOPICS = ["the sea", "a robot", "Paris", "bread", "the moon", "a violin", "winter", "coffee"]
-
-
-def _mine() -> list:
-    out = []
-    for i, topic in enumerate(TOPICS):
-        prompt = [1 + (ord(c) * 31 + k) % 5000 for k, c in enumerate(f"Write three sentences about {topic}.")]
-        out += [req(f"s{i}", prompt, max_tokens=24, temperature=1.0, seed=i),
-                req(f"g{i}", prompt, max_tokens=24, temperature=0.0)]
-    return out
-
-
-def _pad(n: int) -> list:
-    return [req(f"x{j}", [1 + (97 * j + 13 * k) % 5000 for k in range(6 + j % 11)], max_tokens=24,
-                temperature=1.0, seed=j) for j in range(n)]
-
-
-def _texts(model: Path, cfg: dict, size: int, repeat: bool = False) -> dict[str, list[int]]:
-    eng = build_engine(parse_config({"model": {"path": str(model)},
-                                     "engine": {"runner": "torch", "device": "cuda", "num_kv_blocks": 2048,
-                                                "max_num_seqs": 64, "deterministic": True, **cfg}})).engine
-    mine = _mine()
-    per = min(size, len(mine))
-    out: dict[str, list[int]] = {}
-    for k in range(0, len(mine), per):
-        group = mine[k:k + per] + _pad(size - per)
-        for _ in range(2 if repeat else 1):
-            for r in group:
-                eng.add_request(r)
-            got = run_all(eng)
-        out.update({rid: t for rid, t in got.items() if rid[0] in "sg"})
-    return out
-
-
 @pytest.fixture(scope="module")
 def text_model(request: pytest.FixtureRequest) -> Path:
     given = os.environ.get("TANDEM_TEST_CUDA_MODEL")
@@ -230,8 +181,9 @@ def text_model(request: pytest.FixtureRequest) -> Path:
 
 
 def test_seeded_and_greedy_text_is_the_same_at_batch_sizes_1_7_and_64(text_model: Path) -> None:
-    alone = _texts(text_model, {}, 1)
+    det, model = {"device": "cuda", "deterministic": True}, str(text_model)
+    alone = seeded_texts(det, 1, model=model)
     assert len(alone) == 16
-    assert _texts(text_model, {}, 7) == alone
-    assert _texts(text_model, {"max_num_batched_tokens": 32}, 64) == alone  # chunked prefills in mixed steps
-    assert _texts(text_model, {"overlap": False, "cuda_graphs": False}, 7, repeat=True) == alone  # cache hits
+    assert seeded_texts(det, 7, model=model) == alone
+    assert seeded_texts({**det, "max_num_batched_tokens": 32}, 64, model=model) == alone  # chunked prefills in mixed steps
+    assert seeded_texts({**det, "overlap": False, "cuda_graphs": False}, 7, repeat=True, model=model) == alone  # cache hits
