@@ -142,3 +142,34 @@ def test_greedy_tokens_equal_transformers_generate_on_cuda(llava):
                            max_new_tokens=6, do_sample=False)[0, len(full):].tolist()
     assert tokens == want
     assert engine.stats().kv_blocks_used == 0
+
+
+def test_deterministic_mode_serves_an_image_chunk_beside_a_decode(llava):
+    """engine.deterministic on the CPU kernels: a step holding image rows takes the eager
+    forward with the chunks' own masks (not the one-call rows), so an image prompt
+    prefilled in chunks beside a decoding text request gives the greedy tokens it gives
+    without the mode."""
+    from services.engine.cpu_kernels import build
+    from services.engine.cpu_kernels import isa as isas
+
+    if not any(build.available(i) for i in isas.ISAS):
+        pytest.skip("no CPU kernel set can run here")
+    _, w, enc = llava
+
+    def tokens(deterministic: bool) -> dict[str, list[int]]:
+        cfg = EngineConfig(device="cpu", dtype="bfloat16", quantization="int4", block_size=BS, num_kv_blocks=128,
+                           max_num_batched_tokens=8, overlap=False, deterministic=deterministic)
+        engine = LLMEngine(TorchRunner(w.text.arch, w.text.tensors, cfg), cfg, [])
+        engine.add_request(GenerateRequest("t", [3, 4, 5, 6], SamplingParams(temperature=0.0, max_tokens=12,
+                                                                             ignore_eos=True)))
+        engine.step()  # the text request is decoding before the image prompt arrives
+        engine.add_request(_request("i", w, enc, [3, 4, 5, IMAGE_TOKEN, 9, 10, 11], _pixels(2), "b"))
+        got: dict[str, list[int]] = {}
+        while engine.has_unfinished():
+            for out in engine.step():
+                got.setdefault(out.request_id, []).extend(out.token_ids)
+        return got
+
+    det, eager = tokens(True), tokens(False)
+    assert len(det["i"]) == 6 and len(det["t"]) >= 11
+    assert det == eager
