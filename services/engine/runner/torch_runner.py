@@ -256,8 +256,10 @@ class TorchRunner(ModelRunner):
             # under tensor parallelism, the step itself in torch.
             one_call = kernels is not None and self.tp.size == 1 and CpuDecode.supports(self.model)
             if invariant_cuda:
-                from services.engine.layers.invariant import make_batch_invariant
-
+                try:
+                    from services.engine.layers.invariant import make_batch_invariant
+                except ImportError as e:  # torch's CUDA wheels for Linux bring Triton; others may not
+                    raise ValueError(f"engine.deterministic: true on CUDA needs Triton ({e})") from e
                 make_batch_invariant(self.model)
             elif cfg.deterministic and not one_call:
                 raise ValueError(
