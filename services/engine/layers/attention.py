@@ -146,6 +146,12 @@ def _additive(keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill_(~keep, float("-inf"))
 
 
+def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """The step's new K/V (T, Hkv, hd) into one layer's cache at their slots (T,)."""
+    kv_cache[0].view(-1, k.shape[1], k.shape[2]).index_copy_(0, slot_mapping, k)
+    kv_cache[1].view(-1, v.shape[1], v.shape[2]).index_copy_(0, slot_mapping, v)
+
+
 def paged_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -159,8 +165,7 @@ def paged_attention(
     layer's K and V. Returns (T, Hq, hd).
     """
     num_heads, num_kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
-    kv_cache[0].view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
-    kv_cache[1].view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
+    write_kv(k, v, kv_cache, meta.slot_mapping)
     if meta.decode is None and len(meta.prefills) == 1:
         return _prefill(q, k, v, kv_cache, meta.prefills[0])
     out = torch.empty_like(q)

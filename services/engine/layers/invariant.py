@@ -23,12 +23,14 @@ installs never need it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import triton
 import triton.language as tl
 from torch import nn
 
-from services.engine.layers.attention import AttentionMetadata, TokenRows
+from services.engine.layers.attention import AttentionMetadata, TokenRows, write_kv
 
 # NOTE: tile sizes are part of the numbers: changing one changes every row's bits (not their
 # invariance). 64x64x64 keeps a decode step's few rows cheap and fills the chip at prefill.
@@ -215,21 +217,20 @@ def invariant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_ca
     """``paged_attention``'s contract on per-token metadata: write the new K/V, then attend."""
     if meta.token_rows is None:
         raise ValueError("batch-invariant attention needs per-token metadata (TokenRows)")
-    num_kv_heads, head_dim = k.shape[1], k.shape[2]
-    kv_cache[0].view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
-    kv_cache[1].view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
+    write_kv(k, v, kv_cache, meta.slot_mapping)
     return token_attention(q, kv_cache, meta.token_rows)
 
 
 class InvariantLinear(nn.Module):
-    """A dense linear on ``linear``; keeps the replaced layer's weight, bias and
+    """A dense linear on ``linear``, over a replaced layer's weight and bias; ``split``: its
     ``split_output`` (fused q/k/v and gate/up)."""
 
-    def __init__(self, layer: nn.Module) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                 split: Callable[[torch.Tensor], list[torch.Tensor]] | None = None) -> None:
         super().__init__()
-        self.weight = layer.weight
-        self.bias = layer.bias
-        self._split = getattr(layer, "split_output", None)
+        self.weight = weight
+        self.bias = bias
+        self._split = split
 
     def split_output(self, y: torch.Tensor) -> list[torch.Tensor]:
         assert self._split is not None
@@ -256,26 +257,16 @@ class InvariantRMSNorm(nn.Module):
 def make_batch_invariant(model: nn.Module) -> None:
     """Swap a loaded dense ``LlamaModel``'s linears, norms, attention and LM head for the
     kernels above. Raises ValueError for a model whose linears are not dense tensors."""
+    if model.lm_head is not None:
+        raise ValueError("batch-invariant kernels need a dense LM head")
     for layer in model.layers:
         for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
             dense = getattr(layer, name)
             if not isinstance(getattr(dense, "weight", None), torch.Tensor):
                 raise ValueError(f"batch-invariant kernels need dense weights, not {type(dense).__name__}")
-            setattr(layer, name, InvariantLinear(dense))
+            setattr(layer, name, InvariantLinear(dense.weight, dense.bias, getattr(dense, "split_output", None)))
         layer.input_layernorm = InvariantRMSNorm(layer.input_layernorm)
         layer.post_attention_layernorm = InvariantRMSNorm(layer.post_attention_layernorm)
         layer.attend = invariant_attention
     model.norm = InvariantRMSNorm(model.norm)
-    if model.lm_head is not None:
-        raise ValueError("batch-invariant kernels need a dense LM head")
-    model.lm_head = _Head(model.lm_head_weight)
-
-
-class _Head(nn.Module):
-    def __init__(self, weight: torch.Tensor) -> None:
-        super().__init__()
-        self.weight = weight
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return linear(hidden, self.weight)
-
+    model.lm_head = InvariantLinear(model.lm_head_weight)

@@ -128,13 +128,13 @@ class DecodeGraphs:
         if self.per_token:
             meta = AttentionMetadata(slot_mapping=slots, num_prefill_tokens=0,
                                      token_rows=TokenRows(block_table=table, ctx_len=ctx_len))
-            return self.model.compute_logits(self.model(ids, positions, meta, self.kv_layers))
-        pos = torch.arange(nb * self.block_size, device=self.device)
-        keep = pos[None, :] < ctx_len[:, None]  # (B, L)
-        mask = torch.zeros(keep.shape, dtype=self.dtype, device=self.device)
-        mask = mask.masked_fill(~keep, float("-inf"))[:, None, None, :]
-        meta = AttentionMetadata(slot_mapping=slots, num_prefill_tokens=0,
-                                 decode=DecodeGroup(block_table=table, mask=mask))
+        else:
+            pos = torch.arange(nb * self.block_size, device=self.device)
+            keep = pos[None, :] < ctx_len[:, None]  # (B, L)
+            mask = torch.zeros(keep.shape, dtype=self.dtype, device=self.device)
+            mask = mask.masked_fill(~keep, float("-inf"))[:, None, None, :]
+            meta = AttentionMetadata(slot_mapping=slots, num_prefill_tokens=0,
+                                     decode=DecodeGroup(block_table=table, mask=mask))
         hidden = self.model(ids, positions, meta, self.kv_layers)  # (B, H)
         return self.model.compute_logits(hidden)  # (B, V)
 

@@ -294,7 +294,7 @@ class TorchRunner(ModelRunner):
             self.graphs.capture(progress=log.info)
             log.info("decode CUDA graphs: %d captured in %.1fs", self.graphs.num_graphs,
                      time.perf_counter() - t0)
-        self.sampler = Sampler(cfg.seed, self.device, row_invariant=cfg.deterministic and self.device.type == "cuda")
+        self.sampler = Sampler(cfg.seed, self.device, row_invariant=invariant_cuda)
         # Overlap: the future-token map (device), the forward thread and, on CUDA, its
         # stream; made by reserve_future_slots / the first launch.
         self._future = torch.zeros(0, dtype=torch.int64, device=self.device)
