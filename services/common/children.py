@@ -77,9 +77,33 @@ def stop(proc: subprocess.Popen, timeout_s: float | None = None,
             proc.wait()
             for pgid in how.orphans() if how.orphans is not None else ():
                 signal_group(pgid, signal.SIGKILL)
-    signal_group(proc.pid, signal.SIGKILL)
+    kill_leftovers(proc)
     _running.pop(proc, None)
     return proc.returncode
+
+
+def kill_leftovers(proc: subprocess.Popen) -> None:
+    """SIGKILL whatever the exited (reaped) ``proc``, started in a session of its own, left
+    in its process group.
+
+    The group's id is ``proc``'s pid, and the kernel does not give that number to a new
+    process while the group has members. So a live process with that pid means the group is
+    empty and the number is someone else's now (pids wrap at 32768 on many machines, and
+    torch's threads use them up fast): that process, a session leader perhaps (a test's
+    nats-server), is left alone.
+    """
+    if not _pid_in_use(proc.pid):
+        signal_group(proc.pid, signal.SIGKILL)
+
+
+def _pid_in_use(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def signal_group(pgid: int, sig: signal.Signals) -> None:

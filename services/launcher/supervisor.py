@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from services.common import children
 from services.launcher.metrics import LauncherMetrics
 from services.launcher.nats import tcp_accepts
 from services.launcher.plan import ProcessSpec, Readiness
@@ -228,7 +229,7 @@ class Supervisor:
         """A child exited unasked: schedule its restart (None), or say why not (1)."""
         child = slot.child
         # Whatever it spawned would hold its ports against the restart (and its output pipe).
-        _signal_group(child.proc.pid, signal.SIGKILL)
+        children.kill_leftovers(child.proc)
         if child.reader is not None:
             child.reader.join(timeout=2.0)  # let the last lines arrive
         self._set_up(slot.spec.name, False)
@@ -272,7 +273,7 @@ class Supervisor:
             # the next tick restarts it
             after = f"restart {child.attempt}" if child.attempt else "its start"
             self.say(f"error: {child.spec.name} not ready {self.ready_timeout:g} s after {after}: killing it")
-            _signal_group(child.proc.pid, signal.SIGKILL)
+            children.signal_group(child.proc.pid, signal.SIGKILL)
 
     # -- scaling (the planner's local actuator) ---------------------------------------------
 
@@ -320,7 +321,7 @@ class Supervisor:
         if slot.restart_at is not None or child.proc.poll() is not None:
             self.say(f"removed  {slot.spec.name} (it was not running)")
             return
-        _signal_group(child.proc.pid, slot.spec.stop_signal)
+        children.signal_group(child.proc.pid, slot.spec.stop_signal)
         self._draining.append(_Draining(child, time.monotonic() + self.drain_timeout))
         self.say(f"draining {slot.spec.name} (pid {child.proc.pid})")
 
@@ -331,9 +332,9 @@ class Supervisor:
                 if time.monotonic() < d.deadline:
                     continue
                 self.say(f"{c.spec.name} not drained in {self.drain_timeout:g} s: killing it")
-                _signal_group(c.proc.pid, signal.SIGKILL)
+                children.signal_group(c.proc.pid, signal.SIGKILL)
                 c.proc.wait()
-            _signal_group(c.proc.pid, signal.SIGKILL)  # what it left in its group
+            children.kill_leftovers(c.proc)  # what it left in its group
             if c.reader is not None:
                 c.reader.join(timeout=2.0)
             self._draining.remove(d)
@@ -424,17 +425,17 @@ class Supervisor:
         for group in groups:
             for c in group:
                 if c.proc.poll() is None:
-                    _signal_group(c.proc.pid, c.spec.stop_signal)
+                    children.signal_group(c.proc.pid, c.spec.stop_signal)
             deadline = time.monotonic() + self.stop_timeout
             for c in group:
                 try:
                     c.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
                     self.say(f"{c.spec.name} did not stop in {self.stop_timeout:g} s: killing it")
-                    _signal_group(c.proc.pid, signal.SIGKILL)
+                    children.signal_group(c.proc.pid, signal.SIGKILL)
                     c.proc.wait()
                 # Anything the child left behind in its group goes too.
-                _signal_group(c.proc.pid, signal.SIGKILL)
+                children.kill_leftovers(c.proc)
                 self._set_up(c.spec.name, False)
                 self.say(f"stopped  {c.spec.name} ({describe_exit(c.proc.returncode)})")
         for slot in self._slots:
@@ -477,9 +478,3 @@ class Supervisor:
                 batch = []
         return self._wait_ready(self._slots, deadline)
 
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
