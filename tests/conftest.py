@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,24 @@ import torch
 
 # Two cores on the dev machine and in CI: keep each test process to one torch thread.
 torch.set_num_threads(int(os.environ.get("TANDEM_TEST_THREADS", "1")))
+
+
+@pytest.fixture(autouse=True)
+def _dump_tasks_before_timeout(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that is about to hit pytest-timeout prints its asyncio tasks' stacks first."""
+    from tests.support.hang_dump import start_timer
+
+    marker = request.node.get_closest_marker("timeout")
+    timeout = float(marker.args[0]) if marker and marker.args else float(
+        request.config.getini("timeout") or 0)
+    if timeout <= 0:
+        yield
+        return
+    timer = start_timer(max(timeout - 15.0, timeout * 0.9))
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,9 @@ def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     server = NatsServer(tmp_path_factory.mktemp("nats"))
     server.start()
     yield server.url
+    died = server.died()
     server.stop()
+    assert died is None, died
 
 
 @pytest.fixture

@@ -82,6 +82,14 @@ class NatsServer:
             children.stop(self.proc, 10, signal.SIGKILL)
         self.proc = None
 
+    def died(self) -> str | None:
+        """None while it runs (or was stopped on purpose); else how it ended and the end of
+        its log: a server gone mid-test shows up as clients' timeouts elsewhere."""
+        if self.proc is None or self.proc.poll() is None:
+            return None
+        log = (self.store / "nats-server.log").read_text(errors="replace")[-2000:]
+        return f"nats-server on port {self.port} exited ({self.proc.returncode}):\n{log}"
+
     def stop(self) -> None:
         """SIGTERM, then SIGKILL if it is still up after 5 s."""
         if self.proc is not None:
