@@ -58,11 +58,10 @@ class GgufTokenizerData:
 
 def load_gguf_tokenizer(path: Path) -> GgufTokenizerData:
     """Read the tokenizer stored in the GGUF at `path`."""
-    reader = open_gguf(path)
+    metadata = open_gguf(path).metadata
 
     def field(key: str, default: object = None) -> object:
-        f = reader.fields.get(key)
-        return default if f is None else f.contents()
+        return metadata.get(key, default)
 
     model = field("tokenizer.ggml.model")
     if model != "gpt2":

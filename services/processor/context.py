@@ -18,10 +18,8 @@ def model_context_length(model_path: Path) -> int:
     if model_path.is_file():
         from services.model.gguf_file import open_gguf
 
-        fields = open_gguf(model_path).fields
-        arch = fields["general.architecture"].contents()
-        f = fields.get(f"{arch}.context_length")
-        return int(f.contents()) if f is not None else 2048
+        metadata = open_gguf(model_path).metadata
+        return int(metadata.get(f"{metadata['general.architecture']}.context_length", 2048))
     cfg = json.loads((model_path / "config.json").read_text(encoding="utf-8"))
     cfg = cfg.get("text_config") or cfg  # a LLaVA model's context is its text model's
     return int(cfg.get("max_position_embeddings", 2048))

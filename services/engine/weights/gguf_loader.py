@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFReader
+from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from services.engine.quant.groups import (
@@ -79,11 +79,6 @@ def unpermute_rotary(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, half, 2, *rest).transpose(1, 2).reshape(w.shape).contiguous()
 
 
-def read_metadata(reader: GGUFReader) -> dict[str, Any]:
-    """All key/value fields except the big tokenizer arrays, as plain Python values."""
-    skip = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
-            "tokenizer.ggml.scores")
-    return {k: f.contents() for k, f in reader.fields.items() if k not in skip}
 
 
 def _f32_to_float(x: float) -> float:
@@ -135,8 +130,8 @@ def load_gguf(path: Path) -> LoadedWeights:
     """Load every tensor of the GGUF at `path`, dequantized to float32 (see module doc), plus
     the exact int4 groups of its Q4_0 / Q4_1 / Q8_0 weights for a quantized runner."""
     reader = open_gguf(path)
-    shapes = {t.name: tuple(int(d) for d in reversed(t.shape.tolist())) for t in reader.tensors}
-    arch = arch_from_metadata(read_metadata(reader), shapes, path)
+    shapes = {t.name: t.shape for t in reader.tensors}
+    arch = arch_from_metadata(reader.metadata, shapes, path)
     tensors: dict[str, torch.Tensor] = {}
     blocks: dict[str, _Blocks] = {}  # Q4_0 / Q4_1 / Q8_0 weights, for their exact int4 form
     four_bit = False

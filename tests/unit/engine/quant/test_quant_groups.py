@@ -77,7 +77,7 @@ def test_real_smollm2_q4_1_tensor_repacks_exactly(smollm2_path) -> None:
 
     t = next(t for t in open_gguf(smollm2_path).tensors if t.name == "blk.0.attn_k.weight")
     assert t.tensor_type == Q.Q4_1  # what the default model's linears are stored in
-    shape = (int(t.shape[1]), int(t.shape[0]))
+    shape = t.shape
     want = torch.from_numpy(np.array(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape))
     groups = g.from_gguf_blocks(t.data, t.tensor_type, shape)
     got = _weight_through_kernel(Int4Matmul(groups, torch.float32, CPU), shape[1], torch.float32, CPU)
