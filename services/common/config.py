@@ -39,6 +39,11 @@ class NatsConfig(_Strict):
     tls_ca: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
+    # How long a part starting up waits for nats-server to accept it (retrying) before it
+    # exits naming the server: a supervisor or Kubernetes then restarts it, where a part
+    # that waited forever would sit unready without a word. Later losses of the server are
+    # waited out for as long as they last.
+    startup_wait_s: float = Field(60.0, gt=0)
 
 
 class ModelConfig(_Strict):

@@ -9,6 +9,7 @@ internal plane: NATS users and permissions").
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import ssl
@@ -34,6 +35,10 @@ class NatsAuthError(ConnectionError):
 
 class NatsTlsError(ConnectionError):
     """The nats-server's certificate is not signed by a CA we trust (``nats.tls_ca``)."""
+
+
+class NatsUnreachableError(ConnectionError):
+    """No nats-server accepted the first connect within ``nats.startup_wait_s``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,8 +239,9 @@ async def connect(cfg: NatsConfig, name: str, no_echo: bool = False) -> NatsClie
     ``no_echo``: the server does not deliver this connection's own publishes back to its
     subscriptions (JetStream deliveries are unaffected).
 
-    The first connect is retried a few times so a part started next to a nats-server that is
-    still booting does not fail; a later loss of the server is survived by reconnecting.
+    The first connect is retried for up to ``cfg.startup_wait_s`` (a part started next to a
+    nats-server that is still booting does not fail), then NatsUnreachableError; a later
+    loss of the server is survived by reconnecting.
     """
     async def on_disconnected() -> None:
         log.warning("%s: disconnected from NATS; reconnecting", name)
@@ -277,8 +283,16 @@ async def connect(cfg: NatsConfig, name: str, no_echo: bool = False) -> NatsClie
     tls = tls_context(cfg)
     if tls is not None:
         opts["tls"] = tls
+    wait = asyncio.timeout(cfg.startup_wait_s)
     try:
-        nc = await nats.connect(**opts)
+        async with wait:
+            nc = await nats.connect(**opts)
+    except TimeoutError:
+        if not wait.expired():
+            raise
+        raise NatsUnreachableError(
+            f"{name!r} could not connect to nats-server at {cfg.url} within "
+            f"nats.startup_wait_s={cfg.startup_wait_s:g} s; is it running and reachable?") from None
     except nats.errors.Error as e:
         if _is_auth_error(e):
             how = "user/password" if cfg.user else "token" if cfg.token else "no credentials"

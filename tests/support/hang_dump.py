@@ -50,8 +50,13 @@ def _await_chain(coro: object) -> list[str]:
         if frame is not None:
             code = frame.f_code
             lines.append(f"  {code.co_filename}:{frame.f_lineno} in {code.co_name}")
-        coro = (getattr(coro, "cr_await", None) or getattr(coro, "ag_await", None)
-                or getattr(coro, "gi_yieldfrom", None))
+        nxt = (getattr(coro, "cr_await", None) or getattr(coro, "ag_await", None)
+               or getattr(coro, "gi_yieldfrom", None))
+        if nxt is None and frame is None:
+            # an async generator's asend/athrow awaitable exposes no attribute for its
+            # generator: find it among what the awaitable refers to
+            nxt = next((r for r in gc.get_referents(coro) if hasattr(r, "ag_frame")), None)
+        coro = nxt
     if not lines:
         lines.append(f"  {first!r}")
     return lines
