@@ -10,13 +10,16 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 
 from services.common.config import ClusterConfig, ConfigError, load_config
 
 LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 
 log = logging.getLogger(__name__)
+
+# How long cancel_and_wait waits before it cancels a task again (see there).
+_RECANCEL_S = 0.5
 
 
 class PartFailed(RuntimeError):
@@ -77,9 +80,32 @@ def stop_on_signals(stop: asyncio.Event | None = None) -> asyncio.Event:
 
 
 async def cancel_and_wait(task: asyncio.Task | None) -> None:
-    """Cancel ``task`` and wait until it has ended; a task already done is just awaited."""
+    """Cancel ``task`` and wait until it has ended; a task already done is just awaited (its
+    error, if it failed, is raised here).
+
+    The cancel is repeated until the task ends: a task can lose one. Python 3.11's
+    ``asyncio.wait_for`` returns a result that arrives in the same loop iteration as the
+    cancel and drops the cancel (gh-86296, fixed in 3.12); nats-py requests sit inside
+    ``wait_for``, so a discovery heartbeat cancelled as its put was answered beat on, and
+    the lease's close waited for it forever.
+    """
     if task is None:
         return
-    task.cancel()
+    while not task.done():
+        task.cancel()
+        # NOTE: asyncio.wait, not ``await task``: a cancel of the caller must not be
+        # forwarded into the task (it may drop that one too) and the wait must end
+        await asyncio.wait({task}, timeout=_RECANCEL_S)
     with contextlib.suppress(asyncio.CancelledError):
         await task
+
+
+async def cancel_all_and_wait(tasks: Collection[asyncio.Task]) -> None:
+    """``cancel_and_wait`` for several tasks at once; their errors are not raised (each
+    task reports its own)."""
+    left = set(tasks)
+    while left:
+        for t in left:
+            t.cancel()
+        _, left = await asyncio.wait(left, timeout=_RECANCEL_S)
+

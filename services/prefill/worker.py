@@ -31,7 +31,7 @@ from services.common.config import ClusterConfig
 from services.common.discovery import Discovery
 from services.common.errors import InvalidRequest
 from services.common.nats_client import NatsClient, Subjects
-from services.common.service import cancel_and_wait
+from services.common.service import cancel_all_and_wait, cancel_and_wait
 from services.disagg.kv_shm import host_id
 from services.disagg.prefill_queue import PULL_WAIT_S, ensure_prefill_queue
 from services.disagg.transfer_token import well_formed
@@ -105,10 +105,7 @@ class PrefillWorker:
         await self.stop_pulling()
         if self._jobs and grace_s > 0:
             await asyncio.wait(set(self._jobs), timeout=grace_s)
-        for t in list(self._jobs):
-            t.cancel()
-        if self._jobs:
-            await asyncio.wait(set(self._jobs))
+        await cancel_all_and_wait(list(self._jobs))
         for sub in (self._psub, self._cancel_sub):
             if sub is not None:
                 try:

@@ -39,13 +39,16 @@ async def test_prefill_tp1_to_decode_tp3_equals_local(nats_url: str, smollm2_pat
         update={"tensor_parallel_size": 1})})
     long = [(i * 7919 + 17) % 49000 + 100 for i in range(100)]
     short = long[:30]
-    async with decode_worker(decode_cfg) as d, prefill_worker(prefill_cfg) as p:
+    async with decode_worker(decode_cfg) as d:
         runner = d.engine.engine.runner
         assert isinstance(runner, TpRunner)
         try:
-            await _compare(d, p, long, short)
+            async with prefill_worker(prefill_cfg) as p:
+                await _compare(d, p, long, short)
         finally:
-            runner.close()  # the rank processes, and this process's TP group
+            # the rank processes, and this process's TP group, even when the prefill
+            # worker never started (left running, they abort the test process at exit)
+            runner.close()
 
 
 async def _compare(d: DecodeHandle, p: PrefillWorker, long: list[int], short: list[int]) -> None:
