@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType
-from gguf.quants import dequantize
 
 from services.engine.quant.groups import (
     EXACT_TYPES,
@@ -26,6 +25,7 @@ from services.engine.quant.groups import (
     QuantSource,
     from_gguf_blocks,
 )
+from services.engine.weights.dequant import dequantize
 from services.engine.weights.layout import check_tensors
 from services.engine.weights.loaded import LoadedWeights
 from services.model.arch import ModelArchConfig
