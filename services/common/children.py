@@ -98,11 +98,11 @@ def kill_leftovers(proc: subprocess.Popen) -> None:
 
 def _pid_in_use(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
+        os.kill(pid, 0)  # no signal: only whether the pid exists (EPERM: it does)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass
     return True
 
 
