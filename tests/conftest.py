@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,22 +11,6 @@ import torch
 
 # Two cores on the dev machine and in CI: keep each test process to one torch thread.
 torch.set_num_threads(int(os.environ.get("TANDEM_TEST_THREADS", "1")))
-
-
-_COLLECT_ABOVE_BYTES = 3 << 30
-
-
-@pytest.fixture(autouse=True)
-def _collect_when_big() -> Iterator[None]:
-    """A full garbage collection after a test that leaves this process above 3 GiB: engines
-    sit in reference cycles that only a full collection frees, and the collector's
-    thresholds count objects, not bytes, so a module that builds an engine per test grew
-    the process by ~0.6 GB a test (14 GB at most in one run, on a 23 GB machine)."""
-    yield
-    with open("/proc/self/statm") as f:
-        rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    if rss > _COLLECT_ABOVE_BYTES:
-        gc.collect()
 
 
 @pytest.fixture(autouse=True)
