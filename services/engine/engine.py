@@ -118,7 +118,6 @@ class LLMEngine:
         self._masks: MaskBuilder | None = None
         self._filler: MaskFiller | None = None  # the overlapped loop's (made with it)
         self._next_mask: BatchMask | None = None  # the launched batch's, to fill once N's tokens are in
-        self._grammars_advanced = self._start_next_fill  # update's callback, bound once
         if self.grammar is not None:
             from services.engine.grammar.batch_mask import MaskBuilder
 
@@ -235,8 +234,10 @@ class LLMEngine:
                     # came last: its forward alone, as an overlapped profile times it.
                     self._observe_speed(prev_batch, t2 - max(prev_start, self._last_done))
                 self._last_done = t2
+                # NOTE: bound here, on grammar steps only: a bound method kept on self is a
+                # reference cycle that holds the engine (weights, KV pool) until a full gc.
                 outputs = sched.update(prev_batch, result,
-                                       self._grammars_advanced if mask is not None else None)
+                                       self._start_next_fill if mask is not None else None)
             finally:
                 if self._next_mask is not None:  # failed before the fill started
                     self._fill(self._next_mask)

@@ -456,3 +456,21 @@ def test_forced_call_with_free_parameters_cannot_nest_forever(model) -> None:
     for toks, _, _ in done.values():
         # the call's object, its arguments, then the free values' bound
         assert _depth(tok.decode(toks)) <= 2 + MAX_FREE_DEPTH - 1, tok.decode(toks)
+
+
+def test_an_engine_is_freed_with_its_last_reference(model) -> None:
+    """No reference cycle holds an engine that ran grammar rows on the overlapped loop:
+    its weights and KV pool go with its last reference, not at some later full gc (a
+    stored bound method did hold them: test processes grew by an engine a test)."""
+    import gc
+    import weakref
+
+    eng = make_engine(model, overlap=True)
+    run(eng, mixed_requests(model[1]))
+    ref = weakref.ref(eng)
+    gc.disable()
+    try:
+        del eng
+        assert ref() is None, [type(r).__name__ for r in gc.get_referrers(ref())]
+    finally:
+        gc.enable()
