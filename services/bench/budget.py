@@ -11,7 +11,11 @@ Per point, on a fresh engine (the config with the point's two keys set):
    with ``--long-tokens`` prompts and the rest with ``--short-tokens``, each generating
    ``--output-tokens``. The engine is stepped as a worker's step thread steps it: an arrival
    is added between steps, so a long step delays it, as it delays a served request.
-3. When every arrival finished, the streams are aborted.
+3. When every arrival finished, ``--ref-steps`` decode-only steps are timed again (the
+   **decode-only step at the end**: the streams alone at their final contexts, which grew
+   through phase 2; on the CPU a decode step's attention grows with its context), then the
+   streams are aborted. Phase 2's decode-only step lies between the two references, so
+   ITL p99 over each brackets its ratio to a decode-only step of the same contexts.
 
 **Add-request latency**: from a request's arrival to the step that first schedules it (the
 queue and the step in progress). **ITL**: the gaps between consecutive tokens of every
@@ -67,6 +71,16 @@ def _step_into(eng: LLMEngine, timed: dict[str, _Timed]) -> None:
             t.tokens.append(now)
 
 
+def _decode_steps(eng: LLMEngine, n: int) -> list[float]:
+    """Seconds of ``n`` steps of the streams alone (call with nothing else live)."""
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        eng.step()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
 def run_point(cfg: ClusterConfig, args: argparse.Namespace) -> dict:
     """One sweep point on a fresh engine built from ``cfg`` (see the module docstring)."""
     eng = build_engine(cfg).engine
@@ -78,11 +92,7 @@ def run_point(cfg: ClusterConfig, args: argparse.Namespace) -> dict:
         eng.add_request(GenerateRequest(f"stream{i}", _prompt(rng, args.short_tokens, vocab), forever))
     while eng.scheduler.waiting or any(s.num_generated < 2 for s in eng.scheduler.running):
         eng.step()
-    ref = []
-    for _ in range(args.ref_steps):
-        t0 = time.perf_counter()
-        eng.step()
-        ref.append(time.perf_counter() - t0)
+    ref = _decode_steps(eng, args.ref_steps)
     # phase 2: the streams' tokens count from here
     t0 = time.perf_counter()
     for i in range(args.streams):
@@ -105,6 +115,7 @@ def run_point(cfg: ClusterConfig, args: argparse.Namespace) -> dict:
             continue
         _step_into(eng, timed)
     wall = time.perf_counter() - t0
+    ref_end = _decode_steps(eng, args.ref_steps)  # the streams alone, at their final contexts
     for i in range(args.streams):
         eng.abort(f"stream{i}")
     while eng.has_unfinished():
@@ -116,14 +127,17 @@ def run_point(cfg: ClusterConfig, args: argparse.Namespace) -> dict:
             for kind in (False, True)}
     added = [t.seq.scheduled_at - t.arrival for t in reqs if t.seq is not None]
     decode_ms = statistics.median(ref) * 1e3
+    decode_end_ms = statistics.median(ref_end) * 1e3
     itl_p99 = _pct(itl, 99)
     return {
         "max_num_batched_tokens": cfg.engine.max_num_batched_tokens,
         "itl_target_ms": cfg.engine.itl_target_ms or 0.0,
         "decode_only_step_ms": round(decode_ms, 1),
+        "decode_only_step_end_ms": round(decode_end_ms, 1),
         "itl_ms": {"p50": _pct(itl, 50), "p95": _pct(itl, 95), "p99": itl_p99,
                    "max": _pct(itl, 100)},
         "itl_p99_over_decode_step": round(itl_p99 / decode_ms, 2) if itl_p99 else None,
+        "itl_p99_over_decode_step_end": round(itl_p99 / decode_end_ms, 2) if itl_p99 else None,
         "ttft_short_ms": {"p50": _pct(ttft[False], 50), "p99": _pct(ttft[False], 99)},
         "ttft_long_ms": {"p50": _pct(ttft[True], 50), "p99": _pct(ttft[True], 99)},
         "add_request_ms": {"p50": _pct(added, 50), "p99": _pct(added, 99)},

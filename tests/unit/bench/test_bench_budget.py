@@ -38,6 +38,9 @@ def test_a_sweep_reports_each_point_and_the_target_cuts_the_itl_tail(tmp_path: P
     for p in (off, on):
         assert p["requests"] == 3 == p["long_requests"] and p["itl_samples"] > 0
         assert p["decode_only_step_ms"] > 0 and p["output_tokens_per_s"] > 0
+        assert p["decode_only_step_end_ms"] > 0  # timed again once the arrivals finished
+        end_ratio = p["itl_ms"]["p99"] / p["decode_only_step_end_ms"]  # of rounded figures
+        assert abs(p["itl_p99_over_decode_step_end"] - end_ratio) <= 0.05 * end_ratio
         assert p["itl_ms"]["p50"] <= p["itl_ms"]["p95"] <= p["itl_ms"]["p99"]
         assert p["add_request_ms"]["p50"] is not None and p["ttft_long_ms"]["p50"] is not None
     # 1000 tokens of 0.1 ms: a 100 ms step off; the target holds steps near 30 ms
