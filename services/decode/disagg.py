@@ -74,7 +74,8 @@ def worker_times(cfg: ClusterConfig, model: StepModel, stats: EngineStats,
                        cfg.prefill.replicas,
                        kv_bytes_per_token / (cfg.decode.disagg.kv_transfer_gbps * 1e9),
                        chunk_limit_for(cfg.engine, stats.runner.device, model,
-                                       DeviceSpeed(*stats.step_speed) if stats.step_speed else None))
+                                       DeviceSpeed(*stats.step_speed) if stats.step_speed else None,
+                                       stats.row_step_tokens))
 
 
 def decide_prefill(

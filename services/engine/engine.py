@@ -57,9 +57,11 @@ class EngineStats:
     grammar: GrammarStats | None = None
     # What computes the steps (device, dtype, quantization, CPU kernel set).
     runner: RunnerInfo = RunnerInfo()
-    # Measured / modelled seconds of its steps (DeviceSpeed): (decode-only, with prefill);
-    # None: no ITL target, or a runner whose steps take no real time.
-    step_speed: tuple[float, float] | None = None
+    # Measured / modelled seconds of its steps (DeviceSpeed): (decode-only, with prefill,
+    # with prefill as rows); None: no ITL target, or a runner whose steps take no real time.
+    step_speed: tuple[float, float, float] | None = None
+    # The runner's ModelRunner.row_step_tokens (the decode worker's prediction chunks by it)
+    row_step_tokens: int = 0
 
 
 class LLMEngine:
@@ -104,7 +106,8 @@ class LLMEngine:
             max_num_batched_tokens=cfg.max_num_batched_tokens,
             max_model_len=max_len,
             long_prefill_token_threshold=cfg.long_prefill_token_threshold,
-            chunk_limit=(limit := chunk_limit_for(cfg, runner.info.device, step_model)),
+            chunk_limit=(limit := chunk_limit_for(cfg, runner.info.device, step_model,
+                                                  row_tokens=runner.row_step_tokens)),
             vocab_size=runner.vocab_size,
             eos_token_ids=eos_token_ids,
             kv_exporter=runner.export_kv,
@@ -194,7 +197,9 @@ class LLMEngine:
     def _observe_speed(self, batch: ScheduledBatch, seconds: float) -> None:
         assert self.speed is not None and self._step_cost is not None
         shape = batch_shape(batch)
-        self.speed.observe(shape.prefill_tokens > 0, self._step_cost.shape_seconds(shape), seconds)
+        prefill = shape.prefill_tokens > 0
+        self.speed.observe(prefill, self._step_cost.shape_seconds(shape), seconds,
+                           prefill and self.runner.runs_as_rows(batch))
 
     def _forget_finished(self, outputs: list[TokenOutput]) -> None:
         for o in outputs:
@@ -379,7 +384,9 @@ class LLMEngine:
             grammar=self.grammar.stats if self.grammar is not None else None,
             timings=self.timings,
             runner=self.runner.info,
-            step_speed=(self.speed.decode, self.speed.prefill) if self.speed is not None else None,
+            step_speed=((self.speed.decode, self.speed.prefill, self.speed.rows)
+                        if self.speed is not None else None),
+            row_step_tokens=self.runner.row_step_tokens,
         )
 
     def check_integrity(self) -> None:

@@ -458,6 +458,10 @@ class Scheduler:
             queued = prefilling + len(self.waiting)
             if decode_turn:
                 left = 0.0  # the streams' own step: no prefill at all
+            elif queued and limit.takes_rows(num_decodes, decode_context, self._head_start(), queued):
+                # a few prefill tokens as rows beside the decodes (the runner's cheap path)
+                budget = min(budget, limit.row_tokens)
+                left = limit.seconds_left(num_decodes, decode_context, queued, rows=True)
             elif split and queued and limit.split_pays(num_decodes, decode_context):
                 alone = True
                 left = limit.split_seconds_left(num_decodes, decode_context, queued)
@@ -527,6 +531,14 @@ class Scheduler:
         if self._future_next != self._future_base:
             self._future_base = (self._future_base + self.max_num_seqs) % self.num_future_slots
         return batch
+
+    def _head_start(self) -> int:
+        """Computed tokens of the first prompt this step would prefill: the first running
+        one still prefilling, else the head of the queue (its prefix hit not looked up)."""
+        for s in self.running:
+            if s.num_tokens - s.num_computed_tokens > 1 and not s.length_capped:
+                return s.num_computed_tokens
+        return self.waiting[0].num_computed_tokens if self.waiting else 0
 
     def _under_target(self, n: int, start: int, left: float, prefilled: bool) -> int:
         """``n`` cut to what a slice after ``start`` computed tokens fits in ``left`` seconds;

@@ -48,9 +48,11 @@ class EngineStatsCollector(Collector):
                 "tandem_worker_engine_step_speed_ratio",
                 "Measured / modelled seconds of the engine's steps (engine.step_model), by the "
                 "model's fit: decode (decode-only steps), prefill (steps with prefill, which the "
-                "ITL target's budget reads)", labels=["kind"])
+                "ITL target's budget reads), rows (steps with a few prefill tokens that ran as "
+                "per-token rows, the CPU's one-call step)", labels=["kind"])
             speed.add_metric(["decode"], s.step_speed[0])
             speed.add_metric(["prefill"], s.step_speed[1])
+            speed.add_metric(["rows"], s.step_speed[2])
             yield speed
         if s.grammar is not None:
             yield from _grammar_metrics(s.grammar)

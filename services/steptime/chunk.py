@@ -134,13 +134,21 @@ class DeviceSpeed:
 
     decode: float = 1.0
     prefill: float = 1.0
+    # Steps with prefill that ran as per-token rows (``ChunkLimit.row_tokens``: the CPU's
+    # one-call step), apart: the eager forward they would otherwise share a mean with costs
+    # ~1.5x its prediction at 33-51 prefill tokens beside 8 streams where rows cost ~1.05x
+    # (docs/engine.md "The ITL target").
+    rows: float = 1.0
     steps: int = 0
 
-    def observe(self, with_prefill: bool, predicted_s: float, measured_s: float) -> None:
+    def observe(self, with_prefill: bool, predicted_s: float, measured_s: float,
+                rows: bool = False) -> None:
         if predicted_s <= 0 or measured_s <= 0:
             return
         r = min(max(measured_s / predicted_s, SPEED_BOUNDS[0]), SPEED_BOUNDS[1])
-        if with_prefill:
+        if with_prefill and rows:
+            self.rows += SPEED_WEIGHT * (r - self.rows)
+        elif with_prefill:
             self.prefill += SPEED_WEIGHT * (r - self.prefill)
         else:
             self.decode += SPEED_WEIGHT * (r - self.decode)
@@ -158,15 +166,32 @@ class ChunkLimit:
     target_s: float
     floor_tokens: int
     speed: DeviceSpeed = field(default_factory=DeviceSpeed)
+    # The runner's ``row_step_tokens``: a step with up to this many prefill tokens runs them
+    # as rows on a kernel of its own cost (0: every step with prefill is the eager forward).
+    row_tokens: int = 0
 
     @classmethod
     def of(cls, model: StepModel, target_ms: float, block_size: int,
-           speed: DeviceSpeed | None = None) -> ChunkLimit:
+           speed: DeviceSpeed | None = None, row_tokens: int = 0) -> ChunkLimit:
         if target_ms <= 0:
             raise ValueError(f"an ITL target must be positive, got {target_ms} ms")
-        return cls(StepCost.of(model), target_ms / 1e3, block_size, speed or DeviceSpeed())
+        return cls(StepCost.of(model), target_ms / 1e3, block_size, speed or DeviceSpeed(), row_tokens)
 
-    def seconds_left(self, decode_seqs: int, decode_context: int, queued: int = 0) -> float:
+    def takes_rows(self, decode_seqs: int, decode_context: int, start: int, queued: int = 0) -> bool:
+        """Whether a step beside these decodes should hold at most ``row_tokens`` of prefill
+        and run as rows: where the eager forward (at its own measured speed, prefill alone
+        first where ``split_pays``) fits no more than ``row_tokens`` of a slice after
+        ``start`` computed tokens. Past ~32 tokens the eager step's fixed cost makes a
+        slice just above the row limit cost far more than one at it."""
+        if self.row_tokens <= 0:
+            return False
+        left = (self.split_seconds_left(decode_seqs, decode_context, queued)
+                if self.split_pays(decode_seqs, decode_context)
+                else self.seconds_left(decode_seqs, decode_context, queued))
+        return self.cost.slice_tokens(left, start) <= self.row_tokens
+
+    def seconds_left(self, decode_seqs: int, decode_context: int, queued: int = 0,
+                     rows: bool = False) -> float:
         """Seconds the step's prefill slices share beside these decodes (may be <= 0).
 
         ``queued``: requests still waiting for their first token (waiting, or running and
@@ -175,7 +200,8 @@ class ChunkLimit:
         nearer its first, and a burst of prompts held to a sliver a step beside the few
         streams it started first would leave most of the burst waiting (32 prompts at
         once: half the output rate, 4x the TTFT, docs/engine.md "The ITL target")."""
-        return (self._target_s(decode_seqs, queued) / self.speed.prefill
+        speed = self.speed.rows if rows else self.speed.prefill
+        return (self._target_s(decode_seqs, queued) / speed
                 - self.cost.fixed_seconds(decode_seqs, decode_context))
 
     def _target_s(self, decode_seqs: int, queued: int) -> float:
@@ -210,15 +236,19 @@ class ChunkLimit:
         n = min(tokens, budget)
         if decode_seqs <= 0:
             return n
-        left = (self.split_seconds_left(decode_seqs, decode_context)
-                if self.split_pays(decode_seqs, decode_context)
-                else self.seconds_left(decode_seqs, decode_context))
+        if self.takes_rows(decode_seqs, decode_context, start):
+            n = min(n, self.row_tokens)
+            left = self.seconds_left(decode_seqs, decode_context, rows=True)
+        elif self.split_pays(decode_seqs, decode_context):
+            left = self.split_seconds_left(decode_seqs, decode_context)
+        else:
+            left = self.seconds_left(decode_seqs, decode_context)
         fits = self.cost.slice_tokens(left, start)
         return min(n, max(fits, self.floor_tokens))
 
 
 def chunk_limit_for(cfg: EngineConfig, device: str, model: StepModel | None = None,
-                    speed: DeviceSpeed | None = None) -> ChunkLimit | None:
+                    speed: DeviceSpeed | None = None, row_tokens: int = 0) -> ChunkLimit | None:
     """``engine.itl_target_ms``'s limit for an engine computing on ``device`` (its
     RunnerInfo's) modelled by ``model`` (None: the one ``engine.step_model`` names), its
     steps running ``speed`` against the model (None: as the model says, until observed);
@@ -227,7 +257,7 @@ def chunk_limit_for(cfg: EngineConfig, device: str, model: StepModel | None = No
     target = cfg.itl_target_ms
     if not target or (cfg.step_model == "auto" and device.startswith("cuda")):
         return None
-    return ChunkLimit.of(model or step_model_for(cfg), target, cfg.block_size, speed)
+    return ChunkLimit.of(model or step_model_for(cfg), target, cfg.block_size, speed, row_tokens)
 
 
 def measures_speed(device: str) -> bool:

@@ -68,9 +68,17 @@ class ModelRunner(ABC):
     busy_seconds: float = 0.0
     # What computes the steps (the workers' tandem_worker_engine_info labels).
     info: RunnerInfo = RunnerInfo()
+    # The most prefill tokens a step runs as per-token rows on a kernel of its own cost (the
+    # CPU one-call step), up to which ``runs_as_rows`` may say yes; 0: no such path.
+    row_step_tokens: int = 0
 
     @abstractmethod
     def execute(self, batch: ScheduledBatch) -> RunnerOutput: ...
+
+    def runs_as_rows(self, batch: ScheduledBatch) -> bool:
+        """Whether ``batch``, holding prefill, runs on the ``row_step_tokens`` path (the ITL
+        target measures those steps' speed apart from the eager forward's)."""
+        return False
 
     def launch(self, batch: ScheduledBatch) -> PendingOutput:
         """Start ``batch``; its result is read with ``result()``. Default: synchronous."""

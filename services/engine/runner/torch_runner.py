@@ -406,6 +406,14 @@ class TorchRunner(ModelRunner):
         return StepForward(step.sample_index, step.sample_seqs,
                            self.model.compute_logits(hidden[step.sample_rows]), prompt_lps)
 
+    @property
+    def row_step_tokens(self) -> int:  # type: ignore[override]
+        # NOTE: in deterministic mode every step is rows: one speed fits them all
+        return ONE_CALL_PREFILL_TOKENS if self.model.cpu_decode is not None and not self.deterministic else 0
+
+    def runs_as_rows(self, batch: ScheduledBatch) -> bool:
+        return self.row_step_tokens > 0 and self._one_call_rows(batch)
+
     def _one_call_rows(self, batch: ScheduledBatch) -> bool:
         """Whether the step runs on the one-call kernel with a row per token: every step in
         deterministic mode; otherwise one with a few prefill tokens and no image (a

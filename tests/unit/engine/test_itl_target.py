@@ -259,7 +259,9 @@ class _Recording(DeviceSpeed):
         super().__init__()
         self.seen: list[tuple[bool, float, float]] = []
 
-    def observe(self, with_prefill: bool, predicted_s: float, measured_s: float) -> None:
+    def observe(self, with_prefill: bool, predicted_s: float, measured_s: float,
+                rows: bool = False) -> None:
+        assert not rows  # the mock has no row path
         self.seen.append((with_prefill, predicted_s, measured_s))
 
 
@@ -288,7 +290,7 @@ def test_the_engine_feeds_every_step_to_the_speed_where_steps_take_real_time(
                                               for sh in shapes]
         assert len(seen) >= 5 and any(w for w, _, _ in seen) and not all(w for w, _, _ in seen)
         assert all(m > 0 for _, _, m in seen)
-        assert eng.stats().step_speed == (speed.decode, speed.prefill)
+        assert eng.stats().step_speed == (speed.decode, speed.prefill, speed.rows)
 
 
 class _CheapDecodes:
@@ -353,3 +355,42 @@ def test_the_decode_workers_chunk_is_the_split_steps_where_the_scheduler_splits(
     assert limit.first_chunk(1000, 0, 8, 0, 256) == 24
     # 1 stream mixes: 40 - 10 - 2 ms beside it
     assert limit.first_chunk(1000, 0, 1, 0, 256) == 28
+
+
+class _RowsMock(MockRunner):
+    """A mock with a row path (the CPU's one-call step) for steps of up to 8 prefill tokens."""
+
+    row_step_tokens = 8
+
+    def runs_as_rows(self, batch: ScheduledBatch) -> bool:
+        return 0 < prefill_tokens(batch) <= self.row_step_tokens
+
+
+def test_rows_have_a_speed_of_their_own() -> None:
+    speed = DeviceSpeed()
+    speed.observe(True, 0.1, 0.05, rows=True)
+    assert speed.rows == pytest.approx(1 + SPEED_WEIGHT * (0.5 - 1)) and speed.prefill == 1.0
+    speed.observe(True, 0.1, 0.2)
+    assert speed.prefill == pytest.approx(1 + SPEED_WEIGHT * (2 - 1)) and speed.decode == 1.0
+
+
+@pytest.mark.parametrize(("target_ms", "rows", "chunk"), [
+    (14.0, True, 8),  # the eager step fits 14 - 4 - 2 * 2 = 6 tokens: rows, whose speed 0.5 fits more, capped at 8
+    (14.0, False, 6),  # no row path: the eager step's 6
+    (20.0, True, 12),  # the eager step fits 12, past the row limit: eager, uncapped
+])
+def test_a_step_beside_streams_takes_the_row_path_where_the_eager_step_fits_no_more(
+        target_ms: float, rows: bool, chunk: int) -> None:
+    cfg = mock_cfg(block_size=4, num_kv_blocks=512, max_num_seqs=16, max_num_batched_tokens=256,
+                   max_model_len=2048).model_copy(update={"itl_target_ms": target_ms})
+    runner = _RowsMock(cfg) if rows else MockRunner(cfg)
+    eng = LLMEngine(runner, cfg, [EOS], step_model=MODEL)
+    limit = eng.scheduler.chunk_limit
+    assert limit is not None and limit.row_tokens == (8 if rows else 0)
+    limit.speed.rows = 0.5  # the row steps run at half the model's price
+    start_streams(eng, runner, 2)
+    eng.add_request(req("long", list(range(200, 400)), max_tokens=1))
+    batch = step(eng, runner)
+    assert batch.num_decodes == 2 and prefill_tokens(batch) == chunk
+    # the decode worker's prediction takes the same chunk
+    assert limit.first_chunk(200, 0, 2, 2 * 9, 256) == chunk

@@ -293,8 +293,13 @@ def test_small_mixed_steps_take_the_one_call_and_large_ones_the_eager_forward(
     err = {name: (logits[name] - ref).abs().max().item() for name in ("eager", "kernels")}
     assert err["kernels"] <= 1.5 * err["eager"] + 0.05, err
     calls.clear()
+    # what the runner tells the ITL target's speed (a step ran as rows or on the eager forward)
+    assert r.row_step_tokens == ONE_CALL_PREFILL_TOKENS and runners["eager"].row_step_tokens == 0
+    assert r.runs_as_rows(batch(seq("a", small, 0, list(range(2, 2 + 9))), seq("b", [7], 3, [1])))
     large = [(5 * j + 3) % 128 for j in range(ONE_CALL_PREFILL_TOKENS + 1)]
-    r.execute(batch(seq("c", large, 0, list(range(20, 20 + 9))), seq("b", [8], 4, [1, 11])))
+    big = batch(seq("c", large, 0, list(range(20, 20 + 9))), seq("b", [8], 4, [1, 11]))
+    assert not r.runs_as_rows(big)
+    r.execute(big)
     assert calls == []
     r.execute(batch(seq("c", [9], len(large), list(range(20, 20 + 9))), seq("b", [9], 5, [1, 11])))
     assert calls == [2]
