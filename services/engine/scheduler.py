@@ -458,15 +458,16 @@ class Scheduler:
             queued = prefilling + len(self.waiting)
             if decode_turn:
                 left = 0.0  # the streams' own step: no prefill at all
-            elif queued and limit.takes_rows(num_decodes, decode_context, self._head_start(), queued):
-                # a few prefill tokens as rows beside the decodes (the runner's cheap path)
-                budget = min(budget, limit.row_tokens)
-                left = limit.seconds_left(num_decodes, decode_context, queued, rows=True)
             elif split and queued and limit.split_pays(num_decodes, decode_context):
                 alone = True
                 left = limit.split_seconds_left(num_decodes, decode_context, queued)
             else:
                 left = limit.seconds_left(num_decodes, decode_context, queued)
+            if not decode_turn and queued and limit.takes_rows(left, self._head_start()):
+                # a few prefill tokens as rows beside the decodes (the runner's cheap path)
+                alone = False
+                budget = min(budget, limit.row_tokens)
+                left = limit.seconds_left(num_decodes, decode_context, queued, rows=True)
         prefilled = False  # whether a prefill slice is in the step (the floor is given)
         preempted = 0
         decodes = 0  # sequences scheduled for one decode token: the step's kind

@@ -177,18 +177,14 @@ class ChunkLimit:
             raise ValueError(f"an ITL target must be positive, got {target_ms} ms")
         return cls(StepCost.of(model), target_ms / 1e3, block_size, speed or DeviceSpeed(), row_tokens)
 
-    def takes_rows(self, decode_seqs: int, decode_context: int, start: int, queued: int = 0) -> bool:
-        """Whether a step beside these decodes should hold at most ``row_tokens`` of prefill
-        and run as rows: where the eager forward (at its own measured speed, prefill alone
-        first where ``split_pays``) fits no more than ``row_tokens`` of a slice after
-        ``start`` computed tokens. Past ~32 tokens the eager step's fixed cost makes a
-        slice just above the row limit cost far more than one at it."""
-        if self.row_tokens <= 0:
-            return False
-        left = (self.split_seconds_left(decode_seqs, decode_context, queued)
-                if self.split_pays(decode_seqs, decode_context)
-                else self.seconds_left(decode_seqs, decode_context, queued))
-        return self.cost.slice_tokens(left, start) <= self.row_tokens
+    def takes_rows(self, eager_left: float, start: int) -> bool:
+        """Whether a step beside running decodes should hold at most ``row_tokens`` of
+        prefill and run as rows: where the eager forward, with ``eager_left`` model seconds
+        for its slices (``seconds_left``, or ``split_seconds_left`` for a step of prefill
+        alone), fits no more than ``row_tokens`` of a slice after ``start`` computed tokens.
+        Past ~32 tokens the eager step's fixed cost makes a slice just above the row limit
+        cost far more than one at it."""
+        return 0 < self.row_tokens and self.cost.slice_tokens(eager_left, start) <= self.row_tokens
 
     def seconds_left(self, decode_seqs: int, decode_context: int, queued: int = 0,
                      rows: bool = False) -> float:
@@ -236,13 +232,12 @@ class ChunkLimit:
         n = min(tokens, budget)
         if decode_seqs <= 0:
             return n
-        if self.takes_rows(decode_seqs, decode_context, start):
+        left = (self.split_seconds_left(decode_seqs, decode_context)
+                if self.split_pays(decode_seqs, decode_context)
+                else self.seconds_left(decode_seqs, decode_context))
+        if self.takes_rows(left, start):
             n = min(n, self.row_tokens)
             left = self.seconds_left(decode_seqs, decode_context, rows=True)
-        elif self.split_pays(decode_seqs, decode_context):
-            left = self.split_seconds_left(decode_seqs, decode_context)
-        else:
-            left = self.seconds_left(decode_seqs, decode_context)
         fits = self.cost.slice_tokens(left, start)
         return min(n, max(fits, self.floor_tokens))
 
