@@ -102,6 +102,13 @@ class EngineConfig(_Strict):
     # step's budget, so a short request behind a long one starts within a step (its TTFT is
     # bounded by a chunk, not by the long prompt). Clamped to max_num_batched_tokens.
     long_prefill_token_threshold: int = Field(512, ge=1)
+    # The order waiting prompts prefill in (docs/engine.md "Prefill order"). "share": the
+    # threshold above, so prompts that wait together progress together. "fifo": they finish
+    # in arrival order: a step takes a prompt beside one still prefilling only when all of
+    # it fits, and one prompt may take the whole budget. "auto": fifo on a prefill worker
+    # (its prompts are all long and no stream waits on it: sharing only delays every
+    # first token to the last one's), share elsewhere.
+    prefill_order: Literal["auto", "share", "fifo"] = "auto"
     # The ITL the running streams keep while prompts prefill beside them (docs/engine.md
     # "The ITL target"): each step's prefill is cut to what the step-time model
     # (step_model) says fits in this many ms beside the step's decodes, at least one block

@@ -132,6 +132,7 @@ class DecodeWorker:
             self.engine.validate(request)
         self._inflight += 1
         self._idle.clear()
+        reserved = False
         try:
             if images:
                 request = await self._with_embeddings(request, images)
@@ -142,6 +143,10 @@ class DecodeWorker:
                 decision = await self._decide(request)
                 self.metrics.decisions.labels(decision.reason.value).inc()
                 if decision.remote:
+                    assert self.queue is not None
+                    # NOTE: before any await: the next decision sees this one queued
+                    self.queue.reserve(request.request_id, decision.effective_tokens)
+                    reserved = True
                     outs = self._remote(request, decision)
                 else:
                     self.metrics.prefill.labels(PrefillLocation.LOCAL.value).inc()
@@ -154,6 +159,8 @@ class DecodeWorker:
                     source = self.outbox.source(e.request_id) if e.held else None
                     raise RequestMoved(f"decode worker {self.worker_id} is draining", source) from None
         finally:
+            if reserved and self.queue is not None:
+                self.queue.done(request.request_id)  # a stream that ended before its publish
             self._inflight -= 1
             if self._inflight == 0:
                 self._idle.set()

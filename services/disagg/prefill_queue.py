@@ -133,6 +133,12 @@ class PrefillQueue:
     def queued_tokens(self) -> int:
         return sum(self._tokens.values())
 
+    def reserve(self, request_id: str, effective_tokens: int) -> None:
+        """Count a job's tokens as queued from the decision to send it on, before its
+        publish: the decisions of a burst are taken before the first one publishes, and each
+        must see the ones before it (``done`` forgets it)."""
+        self._tokens[request_id] = effective_tokens
+
     async def publish(self, job: PrefillJob, effective_tokens: int) -> None:
         """Enqueue a job (waits for JetStream's ack); ``done(id)`` when it resolves."""
         self._tokens[job.request_id] = effective_tokens

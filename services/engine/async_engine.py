@@ -66,6 +66,11 @@ class AsyncEngine:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._error: BaseException | None = None
+        # Prompt tokens of requests submitted and not yet added on the step thread (which
+        # takes commands between steps): stats() counts them pending, so a decision taken
+        # meanwhile (a burst's) sees them.
+        self._adding_lock = threading.Lock()
+        self._adding_tokens = 0
 
     # ---- lifecycle ------------------------------------------------------------------
     async def start(self) -> None:
@@ -122,7 +127,10 @@ class AsyncEngine:
         """
         self._check_alive()
         self._register(request.request_id, request.sampling.n)
-        self._submit(self.engine.add_request, (request,), None, request.request_id)
+        n = len(request.prompt_token_ids)
+        with self._adding_lock:
+            self._adding_tokens += n
+        self._submit(self._add, (request, n), None, request.request_id)
         # NOTE: close the inner stream explicitly: left to the event loop's async-generator
         # finalizer, the abort it queues would come a loop iteration (and steps) late.
         async with contextlib.aclosing(self.stream(request.request_id)) as outputs:
@@ -234,8 +242,13 @@ class AsyncEngine:
         await self.call(lambda e: e.check_integrity())
 
     def stats(self) -> EngineStats:
-        """A snapshot read without waiting for the step thread (counters may be one step apart)."""
-        return self.engine.stats()
+        """A snapshot read without waiting for the step thread (counters may be one step
+        apart); prompts submitted and not yet taken by it count as prefill pending."""
+        s = self.engine.stats()
+        adding = self._adding_tokens
+        if adding:
+            s = dataclasses.replace(s, num_prefill_tokens_pending=s.num_prefill_tokens_pending + adding)
+        return s
 
     async def call(self, fn: Callable[[LLMEngine], T]) -> T:
         """Run ``fn(engine)`` on the step thread between steps, after earlier commands."""
@@ -257,6 +270,14 @@ class AsyncEngine:
             raise InvalidRequestError(f"request {request_id!r}: a request with this id is already live")
         self._queues[request_id] = asyncio.Queue()
         self._choices[request_id] = n
+
+    def _add(self, request: GenerateRequest, n: int) -> Any:
+        """``generate``'s command (step thread)."""
+        try:
+            return self.engine.add_request(request)
+        finally:
+            with self._adding_lock:
+                self._adding_tokens -= n
 
     def _submit(self, fn: Callable[..., Any], args: tuple[Any, ...],
                 fut: asyncio.Future[Any] | None, request_id: str | None) -> None:

@@ -87,6 +87,7 @@ class LLMEngine:
         on_kv_event: Callable[[KvEvent], None] | None = None,
         grammar: GrammarCompiler | None = None,
         step_model: StepModel | None = None,
+        prefill_worker: bool = False,
     ) -> None:
         spec = runner.kv_spec
         if spec.block_size != cfg.block_size:
@@ -106,6 +107,8 @@ class LLMEngine:
             max_num_batched_tokens=cfg.max_num_batched_tokens,
             max_model_len=max_len,
             long_prefill_token_threshold=cfg.long_prefill_token_threshold,
+            fifo_prefill=cfg.prefill_order == "fifo" or (cfg.prefill_order == "auto"
+                                                         and prefill_worker),
             chunk_limit=(limit := chunk_limit_for(cfg, runner.info.device, step_model,
                                                   row_tokens=runner.row_step_tokens)),
             vocab_size=runner.vocab_size,

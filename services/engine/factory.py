@@ -122,10 +122,12 @@ def build_engine(
     cfg: ClusterConfig,
     worker_id: str = "",
     on_kv_event: Callable[[KvEvent], None] | None = None,
+    prefill_worker: bool = False,
 ) -> EngineParts:
     """The engine for ``cfg``. The torch runner needs the model; the mock runner uses the
     model's tokenizer when the model is present (so text still round-trips) and runs
-    without one otherwise."""
+    without one otherwise. ``prefill_worker``: a prefill worker's engine (where
+    ``engine.prefill_order`` auto means fifo)."""
     model_path: Path | None
     if cfg.engine.runner == "torch":
         model_path = resolve_model_path(cfg.model.path)
@@ -152,6 +154,6 @@ def build_engine(
             # structured requests then get validate()'s clear 400 instead of a dead worker.
             log.warning("structured output disabled: llguidance cannot use this tokenizer (%s)", e)
     engine = LLMEngine(runner, cfg.engine, eos, worker_id=worker_id, on_kv_event=on_kv_event,
-                       grammar=grammar)
+                       grammar=grammar, prefill_worker=prefill_worker)
     name = cfg.model.name or served_model_name(cfg.model.path)
     return EngineParts(engine, tokenizer, name, model_path)

@@ -26,6 +26,10 @@ the engine can schedule step N+1 while step N computes:
    first admission of the step or a long prompt (more than the threshold, or than the
    whole budget), then it is chunked (to the threshold when others wait behind it).
    Nothing is admitted in a step that preempted.
+5. ``fifo_prefill`` (``engine.prefill_order``; a prefill worker's default): prompts finish in
+   arrival order. No slice is capped for the ones waiting behind it, and a waiting prompt
+   joins a step that holds another prompt's slice only if all of it fits: two long prompts
+   pulled together then finish one prefill apart, not both at the end of the second.
 
 Remote prefill (decode side of disaggregation, see remote_prefill.py) parks a sequence
 (PARKED: holds blocks, never scheduled) until its KV is imported (READY) or the remote
@@ -111,6 +115,7 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_model_len: int,
         long_prefill_token_threshold: int | None = None,
+        fifo_prefill: bool = False,
         chunk_limit: ChunkLimit | None = None,
         vocab_size: int,
         eos_token_ids: Iterable[int],
@@ -124,8 +129,11 @@ class Scheduler:
         self.block_size = kv.block_size
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.long_prefill = min(long_prefill_token_threshold or max_num_batched_tokens,
-                                max_num_batched_tokens)
+        # fifo: no prompt's slice is capped for the ones behind it (module docstring, 5.)
+        self.long_prefill = (max_num_batched_tokens if fifo_prefill else
+                             min(long_prefill_token_threshold or max_num_batched_tokens,
+                                 max_num_batched_tokens))
+        self.fifo_prefill = fifo_prefill
         self.chunk_limit = chunk_limit
         # The last step prefilled alone beside running streams (ChunkLimit.split_pays): this
         # one is theirs, decodes alone.
@@ -578,6 +586,10 @@ class Scheduler:
                     break
             if remaining <= cap:
                 n = remaining
+            elif self.fifo_prefill:
+                if prefilled:
+                    break  # a slice beside another prompt's would delay that one's end
+                n = cap
             elif first or remaining > self.long_prefill:
                 n = cap  # chunk rather than starve the head, or the ones behind a long head
             else:

@@ -32,7 +32,7 @@ async def _build(part: Setup) -> PartSpec:
 
     cfg, worker_id = part.cfg, part.instance
     torch.set_num_threads(cfg.engine.threads)
-    parts = build_engine(cfg, worker_id=worker_id)
+    parts = build_engine(cfg, worker_id=worker_id, prefill_worker=True)
     part.on_close(lambda: tp_hooks.close(parts.engine.runner), "TP ranks")
     ae = await part.enter(AsyncEngine(parts.engine))
     metrics = PrefillMetrics(ae.stats)

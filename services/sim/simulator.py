@@ -179,10 +179,14 @@ class _PrefillQueue:
     def depth(self) -> int:
         return len(self.pending) + self.unacked
 
+    def reserve(self, worker_id: str, tokens: int) -> None:
+        """A remote decision's tokens, counted from the decision on, before its publish
+        (PrefillQueue.reserve)."""
+        self.tokens[worker_id] = self.tokens.get(worker_id, 0) + tokens
+
     def publish(self, job: _Job) -> None:
+        """Its tokens were reserved at the decision."""
         self.pending.append(job)
-        w = job.decode.id
-        self.tokens[w] = self.tokens.get(w, 0) + job.effective_tokens
 
     def acked(self, job: _Job) -> None:
         self.unacked -= 1
@@ -200,7 +204,7 @@ class _Worker:
         on_event = self._on_event if role == DECODE else None
         self.engine = LLMEngine(self.runner, cfg.engine.model_copy(update={"overlap": False}),
                                 [cfg.engine.mock.eos_token_id], wid, on_kv_event=on_event,
-                                step_model=model)
+                                step_model=model, prefill_worker=role == PREFILL)
         # Steps composed and not yet completed on the device, their end times, when the
         # device is free, and the KV events the last of them delivers.
         self.in_pipe = 0
@@ -212,6 +216,7 @@ class _Worker:
         self.in_calls = False  # applying calls: a call they make waits for the next step
         self.carry: list[TokenOutput] = []  # calls' outputs, dispatched with the next step's
         self.pull_at = 0.0  # prefill workers: when their pull request was (re)issued
+        self.adding = 0  # prompt tokens of local decisions whose add is a call away
         self.dirty = True  # changed since its last load sample
         self.last_load: WorkerLoad | None = None
         self.inflight = 0  # requests it holds (DecodeWorker._inflight)
@@ -533,6 +538,8 @@ class Simulation:
         kind, eng = call[0], w.engine
         if kind == _ADD:
             eng.add_request(call[1])
+            if len(call) > 2:  # a local decision's: no longer submitted-only
+                w.adding -= call[2]
         elif kind == _GENERATE:
             # the decode worker's Generate: where to prefill (DecodeWorker._decide)
             request = call[1]
@@ -545,18 +552,31 @@ class Simulation:
             depth = queued = 0
             if queue is not None and n - cached > d.max_local_prefill_length:
                 depth, queued = queue.depth(), queue.tokens.get(w.id, 0)
-            times = (worker_times(self.cfg, self.model, eng.stats(), self.cfg.sim.kv_bytes_per_token)
-                     if d.policy == "predict" else None)
+            times = None
+            if d.policy == "predict":
+                stats = eng.stats()
+                if w.adding:  # AsyncEngine.stats: prompts submitted count as pending
+                    stats = replace(stats, num_prefill_tokens_pending=stats.num_prefill_tokens_pending
+                                    + w.adding)
+                times = worker_times(self.cfg, self.model, stats, self.cfg.sim.kv_bytes_per_token)
             decision = decide_prefill(d, n, cached, depth, queued, times)
-            # NOTE: begin_remote_prefill or generate is a second call: after the next step.
-            self._call(w, (_REMOTE, request, decision) if decision.remote else (_ADD, request))
+            # NOTE: begin_remote_prefill or generate is a second call: after the next step;
+            # the decision's tokens count from now on (DecodeWorker.generate, AsyncEngine)
+            if decision.remote:
+                assert queue is not None
+                queue.reserve(w.id, decision.effective_tokens)
+                self._call(w, (_REMOTE, request, decision))
+            else:
+                w.adding += n
+                self._call(w, (_ADD, request, n))
         elif kind == _REMOTE:
             request, decision = call[1], call[2]
             handle = eng.begin_remote_prefill(request)
+            assert self.queue is not None
             if handle is None:  # its blocks do not fit now: prefill here (a further call)
+                self.queue.tokens[w.id] -= decision.effective_tokens
                 self._call(w, (_ADD, request))
                 return None
-            assert self.queue is not None
             rid = request.request_id
             self.records[rid].remote = True
             job = _Job(rid, w, list(request.prompt_token_ids), request.block_hashes,

@@ -252,3 +252,26 @@ async def test_a_consumer_that_falls_behind_gets_the_queued_tokens_as_one_output
         assert rest[0].finished and rest[0].finish_reason is FinishReason.LENGTH
         assert len([lp for o in outs for lp in (o.logprobs or [])]) == len(tokens)
         assert await idle(ae)
+
+
+async def test_a_prompt_submitted_between_steps_counts_as_prefill_pending() -> None:
+    """The step thread takes a new request only between steps; until then stats() counts
+    its prompt pending, so a decision taken meanwhile (a burst's) sees it; once it is in the
+    engine it is counted there, once."""
+    eng, runner = gated_engine(permits=0)
+    async with AsyncEngine(eng) as ae:
+        a = asyncio.create_task(drain(ae, req("a", [1, 2, 3], max_tokens=2)))
+        for _ in range(100):  # the step thread takes "a" and blocks in its first step
+            await asyncio.sleep(0.001)
+            if eng.scheduler.running:
+                break
+        assert ae.stats().num_prefill_tokens_pending == 0  # "a"'s prompt is in the step
+        b = asyncio.create_task(drain(ae, req("b", list(range(20, 31)), max_tokens=2)))
+        await asyncio.sleep(0)
+        assert ae.stats().num_prefill_tokens_pending == 11  # "b": submitted, not yet taken
+        for _ in range(20):
+            runner.gate.release()
+        await asyncio.gather(a, b)
+        assert ae.stats().num_prefill_tokens_pending == 0
+        assert ae._adding_tokens == 0
+        assert await idle(ae)

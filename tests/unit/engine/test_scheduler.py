@@ -184,3 +184,53 @@ def test_a_long_prefill_leaves_room_for_short_requests_that_wait() -> None:
     assert [o.request_id for o in outs] == ["short"]  # its first token after one step
     b, _ = step(eng, runner)  # nobody waits: the long prompt takes what decodes leave
     assert shape(b) == [("long", 24, 15, False), ("short", 3, 1, True)]
+
+
+def test_fifo_prefill_finishes_prompts_in_arrival_order() -> None:
+    """engine.prefill_order fifo (a prefill worker's): two long prompts that wait together
+    do not share steps until both end together; the first takes the whole budget and ends
+    first, a whole prompt that fits what is left rides along, a partial slice never does."""
+    cfg = mock_cfg(max_num_batched_tokens=16, long_prefill_token_threshold=8)
+    eng, runner, _ = make_engine(cfg.model_copy(update={"prefill_order": "fifo"}))
+    eng.add_request(req("a", prompt(24, 100), max_tokens=1))
+    eng.add_request(req("b", prompt(24, 200), max_tokens=1))
+    eng.add_request(req("c", prompt(4, 300), max_tokens=1))
+    shapes, ends = [], []
+    for _ in range(4):
+        b, outs = step(eng, runner)
+        shapes.append(shape(b))
+        ends.append(sorted(o.request_id for o in outs))
+    assert shapes == [
+        [("a", 0, 16, False)],
+        [("a", 16, 8, True)],  # b does not fit the 8 left whole: it waits for its own step
+        [("b", 0, 16, False)],
+        [("b", 16, 8, True), ("c", 0, 4, True)],  # c fits whole beside b's last slice
+    ]
+    assert ends == [[], ["a"], [], ["b", "c"]]
+    assert not eng.has_unfinished()
+
+
+def test_share_prefill_interleaves_prompts_that_fifo_finishes_one_by_one() -> None:
+    """The same two prompts under each order: "share" (a decode worker's default) caps each
+    slice at the threshold while the other waits, so both end in the second step; "fifo"
+    ends the first a step earlier, the second no later."""
+    ends: dict[str, list[list[str]]] = {}
+    for order in ("share", "fifo"):
+        cfg = mock_cfg(max_num_batched_tokens=16, long_prefill_token_threshold=8)
+        eng, runner, _ = make_engine(cfg.model_copy(update={"prefill_order": order}))
+        eng.add_request(req("a", prompt(12, 100), max_tokens=1))
+        eng.add_request(req("b", prompt(12, 200), max_tokens=1))
+        ends[order] = []
+        while eng.has_unfinished():
+            _, outs = step(eng, runner)
+            ends[order].append(sorted(o.request_id for o in outs))
+    assert ends == {"share": [[], ["a", "b"]], "fifo": [["a"], ["b"]]}
+
+
+@pytest.mark.parametrize(("order", "prefill_worker", "fifo"), [
+    ("auto", True, True), ("auto", False, False), ("share", True, False), ("fifo", False, True)])
+def test_prefill_order_auto_is_fifo_on_a_prefill_worker_only(order: str, prefill_worker: bool,
+                                                              fifo: bool) -> None:
+    cfg = mock_cfg().model_copy(update={"prefill_order": order})
+    eng = LLMEngine(MockRunner(cfg), cfg, [EOS], prefill_worker=prefill_worker)
+    assert eng.scheduler.fifo_prefill is fifo

@@ -75,6 +75,31 @@ def test_the_remote_prefill_decision_and_its_job_are_two_calls(monkeypatch) -> N
     assert result.records[1].remote and result.records[1].completed
 
 
+@pytest.mark.parametrize("extra", [(), ("decode.disagg.itl_weight=0",)], ids=["remote", "local"])
+def test_decisions_of_a_burst_see_the_ones_before_them(monkeypatch, extra: tuple[str, ...]) -> None:
+    # B, C and D arrive together while A decodes: their decisions are taken at one step's
+    # end and their publishes or adds a step later. Each decision must count the tokens the
+    # ones before it sent (queued remotely, or pending here), or a burst goes all one way.
+    seen: list[int] = []
+    real = sim_mod.decide_prefill
+
+    def spy(cfg, n, cached, depth, queued, times=None):  # type: ignore[no-untyped-def]
+        seen.append(queued + (times.pending_prefill_tokens if times else 0))
+        return real(cfg, n, cached, depth, queued, times)
+
+    monkeypatch.setattr(sim_mod, "decide_prefill", spy)
+    cfg = config("engine.overlap=false", "prefill.replicas=1",
+                 "decode.disagg.max_local_prefill_length=64", *extra)
+    reqs = [SimRequest(0, 0.0, 32, 20, prompt=prompt(0, 32)),
+            *(SimRequest(i, 0.015, 200, 2, prompt=prompt(i, 200)) for i in (1, 2, 3))]
+    sim = Simulation(cfg, reqs, MockStepModel(STEP, 0, 0), lambda r: list(r.prompt or ()))
+    result = sim.run()
+    assert seen == [0, 200, 400]
+    assert all(r.completed for r in result.records)
+    assert sim.queue is not None and not any(sim.queue.tokens.values())  # all given back
+    assert not any(w.adding for w in sim.decoders)
+
+
 def test_prefill_workers_take_jobs_in_the_order_of_their_pull_requests() -> None:
     cfg = config("prefill.replicas=3", "decode.disagg.max_local_prefill_length=64")
     s = Simulation(cfg, [], MockStepModel(STEP, 0, 0), lambda r: list(r.prompt or ()))
