@@ -59,6 +59,13 @@ class DecodeMetrics:
             "tandem_worker_move_in_seconds",
             "From a moved request's arrival to its KV imported (or given up: a replay)",
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=r)
+        # The predict policy's error, per side it chose: where the ratio sits away from 1,
+        # decisions lean on a biased model (engine.step_model, the transfer's estimate).
+        self.prefill_ttft_ratio = Histogram(
+            "tandem_worker_prefill_ttft_ratio",
+            "Measured / predicted seconds from a predict-policy decision to the first token, "
+            "by the side chosen", ["where"],
+            buckets=(0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2, 3, 4), registry=r)
         Gauge("tandem_worker_disagg_max_local_prefill_length",
               "Prefills longer than this (uncached tokens) may go remote",
               registry=r).set(disagg.max_local_prefill_length)
@@ -67,6 +74,10 @@ class DecodeMetrics:
               registry=r).set(disagg.max_prefill_queue_size)
         Gauge("tandem_worker_disagg_enabled", "1 if remote prefill is enabled",
               registry=r).set(int(disagg.enabled))
+
+    def prefill_predicted(self, remote: bool, seconds: float, predicted: float) -> None:
+        where = PrefillLocation.REMOTE if remote else PrefillLocation.LOCAL
+        self.prefill_ttft_ratio.labels(where.value).observe(seconds / predicted)
 
     def request_moved(self, outcome: MoveOutcome, seconds: float | None) -> None:
         self.moved.labels(outcome.value).inc()

@@ -133,6 +133,8 @@ class DecodeWorker:
         self._inflight += 1
         self._idle.clear()
         reserved = False
+        predicted = 0.0  # the decision's predicted seconds to the first token (predict policy)
+        decided_at = 0.0
         try:
             if images:
                 request = await self._with_embeddings(request, images)
@@ -142,6 +144,8 @@ class DecodeWorker:
             else:
                 decision = await self._decide(request)
                 self.metrics.decisions.labels(decision.reason.value).inc()
+                predicted = decision.remote_s if decision.remote else decision.local_s
+                decided_at = time.monotonic()
                 if decision.remote:
                     assert self.queue is not None
                     # NOTE: before any await: the next decision sees this one queued
@@ -154,6 +158,10 @@ class DecodeWorker:
             async with aclosing(outs):
                 try:
                     async for o in outs:
+                        if predicted and o.token_ids:
+                            self.metrics.prefill_predicted(decision.remote,
+                                                           time.monotonic() - decided_at, predicted)
+                            predicted = 0.0
                         yield o
                 except RequestMoving as e:
                     source = self.outbox.source(e.request_id) if e.held else None

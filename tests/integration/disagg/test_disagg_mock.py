@@ -49,6 +49,24 @@ async def test_remote_equals_local_and_both_paths_are_counted(nats_url: str) -> 
     assert remote.tokens == local.tokens and len(local.tokens) == 8
 
 
+async def test_a_predict_decision_reports_measured_over_predicted(nats_url: str) -> None:
+    """tandem_worker_prefill_ttft_ratio: one observation per predict-policy decision, on
+    the side it chose; the short prompt's decision predicts nothing."""
+    # steps that take time, so that the predictions are not 0
+    disagg = {"max_local_prefill_length": 16, "remote_prefill_timeout_s": 10.0, "policy": "predict"}
+    cfg = mock_cluster_cfg(nats_url, small=True, decode={"disagg": disagg},
+                           engine={"mock": {"step_base_s": 0.002, "per_prefill_token_s": 0.0001}})
+    async with decode_worker(cfg) as d, prefill_worker(cfg):
+        long = await generate(d, "p1", LONG)
+        await generate(d, "p2", SHORT)
+        assert metric(d.worker, "tandem_worker_prefill_decisions_total", reason="short") == 1
+        side = long.where.value
+        other = "remote" if side == "local" else "local"
+        assert metric(d.worker, "tandem_worker_prefill_ttft_ratio_count", where=side) == 1
+        assert metric(d.worker, "tandem_worker_prefill_ttft_ratio_sum", where=side) > 0
+        assert metric(d.worker, "tandem_worker_prefill_ttft_ratio_count", where=other) == 0
+
+
 async def test_a_prompt_logprobs_request_prefills_locally_however_long(nats_url: str) -> None:
     """A prefill worker sends KV and one token, not the prompt's logprobs."""
     cfg = _cfg(nats_url)
