@@ -32,9 +32,13 @@ class PrefillDecision:
     remote: bool
     reason: DecisionReason
     effective_tokens: int  # prompt tokens not served by this worker's prefix cache
-    # predict policy: the predicted seconds to the first token either way (0 otherwise)
+    # predict policy: the predicted seconds to the first token either way, corrected by
+    # what this worker measured (WorkerTimes.local_bias, remote_bias); 0 otherwise
     local_s: float = 0.0
     remote_s: float = 0.0
+    # predict policy: what a local prefill costs the running streams (itl_weight x their
+    # added delay), counted beside local_s
+    itl_cost_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,8 +46,9 @@ class WorkerTimes:
     """What the predict policy reads beside the queue: the engine's step-time model and its
     prefill chunk (``engine.max_num_batched_tokens``), this worker's prefill tokens already
     waiting, its running decodes and the KV tokens they read, the prefill workers, the
-    seconds one prompt token's KV takes to arrive (bytes per token over the link), and the
-    limit the engine's ITL target puts on a step's prefill (None: none)."""
+    seconds one prompt token's KV takes to arrive (bytes per token over the link), the
+    limit the engine's ITL target puts on a step's prefill (None: none), and the measured /
+    predicted time to the first token this worker has seen on each side (1: none)."""
 
     model: StepModel
     chunk: int
@@ -53,6 +58,8 @@ class WorkerTimes:
     prefill_workers: int
     kv_seconds_per_token: float
     limit: ChunkLimit | None = None
+    local_bias: float = 1.0
+    remote_bias: float = 1.0
 
     def local_chunk(self, tokens: int, start: int) -> int:
         """The chunk the engine's scheduler gives this prefill beside the running decodes:
@@ -66,7 +73,8 @@ class WorkerTimes:
 
 
 def worker_times(cfg: ClusterConfig, model: StepModel, stats: EngineStats,
-                 kv_bytes_per_token: int) -> WorkerTimes:
+                 kv_bytes_per_token: int, local_bias: float = 1.0,
+                 remote_bias: float = 1.0) -> WorkerTimes:
     """The predict policy's view of a decode worker from its engine's stats (the decode
     worker's and the simulator's one way to build it)."""
     return WorkerTimes(model, cfg.engine.max_num_batched_tokens, stats.num_prefill_tokens_pending,
@@ -75,7 +83,8 @@ def worker_times(cfg: ClusterConfig, model: StepModel, stats: EngineStats,
                        kv_bytes_per_token / (cfg.decode.disagg.kv_transfer_gbps * 1e9),
                        chunk_limit_for(cfg.engine, stats.runner.device, model,
                                        DeviceSpeed(*stats.step_speed) if stats.step_speed else None,
-                                       stats.row_step_tokens))
+                                       stats.row_step_tokens),
+                       local_bias, remote_bias)
 
 
 def decide_prefill(
@@ -97,11 +106,12 @@ def decide_prefill(
 
     - local: this worker's waiting prefill plus ``effective``, chunked beside its running
       decodes as its scheduler chunks it (``WorkerTimes.local_chunk``: the token budget,
-      or less under ``engine.itl_target_ms``), plus ``cfg.itl_weight`` x the delay those chunks add to each running stream
-      (their compute) x the running streams;
+      or less under ``engine.itl_target_ms``), times ``local_bias``, plus ``cfg.itl_weight``
+      x the delay those chunks add to each running stream (their compute) x the running
+      streams;
     - remote: the queue's wait (its depth in tokens, estimated as ``max(queued_prefill_tokens,
       queue_depth * effective)``, spread over the prefill workers) + ``effective`` prefilled
-      there + its KV's transfer;
+      there + its KV's transfer, times ``remote_bias``;
 
     and goes remote when that costs less, or when one local chunk step (that same chunk)
     would exceed ``cfg.itl_target_ms`` for the running streams (and would not without the
@@ -134,24 +144,28 @@ def _predict(cfg: DisaggConfig, effective: int, cached: int, depth: int, queued:
              t: WorkerTimes) -> PrefillDecision:
     model = t.model
     chunk = max(t.local_chunk(effective, cached), 1)
-    local = prefill_seconds(model, t.pending_prefill_tokens + effective, chunk, cached,
-                            t.running, t.decode_context)
+    local = t.local_bias * prefill_seconds(model, t.pending_prefill_tokens + effective, chunk,
+                                           cached, t.running, t.decode_context)
+    itl_cost = 0.0
     if t.running and cfg.itl_weight:
         # what the prefill costs the running streams: each waits for its chunks' compute
         shape, steps = prefill_shape(effective, chunk, cached)
         added = model.steps_seconds(shape, steps) - steps * model.step_seconds(BatchShape())
-        local += cfg.itl_weight * t.running * max(added, 0.0)
+        itl_cost = cfg.itl_weight * t.running * max(added, 0.0)
     # NOTE: a prefill worker runs no decodes: its chunks are the token budget's.
     ahead = max(queued, depth * effective) // t.prefill_workers
-    remote = (prefill_seconds(model, ahead, t.chunk) + prefill_seconds(model, effective, t.chunk)
-              + cfg.kv_transfer_latency_s + effective * t.kv_seconds_per_token)
-    if remote < local:
-        return PrefillDecision(True, DecisionReason.REMOTE_FASTER, effective, local, remote)
+    remote = t.remote_bias * (prefill_seconds(model, ahead, t.chunk)
+                              + prefill_seconds(model, effective, t.chunk)
+                              + cfg.kv_transfer_latency_s + effective * t.kv_seconds_per_token)
+    if remote < local + itl_cost:
+        return PrefillDecision(True, DecisionReason.REMOTE_FASTER, effective, local, remote,
+                               itl_cost)
     target = cfg.itl_target_ms / 1e3
     if target and t.running:
         decode = BatchShape(decode_seqs=t.running, decode_context=t.decode_context)
         with_chunk, _ = prefill_shape(min(chunk, effective), chunk, cached, t.running,
                                       t.decode_context)
         if model.step_seconds(with_chunk) > target >= model.step_seconds(decode):
-            return PrefillDecision(True, DecisionReason.ITL_TARGET, effective, local, remote)
-    return PrefillDecision(False, DecisionReason.LOCAL_FASTER, effective, local, remote)
+            return PrefillDecision(True, DecisionReason.ITL_TARGET, effective, local, remote,
+                                   itl_cost)
+    return PrefillDecision(False, DecisionReason.LOCAL_FASTER, effective, local, remote, itl_cost)

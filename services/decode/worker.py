@@ -85,6 +85,11 @@ class DecodeWorker:
         self._cleanup: set[asyncio.Task[None]] = set()
         # The remote-prefill decision's step-time model (predict policy with a queue only).
         self._step_model: StepModel | None = None
+        # measured / predicted time to the first token, local and remote (DisaggConfig.
+        # prediction_correction), and the requests whose remote prefill fell back to local
+        # (their first token measures neither side)
+        self._bias = {False: 1.0, True: 1.0}
+        self._fell_back: set[str] = set()
         if queue is not None and cfg.decode.disagg.policy == "predict":
             self._step_model = step_model_for(cfg)
         spec = engine.kv_spec
@@ -159,19 +164,32 @@ class DecodeWorker:
                 try:
                     async for o in outs:
                         if predicted and o.token_ids:
-                            self.metrics.prefill_predicted(decision.remote,
-                                                           time.monotonic() - decided_at, predicted)
+                            self._measured(request.request_id, decision.remote,
+                                           time.monotonic() - decided_at, predicted)
                             predicted = 0.0
                         yield o
                 except RequestMoving as e:
                     source = self.outbox.source(e.request_id) if e.held else None
                     raise RequestMoved(f"decode worker {self.worker_id} is draining", source) from None
         finally:
+            self._fell_back.discard(request.request_id)
             if reserved and self.queue is not None:
                 self.queue.done(request.request_id)  # a stream that ended before its publish
             self._inflight -= 1
             if self._inflight == 0:
                 self._idle.set()
+
+    def _measured(self, rid: str, remote: bool, seconds: float, predicted: float) -> None:
+        """A predict decision's first token: its error, and the side's correction."""
+        if rid in self._fell_back:
+            return
+        self.metrics.prefill_predicted(remote, seconds, predicted)
+        w = self.cfg.decode.disagg.prediction_correction
+        if w:
+            # NOTE: the prediction carried the correction: ratio x bias is what the model alone
+            # was off by; clipped so that one outlier (a stall, a GC pause) cannot swing it
+            raw = self._bias[remote] * min(max(seconds / predicted, 0.25), 4.0)
+            self._bias[remote] = min(max((1 - w) * self._bias[remote] + w * raw, 0.25), 4.0)
 
     async def drain(self, grace_s: float) -> bool:
         """Refuse new requests; with ``decode.drain: move`` move the running ones off (and
@@ -238,7 +256,7 @@ class DecodeWorker:
                 log.warning("prefill queue depth unknown (%s); prefilling locally", e)
                 return decide_prefill(d.model_copy(update={"enabled": False}), n, cached, 0, 0)
         times = (worker_times(self.cfg, self._step_model, self.engine.stats(),
-                              self._kv_bytes_per_token)
+                              self._kv_bytes_per_token, self._bias[False], self._bias[True])
                  if self._step_model is not None else None)
         return decide_prefill(d, n, cached, depth, tokens, times)
 
@@ -253,7 +271,7 @@ class DecodeWorker:
             self._spawn_abort(rid)
             raise
         if handle is None:  # its blocks do not fit now: the scheduler will wait for room
-            self._fallback(FallbackReason.NO_BLOCKS)
+            self._fallback(rid, FallbackReason.NO_BLOCKS)
             self.metrics.prefill.labels(PrefillLocation.LOCAL.value).inc()
             async with aclosing(self.engine.generate(request)) as outs:
                 async for o in outs:
@@ -311,7 +329,7 @@ class DecodeWorker:
                                                           got.first_logprob)
             except RemoteKvError:  # the engine already sent it to local prefill
                 got.release()
-                self._fallback(FallbackReason.BAD_KV)
+                self._fallback(rid, FallbackReason.BAD_KV)
                 return PrefillLocation.LOCAL
             # NOTE: only once the engine copied it into its cache (not when cancelled
             # mid-call: the step thread may still be reading it).
@@ -328,10 +346,11 @@ class DecodeWorker:
     async def _give_up(self, rid: str, reason: FallbackReason) -> PrefillLocation:
         self.receiver.cancel(rid)
         await self.engine.fail_remote_prefill(rid)
-        self._fallback(reason)
+        self._fallback(rid, reason)
         return PrefillLocation.LOCAL
 
-    def _fallback(self, reason: FallbackReason) -> None:
+    def _fallback(self, rid: str, reason: FallbackReason) -> None:
+        self._fell_back.add(rid)
         self.metrics.fallbacks.labels(reason.value).inc()
 
     def _spawn_abort(self, rid: str) -> None:

@@ -53,7 +53,8 @@ async def test_a_predict_decision_reports_measured_over_predicted(nats_url: str)
     """tandem_worker_prefill_ttft_ratio: one observation per predict-policy decision, on
     the side it chose; the short prompt's decision predicts nothing."""
     # steps that take time, so that the predictions are not 0
-    disagg = {"max_local_prefill_length": 16, "remote_prefill_timeout_s": 10.0, "policy": "predict"}
+    disagg = {"max_local_prefill_length": 16, "remote_prefill_timeout_s": 10.0, "policy": "predict",
+              "prediction_correction": 0.1}
     cfg = mock_cluster_cfg(nats_url, small=True, decode={"disagg": disagg},
                            engine={"mock": {"step_base_s": 0.002, "per_prefill_token_s": 0.0001}})
     async with decode_worker(cfg) as d, prefill_worker(cfg):
@@ -65,6 +66,12 @@ async def test_a_predict_decision_reports_measured_over_predicted(nats_url: str)
         assert metric(d.worker, "tandem_worker_prefill_ttft_ratio_count", where=side) == 1
         assert metric(d.worker, "tandem_worker_prefill_ttft_ratio_sum", where=side) > 0
         assert metric(d.worker, "tandem_worker_prefill_ttft_ratio_count", where=other) == 0
+        # the side's correction moved a tenth of the way (prediction_correction 0.1) to the
+        # ratio measured, the other side's did not
+        ratio = metric(d.worker, "tandem_worker_prefill_ttft_ratio_sum", where=side)
+        remote = side == "remote"
+        assert d.worker._bias[remote] == pytest.approx(0.9 + 0.1 * min(max(ratio, 0.25), 4.0))
+        assert d.worker._bias[not remote] == 1.0
 
 
 async def test_a_prompt_logprobs_request_prefills_locally_however_long(nats_url: str) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -120,8 +122,24 @@ def test_the_delay_a_local_prefill_adds_to_running_streams_counts_against_it() -
     assert not alone.remote
     weighted = PREDICT.model_copy(update={"itl_weight": 1.0})
     d = decide_prefill(weighted, 2000, 0, *slow_queue, times(running=8))
-    # + 8 streams x the 2000 tokens' compute (0.2 s) each
-    assert d.local_s == pytest.approx(alone.local_s + 8 * 2000 * 1e-4)
+    # + 8 streams x the 2000 tokens' compute (0.2 s) each, beside the request's own time
+    assert d.local_s == pytest.approx(alone.local_s)
+    assert d.itl_cost_s == pytest.approx(8 * 2000 * 1e-4) and alone.itl_cost_s == 0
     assert d.remote and d.reason is DecisionReason.REMOTE_FASTER
     # no running streams: nobody is delayed, the request's own time decides
     assert not decide_prefill(weighted, 2000, 0, *slow_queue, times(running=0)).remote
+
+
+def test_each_side_is_scaled_by_what_the_worker_measured_there() -> None:
+    """WorkerTimes.local_bias / remote_bias: measured over predicted seconds to the first
+    token on each side (the decode worker's moving average); a side that ran slow before
+    is predicted slower, and the choice follows."""
+    base = decide_prefill(PREDICT, 2000, 0, 0, 0, times(pending=3000, running=4))
+    assert base.remote
+    slow_remote = replace(times(pending=3000, running=4), remote_bias=3.0)
+    d = decide_prefill(PREDICT, 2000, 0, 0, 0, slow_remote)
+    assert d.remote_s == pytest.approx(3 * base.remote_s) and d.local_s == pytest.approx(base.local_s)
+    assert not d.remote and d.reason is DecisionReason.LOCAL_FASTER
+    slow_local = replace(times(), local_bias=2.0)
+    free = decide_prefill(PREDICT, 2000, 0, 5, 9000, times())
+    assert decide_prefill(PREDICT, 2000, 0, 5, 9000, slow_local).local_s == pytest.approx(2 * free.local_s)
