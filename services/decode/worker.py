@@ -271,6 +271,7 @@ class DecodeWorker:
             self._spawn_abort(rid)
             raise
         if handle is None:  # its blocks do not fit now: the scheduler will wait for room
+            self.queue.done(rid)  # never queued: its reservation goes now, not at the stream's end
             self._fallback(rid, FallbackReason.NO_BLOCKS)
             self.metrics.prefill.labels(PrefillLocation.LOCAL.value).inc()
             async with aclosing(self.engine.generate(request)) as outs:

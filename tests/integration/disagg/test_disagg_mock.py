@@ -4,10 +4,13 @@ forward time): decision paths, partial prefix hits, timeouts, cancellation, no l
 from __future__ import annotations
 
 import asyncio
+from contextlib import aclosing
 
 import pytest
 
+from services.api.sampling import SamplingParams
 from services.disagg.prefill_outcome import PrefillLocation
+from services.engine.request import GenerateRequest
 from services.gen import request_pb2, worker_pb2
 from tests.support.disagg_harness import (
     decode_worker,
@@ -72,6 +75,27 @@ async def test_a_predict_decision_reports_measured_over_predicted(nats_url: str)
         remote = side == "remote"
         assert d.worker._bias[remote] == pytest.approx(0.9 + 0.1 * min(max(ratio, 0.25), 4.0))
         assert d.worker._bias[not remote] == 1.0
+
+
+async def test_a_remote_decision_whose_blocks_do_not_fit_gives_its_reservation_back(
+        nats_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """begin_remote_prefill finds no room: the prompt prefills here, and its tokens stop
+    counting as queued remotely at once, not when its stream ends."""
+    cfg = _cfg(nats_url)
+    async with decode_worker(cfg) as d:
+        async def no_room(request):  # type: ignore[no-untyped-def]
+            return None
+
+        monkeypatch.setattr(d.engine, "begin_remote_prefill", no_room)
+        request = GenerateRequest("nb", LONG, SamplingParams(temperature=0.0, max_tokens=8))
+        queued_while_streaming = []
+        async with aclosing(d.worker.generate(request)) as outs:
+            async for _ in outs:
+                queued_while_streaming.append(d.worker.queue.queued_tokens)
+        assert queued_while_streaming and not any(queued_while_streaming)
+        assert metric(d.worker, "tandem_worker_remote_prefill_fallbacks_total",
+                      reason="no_blocks") == 1
+        await settle(d.engine, 0)
 
 
 async def test_a_prompt_logprobs_request_prefills_locally_however_long(nats_url: str) -> None:
