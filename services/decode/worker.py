@@ -246,7 +246,7 @@ class DecodeWorker:
             # NOTE: local whatever the prefix hit: skip the step thread round trip to look it up.
             cfg = d if queue is not None else d.model_copy(update={"enabled": False})
             return decide_prefill(cfg, n, 0, 0, 0)
-        cached = await self.engine.prefix_hit_tokens(request.prompt_token_ids)
+        cached = self.engine.prefix_hit_tokens(request.prompt_token_ids)
         depth = tokens = 0
         # NOTE: only pay the consumer-info round trip when the queue can change the answer.
         if n - cached > d.max_local_prefill_length:

@@ -232,8 +232,13 @@ class AsyncEngine:
         return await self.call(
             lambda e: e.export_held(request_id, first_block, num_blocks, num_tokens))
 
-    async def prefix_hit_tokens(self, token_ids: Sequence[int]) -> int:
-        return await self.call(lambda e: e.prefix_hit_tokens(token_ids))
+    def prefix_hit_tokens(self, token_ids: Sequence[int]) -> int:
+        """How many leading tokens of a prompt the prefix cache serves, read without waiting
+        for the step thread (as ``stats``): a decision made during a long prefill step must
+        not wait for its end. A pure query of one dict per block, whose single lookups are
+        atomic; the step thread may change the cache between two of them, so the answer
+        is a hint a step old at most, as any answer is once the caller acts on it."""
+        return self.engine.prefix_hit_tokens(token_ids)
 
     async def dump_kv_events(self) -> list[KvEvent]:
         return await self.call(lambda e: e.dump_kv_events())

@@ -55,8 +55,10 @@ class GatedRunner(MockRunner):
     def __init__(self, cfg: EngineConfig, permits: int) -> None:
         super().__init__(cfg)
         self.gate = threading.Semaphore(permits)
+        self.entered = threading.Event()  # a step is running (or waiting for its permit)
 
     def execute(self, batch: ScheduledBatch) -> RunnerOutput:
+        self.entered.set()
         self.gate.acquire()
         return super().execute(batch)
 
@@ -106,6 +108,24 @@ async def test_cancelled_consumer_task_aborts_its_request() -> None:
         with pytest.raises(asyncio.CancelledError):
             await task
         runner.gate.release(1000)
+        assert await idle(ae)
+
+
+async def test_prefix_query_answers_while_a_step_runs() -> None:
+    """A remote-prefill decision reads the prefix cache during a long step: the answer must
+    not wait for the step's end (it did, by up to a 768-token prefill, ~1.3 s on a CPU)."""
+    eng, runner = gated_engine(permits=0)
+    prompt = list(range(100, 140))
+    async with AsyncEngine(eng) as ae:
+        async with contextlib.aclosing(ae.generate(req("held", prompt, max_tokens=3))) as gen:
+            first = asyncio.ensure_future(anext(gen))
+            assert await asyncio.to_thread(runner.entered.wait, 5.0)
+            assert ae.prefix_hit_tokens(prompt) == 0 and not first.done()
+            runner.gate.release(1000)
+            await first
+            async for _ in gen:
+                pass
+        assert ae.prefix_hit_tokens(prompt + [1]) == len(prompt)  # its full blocks, cached
         assert await idle(ae)
 
 
@@ -186,7 +206,7 @@ async def test_remote_prefill_through_the_async_api() -> None:
     prompt = list(range(40, 53))
     r = req("x", prompt, max_tokens=4)
     async with AsyncEngine(eng) as ae, AsyncEngine(prefill) as pe:
-        assert await ae.prefix_hit_tokens(prompt) == 0
+        assert ae.prefix_hit_tokens(prompt) == 0
         handle = await ae.begin_remote_prefill(r)
         assert handle is not None and handle.num_blocks_to_fill == 4
         p_out = await drain(pe, GenerateRequest("x", prompt, SamplingParams(max_tokens=1),
@@ -196,7 +216,7 @@ async def test_remote_prefill_through_the_async_api() -> None:
         assert first is not None
         toks = [t async for o in stream for t in o.token_ids]
         assert toks == oracle(eng, runner, r)[0]
-        assert await ae.prefix_hit_tokens(prompt) == 12
+        assert ae.prefix_hit_tokens(prompt) == 12
         assert await idle(ae)
 
 
