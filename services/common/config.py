@@ -72,6 +72,10 @@ class MockRunnerConfig(_Strict):
 # streams is held to one block, which slows prefill ~3x without lowering the tail there
 # (docs/benchmarks.md "The prefill budget under an ITL target").
 ITL_TARGET_MS = 100.0
+# NOTE: engine.lone_step_target_ms's default: ~256 tokens a step alone on the shipped CPU
+# profile's machine, where a 768-token prompt prefills within 1% of one whole step (128
+# tokens: -9%, 64: -22%; docs/benchmarks.md "What waits for a step").
+LONE_STEP_TARGET_MS = 450.0
 
 
 class EngineConfig(_Strict):
@@ -115,6 +119,13 @@ class EngineConfig(_Strict):
     # a step. 0 or null: the token budgets alone. Off on a CUDA device under step_model
     # auto, whose shipped profile models a CPU (profile the device to set one there).
     itl_target_ms: Annotated[float, Field(ge=0)] | None = ITL_TARGET_MS
+    # With no stream running beside it (nothing for itl_target_ms to protect), a step's
+    # prefill is cut to what the same step-time model says fits in this many ms, at least one
+    # block: whatever arrives mid-step -- a short prompt, a remote prefill's KV, the lookup
+    # of a decision -- waits at most about this long for the step thread, where it waited
+    # for a whole long prompt's step (docs/engine.md "The ITL target"). Applies where the ITL
+    # target does, and not to a fifo prefill worker. 0 or null: the token budget alone.
+    lone_step_target_ms: Annotated[float, Field(ge=0)] | None = LONE_STEP_TARGET_MS
     max_model_len: int | None = Field(None, ge=1)  # default: the model's context length
     seed: int = 0
     # Schedule step N+1 while step N computes (docs/engine.md "The overlapped loop");

@@ -13,11 +13,15 @@ the engine can schedule step N+1 while step N computes:
    Under an ITL target (``chunk_limit``, ``engine.itl_target_ms``) the step's prefill
    slices also share the seconds the step-time model leaves beside the decodes
    (services/steptime/chunk.py), whether or not others wait; the first slice of a step
-   takes at least one block whatever the target, so a prompt never starves. With no
-   decode running there is no stream to protect: the token budget alone. Where the model
+   takes at least one block whatever the target, so a prompt never starves. Where the model
    says the decodes cost less in a step of their own (``ChunkLimit.split_pays``: a CPU's
    one-call decode kernel, past a few streams), a step prefills alone and the next one is
-   the decodes' alone, the two together within the target.
+   the decodes' alone, the two together within the target. With no decode running, the
+   step's prefill is still cut to ``engine.lone_step_target_ms`` (but on a fifo prefill
+   worker): a prompt, a remote prefill's KV or any command that arrives mid-step waits for
+   the step thread at most that long, not for a whole long prompt's step. In such a step
+   the head of the queue, if all of it fits the step's tokens and seconds, goes before the
+   running prompts' next slices (share order), which share what it leaves.
 3. Running sequences in the middle of a chunked prefill continue, chunked to the budget --
    and, while requests wait, to ``long_prefill_token_threshold``, so that one long prompt
    never holds the whole budget: a short request behind it starts within a step.
@@ -434,10 +438,12 @@ class Scheduler:
         return self.kv_exporter(seq.block_table[first_block:end]), seq.token_ids[-1]
 
     # ---- one step -------------------------------------------------------------------
-    def schedule(self, split: bool = True) -> ScheduledBatch:
+    def schedule(self, split: bool = True, head_first: bool = True) -> ScheduledBatch:
         """The next batch (module docstring). ``split``: whether the step may prefill alone
         beside running streams (tried again without when such a step found nothing it
-        could prefill)."""
+        could prefill). ``head_first``: whether a step with no stream may set time aside for
+        the queue's head (tried again without when the head could not use it and the step
+        came out empty)."""
         out: list[ScheduledSeq] = []
         owners: list[Sequence] = []
         self._future_next = self._future_base
@@ -456,8 +462,8 @@ class Scheduler:
         budget = self.max_num_batched_tokens - num_decodes
         # NOTE: the cap matters only when someone waits for the budget it leaves.
         chunk_cap = self.long_prefill if self.waiting else budget
-        # Seconds the step's prefill slices may still add under the ITL target; inf: no
-        # target, or no decode running to protect.
+        # Seconds the step's prefill slices may still add under the ITL target, or the lone
+        # step target with no decode running; inf: neither.
         limit = self.chunk_limit
         left = math.inf
         decode_turn, self._decode_turn = self._decode_turn, False
@@ -476,7 +482,27 @@ class Scheduler:
                 alone = False
                 budget = min(budget, limit.row_tokens)
                 left = limit.seconds_left(num_decodes, decode_context, queued, rows=True)
-        prefilled = False  # whether a prefill slice is in the step (the floor is given)
+        elif limit is not None and not self.fifo_prefill:
+            left = limit.lone_seconds_left()  # what arrives mid-step waits for it (module docstring)
+        # With no stream running, the queue's head goes before a running prompt's next slice
+        # if all of it fits the step (tokens and seconds): that slice would take the step's
+        # seconds, and a short prompt would wait out the long one's whole prefill.
+        # Only where the head surely gets in (a seat; blocks for it and for the running
+        # slices): a reservation it cannot use would leave the step empty.
+        reserved, reserved_s = 0, 0.0
+        if (head_first and not num_decodes and prefilling and left < math.inf and self.waiting
+                and len(running) < self.max_num_seqs):
+            head = self.waiting[0]
+            need = head.num_tokens - head.num_computed_tokens
+            bs = self.block_size
+            blocks = -(-need // bs) + -(-(budget - need) // bs) + 2 * prefilling
+            if need <= min(budget, self.long_prefill) and blocks <= self.kv.pool.num_available:
+                cost = self._slice_seconds(need, head.num_computed_tokens)
+                if cost <= left:
+                    reserved, reserved_s = need, cost
+                    budget -= need
+                    left -= cost
+        prefilled = reserved > 0  # whether a prefill slice is in the step (the floor is given)
         preempted = 0
         decodes = 0  # sequences scheduled for one decode token: the step's kind
         i = 0
@@ -529,9 +555,11 @@ class Scheduler:
                 i += 1
         if not preempted:
             if not decode_turn:
-                self._admit(out, owners, budget, left, prefilled)
+                self._admit(out, owners, budget + reserved, left + reserved_s, prefilled)
         else:
             self._expect_hits(preempted)
+        if reserved and not out and not preempted:  # nothing changed: the running slices' turn
+            return self.schedule(split, head_first=False)
         if alone:
             if not out:  # nothing could prefill (no seat, no block): the decodes, as usual
                 return self.schedule(split=False)

@@ -169,13 +169,26 @@ class ChunkLimit:
     # The runner's ``row_step_tokens``: a step with up to this many prefill tokens runs them
     # as rows on a kernel of its own cost (0: every step with prefill is the eager forward).
     row_tokens: int = 0
+    # ``engine.lone_step_target_ms`` in seconds: the bound on a step with no decode beside
+    # its prefill (0: none, the token budget alone)
+    lone_target_s: float = 0.0
 
     @classmethod
     def of(cls, model: StepModel, target_ms: float, block_size: int,
-           speed: DeviceSpeed | None = None, row_tokens: int = 0) -> ChunkLimit:
+           speed: DeviceSpeed | None = None, row_tokens: int = 0,
+           lone_target_ms: float = 0.0) -> ChunkLimit:
         if target_ms <= 0:
             raise ValueError(f"an ITL target must be positive, got {target_ms} ms")
-        return cls(StepCost.of(model), target_ms / 1e3, block_size, speed or DeviceSpeed(), row_tokens)
+        if lone_target_ms < 0:
+            raise ValueError(f"a lone step target must be >= 0, got {lone_target_ms} ms")
+        return cls(StepCost.of(model), target_ms / 1e3, block_size, speed or DeviceSpeed(),
+                   row_tokens, lone_target_ms / 1e3)
+
+    def lone_seconds_left(self) -> float:
+        """Model seconds the prefill slices of a step with no decode share (inf: no bound)."""
+        if not self.lone_target_s:
+            return math.inf
+        return self.lone_target_s / self.speed.prefill - self.cost.fixed_seconds(0, 0)
 
     def takes_rows(self, eager_left: float, start: int) -> bool:
         """Whether a step beside running decodes should hold at most ``row_tokens`` of
@@ -228,10 +241,13 @@ class ChunkLimit:
         """Tokens of the one prefill slice a step takes beside these decodes (or, where
         ``split_pays``, in a step of its own before theirs), of a prompt with ``tokens`` left
         after ``start`` computed ones, within ``budget`` tokens: what the scheduler gives a
-        lone prefill (decode_seqs 0: no stream to protect, the budget)."""
+        lone prefill (decode_seqs 0: no stream to protect, the budget cut to the lone step
+        target)."""
         n = min(tokens, budget)
         if decode_seqs <= 0:
-            return n
+            left = self.lone_seconds_left()
+            return n if left == math.inf else min(n, max(self.cost.slice_tokens(left, start),
+                                                         self.floor_tokens))
         left = (self.split_seconds_left(decode_seqs, decode_context)
                 if self.split_pays(decode_seqs, decode_context)
                 else self.seconds_left(decode_seqs, decode_context))
@@ -252,7 +268,8 @@ def chunk_limit_for(cfg: EngineConfig, device: str, model: StepModel | None = No
     target = cfg.itl_target_ms
     if not target or (cfg.step_model == "auto" and device.startswith("cuda")):
         return None
-    return ChunkLimit.of(model or step_model_for(cfg), target, cfg.block_size, speed, row_tokens)
+    return ChunkLimit.of(model or step_model_for(cfg), target, cfg.block_size, speed, row_tokens,
+                         cfg.lone_step_target_ms or 0.0)
 
 
 def measures_speed(device: str) -> bool:

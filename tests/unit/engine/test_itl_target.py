@@ -57,9 +57,12 @@ def test_slice_tokens_is_the_most_that_fit(seconds: float, start: int) -> None:
 MODEL = MockStepModel(0.004, 0.001, 0.002)
 
 
-def engine(target_ms: float | None, budget: int = 256) -> tuple[LLMEngine, MockRunner]:
+def engine(target_ms: float | None, budget: int = 256, lone_ms: float | None = None,
+           order: str = "auto") -> tuple[LLMEngine, MockRunner]:
     cfg = mock_cfg(block_size=4, num_kv_blocks=512, max_num_seqs=16, max_num_batched_tokens=budget,
-                   max_model_len=2048).model_copy(update={"itl_target_ms": target_ms})
+                   max_model_len=2048).model_copy(update={"itl_target_ms": target_ms,
+                                                          "lone_step_target_ms": lone_ms,
+                                                          "prefill_order": order})
     runner = MockRunner(cfg)
     return LLMEngine(runner, cfg, [EOS], step_model=MODEL), runner
 
@@ -147,7 +150,8 @@ def test_a_target_no_chunk_meets_still_prefills_one_block_a_step() -> None:
     assert sizes == [4] * 25  # one 4-token block a step; the request behind it waits
 
 
-def test_no_running_stream_takes_the_whole_budget_and_no_target_is_the_old_schedule() -> None:
+def test_no_running_stream_and_no_lone_target_takes_the_whole_budget_and_no_target_is_the_old_schedule(
+) -> None:
     eng, runner = engine(40.0)
     eng.add_request(req("long", list(range(200, 1200)), max_tokens=1))
     assert prefill_tokens(step(eng, runner)) == 256
@@ -157,6 +161,28 @@ def test_no_running_stream_takes_the_whole_budget_and_no_target_is_the_old_sched
         start_streams(eng, runner, 6)
         eng.add_request(req("long", list(range(200, 1200)), max_tokens=1))
         assert prefill_tokens(step(eng, runner)) == 256 - 6
+
+
+def test_a_step_with_no_stream_keeps_the_lone_target_so_an_arrival_waits_one_short_step() -> None:
+    # 100 ms: 4 ms a step + 96 prefill tokens of 1 ms (MODEL)
+    eng, runner = engine(40.0, lone_ms=100.0)
+    eng.add_request(req("long", list(range(200, 500)), max_tokens=1))
+    assert prefill_tokens(step(eng, runner)) == 96
+    # a short that arrives mid-step starts beside the next slice (it is not held for the
+    # long prompt's whole prefill, as one step of 256 tokens would have held it)
+    eng.add_request(req("short", list(range(600, 608)), max_tokens=2))
+    batch = step(eng, runner)
+    sizes = {s.request_id: len(s.token_ids) for s in batch.seqs}
+    assert sizes == {"short": 8, "long": 96 - 8}  # the short whole, first; the long the rest
+    assert any(s.request_id == "short" and s.sample for s in batch.seqs)  # its first token now
+    assert MODEL.step_seconds(batch_shape(batch)) <= 0.100 + 1e-9
+    # the decode worker predicts that chunk for a lone local prefill
+    limit = eng.scheduler.chunk_limit
+    assert WorkerTimes(MODEL, 256, 0, 0, 0, 1, 0.0, limit).local_chunk(300, 0) == 96
+    # a fifo prefill worker's prompt takes the whole budget: no stream or arrival waits on it
+    eng, runner = engine(40.0, lone_ms=100.0, order="fifo")
+    eng.add_request(req("long", list(range(200, 500)), max_tokens=1))
+    assert prefill_tokens(step(eng, runner)) == 256
 
 
 def test_the_decode_worker_predicts_the_schedulers_chunk() -> None:
@@ -394,3 +420,20 @@ def test_a_step_beside_streams_takes_the_row_path_where_the_eager_step_fits_no_m
     assert batch.num_decodes == 2 and prefill_tokens(batch) == chunk
     # the decode worker's prediction takes the same chunk
     assert limit.first_chunk(200, 0, 2, 2 * 9, 256) == chunk
+
+
+def test_a_head_that_cannot_get_in_leaves_the_lone_step_to_the_running_prompt() -> None:
+    """No seat for the short (max_num_seqs 1): the long prompt keeps its slices, not an
+    empty step (hypothesis found that livelock in test_engine's random mixes)."""
+    cfg = mock_cfg(block_size=4, num_kv_blocks=512, max_num_seqs=1, max_num_batched_tokens=256,
+                   max_model_len=2048).model_copy(update={"itl_target_ms": 40.0,
+                                                          "lone_step_target_ms": 100.0})
+    runner = MockRunner(cfg)
+    eng = LLMEngine(runner, cfg, [EOS], step_model=MODEL)
+    eng.add_request(req("long", list(range(200, 500)), max_tokens=1))
+    assert prefill_tokens(step(eng, runner)) == 96
+    eng.add_request(req("short", list(range(600, 608)), max_tokens=1))
+    sizes = []
+    while "long" in eng.scheduler.seqs:
+        sizes.append({s.request_id: len(s.token_ids) for s in step(eng, runner).seqs})
+    assert sizes == [{"long": 96}, {"long": 96}, {"long": 12}]

@@ -39,7 +39,10 @@ def test_fifo_never_reorders_a_small_request_past_a_waiting_one() -> None:
 
 
 def test_oversize_head_is_chunked_not_starved_and_samples_only_at_the_end() -> None:
-    eng, runner, _ = make_engine(mock_cfg(max_num_batched_tokens=8))
+    # no lone step target: with one, the small prompt would go before big's next slice
+    # (test_itl_target.py)
+    eng, runner, _ = make_engine(mock_cfg(max_num_batched_tokens=8).model_copy(
+        update={"lone_step_target_ms": None}))
     eng.add_request(req("big", prompt(20, 100), max_tokens=2))
     eng.add_request(req("small", prompt(3, 300), max_tokens=2))
     shapes, first = [], []
