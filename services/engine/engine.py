@@ -211,7 +211,12 @@ class LLMEngine:
                 self.runner.request_gone(o.request_id)
 
     def _step_overlapped(self) -> list[TokenOutput]:
-        """Schedule and launch batch N+1, then read back and apply batch N (the one sync)."""
+        """Schedule and launch batch N+1, then read back and apply batch N (the one sync);
+        batch N without decodes is read back first (``_read_back_lone``), but on a fifo
+        prefill worker, whose steps no arrival can join early anyway."""
+        if (self._in_flight is not None and not self._in_flight[0].num_decodes
+                and not self.scheduler.fifo_prefill):
+            return self._read_back_lone()
         sched, fence = self.scheduler, self.kv.fence
         t0 = time.perf_counter()
         batch = sched.schedule()  # batch N's samples are placeholders in it
@@ -255,6 +260,32 @@ class LLMEngine:
             if not batch.seqs:
                 self.last_batch_size = len(prev_batch.seqs)
         self.scheduler_seconds += (t1 - t0) + (t3 - t2)
+        self.num_steps += 1
+        self._forget_finished(outputs)
+        return outputs
+
+    def _read_back_lone(self) -> list[TokenOutput]:
+        """Read back and apply a batch in flight that holds no decode, before the next one
+        is scheduled. Such a batch is prefill alone, a long step (up to
+        ``engine.lone_step_target_ms``) that no stream waits on: a prompt or a remote
+        prefill's KV that arrived during it then joins the very next step, where batch N+1,
+        scheduled ahead, would have made it wait for that one too (two long steps). What
+        overlap hides -- the few ms of scheduling -- is small beside such a step."""
+        assert self._in_flight is not None
+        t0 = time.perf_counter()
+        batch, pending, ticket = self._in_flight
+        self._in_flight = None
+        result = pending.result()
+        self.kv.fence.completed(ticket)
+        t1 = time.perf_counter()
+        if self.speed is not None:
+            self._observe_speed(batch, t1 - max(self._flight_start, self._last_done))
+        self._last_done = t1
+        outputs = self.scheduler.update(batch, result)
+        t2 = time.perf_counter()
+        self._step_seconds[batch.kind].observe(t2 - t0)
+        self.scheduler_seconds += t2 - t1
+        self.last_batch_size = len(batch.seqs)
         self.num_steps += 1
         self._forget_finished(outputs)
         return outputs

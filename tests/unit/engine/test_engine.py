@@ -73,7 +73,9 @@ def test_prefill_tokens_pending_leaves_out_prefix_cache_hits() -> None:
 
 
 def test_decode_tokens_left_counts_max_tokens_less_generated_and_requests_without_one() -> None:
-    eng, _, _ = make_engine(mock_cfg(block_size=4, max_num_batched_tokens=64))
+    # serial steps: one step() call, one token (the overlapped loop reads a prefill back first)
+    eng, _, _ = make_engine(mock_cfg(block_size=4, max_num_batched_tokens=64).model_copy(
+        update={"overlap": False}))
     eng.add_request(req("a", list(range(1, 9)), max_tokens=10))
     eng.add_request(req("b", list(range(20, 30)), max_tokens=None))
     st_ = eng.stats()

@@ -19,7 +19,7 @@ from services.engine.request import GenerateRequest
 from services.engine.runner.base import ModelRunner
 from services.engine.runner.mock_runner import MockRunner
 from services.engine.runner.torch_runner import TorchRunner
-from tests.support.engine_factory import EOS, mock_cfg, oracle, replay, req
+from tests.support.engine_factory import EOS, mock_cfg, oracle, replay, req, run_all
 from tests.support.tiny_model import tiny_hf_model
 
 Result = dict[str, tuple[list[int], FinishReason | None]]
@@ -163,10 +163,11 @@ def test_length_capped_request_is_not_scheduled_again() -> None:
     eng, _ = _mock_engine()
     eng.add_request(req("x", [5, 6, 7], 2))
     assert eng.step() == []  # launches the prefill (samples token 1)
-    first = eng.step()  # launches the decode of token 2 = max_tokens, then reads token 1
+    first = eng.step()  # a batch without decodes is read back before the next is scheduled
+    assert eng.in_flight_batch is None and [o.finished for o in first] == [False]
+    assert eng.step() == []  # launches the decode of token 2 = max_tokens
     inflight = eng.in_flight_batch
     assert inflight is not None and inflight.seqs[0].start_pos == 3
-    assert [o.finished for o in first] == [False]
     last = eng.step()  # capped: launches nothing for a third token; reads token 2
     assert eng.last_batch_size == 1 and eng.in_flight_batch is None
     assert [(o.finished, o.finish_reason) for o in last] == [(True, FinishReason.LENGTH)]
@@ -388,3 +389,27 @@ def test_auto_overlaps_where_it_pays(tiny_llama) -> None:
     assert not LLMEngine(TorchRunner(arch, hf.state_dict(), cpu), cpu, eos_token_ids=[0]).overlap
     forced = with_overlap(cpu, True)
     assert LLMEngine(TorchRunner(arch, hf.state_dict(), forced), forced, eos_token_ids=[0]).overlap
+
+
+def test_a_prompt_that_arrives_during_a_step_of_prefill_alone_joins_the_next_step() -> None:
+    """Batch N+1 is scheduled while N computes; when N holds no decode (a long prompt's slice,
+    no stream running) it is read back first instead, so what arrived during it is in N+1."""
+    eng, _ = _mock_engine(max_num_batched_tokens=8)
+    eng.add_request(req("long", list(range(100, 124)), 2))  # three 8-token slices
+    assert eng.step() == []  # launches the first slice
+    eng.add_request(req("short", [5, 6, 7], 6))  # arrives while it computes
+    assert eng.step() == [] and eng.in_flight_batch is None  # read back; nothing launched
+    eng.step()
+    inflight = eng.in_flight_batch
+    assert inflight is not None and "short" in {s.request_id for s in inflight.seqs}
+    # once a stream decodes, steps overlap again: N+1 is in flight while N is read back
+    for _ in range(10):
+        eng.step()
+        if eng.in_flight_batch is not None and eng.in_flight_batch.num_decodes:
+            break
+    decoding = eng.in_flight_batch
+    assert decoding is not None and decoding.num_decodes
+    eng.step()
+    assert eng.in_flight_batch is not None and eng.in_flight_batch is not decoding
+    run_all(eng)
+    assert not eng.has_unfinished() and eng.stats().kv_blocks_used == 0
