@@ -236,17 +236,11 @@ class LLMEngine:
         outputs: list[TokenOutput] = []
         t2 = t3 = 0.0
         if prev is not None:
-            prev_batch, prev_pending, ticket = prev
+            prev_batch = prev[0]
             self._next_mask = mask
             try:
-                result = prev_pending.result()  # blocks until batch N is done; N+1 computes on
-                fence.completed(ticket)
-                t2 = time.perf_counter()
-                if self.speed is not None:
-                    # NOTE: batch N computed from its launch or N-1's completion, whichever
-                    # came last: its forward alone, as an overlapped profile times it.
-                    self._observe_speed(prev_batch, t2 - max(prev_start, self._last_done))
-                self._last_done = t2
+                # blocks until batch N is done; N+1 computes on
+                result, t2 = self._await_batch(prev, prev_start)
                 # NOTE: bound here, on grammar steps only: a bound method kept on self is a
                 # reference cycle that holds the engine (weights, KV pool) until a full gc.
                 outputs = sched.update(prev_batch, result,
@@ -264,6 +258,21 @@ class LLMEngine:
         self._forget_finished(outputs)
         return outputs
 
+    def _await_batch(self, flight: tuple[ScheduledBatch, PendingOutput, int], launched_at: float
+                     ) -> tuple[RunnerOutput, float]:
+        """Wait for a launched batch (``_in_flight``'s triple, launched at ``launched_at``),
+        release its fence ticket and time it; its result and when it was read back."""
+        batch, pending, ticket = flight
+        result = pending.result()
+        self.kv.fence.completed(ticket)
+        done = time.perf_counter()
+        if self.speed is not None:
+            # NOTE: the batch computed from its launch or its predecessor's completion,
+            # whichever came last: its forward alone, as an overlapped profile times it.
+            self._observe_speed(batch, done - max(launched_at, self._last_done))
+        self._last_done = done
+        return result, done
+
     def _read_back_lone(self) -> list[TokenOutput]:
         """Read back and apply a batch in flight that holds no decode, before the next one
         is scheduled. Such a batch is prefill alone, a long step (up to
@@ -271,16 +280,12 @@ class LLMEngine:
         prefill's KV that arrived during it then joins the very next step, where batch N+1,
         scheduled ahead, would have made it wait for that one too (two long steps). What
         overlap hides -- the few ms of scheduling -- is small beside such a step."""
-        assert self._in_flight is not None
+        prev = self._in_flight
+        assert prev is not None
         t0 = time.perf_counter()
-        batch, pending, ticket = self._in_flight
         self._in_flight = None
-        result = pending.result()
-        self.kv.fence.completed(ticket)
-        t1 = time.perf_counter()
-        if self.speed is not None:
-            self._observe_speed(batch, t1 - max(self._flight_start, self._last_done))
-        self._last_done = t1
+        result, t1 = self._await_batch(prev, self._flight_start)
+        batch = prev[0]
         outputs = self.scheduler.update(batch, result)
         t2 = time.perf_counter()
         self._step_seconds[batch.kind].observe(t2 - t0)

@@ -246,14 +246,15 @@ class ChunkLimit:
         n = min(tokens, budget)
         if decode_seqs <= 0:
             left = self.lone_seconds_left()
-            return n if left == math.inf else min(n, max(self.cost.slice_tokens(left, start),
-                                                         self.floor_tokens))
-        left = (self.split_seconds_left(decode_seqs, decode_context)
-                if self.split_pays(decode_seqs, decode_context)
-                else self.seconds_left(decode_seqs, decode_context))
-        if self.takes_rows(left, start):
-            n = min(n, self.row_tokens)
-            left = self.seconds_left(decode_seqs, decode_context, rows=True)
+            if left == math.inf:
+                return n
+        else:
+            left = (self.split_seconds_left(decode_seqs, decode_context)
+                    if self.split_pays(decode_seqs, decode_context)
+                    else self.seconds_left(decode_seqs, decode_context))
+            if self.takes_rows(left, start):
+                n = min(n, self.row_tokens)
+                left = self.seconds_left(decode_seqs, decode_context, rows=True)
         fits = self.cost.slice_tokens(left, start)
         return min(n, max(fits, self.floor_tokens))
 
