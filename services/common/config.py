@@ -124,7 +124,8 @@ class EngineConfig(_Strict):
     # block: whatever arrives mid-step -- a short prompt, a remote prefill's KV, the lookup
     # of a decision -- waits at most about this long for the step thread, where it waited
     # for a whole long prompt's step (docs/engine.md "The ITL target"). Applies where the ITL
-    # target does, and not to a fifo prefill worker. 0 or null: the token budget alone.
+    # target does, only while requests overlap (Scheduler.solo_arrivals), and not to a fifo
+    # prefill worker. 0 or null: the token budget alone.
     lone_step_target_ms: Annotated[float, Field(ge=0)] | None = LONE_STEP_TARGET_MS
     max_model_len: int | None = Field(None, ge=1)  # default: the model's context length
     seed: int = 0

@@ -18,8 +18,12 @@ the engine can schedule step N+1 while step N computes:
    one-call decode kernel, past a few streams), a step prefills alone and the next one is
    the decodes' alone, the two together within the target. With no decode running, the
    step's prefill is still cut to ``engine.lone_step_target_ms`` (but on a fifo prefill
-   worker): a prompt, a remote prefill's KV or any command that arrives mid-step waits for
-   the step thread at most that long, not for a whole long prompt's step. In such a step
+   worker, and only while requests overlap: one of the last ``LONE_BOUND_REQUESTS``
+   arrived while another was live): a prompt, a remote prefill's KV or any command that
+   arrives mid-step waits for the step thread at most that long, not for a whole long
+   prompt's step. One request at a time has nothing to let in, and each cut costs a
+   prompt's prefill time (an 850-token prompt on 2 threads: 943 tok/s whole, ~830 in the
+   three slices the bound cuts it into; docs/benchmarks.md "What waits for a step"). In such a step
    the head of the queue, if all of it fits the step's tokens and seconds, goes before the
    running prompts' next slices (share order), which share what it leaves.
 3. Running sequences in the middle of a chunked prefill continue, chunked to the budget --
@@ -91,6 +95,10 @@ from services.steptime.chunk import ChunkLimit
 if TYPE_CHECKING:
     from services.engine.grammar.compiler import GrammarCompiler
 
+# The lone step bound (module docstring, 2.) holds until this many requests in a row arrived
+# with no other live: a count, not a time, so that the simulator's runs stay deterministic.
+LONE_BOUND_REQUESTS = 8
+
 
 class InvalidRequestError(InvalidRequest, ValueError):
     """A request the engine can never serve; the message names the request and the reason."""
@@ -156,6 +164,9 @@ class Scheduler:
         self.timings = timings if timings is not None else EngineTimings()
         self.clock = clock
         self.num_grammar_seqs = 0  # live sequences with a grammar: 0 = no batch needs a mask
+        # Requests added since the last one that arrived while another was live (module
+        # docstring, 2.): the lone step bound applies while this is under LONE_BOUND_REQUESTS.
+        self.solo_arrivals = LONE_BOUND_REQUESTS
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.ready: deque[Sequence] = deque()
@@ -226,6 +237,7 @@ class Scheduler:
     def add(self, request: GenerateRequest) -> Sequence:
         """Queue a validated request (see ``validate``)."""
         self._check_not_live(request.request_id)
+        self._arrived()
         seq = self._new_seq(request)
         # NOTE: the hashes match_prefix computes stay on the sequence for its admission, so
         # this costs only the pool lookups, which a second lookup repeats at admission.
@@ -237,6 +249,10 @@ class Scheduler:
         self.num_grammar_seqs += seq.grammar is not None
         self.waiting.append(seq)
         return seq
+
+    def _arrived(self) -> None:
+        """Count a new request for the lone step bound (``solo_arrivals``)."""
+        self.solo_arrivals = 0 if self.seqs else self.solo_arrivals + 1
 
     def _new_seq(self, request: GenerateRequest) -> Sequence:
         """The request's Sequence, with its grammar's matcher when it has one: replayed over
@@ -330,6 +346,7 @@ class Scheduler:
             raise RuntimeError("remote prefill needs a scheduler with a kv_importer")
         rid = request.request_id
         self._check_not_live(rid)
+        self._arrived()
         seq = self._new_seq(request)
         hit = self.kv.match_prefix(seq)
         n = seq.num_tokens - hit.num_tokens
@@ -482,7 +499,7 @@ class Scheduler:
                 alone = False
                 budget = min(budget, limit.row_tokens)
                 left = limit.seconds_left(num_decodes, decode_context, queued, rows=True)
-        elif limit is not None and not self.fifo_prefill:
+        elif limit is not None and not self.fifo_prefill and self.solo_arrivals < LONE_BOUND_REQUESTS:
             left = limit.lone_seconds_left()  # what arrives mid-step waits for it (module docstring)
         # With no stream running, the queue's head goes before a running prompt's next slice
         # if all of it fits the step (tokens and seconds): that slice would take the step's

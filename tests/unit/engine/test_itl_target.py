@@ -14,6 +14,7 @@ from services.engine.batch import ScheduledBatch, batch_shape
 from services.engine.engine import LLMEngine
 from services.engine.runner.base import RunnerInfo
 from services.engine.runner.mock_runner import MockRunner
+from services.engine.scheduler import LONE_BOUND_REQUESTS
 from services.steptime.chunk import (
     SPEED_BOUNDS,
     SPEED_WEIGHT,
@@ -83,6 +84,15 @@ def start_streams(eng: LLMEngine, runner: MockRunner, n: int) -> None:
         eng.add_request(req(f"d{i}", [100 + i] * 8, max_tokens=1000))
     while prefill_tokens(step(eng, runner)) or len(eng.scheduler.running) < n:
         pass
+
+
+def overlap(eng: LLMEngine, runner: MockRunner) -> None:
+    """Serve two requests at once, to the end: the engine has seen traffic overlap (the
+    lone step bound applies, Scheduler.solo_arrivals)."""
+    eng.add_request(req("o1", [50] * 8, max_tokens=1))
+    eng.add_request(req("o2", [60] * 8, max_tokens=1))
+    while eng.scheduler.seqs:
+        step(eng, runner)
 
 
 @pytest.mark.parametrize("others_wait", [False, True])
@@ -166,6 +176,7 @@ def test_no_running_stream_and_no_lone_target_takes_the_whole_budget_and_no_targ
 def test_a_step_with_no_stream_keeps_the_lone_target_so_an_arrival_waits_one_short_step() -> None:
     # 100 ms: 4 ms a step + 96 prefill tokens of 1 ms (MODEL)
     eng, runner = engine(40.0, lone_ms=100.0)
+    overlap(eng, runner)
     eng.add_request(req("long", list(range(200, 500)), max_tokens=1))
     assert prefill_tokens(step(eng, runner)) == 96
     # a short that arrives mid-step starts beside the next slice (it is not held for the
@@ -183,6 +194,26 @@ def test_a_step_with_no_stream_keeps_the_lone_target_so_an_arrival_waits_one_sho
     eng, runner = engine(40.0, lone_ms=100.0, order="fifo")
     eng.add_request(req("long", list(range(200, 500)), max_tokens=1))
     assert prefill_tokens(step(eng, runner)) == 256
+
+
+def test_the_lone_bound_holds_only_while_requests_overlap() -> None:
+    """One request at a time has nothing to let in: its prompt takes the whole budget (a
+    cut would only cost it time). Once two overlap the bound holds, until
+    LONE_BOUND_REQUESTS arrive in a row with no other live."""
+    eng, runner = engine(40.0, lone_ms=100.0)
+
+    def solo(i: int) -> int:
+        eng.add_request(req(f"solo{i}", list(range(200 + i, 500 + i)), max_tokens=1))
+        first = prefill_tokens(step(eng, runner))
+        while eng.scheduler.seqs:
+            step(eng, runner)
+        return first
+
+    assert solo(0) == 256
+    overlap(eng, runner)
+    firsts = [solo(i) for i in range(1, LONE_BOUND_REQUESTS + 2)]
+    # the first LONE_BOUND_REQUESTS - 1 solo arrivals after the overlap keep the bound
+    assert firsts == [96] * (LONE_BOUND_REQUESTS - 1) + [256] * 2
 
 
 def test_the_decode_worker_predicts_the_schedulers_chunk() -> None:
@@ -430,6 +461,7 @@ def test_a_head_that_cannot_get_in_leaves_the_lone_step_to_the_running_prompt() 
                                                           "lone_step_target_ms": 100.0})
     runner = MockRunner(cfg)
     eng = LLMEngine(runner, cfg, [EOS], step_model=MODEL)
+    overlap(eng, runner)
     eng.add_request(req("long", list(range(200, 500)), max_tokens=1))
     assert prefill_tokens(step(eng, runner)) == 96
     eng.add_request(req("short", list(range(600, 608)), max_tokens=1))
