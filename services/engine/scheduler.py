@@ -22,9 +22,9 @@ the engine can schedule step N+1 while step N computes:
    arrived while another was live): a prompt, a remote prefill's KV or any command that
    arrives mid-step waits for the step thread at most that long, not for a whole long
    prompt's step. One request at a time has nothing to let in, and each cut costs a
-   prompt's prefill time (an 850-token prompt on 2 threads: 943 tok/s whole, ~830 in the
-   three slices the bound cuts it into; docs/benchmarks.md "What waits for a step"). In such a step
-   the head of the queue, if all of it fits the step's tokens and seconds, goes before the
+   prompt's prefill time (an 850-token prompt on 2 threads: 943 tok/s whole, 629-831 in
+   the three slices the bound cut it into; docs/benchmarks.md "What waits for a step").
+   In such a step the head of the queue, if all of it fits the step's tokens and seconds, goes before the
    running prompts' next slices (share order), which share what it leaves.
 3. Running sequences in the middle of a chunked prefill continue, chunked to the budget --
    and, while requests wait, to ``long_prefill_token_threshold``, so that one long prompt
