@@ -201,8 +201,8 @@ class LLMEngine:
         assert self.speed is not None and self._step_cost is not None
         shape = batch_shape(batch)
         prefill = shape.prefill_tokens > 0
-        self.speed.observe(prefill, self._step_cost.shape_seconds(shape), seconds,
-                           prefill and self.runner.runs_as_rows(batch))
+        rows = prefill and self.runner.runs_as_rows(batch)
+        self.speed.observe(prefill, self._step_cost.shape_seconds(shape, rows), seconds, rows)
 
     def _forget_finished(self, outputs: list[TokenOutput]) -> None:
         for o in outputs:

@@ -150,6 +150,9 @@ class Scheduler:
         # The last step prefilled alone beside running streams (ChunkLimit.split_pays): this
         # one is theirs, decodes alone.
         self._decode_turn = False
+        # The step being scheduled holds a few prefill tokens as rows beside the decodes
+        # (ChunkLimit.takes_rows): its slices are priced at the row steps' cost.
+        self._rows_step = False
         self.model_max_len = max_model_len
         # NOTE: a sequence can never hold more tokens than the whole pool, or it would
         # preempt itself forever; past that it finishes with LENGTH.
@@ -483,6 +486,7 @@ class Scheduler:
         # step target with no decode running; inf: neither.
         limit = self.chunk_limit
         left = math.inf
+        self._rows_step = False
         decode_turn, self._decode_turn = self._decode_turn, False
         alone = False  # a step of prefill alone: the decodes wait for the next (split_pays)
         if limit is not None and num_decodes:
@@ -499,6 +503,7 @@ class Scheduler:
                 alone = False
                 budget = min(budget, limit.row_tokens)
                 left = limit.seconds_left(num_decodes, decode_context, queued, rows=True)
+                self._rows_step = True
         elif limit is not None and not self.fifo_prefill and self.solo_arrivals < LONE_BOUND_REQUESTS:
             left = limit.lone_seconds_left()  # what arrives mid-step waits for it (module docstring)
         # With no stream running, the queue's head goes before a running prompt's next slice
@@ -599,7 +604,7 @@ class Scheduler:
         the step's first prefill slice keeps at least the floor (one block) of ``n``."""
         limit = self.chunk_limit
         assert limit is not None
-        fits = limit.cost.slice_tokens(left, start)
+        fits = limit.cost_of(self._rows_step).slice_tokens(left, start)
         if fits >= n:
             return n
         return fits if prefilled else max(fits, min(n, limit.floor_tokens))
@@ -607,7 +612,7 @@ class Scheduler:
     def _slice_seconds(self, n: int, start: int) -> float:
         limit = self.chunk_limit
         assert limit is not None
-        return limit.cost.slice_seconds(n, start)
+        return limit.cost_of(self._rows_step).slice_seconds(n, start)
 
     def _admit(self, out: list[ScheduledSeq], owners: list[Sequence], budget: int,
                left: float, prefilled: bool) -> None:

@@ -265,8 +265,10 @@ def print_points(model: ProfileStepModel, points: Sequence[MeasuredStep], predic
 
 def print_table(model: ProfileStepModel) -> None:
     print_points(model, model.points, "fitted ms")
-    for kind, e in (("all", model.error), ("decode-only", model.decode_error),
-                    ("prefill", model.prefill_error)):
+    kinds = [("all", model.error), ("decode-only", model.decode_error), ("prefill", model.prefill_error)]
+    if model.rows is not None:
+        kinds.append((f"row (up to {model.row_tokens} prefill tokens)", model.rows_error))
+    for kind, e in kinds:
         print(f"fit error over {kind} steps: mean {e.mean * 100:.1f}%, max {e.max * 100:.1f}%")
 
 
@@ -335,7 +337,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"  [{i}] {p.shape}: {p.seconds * 1e3:.2f} ms", flush=True)
     engine.check_integrity()
     model = fit_profile(points, measured_on(cfg, engine, parts.model_path, fitted, load_before),
-                        profiler.serve_overlapped)
+                        profiler.serve_overlapped, engine.runner.row_step_tokens)
     print_table(model)
     model.save(args.out)
     print(f"wrote {args.out}")

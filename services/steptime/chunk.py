@@ -45,25 +45,39 @@ class StepCost:
     decode_base_s: float = 0.0
     decode_per_seq_s: float = 0.0
     decode_per_context_s: float = 0.0
+    # The model's row steps (StepModel.row_tokens), costed apart: the prefill terms above
+    # are then those of the longer steps
+    rows: StepCost | None = None
 
     @classmethod
     def of(cls, model: StepModel) -> StepCost:
         """Read the coefficients off ``model`` by evaluating one-step shapes (exact for the
         linear models; a nonlinear one would be linearised around the empty step)."""
-        base = model.steps_seconds(BatchShape(), 1)
-
-        def per(**field: int) -> float:
-            return model.steps_seconds(BatchShape(**field), 1) - base
-
-        context = per(prefill_context=1)
-        # NOTE: a slice after a prefix counts in both prefill_context and prefill_prefix_context.
-        prefix_context = per(prefill_context=1, prefill_prefix_context=1)
+        # NOTE: the prefill terms are read beside more prefill tokens than a row step holds
+        # (a linear model's differences do not depend on where they are taken)
+        eager = cls._prefill_terms(model, model.row_tokens + 1 if model.row_tokens else 0)
+        rows = cls._prefill_terms(model, 1) if model.row_tokens else None
         # NOTE: step_seconds, not steps_seconds: a shape without prefill is a decode-only step.
         d0 = model.step_seconds(BatchShape())
-        return cls(base, per(decode_seqs=1), per(decode_context=1), per(prefill_tokens=1),
-                   context, prefix_context, per(prefill_prefix_end=1), d0,
+        return cls(*eager, d0,
                    model.step_seconds(BatchShape(decode_seqs=1)) - d0,
-                   model.step_seconds(BatchShape(decode_context=1)) - d0)
+                   model.step_seconds(BatchShape(decode_context=1)) - d0,
+                   None if rows is None else cls(*rows))
+
+    @staticmethod
+    def _prefill_terms(model: StepModel, at: int) -> tuple[float, ...]:
+        """(base, per decode seq, per decode context, per token, per context, per prefix
+        context, per prefix end) of a step with prefill, read beside ``at`` prefill tokens."""
+        ref = model.steps_seconds(BatchShape(prefill_tokens=at), 1)
+
+        def per(**field: int) -> float:
+            return model.steps_seconds(BatchShape(**{"prefill_tokens": at, **field}), 1) - ref
+
+        per_token = per(prefill_tokens=at + 1)
+        # NOTE: a slice after a prefix counts in both prefill_context and prefill_prefix_context.
+        return (ref - per_token * at, per(decode_seqs=1), per(decode_context=1), per_token,
+                per(prefill_context=1), per(prefill_context=1, prefill_prefix_context=1),
+                per(prefill_prefix_end=1))
 
     def fixed_seconds(self, decode_seqs: int, decode_context: int) -> float:
         """A prefill step's seconds before its slices: the base and the decodes beside them."""
@@ -75,10 +89,12 @@ class StepCost:
         return (self.decode_base_s + self.decode_per_seq_s * decode_seqs
                 + self.decode_per_context_s * decode_context)
 
-    def shape_seconds(self, shape: BatchShape) -> float:
+    def shape_seconds(self, shape: BatchShape, rows: bool = False) -> float:
         """What a step of ``shape`` takes: a decode-only step, or a prefill step with its
         decodes and its fresh and after-prefix context (the model's own answer, for the
-        linear models)."""
+        linear models); ``rows``: one the runner ran as rows, at the row cost if any."""
+        if rows and self.rows is not None and shape.prefill_tokens:
+            return self.rows.shape_seconds(shape)
         if not shape.prefill_tokens:
             return self.decode_seconds(shape.decode_seqs, shape.decode_context)
         fresh = shape.prefill_context - shape.prefill_prefix_context
@@ -211,7 +227,12 @@ class ChunkLimit:
         once: half the output rate, 4x the TTFT, docs/engine.md "The ITL target")."""
         speed = self.speed.rows if rows else self.speed.prefill
         return (self._target_s(decode_seqs, queued) / speed
-                - self.cost.fixed_seconds(decode_seqs, decode_context))
+                - self.cost_of(rows).fixed_seconds(decode_seqs, decode_context))
+
+    def cost_of(self, rows: bool) -> StepCost:
+        """The cost a step is computed by: the row steps' where it runs as rows and the
+        model costs them apart."""
+        return self.cost.rows if rows and self.cost.rows is not None else self.cost
 
     def _target_s(self, decode_seqs: int, queued: int) -> float:
         """The target, stretched where requests waiting for their first token outnumber
@@ -244,6 +265,7 @@ class ChunkLimit:
         lone prefill (decode_seqs 0: no stream to protect, the budget cut to the lone step
         target)."""
         n = min(tokens, budget)
+        rows = False
         if decode_seqs <= 0:
             left = self.lone_seconds_left()
             if left == math.inf:
@@ -252,10 +274,11 @@ class ChunkLimit:
             left = (self.split_seconds_left(decode_seqs, decode_context)
                     if self.split_pays(decode_seqs, decode_context)
                     else self.seconds_left(decode_seqs, decode_context))
-            if self.takes_rows(left, start):
+            rows = self.takes_rows(left, start)
+            if rows:
                 n = min(n, self.row_tokens)
                 left = self.seconds_left(decode_seqs, decode_context, rows=True)
-        fits = self.cost.slice_tokens(left, start)
+        fits = self.cost_of(rows).slice_tokens(left, start)
         return min(n, max(fits, self.floor_tokens))
 
 

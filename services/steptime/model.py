@@ -49,10 +49,13 @@ class StepModel(Protocol):
     ``reads_decode_context``: whether ``decode_context`` changes the answer (when it does not,
     a run of decode steps of one batch costs the same every step: computed once).
     ``overlap_pays``: whether the modelled runner's overlapped loop is on under
-    ``engine.overlap: auto`` (it then composes each batch while the one before computes)."""
+    ``engine.overlap: auto`` (it then composes each batch while the one before computes).
+    ``row_tokens``: steps with this many prefill tokens or fewer are costed as the runner's
+    row steps, apart from the longer ones (0: one cost for every step with prefill)."""
 
     reads_decode_context: bool
     overlap_pays: bool
+    row_tokens: int
 
     def step_seconds(self, shape: BatchShape) -> float: ...
 
@@ -73,6 +76,7 @@ class MockStepModel:
     per_decode_seq_s: float
     reads_decode_context: ClassVar[bool] = False
     overlap_pays: ClassVar[bool] = True  # as MockRunner's
+    row_tokens: ClassVar[int] = 0
 
     @classmethod
     def of(cls, cfg: MockRunnerConfig) -> MockStepModel:

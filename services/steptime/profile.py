@@ -80,15 +80,20 @@ class FitError:
 
 @dataclass(frozen=True, slots=True)
 class ProfileStepModel:
-    """Two linear costs, every coefficient >= 0: ``decode`` for decode-only steps and
+    """Linear costs, every coefficient >= 0: ``decode`` for decode-only steps and
     ``prefill`` for steps with a prefill slice (the engine runs the two on different code
-    paths: one fit over both is off by 2x at either end).
+    paths: one fit over both is off by 2x at either end); and, where the profiled engine
+    runs steps with up to ``row_tokens`` prefill tokens as rows of its one-call CPU step
+    (``ModelRunner.row_step_tokens``), ``rows`` for those steps: a row attends its whole
+    context, so a small chunk after a long prefix costs more per unit of context than the
+    eager forward's line gives it, and one line over both regimes was off by up to 44%.
 
     ``overlap_pays``: the profiled engine ran its overlapped loop (its scheduler works while
     the device computes: the times are the forward's alone), so the simulation models that
     loop under ``engine.overlap: auto``. ``error``: the fit's relative error over all
     measured points, ``decode_error`` and ``prefill_error`` over each kind; ``measured_on``:
-    the machine and engine; ``points``: the measured steps it was fitted on."""
+    the machine and engine; ``points``: the measured steps it was fitted on (``rows_error``
+    over the row steps among them, part of ``prefill_error`` too)."""
 
     decode: DecodeCost
     prefill: PrefillCost
@@ -98,6 +103,9 @@ class ProfileStepModel:
     prefill_error: FitError = FitError()
     measured_on: dict[str, Any] = field(default_factory=dict)
     points: tuple[MeasuredStep, ...] = ()
+    rows: PrefillCost | None = None
+    row_tokens: int = 0  # 0 (or no ``rows``): every step with prefill is ``prefill``'s
+    rows_error: FitError = FitError()
 
     @property
     def reads_decode_context(self) -> bool:
@@ -109,8 +117,14 @@ class ProfileStepModel:
         d = self.decode
         return d.base_s + d.per_seq_s * shape.decode_seqs + d.per_context_s * shape.decode_context
 
+    def runs_as_rows(self, total: BatchShape, steps: int) -> bool:
+        """Whether ``steps`` prefill steps adding up to ``total`` are row steps: each holds
+        ``row_tokens`` prefill tokens or fewer (``total`` spread evenly over them)."""
+        return (self.rows is not None and self.row_tokens > 0
+                and 0 < total.prefill_tokens <= self.row_tokens * steps)
+
     def steps_seconds(self, total: BatchShape, steps: int) -> float:
-        p = self.prefill
+        p = self.rows if self.rows is not None and self.runs_as_rows(total, steps) else self.prefill
         return (p.base_s * steps + p.per_token_s * total.prefill_tokens
                 + p.per_fresh_context_s * (total.prefill_context - total.prefill_prefix_context)
                 + p.per_prefix_context_s * total.prefill_prefix_context
@@ -121,14 +135,18 @@ class ProfileStepModel:
     def save(self, path: str | Path) -> None:
         doc = {
             "format": FORMAT,
-            "form": "decode-only and prefill steps, each linear in BatchShape's fields",
+            "form": "decode-only, prefill and (with row_tokens) row steps, each linear in "
+                    "BatchShape's fields",
             "decode": asdict(self.decode),
             "prefill": asdict(self.prefill),
+            **({"rows": asdict(self.rows), "row_tokens": self.row_tokens}
+               if self.rows is not None else {}),
             "overlap_pays": self.overlap_pays,
             "fit": {"points": len(self.points),
                     **{k: {"mean_rel_error": round(e.mean, 4), "max_rel_error": round(e.max, 4)}
                        for k, e in (("all", self.error), ("decode", self.decode_error),
-                                    ("prefill", self.prefill_error))}},
+                                    ("prefill", self.prefill_error),
+                                    *((("rows", self.rows_error),) if self.rows is not None else ()))}},
             "measured_on": self.measured_on,
             "points": [{**asdict(p.shape), "seconds": p.seconds} for p in self.points],
         }
@@ -154,9 +172,17 @@ class ProfileStepModel:
                       for k in ("all", "decode", "prefill")]
             points = tuple(MeasuredStep(BatchShape(**{k: int(q[k]) for k in _SHAPE}), float(q["seconds"]))
                            for q in doc.get("points") or ())
+            # NOTE: optional: profiles written before the row steps had a cost of their own
+            rows = _cost(PrefillCost, doc["rows"]) if doc.get("rows") is not None else None
+            row_tokens = int(doc.get("row_tokens") or 0) if rows is not None else 0
+            if rows is not None and row_tokens <= 0:
+                raise ValueError(f"a rows cost needs row_tokens > 0, not {doc.get('row_tokens')!r}")
+            rows_error = (FitError(float(fit["rows"]["mean_rel_error"]), float(fit["rows"]["max_rel_error"]))
+                          if rows is not None and "rows" in fit else FitError())
         except (yaml.YAMLError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise ProfileError(f"step-time profile {p} cannot be read: {e!r}") from None
-        return cls(*costs, overlap, *errors, measured_on=doc.get("measured_on") or {}, points=points)
+        return cls(*costs, overlap, *errors, measured_on=doc.get("measured_on") or {}, points=points,
+                   rows=rows, row_tokens=row_tokens, rows_error=rows_error)
 
 
 _SHAPE = tuple(f.name for f in fields(BatchShape))
@@ -239,18 +265,27 @@ MIN_POINTS = 3  # of each kind
 
 
 def fit_profile(points: list[MeasuredStep], measured_on: dict[str, Any] | None = None,
-                overlap_pays: bool = False) -> ProfileStepModel:
+                overlap_pays: bool = False, row_tokens: int = 0) -> ProfileStepModel:
     """Fit decode-only steps and steps with prefill apart (ValueError with fewer than
-    ``MIN_POINTS`` of either kind)."""
+    ``MIN_POINTS`` of either kind); with ``row_tokens`` (the profiled runner's
+    ``row_step_tokens``) the steps with that many prefill tokens or fewer apart again, where
+    both sides of that line hold ``MIN_POINTS`` (else one prefill cost covers them)."""
     decode = [p for p in points if not p.shape.prefill_tokens]
     prefill = [p for p in points if p.shape.prefill_tokens]
     if min(len(decode), len(prefill)) < MIN_POINTS:
         raise ValueError(f"{len(decode)} decode and {len(prefill)} prefill points cannot fit a "
                          f"profile: it needs {MIN_POINTS} of each")
-    model = ProfileStepModel(_fit_cost(DecodeCost, decode), _fit_cost(PrefillCost, prefill),
-                             overlap_pays, measured_on=measured_on or {}, points=tuple(points))
+    rows = [p for p in prefill if p.shape.prefill_tokens <= row_tokens]
+    eager = [p for p in prefill if p.shape.prefill_tokens > row_tokens]
+    split = row_tokens > 0 and min(len(rows), len(eager)) >= MIN_POINTS
+    model = ProfileStepModel(_fit_cost(DecodeCost, decode),
+                             _fit_cost(PrefillCost, eager if split else prefill),
+                             overlap_pays, measured_on=measured_on or {}, points=tuple(points),
+                             rows=_fit_cost(PrefillCost, rows) if split else None,
+                             row_tokens=row_tokens if split else 0)
     return replace(model, error=fit_error(model, points), decode_error=fit_error(model, decode),
-                   prefill_error=fit_error(model, prefill))
+                   prefill_error=fit_error(model, prefill),
+                   rows_error=fit_error(model, rows) if split else FitError())
 
 
 # What ``engine.step_model: auto`` means for the torch runner: SmolLM2-135M measured on a

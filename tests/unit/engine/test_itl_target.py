@@ -4,6 +4,8 @@ local prefill as the scheduler does (services/steptime/chunk.py, the one place).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -25,7 +27,7 @@ from services.steptime.chunk import (
 )
 from services.steptime.model import BatchShape, MockStepModel
 from services.steptime.predict import prefill_shape
-from services.steptime.profile import SHIPPED_CPU_PROFILE, ProfileStepModel
+from services.steptime.profile import SHIPPED_CPU_PROFILE, DecodeCost, PrefillCost, ProfileStepModel
 from tests.support.engine_factory import EOS, mock_cfg, req
 
 PROFILE = ProfileStepModel.load(SHIPPED_CPU_PROFILE)
@@ -356,6 +358,7 @@ class _CheapDecodes:
 
     reads_decode_context = False
     overlap_pays = True
+    row_tokens = 0
 
     def step_seconds(self, shape: BatchShape) -> float:
         if shape.prefill_tokens:
@@ -451,6 +454,38 @@ def test_a_step_beside_streams_takes_the_row_path_where_the_eager_step_fits_no_m
     assert batch.num_decodes == 2 and prefill_tokens(batch) == chunk
     # the decode worker's prediction takes the same chunk
     assert limit.first_chunk(200, 0, 2, 2 * 9, 256) == chunk
+
+
+# A profile whose row steps cost their own: 1.5 ms a prefill token as rows, 1 ms on the
+# eager line (services/steptime/profile.py); 4 ms a step and 2 ms a decode on both.
+ROW_PRICED = ProfileStepModel(DecodeCost(base_s=0.004, per_seq_s=0.002),
+                              PrefillCost(base_s=0.004, per_token_s=0.001, per_decode_seq_s=0.002),
+                              rows=PrefillCost(base_s=0.004, per_token_s=0.0015, per_decode_seq_s=0.002),
+                              row_tokens=8)
+
+
+@pytest.mark.parametrize(("model", "chunk"), [
+    (ROW_PRICED, 4),  # the eager line fits 6 tokens (rows, then): the row cost fits 6 / 1.5
+    (replace(ROW_PRICED, rows=None, row_tokens=0), 6),  # one line for both: its 6
+])
+def test_a_row_step_is_priced_at_the_models_row_cost(model: ProfileStepModel, chunk: int) -> None:
+    cfg = mock_cfg(block_size=4, num_kv_blocks=512, max_num_seqs=16, max_num_batched_tokens=256,
+                   max_model_len=2048).model_copy(update={"itl_target_ms": 14.0})
+    runner = _RowsMock(cfg)
+    eng = LLMEngine(runner, cfg, [EOS], step_model=model)
+    limit = eng.scheduler.chunk_limit
+    assert limit is not None
+    start_streams(eng, runner, 2)
+    eng.add_request(req("long", list(range(200, 400)), max_tokens=1))
+    batch = step(eng, runner)
+    assert batch.num_decodes == 2 and prefill_tokens(batch) == chunk
+    assert model.step_seconds(batch_shape(batch)) <= 0.014 + 1e-12  # the step keeps the target
+    assert limit.first_chunk(200, 0, 2, 2 * 9, 256) == chunk  # the decode worker's prediction
+    # the engine's speed compares a row step with the row cost: the model's own price
+    shape = batch_shape(batch)
+    assert StepCost.of(model).shape_seconds(shape, rows=True) == pytest.approx(model.step_seconds(shape))
+    longer = BatchShape(prefill_tokens=100, prefill_context=5050, decode_seqs=2)
+    assert StepCost.of(model).shape_seconds(longer) == pytest.approx(model.step_seconds(longer))
 
 
 def test_a_head_that_cannot_get_in_leaves_the_lone_step_to_the_running_prompt() -> None:

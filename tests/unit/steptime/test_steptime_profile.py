@@ -194,3 +194,70 @@ def test_steps_seconds_of_summed_shapes_is_the_sum_of_the_steps() -> None:
     for model in (TRUE, MockStepModel(0.01, 1e-4, 2e-3)):
         assert model.steps_seconds(total, 3) == pytest.approx(
             sum(model.step_seconds(s) for s in shapes), rel=1e-9)
+
+
+# A CPU's one-call step: its rows attend their whole context, so a small chunk after a long
+# prefix costs more per unit of context than the eager forward's line says.
+ROWS = PrefillCost(base_s=0.009, per_token_s=0.0009, per_fresh_context_s=7.8e-6,
+                   per_prefix_context_s=1.7e-6, per_prefix_end_s=0.0, per_decode_seq_s=0.0018,
+                   per_decode_context_s=6.4e-6)
+TRUE_ROWS = replace(TRUE, rows=ROWS, row_tokens=32)
+
+
+def _row_grid() -> list[BatchShape]:
+    """_grid's shapes and the row steps the profiler measures (16 and 32 tokens)."""
+    return [*_grid(), *(_prefill(32, p) for p in (0, 512, 2048, 4096)),
+            *(_prefill(16, 0, b, c) for b, c in ((1, 300), (16, 1000)))]
+
+
+def test_row_steps_get_a_cost_of_their_own() -> None:
+    """Fitted with the runner's row_step_tokens, the steps on either side of it recover
+    their own costs; one line over both (row_tokens 0) cannot follow them."""
+    points = [MeasuredStep(s, TRUE_ROWS.step_seconds(s)) for s in _row_grid()]
+    fitted = fit_profile(points, row_tokens=32)
+    assert fitted.row_tokens == 32 and fitted.rows is not None
+    for cost, true in ((fitted.prefill, TRUE.prefill), (fitted.rows, ROWS)):
+        for name in PREFILL_NAMES:
+            assert getattr(cost, name) == pytest.approx(getattr(true, name), rel=1e-6, abs=1e-12), name
+    assert fitted.error.max < 1e-6 and fitted.rows_error.max < 1e-6
+    one_line = fit_profile(points)
+    assert one_line.rows is None and one_line.prefill_error.max > 0.1
+    deep = _prefill(16, 4096)  # a row step after a long prefix
+    assert fitted.step_seconds(deep) == pytest.approx(ROWS.base_s + ROWS.per_token_s * 16
+                                                      + ROWS.per_prefix_context_s * deep.prefill_context)
+
+
+def test_rows_need_points_on_both_sides_of_the_line() -> None:
+    """Too few row steps (or none past the line): one prefill cost, as before."""
+    points = [MeasuredStep(s, TRUE.step_seconds(s)) for s in _grid() if s.prefill_tokens != 16]
+    assert fit_profile(points, row_tokens=32).rows is None
+
+
+def test_steps_are_row_steps_only_when_each_fits_the_line() -> None:
+    assert TRUE_ROWS.runs_as_rows(_prefill(32, 0), 1)
+    assert not TRUE_ROWS.runs_as_rows(_prefill(33, 0), 1)
+    assert TRUE_ROWS.runs_as_rows(BatchShape(prefill_tokens=64), 2)  # two steps of 32
+    assert not TRUE_ROWS.runs_as_rows(BatchShape(decode_seqs=4), 1)
+    assert not TRUE.runs_as_rows(_prefill(16, 0), 1)
+
+
+def test_a_profile_with_rows_round_trips_and_one_without_still_loads(tmp_path: Path) -> None:
+    points = [MeasuredStep(s, TRUE_ROWS.step_seconds(s) * (1.01 if i % 2 else 0.99))
+              for i, s in enumerate(_row_grid())]
+    fitted = fit_profile(points, row_tokens=32)
+    path = tmp_path / "rows.yaml"
+    fitted.save(path)
+    loaded = ProfileStepModel.load(path)
+    assert loaded.rows == fitted.rows and loaded.row_tokens == 32
+    assert (loaded.rows_error.mean, loaded.rows_error.max) == pytest.approx(
+        (fitted.rows_error.mean, fitted.rows_error.max), abs=1e-4)
+    for s in _row_grid():
+        assert loaded.step_seconds(s) == fitted.step_seconds(s)
+    old = tmp_path / "old.yaml"
+    fit_profile(_points()).save(old)
+    assert "rows" not in old.read_text()
+    assert ProfileStepModel.load(old).rows is None
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(path.read_text().replace("row_tokens: 32", "row_tokens: 0"))
+    with pytest.raises(ProfileError, match="row_tokens"):
+        ProfileStepModel.load(bad)
