@@ -43,9 +43,11 @@ def write_trace(path: Path, budget: int, phase_s: float, seed: int) -> list[floa
     return [r.arrival_s for r in reqs]
 
 
-def runs(budget: int, best: tuple[int, int], interval_s: float, cooldown_s: float) -> list[str]:
+def runs(budget: int, best: tuple[int, int], interval_s: float, cooldown_s: float,
+         lookahead: int | None = None) -> list[str]:
     half = budget // 2
-    planner = ",".join([f"prefill.replicas={half}", f"decode.replicas={budget - half}", "planner.enabled=true",
+    planner = ",".join([*([f"planner.lookahead_intervals={lookahead}"] if lookahead else []),
+                        f"prefill.replicas={half}", f"decode.replicas={budget - half}", "planner.enabled=true",
                         "planner.actuator=local", f"planner.interval_s={interval_s}",
                         f"planner.cooldown_s={cooldown_s}", "planner.min_prefill=1", "planner.min_decode=1",
                         f"planner.max_prefill={budget - 1}", f"planner.max_decode={budget - 1}",
@@ -118,6 +120,8 @@ def main() -> int:
     ap.add_argument("--best", default="2,6", help="the best fixed split of the simulated eval: prefill,decode")
     ap.add_argument("--interval-s", type=float, default=5.0)
     ap.add_argument("--cooldown-s", type=float, default=10.0)
+    ap.add_argument("--lookahead-intervals", type=int, default=None,
+                    help="the planner's planner.lookahead_intervals (default: the config's)")
     ap.add_argument("--window-s", type=float, default=10.0)
     ap.add_argument("--out", default="benchmarks/results/planner/live_b8")
     ap.add_argument("--only", default="", help="comma-separated run names (planner, fixed_PpDd, default_2p2d)")
@@ -129,7 +133,7 @@ def main() -> int:
     best = tuple(int(x) for x in a.best.split(","))
     logs = Path("/tmp/planner_live_logs")
     cmd = [sys.executable, "-m", "services.cli", "bench", "compare",
-           *(x for r in runs(a.budget, best, a.interval_s, a.cooldown_s)
+           *(x for r in runs(a.budget, best, a.interval_s, a.cooldown_s, a.lookahead_intervals)
              if not a.only or r.split("=", 1)[0] in a.only.split(",") for x in ("--run", r)),
            *(x for s in EVAL_SETTINGS for x in ("--set-all", s)),
            "--workload", "azure", "--trace", str(trace), "--num-requests", str(len(arrivals)), "--scale", "1", "--arrival", "trace",
