@@ -168,8 +168,11 @@ class ProfileStepModel:
             if not isinstance(overlap, bool):
                 raise ValueError(f"overlap_pays must be true or false, not {overlap!r}")
             fit = doc["fit"]
-            errors = [FitError(float(fit[k]["mean_rel_error"]), float(fit[k]["max_rel_error"]))
-                      for k in ("all", "decode", "prefill")]
+
+            def fit_error_of(kind: str) -> FitError:
+                return FitError(float(fit[kind]["mean_rel_error"]), float(fit[kind]["max_rel_error"]))
+
+            errors = [fit_error_of(k) for k in ("all", "decode", "prefill")]
             points = tuple(MeasuredStep(BatchShape(**{k: int(q[k]) for k in _SHAPE}), float(q["seconds"]))
                            for q in doc.get("points") or ())
             # NOTE: optional: profiles written before the row steps had a cost of their own
@@ -177,8 +180,7 @@ class ProfileStepModel:
             row_tokens = int(doc.get("row_tokens") or 0) if rows is not None else 0
             if rows is not None and row_tokens <= 0:
                 raise ValueError(f"a rows cost needs row_tokens > 0, not {doc.get('row_tokens')!r}")
-            rows_error = (FitError(float(fit["rows"]["mean_rel_error"]), float(fit["rows"]["max_rel_error"]))
-                          if rows is not None and "rows" in fit else FitError())
+            rows_error = fit_error_of("rows") if rows is not None and "rows" in fit else FitError()
         except (yaml.YAMLError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise ProfileError(f"step-time profile {p} cannot be read: {e!r}") from None
         return cls(*costs, overlap, *errors, measured_on=doc.get("measured_on") or {}, points=points,
