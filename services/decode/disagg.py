@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from services.common.config import ClusterConfig, DisaggConfig
 from services.engine.engine import EngineStats
-from services.steptime.chunk import ChunkLimit, DeviceSpeed, chunk_limit_for
+from services.steptime.chunk import ChunkLimit, chunk_limit_for
 from services.steptime.model import BatchShape, StepModel
 from services.steptime.predict import prefill_seconds, prefill_shape
 
@@ -82,7 +82,7 @@ def worker_times(cfg: ClusterConfig, model: StepModel, stats: EngineStats,
                        cfg.prefill.replicas,
                        kv_bytes_per_token / (cfg.decode.disagg.kv_transfer_gbps * 1e9),
                        chunk_limit_for(cfg.engine, stats.runner.device, model,
-                                       DeviceSpeed(*stats.step_speed) if stats.step_speed else None,
+                                       stats.step_speed,
                                        stats.row_step_tokens),
                        local_bias, remote_bias)
 

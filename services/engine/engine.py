@@ -23,7 +23,7 @@ from services.engine.request import GenerateRequest
 from services.engine.runner.base import ModelRunner, RunnerInfo
 from services.engine.scheduler import InvalidRequestError, Scheduler
 from services.engine.timings import EngineTimings
-from services.steptime.chunk import chunk_limit_for, measures_speed
+from services.steptime.chunk import DeviceSpeed, chunk_limit_for, measures_speed
 
 if TYPE_CHECKING:
     from services.engine.grammar.batch_mask import BatchMask, MaskBuilder, MaskFiller
@@ -57,9 +57,9 @@ class EngineStats:
     grammar: GrammarStats | None = None
     # What computes the steps (device, dtype, quantization, CPU kernel set).
     runner: RunnerInfo = RunnerInfo()
-    # Measured / modelled seconds of its steps (DeviceSpeed): (decode-only, with prefill,
-    # with prefill as rows); None: no ITL target, or a runner whose steps take no real time.
-    step_speed: tuple[float, float, float] | None = None
+    # Measured / modelled seconds of its steps (a copy of its DeviceSpeed); None: no ITL
+    # target, or a runner whose steps take no real time.
+    step_speed: DeviceSpeed | None = None
     # The runner's ModelRunner.row_step_tokens (the decode worker's prediction chunks by it)
     row_step_tokens: int = 0
 
@@ -423,8 +423,7 @@ class LLMEngine:
             grammar=self.grammar.stats if self.grammar is not None else None,
             timings=self.timings,
             runner=self.runner.info,
-            step_speed=((self.speed.decode, self.speed.prefill, self.speed.rows)
-                        if self.speed is not None else None),
+            step_speed=self.speed.snapshot() if self.speed is not None else None,
             row_step_tokens=self.runner.row_step_tokens,
         )
 

@@ -50,10 +50,19 @@ class EngineStatsCollector(Collector):
                 "model's fit: decode (decode-only steps), prefill (steps with prefill, which the "
                 "ITL target's budget reads), rows (steps with a few prefill tokens that ran as "
                 "per-token rows, the CPU's one-call step)", labels=["kind"])
-            speed.add_metric(["decode"], s.step_speed[0])
-            speed.add_metric(["prefill"], s.step_speed[1])
-            speed.add_metric(["rows"], s.step_speed[2])
+            spread = GaugeMetricFamily(
+                "tandem_worker_engine_step_speed_spread",
+                "Root-mean-square relative deviation of a step's measured / modelled seconds "
+                "from its moving mean, by fit: the ITL target plans steps this many times "
+                "over above the mean (services/steptime/chunk.py PLAN_SPREADS)", labels=["kind"])
+            sp = s.step_speed
+            for kind, ratio, dev in (("decode", sp.decode, sp.decode_spread),
+                                     ("prefill", sp.prefill, sp.prefill_spread),
+                                     ("rows", sp.rows, sp.rows_spread)):
+                speed.add_metric([kind], ratio)
+                spread.add_metric([kind], dev)
             yield speed
+            yield spread
         if s.grammar is not None:
             yield from _grammar_metrics(s.grammar)
 

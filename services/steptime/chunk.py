@@ -22,6 +22,7 @@ instance of the CPU, runs its steps in another time (docs/engine.md "The ITL tar
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -131,44 +132,90 @@ class StepCost:
         return int(t)
 
 
-# DeviceSpeed: the weight of each new step, and the bounds of one step's measured /
-# predicted (a step stalled by a page fault or a busy core moves the mean a little only).
+# DeviceSpeed: the least weight of a new step (a fit's first steps weigh more: below), the
+# bounds of one step's measured / predicted, and how far from its fit's mean one step counts
+# (a step stalled by a page fault or a busy core counts as twice the mean at most).
 SPEED_WEIGHT = 0.05
 SPEED_BOUNDS = (0.25, 4.0)
+STEP_SWING = 2.0
+# How many spreads above its mean ratio a target plans a step at (DeviceSpeed.plan): steps
+# of one shape scatter around the fit by ~5-15% on the CPU, and a target met only on
+# average is missed by every step above it (ITL p99 at 1.2-1.5x a 100 ms target before).
+PLAN_SPREADS = 2.0
+
+
+def _moved(mean: float, spread: float, r: float, n: int) -> tuple[float, float]:
+    """A fit's (mean, spread) after its ``n``-th step's ratio ``r`` (DeviceSpeed)."""
+    w = max(1.0 / (n + 1), SPEED_WEIGHT)
+    r = min(max(r, mean / STEP_SWING), mean * STEP_SWING)
+    dev = (r - mean) / mean
+    return mean + w * (r - mean), math.sqrt(spread * spread + w * (dev * dev - spread * spread))
 
 
 @dataclass(slots=True)
 class DeviceSpeed:
-    """Measured / predicted seconds of this engine's steps, an exponentially weighted mean
-    from 1 for each of the model's two fits: ``decode`` (decode-only steps) and ``prefill``
-    (steps with prefill, beside decodes or not). They differ: with 2 threads on the 1-thread
-    CPU profile a decode-only step takes ~0.5 of its prediction (the one-call decode kernel
-    splits across threads) and a small prefill step ~1.1 (its fixed cost does not). The
-    target governs steps with prefill: it reads ``prefill``. The engine feeds it
+    """Measured / predicted seconds of this engine's steps, a moving mean from 1 for each
+    of the model's three fits: ``decode`` (decode-only steps), ``prefill`` (steps with
+    prefill on the eager forward, beside decodes or not) and ``rows`` (steps whose prefill
+    ran as per-token rows: ``ChunkLimit.row_tokens``, the CPU's one-call step). They differ:
+    with 2 threads on the 1-thread CPU profile a decode-only step takes ~0.5 of its
+    prediction (the one-call decode kernel splits across threads) and a small prefill step
+    ~1.1 (its fixed cost does not); on a CPU other than the profile's, the eager forward just
+    past the row limit took ~1.3x its prediction where rows took ~0.95x. The engine feeds it
     (``observe``) where its steps take real time (a CPU or CUDA runner; the mock and the
-    simulator's runner take their model's time already)."""
+    simulator's runner take their model's time already).
+
+    Each fit's mean weighs its n-th step ``max(1 / (n + 1), SPEED_WEIGHT)``: a running
+    mean with the prior (1) as one step, then a moving one. A fit the engine uses rarely
+    (the eager forward beside streams, a few steps a minute) learns its speed within its
+    first few steps, where a fixed 0.05 left it ~60% of the way short after ten. One step
+    counts within ``STEP_SWING`` times its fit's mean either way. Beside each
+    mean, ``*_spread``: the moving root-mean-square of a step's relative deviation from it;
+    a target plans at ``plan`` (the mean plus ``PLAN_SPREADS`` spreads), so steps that
+    scatter above the mean still keep it."""
 
     decode: float = 1.0
     prefill: float = 1.0
-    # Steps with prefill that ran as per-token rows (``ChunkLimit.row_tokens``: the CPU's
-    # one-call step), apart: the eager forward they would otherwise share a mean with costs
-    # ~1.5x its prediction at 33-51 prefill tokens beside 8 streams where rows cost ~1.05x
-    # (docs/engine.md "The ITL target").
     rows: float = 1.0
     steps: int = 0
+    decode_spread: float = 0.0
+    prefill_spread: float = 0.0
+    rows_spread: float = 0.0
+    decode_steps: int = 0
+    prefill_steps: int = 0
+    rows_steps: int = 0
 
     def observe(self, with_prefill: bool, predicted_s: float, measured_s: float,
                 rows: bool = False) -> None:
         if predicted_s <= 0 or measured_s <= 0:
             return
         r = min(max(measured_s / predicted_s, SPEED_BOUNDS[0]), SPEED_BOUNDS[1])
+        # NOTE: a branch per fit rather than getattr by name: this runs every step.
         if with_prefill and rows:
-            self.rows += SPEED_WEIGHT * (r - self.rows)
+            self.rows_steps += 1
+            self.rows, self.rows_spread = _moved(self.rows, self.rows_spread, r, self.rows_steps)
         elif with_prefill:
-            self.prefill += SPEED_WEIGHT * (r - self.prefill)
+            self.prefill_steps += 1
+            self.prefill, self.prefill_spread = _moved(self.prefill, self.prefill_spread, r,
+                                                       self.prefill_steps)
         else:
-            self.decode += SPEED_WEIGHT * (r - self.decode)
+            self.decode_steps += 1
+            self.decode, self.decode_spread = _moved(self.decode, self.decode_spread, r,
+                                                     self.decode_steps)
         self.steps += 1
+
+    def plan(self, fit: str) -> float:
+        """The ratio a target plans ``fit``'s steps at ("decode", "prefill" or "rows"): its
+        mean, ``PLAN_SPREADS`` spreads above."""
+        if fit == "rows":
+            return self.rows * (1.0 + PLAN_SPREADS * self.rows_spread)
+        if fit == "prefill":
+            return self.prefill * (1.0 + PLAN_SPREADS * self.prefill_spread)
+        return self.decode * (1.0 + PLAN_SPREADS * self.decode_spread)
+
+    def snapshot(self) -> DeviceSpeed:
+        """A copy, for a reader on another thread (EngineStats)."""
+        return DeviceSpeed(**{f.name: getattr(self, f.name) for f in dataclasses.fields(DeviceSpeed)})
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +251,7 @@ class ChunkLimit:
         """Model seconds the prefill slices of a step with no decode share (inf: no bound)."""
         if not self.lone_target_s:
             return math.inf
-        return self.lone_target_s / self.speed.prefill - self.cost.fixed_seconds(0, 0)
+        return self.lone_target_s / self.speed.plan("prefill") - self.cost.fixed_seconds(0, 0)
 
     def takes_rows(self, eager_left: float, start: int) -> bool:
         """Whether a step beside running decodes should hold at most ``row_tokens`` of
@@ -225,7 +272,7 @@ class ChunkLimit:
         nearer its first, and a burst of prompts held to a sliver a step beside the few
         streams it started first would leave most of the burst waiting (32 prompts at
         once: half the output rate, 4x the TTFT, docs/engine.md "The ITL target")."""
-        speed = self.speed.rows if rows else self.speed.prefill
+        speed = self.speed.plan("rows" if rows else "prefill")
         return (self._target_s(decode_seqs, queued) / speed
                 - self.cost_of(rows).fixed_seconds(decode_seqs, decode_context))
 
@@ -254,7 +301,8 @@ class ChunkLimit:
         skipping it for a step of their decodes alone right after: they wait for both, so
         the two together keep the target."""
         c, sp = self.cost, self.speed
-        return ((self._target_s(decode_seqs, queued) - sp.decode * c.decode_seconds(decode_seqs, decode_context)) / sp.prefill
+        return ((self._target_s(decode_seqs, queued) - sp.plan("decode") * c.decode_seconds(decode_seqs, decode_context))
+                / sp.plan("prefill")
                 - c.fixed_seconds(0, 0))
 
     def first_chunk(self, tokens: int, start: int, decode_seqs: int, decode_context: int,

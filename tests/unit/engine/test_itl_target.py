@@ -18,8 +18,9 @@ from services.engine.runner.base import RunnerInfo
 from services.engine.runner.mock_runner import MockRunner
 from services.engine.scheduler import LONE_BOUND_REQUESTS
 from services.steptime.chunk import (
-    SPEED_BOUNDS,
+    PLAN_SPREADS,
     SPEED_WEIGHT,
+    STEP_SWING,
     ChunkLimit,
     DeviceSpeed,
     StepCost,
@@ -287,10 +288,54 @@ def test_device_speed_is_a_bounded_moving_mean_of_measured_over_predicted_for_ea
     assert speed.steps == 800
     speed.observe(True, 0.0, 1.0)  # nothing predicted: nothing learnt
     assert speed.steps == 800
+    # a step stalled 10,000x counts as twice the mean: settled, it moves the mean by the least
+    # weight; as a fit's first step, it weighs as much as the prior
+    settled = speed.prefill
+    speed.observe(True, 0.010, 100.0)
+    assert speed.prefill == pytest.approx(settled + SPEED_WEIGHT * (STEP_SWING - 1) * settled)
     once = DeviceSpeed()
-    once.observe(True, 0.010, 100.0)  # a step stalled 10,000x counts as 4x, and weighs little
-    assert once.prefill == pytest.approx(1 + SPEED_WEIGHT * (SPEED_BOUNDS[1] - 1))
-    assert once.decode == 1.0
+    once.observe(True, 0.010, 100.0)
+    assert once.prefill == pytest.approx((1 + STEP_SWING) / 2) and once.decode == 1.0
+    once.observe(True, 1.0, 1e-6)  # and 1,000,000x fast counts as half the mean
+    assert once.prefill == pytest.approx(1.5 + (1.5 / STEP_SWING - 1.5) / 3)
+
+
+def test_a_fit_learns_its_speed_within_its_first_steps() -> None:
+    """The eager forward beside streams runs a few steps a minute: a fixed small weight left
+    its mean most of the way short of the device's speed for minutes."""
+    speed = DeviceSpeed()
+    for n in range(1, 6):
+        speed.observe(True, 0.1, 0.13)
+        # a running mean with the prior (1) as one step
+        assert speed.prefill == pytest.approx((1 + 1.3 * n) / (n + 1))
+    assert speed.prefill > 1.24 and speed.prefill_steps == 5
+    assert speed.decode == speed.rows == 1.0 and speed.decode_steps == speed.rows_steps == 0
+    for _ in range(200):  # past 1 / SPEED_WEIGHT steps the weight stays at its least
+        speed.observe(True, 0.1, 0.13)
+    before = speed.prefill
+    speed.observe(True, 0.1, 0.10)
+    assert speed.prefill == pytest.approx(before + SPEED_WEIGHT * (1.0 - before))
+
+
+def test_steps_that_scatter_are_planned_above_their_mean() -> None:
+    steady, scattered = DeviceSpeed(), DeviceSpeed()
+    for i in range(400):
+        steady.observe(True, 0.1, 0.1, rows=True)
+        scattered.observe(True, 0.1, 0.09 if i % 2 else 0.11, rows=True)
+    assert steady.rows_spread == pytest.approx(0.0, abs=1e-6) and steady.plan("rows") == pytest.approx(1.0)
+    assert scattered.rows == pytest.approx(1.0, abs=0.01)
+    assert scattered.rows_spread == pytest.approx(0.1, abs=0.01)
+    assert scattered.plan("rows") == pytest.approx(1.0 + PLAN_SPREADS * scattered.rows_spread, rel=0.02)
+    assert scattered.plan("prefill") == scattered.plan("decode") == 1.0  # the other fits untouched
+    # the target's slices share its seconds at the planned ratio: the scattering device fits less
+    for fit, kw in (("rows", {"rows": True}), ("prefill", {})):
+        a, b = DeviceSpeed(), DeviceSpeed()
+        for i in range(400):
+            a.observe(True, 0.1, 0.1, **kw)
+            b.observe(True, 0.1, 0.08 if i % 2 else 0.12, **kw)
+        left_a = ChunkLimit.of(MODEL, 40.0, 4, a).seconds_left(6, 60, rows=fit == "rows")
+        left_b = ChunkLimit.of(MODEL, 40.0, 4, b).seconds_left(6, 60, rows=fit == "rows")
+        assert left_b < left_a
 
 
 def test_a_faster_device_fits_more_prefill_under_the_same_target() -> None:
@@ -349,7 +394,9 @@ def test_the_engine_feeds_every_step_to_the_speed_where_steps_take_real_time(
                                               for sh in shapes]
         assert len(seen) >= 5 and any(w for w, _, _ in seen) and not all(w for w, _, _ in seen)
         assert all(m > 0 for _, _, m in seen)
-        assert eng.stats().step_speed == (speed.decode, speed.prefill, speed.rows)
+        got = eng.stats().step_speed
+        assert got == DeviceSpeed(speed.decode, speed.prefill, speed.rows, speed.steps)
+        assert got is not speed  # a copy: the step thread goes on moving its own
 
 
 class _CheapDecodes:
@@ -429,9 +476,9 @@ class _RowsMock(MockRunner):
 def test_rows_have_a_speed_of_their_own() -> None:
     speed = DeviceSpeed()
     speed.observe(True, 0.1, 0.05, rows=True)
-    assert speed.rows == pytest.approx(1 + SPEED_WEIGHT * (0.5 - 1)) and speed.prefill == 1.0
+    assert speed.rows == pytest.approx(0.75) and speed.prefill == 1.0  # the first step weighs 1/2
     speed.observe(True, 0.1, 0.2)
-    assert speed.prefill == pytest.approx(1 + SPEED_WEIGHT * (2 - 1)) and speed.decode == 1.0
+    assert speed.prefill == pytest.approx(1.5) and speed.decode == 1.0 and speed.rows == pytest.approx(0.75)
 
 
 @pytest.mark.parametrize(("target_ms", "rows", "chunk"), [

@@ -40,6 +40,7 @@ CONTRACT_METRICS = {
     "tandem_worker_prefill_total",
     "tandem_worker_engine_step_seconds",
     "tandem_worker_engine_step_speed_ratio",
+    "tandem_worker_engine_step_speed_spread",
     "tandem_worker_request_queue_seconds",
     "tandem_worker_request_prefill_seconds",
     "tandem_worker_request_decode_seconds",
