@@ -142,6 +142,11 @@ STEP_SWING = 2.0
 # of one shape scatter around the fit by ~5-15% on the CPU, and a target met only on
 # average is missed by every step above it (ITL p99 at 1.2-1.5x a 100 ms target before).
 PLAN_SPREADS = 2.0
+# The most a target plans above the mean (a fraction of it). Quiet, the spreads are ~0.05-0.12
+# and the margin they give is what keeps the target; on a cluster whose workers share the
+# cores they reach 0.2-0.3, mostly stalls from the neighbours that no smaller chunk avoids,
+# and the whole margin cost TTFT without lowering the served ITL tail.
+MAX_PLAN_MARGIN = 0.25
 
 
 def _moved(mean: float, spread: float, r: float, n: int) -> tuple[float, float]:
@@ -184,6 +189,15 @@ class DeviceSpeed:
     decode_steps: int = 0
     prefill_steps: int = 0
     rows_steps: int = 0
+    # Each fit's seconds as modelled and as timed, summed over its steps (unclamped): the
+    # ratio of two readings' differences is the speed over the window between them
+    # (``tandem sim calibrate`` runs the simulator at the speed a real cluster's steps ran).
+    decode_model_s: float = 0.0
+    decode_timed_s: float = 0.0
+    prefill_model_s: float = 0.0
+    prefill_timed_s: float = 0.0
+    rows_model_s: float = 0.0
+    rows_timed_s: float = 0.0
 
     def observe(self, with_prefill: bool, predicted_s: float, measured_s: float,
                 rows: bool = False) -> None:
@@ -194,24 +208,32 @@ class DeviceSpeed:
         if with_prefill and rows:
             self.rows_steps += 1
             self.rows, self.rows_spread = _moved(self.rows, self.rows_spread, r, self.rows_steps)
+            self.rows_model_s += predicted_s
+            self.rows_timed_s += measured_s
         elif with_prefill:
             self.prefill_steps += 1
             self.prefill, self.prefill_spread = _moved(self.prefill, self.prefill_spread, r,
                                                        self.prefill_steps)
+            self.prefill_model_s += predicted_s
+            self.prefill_timed_s += measured_s
         else:
             self.decode_steps += 1
             self.decode, self.decode_spread = _moved(self.decode, self.decode_spread, r,
                                                      self.decode_steps)
+            self.decode_model_s += predicted_s
+            self.decode_timed_s += measured_s
         self.steps += 1
 
     def plan(self, fit: str) -> float:
         """The ratio a target plans ``fit``'s steps at ("decode", "prefill" or "rows"): its
-        mean, ``PLAN_SPREADS`` spreads above."""
+        mean, ``PLAN_SPREADS`` spreads above, at most ``MAX_PLAN_MARGIN`` of it above."""
         if fit == "rows":
-            return self.rows * (1.0 + PLAN_SPREADS * self.rows_spread)
-        if fit == "prefill":
-            return self.prefill * (1.0 + PLAN_SPREADS * self.prefill_spread)
-        return self.decode * (1.0 + PLAN_SPREADS * self.decode_spread)
+            mean, spread = self.rows, self.rows_spread
+        elif fit == "prefill":
+            mean, spread = self.prefill, self.prefill_spread
+        else:
+            mean, spread = self.decode, self.decode_spread
+        return mean * (1.0 + min(PLAN_SPREADS * spread, MAX_PLAN_MARGIN))
 
     def snapshot(self) -> DeviceSpeed:
         """A copy, for a reader on another thread (EngineStats)."""

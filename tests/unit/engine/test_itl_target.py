@@ -18,6 +18,7 @@ from services.engine.runner.base import RunnerInfo
 from services.engine.runner.mock_runner import MockRunner
 from services.engine.scheduler import LONE_BOUND_REQUESTS
 from services.steptime.chunk import (
+    MAX_PLAN_MARGIN,
     PLAN_SPREADS,
     SPEED_WEIGHT,
     STEP_SWING,
@@ -327,6 +328,10 @@ def test_steps_that_scatter_are_planned_above_their_mean() -> None:
     assert scattered.rows_spread == pytest.approx(0.1, abs=0.01)
     assert scattered.plan("rows") == pytest.approx(1.0 + PLAN_SPREADS * scattered.rows_spread, rel=0.02)
     assert scattered.plan("prefill") == scattered.plan("decode") == 1.0  # the other fits untouched
+    # a spread past the cap (a machine shared with other work) plans at most that far above
+    wild = DeviceSpeed(prefill=1.2, prefill_spread=0.3)
+    assert PLAN_SPREADS * 0.3 > MAX_PLAN_MARGIN
+    assert wild.plan("prefill") == pytest.approx(1.2 * (1 + MAX_PLAN_MARGIN))
     # the target's slices share its seconds at the planned ratio: the scattering device fits less
     for fit, kw in (("rows", {"rows": True}), ("prefill", {})):
         a, b = DeviceSpeed(), DeviceSpeed()
@@ -551,3 +556,49 @@ def test_a_head_that_cannot_get_in_leaves_the_lone_step_to_the_running_prompt() 
     while "long" in eng.scheduler.seqs:
         sizes.append({s.request_id: len(s.token_ids) for s in step(eng, runner).seqs})
     assert sizes == [{"long": 96}, {"long": 96}, {"long": 12}]
+
+
+def test_each_fit_sums_its_steps_as_modelled_and_as_timed() -> None:
+    """Unclamped, so the ratio of two readings' differences is the window's own speed."""
+    speed = DeviceSpeed()
+    speed.observe(False, 0.010, 0.008)
+    speed.observe(True, 0.100, 0.150)
+    speed.observe(True, 0.040, 0.036, rows=True)
+    speed.observe(True, 0.001, 1.0)  # a stall counts in full here, unlike in the mean
+    speed.observe(True, 0.0, 1.0)  # nothing predicted: nothing summed either
+    assert (speed.decode_model_s, speed.decode_timed_s) == pytest.approx((0.010, 0.008))
+    assert (speed.prefill_model_s, speed.prefill_timed_s) == pytest.approx((0.101, 1.150))
+    assert (speed.rows_model_s, speed.rows_timed_s) == pytest.approx((0.040, 0.036))
+    copy = speed.snapshot()
+    speed.observe(False, 0.010, 0.010)
+    assert copy.decode_model_s == pytest.approx(0.010) and copy.decode_steps == 1
+
+
+def test_the_summed_seconds_are_worker_metrics() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from services.engine.stats_metrics import EngineStatsCollector
+    from services.sim.calibrate import _STEP_SECONDS_METRIC
+
+    cfg = mock_cfg(block_size=4, num_kv_blocks=64).model_copy(update={"itl_target_ms": 40.0})
+    eng = LLMEngine(_CpuMock(cfg), cfg, [EOS], step_model=MODEL)
+    eng.add_request(req("a", list(range(100, 140)), max_tokens=4))
+    while eng.has_unfinished():
+        eng.step()
+    sp = eng.stats().step_speed
+    assert sp is not None and sp.prefill_model_s > 0 and sp.decode_model_s > 0
+    reg = CollectorRegistry()
+    reg.register(EngineStatsCollector(eng.stats))
+    for fit in ("decode", "prefill", "rows"):
+        for what in ("modelled", "timed"):
+            got = reg.get_sample_value(f"tandem_worker_engine_step_{what}_seconds_total", {"kind": fit})
+            assert got == pytest.approx(getattr(sp, f"{fit}_{'model' if what == 'modelled' else 'timed'}_s"))
+        assert reg.get_sample_value("tandem_worker_engine_step_speed_spread", {"kind": fit}) == pytest.approx(
+            getattr(sp, f"{fit}_spread"))
+    from prometheus_client.exposition import generate_latest
+
+    # what `tandem sim calibrate` reads off a worker's /metrics
+    found = {(w, f): float(v) for w, f, v in _STEP_SECONDS_METRIC.findall(generate_latest(reg).decode())}
+    assert found[("modelled", "prefill")] == pytest.approx(sp.prefill_model_s)
+    assert found[("timed", "decode")] == pytest.approx(sp.decode_timed_s)
+    assert len(found) == 6
