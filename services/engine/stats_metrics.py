@@ -53,16 +53,29 @@ class EngineStatsCollector(Collector):
             spread = GaugeMetricFamily(
                 "tandem_worker_engine_step_speed_spread",
                 "Root-mean-square relative deviation of a step's measured / modelled seconds "
-                "from its moving mean, by fit: the ITL target plans steps this many times "
-                "over above the mean (services/steptime/chunk.py PLAN_SPREADS)", labels=["kind"])
+                "from its fit's mean: the ITL target plans a step two such spreads above the "
+                "mean (services/steptime/chunk.py PLAN_SPREADS)", labels=["kind"])
+            modelled = CounterMetricFamily(
+                "tandem_worker_engine_step_modelled_seconds",
+                "The engine's steps as its step-time model prices them, summed, by fit: with "
+                "tandem_worker_engine_step_timed_seconds, the speed over any window "
+                "(the rate of one over the rate of the other)", labels=["kind"])
+            timed = CounterMetricFamily(
+                "tandem_worker_engine_step_timed_seconds",
+                "The same steps as timed, summed, by fit", labels=["kind"])
             sp = s.step_speed
-            for kind, ratio, dev in (("decode", sp.decode, sp.decode_spread),
-                                     ("prefill", sp.prefill, sp.prefill_spread),
-                                     ("rows", sp.rows, sp.rows_spread)):
+            for kind, ratio, dev, model_s, timed_s in (
+                    ("decode", sp.decode, sp.decode_spread, sp.decode_model_s, sp.decode_timed_s),
+                    ("prefill", sp.prefill, sp.prefill_spread, sp.prefill_model_s, sp.prefill_timed_s),
+                    ("rows", sp.rows, sp.rows_spread, sp.rows_model_s, sp.rows_timed_s)):
                 speed.add_metric([kind], ratio)
                 spread.add_metric([kind], dev)
+                modelled.add_metric([kind], model_s)
+                timed.add_metric([kind], timed_s)
             yield speed
             yield spread
+            yield modelled
+            yield timed
         if s.grammar is not None:
             yield from _grammar_metrics(s.grammar)
 

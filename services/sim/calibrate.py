@@ -35,6 +35,7 @@ from services.bench.metrics import request_latencies, summarize
 from services.bench.results import header, load_average, write_json
 from services.bench.workloads import BenchRequest, oracle_hit_rate
 from services.common.config import ClusterConfig, load_config
+from services.engine.runner.cpu_decode import ONE_CALL_PREFILL_TOKENS
 from services.launcher.up import served_name
 from services.sim.calibrate_compare import (
     REAL_TARGET_PCT,
@@ -51,7 +52,7 @@ from services.sim.records import SimResult
 from services.sim.report import summary
 from services.sim.simulator import simulate
 from services.sim.traces import from_bench
-from services.steptime.model import BatchShape, StepModel
+from services.steptime.model import BatchShape, ScaledStepModel, StepModel
 from services.steptime.profile import SHIPPED_CPU_PROFILE, step_model_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -62,6 +63,10 @@ REMOTE_PROBE_EXTRA = 64  # a remote probe's tokens beyond decode.disagg.max_loca
 MOCK_KV_BYTES_PER_TOKEN = 2 * 4
 _REMOTE_METRIC = re.compile(r'^tandem_worker_prefill_total\{where="remote"\} ([0-9.e+-]+)$',
                             re.MULTILINE)
+_STEP_SECONDS_METRIC = re.compile(
+    r'^tandem_worker_engine_step_(modelled|timed)_seconds_total\{kind="(\w+)"\} ([0-9.e+-]+)$',
+    re.MULTILINE)
+FITS = ("decode", "prefill", "rows")
 
 
 def step_s(model: StepModel, prompt_len: int) -> float:
@@ -146,6 +151,52 @@ def remote_prefills(cfg: ClusterConfig) -> int | None:
     return int(total)
 
 
+def step_seconds(cfg: ClusterConfig) -> dict[tuple[str, str], float] | None:
+    """The engine workers' step seconds as modelled and as timed, by fit, summed over
+    every decode and prefill replica (``tandem_worker_engine_step_{modelled,timed}_seconds``);
+    None when a worker's /metrics cannot be read or exports none (no ITL target, the mock
+    runner)."""
+    total: dict[tuple[str, str], float] = {}
+    ports = [cfg.decode.metrics_port + i for i in range(cfg.decode.replicas)]
+    ports += [cfg.prefill.metrics_port + i for i in range(cfg.prefill.replicas)]
+    for port in ports:
+        try:
+            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5.0).text
+        except httpx.HTTPError:
+            return None
+        found = _STEP_SECONDS_METRIC.findall(text)
+        if not found:
+            return None
+        for what, fit, value in found:
+            total[what, fit] = total.get((what, fit), 0.0) + float(value)
+    return total
+
+
+def cluster_speeds(before: dict[tuple[str, str], float] | None,
+                   after: dict[tuple[str, str], float] | None) -> dict[str, float] | None:
+    """Timed over modelled seconds of each fit between two readings of ``step_seconds``,
+    for the fits some step used; None without both readings."""
+    if before is None or after is None:
+        return None
+    out = {}
+    for fit in FITS:
+        modelled = after.get(("modelled", fit), 0.0) - before.get(("modelled", fit), 0.0)
+        timed = after.get(("timed", fit), 0.0) - before.get(("timed", fit), 0.0)
+        if modelled > 0:
+            out[fit] = timed / modelled
+    return out
+
+
+def at_speeds(model: StepModel, speeds: dict[str, float]) -> ScaledStepModel:
+    """``model`` at a cluster's measured speeds (1 for a fit no step used). Where the workers
+    ran row steps, a step with up to the CPU kernels' row limit of prefill tokens is one (what
+    their ``rows`` fit timed); elsewhere (a CUDA runner) every prefill step is ``prefill``'s."""
+    prefill = speeds.get("prefill", 1.0)
+    rows = "rows" in speeds
+    return ScaledStepModel(model, speeds.get("decode", 1.0), prefill, speeds.get("rows", prefill),
+                           model.row_tokens or (ONE_CALL_PREFILL_TOKENS if rows else 0))
+
+
 def sim_config(cal: Calibration, config: str, ov: Overheads) -> ClusterConfig:
     """The real run's config, with what the simulator needs to know of that cluster."""
     extra = [f"sim.request_overhead_s={ov.request_s:.6f}"]
@@ -158,8 +209,8 @@ def sim_config(cal: Calibration, config: str, ov: Overheads) -> ClusterConfig:
     return load_config(config, [*extra, *cal.overrides])
 
 
-def run_real(cal: Calibration, config: str, args: argparse.Namespace,
-             log_dir: Path) -> tuple[RunResult, Overheads, int | None]:
+def run_real(cal: Calibration, config: str, args: argparse.Namespace, log_dir: Path
+             ) -> tuple[RunResult, Overheads, int | None, dict[str, float] | None]:
     cfg = load_config(config, list(cal.overrides))
     url = f"http://127.0.0.1:{cfg.frontend.port}"
     model = served_name(cfg)
@@ -173,19 +224,22 @@ def run_real(cal: Calibration, config: str, args: argparse.Namespace,
         if ov.remote_s is not None:
             print(f"  remote-prefill path {ov.remote_s * 1e3:.1f} ms (median remote probe TTFT "
                   f"{statistics.median(ov.remote_probe_ttft_s) * 1e3:.1f} ms)", flush=True)
+        seconds_before = step_seconds(cfg) if cfg.engine.runner != "mock" else None
         run = asyncio.run(run_workload(url, model, cal.requests, cal.arrivals,
                                        timeout_s=args.timeout,
                                        api_key=os.environ.get("OPENAI_API_KEY")))
         remote = remote_prefills(cfg) if cfg.prefill.replicas else 0
+        speeds = cluster_speeds(seconds_before, step_seconds(cfg) if seconds_before else None)
     if remote is not None and ov.remote_s is not None:
         remote -= len(ov.remote_probe_ttft_s) + 1  # the probes' own
-    return run, ov, remote
+    return run, ov, remote, speeds
 
 
-def run_sim(cal: Calibration, cfg: ClusterConfig) -> SimResult:
+def run_sim(cal: Calibration, cfg: ClusterConfig, model: StepModel | None = None) -> SimResult:
+    """The workload simulated on ``cfg`` with ``model`` (None: the one the config names)."""
     times = schedule(cal.arrivals, len(cal.requests), None, [r.arrival_s for r in cal.requests])
     assert times is not None  # every preset has a schedule
-    return simulate(cfg, from_bench(cal.requests, times), step_model_for(cfg),
+    return simulate(cfg, from_bench(cal.requests, times), model or step_model_for(cfg),
                     lambda r: list(r.prompt or ()))
 
 
@@ -209,7 +263,7 @@ def calibrate_one(cal: Calibration, args: argparse.Namespace, log_dir: Path) -> 
     print(f"== {cal.name}: {len(cal.requests)} requests, {config} "
           f"{' '.join(cal.overrides)}", flush=True)
     load_before = load_average()
-    run, ov, real_remote = run_real(cal, config, args, log_dir)
+    run, ov, real_remote, speeds = run_real(cal, config, args, log_dir)
     real_sum = summarize(run.records, run.duration_s)
     if real_sum.failed:
         print(f"  real run: {real_sum.failed} requests failed {real_sum.errors}", flush=True)
@@ -230,6 +284,18 @@ def calibrate_one(cal: Calibration, args: argparse.Namespace, log_dir: Path) -> 
               "real_duration_s": run.duration_s, "sim_wall_s": result.wall_s,
               "load_average_1m": {"before": load_before, "after": load_average()},
               "per_request": per_request(run, result)}
+    if speeds is not None:
+        # The same simulation with the device at the speed the cluster's steps ran: what is
+        # left is the simulator's model of scheduling and queueing, not the profile's speed.
+        at = run_sim(cal, cfg, at_speeds(step_model_for(cfg), speeds))
+        print("  the cluster's steps ran at " + ", ".join(f"{k} {v:.3f}" for k, v in speeds.items())
+              + " x the profile", flush=True)
+        at_rows = compare(f"{cal.name} @ cluster speed", real, Figures.of_sim(summary(at)),
+                          REAL_TARGET_PCT)
+        rows += at_rows
+        detail["cluster_speeds"] = speeds
+        detail["at_cluster_speed"] = {"sim": asdict(Figures.of_sim(summary(at))),
+                                      "rows": rows_json(at_rows)}
     return rows, detail
 
 

@@ -79,15 +79,16 @@ def compare(workload: str, real: Figures, sim: Figures, target_pct: float = TARG
 
 def table(rows: Sequence[Row]) -> str:
     labels = {k: label for k, label, _ in FIGURES}
-    lines = [f"{'workload':14s} {'figure':16s} {'real':>10s} {'sim':>10s} {'error':>9s}  target",
-             "-" * 70]
+    width = max([14, *(len(r.workload) for r in rows)])
+    lines = [f"{'workload':{width}s} {'figure':16s} {'real':>10s} {'sim':>10s} {'error':>9s}  target",
+             "-" * (width + 56)]
     for r in rows:
         prec = ".3f" if r.figure == "prefix_hit_rate" else ".1f"
         err = "n/a" if r.error_pct is None else f"{r.error_pct:+.1f}%"
         mark = {True: "ok", False: "MISS", None: "(info)"}[r.within]
         if r.within is not None:
             mark += f" ({r.target_pct:.0f}%)"
-        lines.append(f"{r.workload:14s} {labels[r.figure]:16s} {r.real:>10{prec}} "
+        lines.append(f"{r.workload:{width}s} {labels[r.figure]:16s} {r.real:>10{prec}} "
                      f"{r.sim:>10{prec}} {err:>9s}  {mark}")
     missed = sum(1 for r in rows if r.within is False)
     targeted = sum(1 for r in rows if r.within is not None)

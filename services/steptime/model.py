@@ -89,3 +89,38 @@ class MockStepModel:
     def steps_seconds(self, total: BatchShape, steps: int) -> float:
         return (self.step_base_s * steps + self.per_prefill_token_s * total.prefill_tokens
                 + self.per_decode_seq_s * total.decode_seqs)
+
+
+@dataclass(frozen=True, slots=True)
+class ScaledStepModel:
+    """``base`` run at measured speeds: each step's modelled seconds times the ratio its
+    fit ran at (measured / modelled, as an engine's ``DeviceSpeed`` sums them): ``decode``
+    for decode-only steps, ``rows`` for steps with up to ``row_tokens`` prefill tokens (the
+    CPU's one-call step), ``prefill`` for the longer ones. ``tandem sim calibrate`` runs the
+    simulator so at the speed a real cluster's steps ran, which a profile timed on a quiet
+    machine does not know (neighbouring workers and the other parts on the same cores)."""
+
+    base: StepModel
+    decode: float
+    prefill: float
+    rows: float
+    row_tokens: int
+
+    @property
+    def reads_decode_context(self) -> bool:
+        return self.base.reads_decode_context
+
+    @property
+    def overlap_pays(self) -> bool:
+        return self.base.overlap_pays
+
+    def _factor(self, prefill_tokens: int, steps: int) -> float:
+        if not prefill_tokens:
+            return self.decode
+        return self.rows if prefill_tokens <= self.row_tokens * steps else self.prefill
+
+    def step_seconds(self, shape: BatchShape) -> float:
+        return self.base.step_seconds(shape) * self._factor(shape.prefill_tokens, 1)
+
+    def steps_seconds(self, total: BatchShape, steps: int) -> float:
+        return self.base.steps_seconds(total, steps) * self._factor(total.prefill_tokens, steps)

@@ -41,6 +41,8 @@ CONTRACT_METRICS = {
     "tandem_worker_engine_step_seconds",
     "tandem_worker_engine_step_speed_ratio",
     "tandem_worker_engine_step_speed_spread",
+    "tandem_worker_engine_step_modelled_seconds_total",
+    "tandem_worker_engine_step_timed_seconds_total",
     "tandem_worker_request_queue_seconds",
     "tandem_worker_request_prefill_seconds",
     "tandem_worker_request_decode_seconds",

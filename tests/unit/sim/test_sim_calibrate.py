@@ -237,3 +237,44 @@ def test_a_profile_check_that_fails_stops_calibrate_with_its_error_before_any_cl
     assert 1 <= len(tail) <= calibrate.CHECK_STDERR_LINES
     assert "ModelNotFoundError: model path /nonexistent does not exist" in tail[-1]
     assert not logs.exists() and "== real-chat" not in out  # no cluster was started
+
+
+def test_the_clusters_speed_is_timed_over_modelled_seconds_between_two_readings() -> None:
+    from services.sim.calibrate import cluster_speeds
+
+    before = {("modelled", "decode"): 1.0, ("timed", "decode"): 0.9, ("modelled", "prefill"): 2.0,
+              ("timed", "prefill"): 2.0}
+    after = {("modelled", "decode"): 3.0, ("timed", "decode"): 3.4, ("modelled", "prefill"): 2.0,
+             ("timed", "prefill"): 2.0, ("modelled", "rows"): 0.5, ("timed", "rows"): 0.6}
+    # prefill: no step between the readings, so no speed
+    assert cluster_speeds(before, after) == pytest.approx({"decode": 1.25, "rows": 1.2})
+    assert cluster_speeds(None, after) is None and cluster_speeds(before, None) is None
+
+
+def test_a_model_at_the_clusters_speed_scales_each_fit_by_its_own() -> None:
+    from services.sim.calibrate import at_speeds
+    from services.steptime.chunk import StepCost
+    from services.steptime.model import MockStepModel
+
+    base = MockStepModel(0.004, 0.001, 0.002)
+    m = at_speeds(base, {"decode": 2.0, "prefill": 1.5, "rows": 1.2})
+    assert m.row_tokens == 32  # the base knows no row steps: the CPU kernels' limit
+    decode, rows, eager = BatchShape(decode_seqs=3), BatchShape(prefill_tokens=32), BatchShape(prefill_tokens=33)
+    assert m.step_seconds(decode) == pytest.approx(2.0 * base.step_seconds(decode))
+    assert m.step_seconds(rows) == pytest.approx(1.2 * base.step_seconds(rows))
+    assert m.step_seconds(eager) == pytest.approx(1.5 * base.step_seconds(eager))
+    # four steps of 32 prefill tokens each are row steps; of 33, not
+    assert m.steps_seconds(BatchShape(prefill_tokens=128), 4) == pytest.approx(
+        1.2 * base.steps_seconds(BatchShape(prefill_tokens=128), 4))
+    assert m.steps_seconds(BatchShape(prefill_tokens=132), 4) == pytest.approx(
+        1.5 * base.steps_seconds(BatchShape(prefill_tokens=132), 4))
+    # the scheduler's step cost reads the scaled model, rows apart
+    cost = StepCost.of(m)
+    assert cost.decode_seconds(3, 0) == pytest.approx(m.step_seconds(decode))
+    assert cost.rows is not None and cost.rows.per_token_s == pytest.approx(1.2 * 0.001)
+    assert cost.per_token_s == pytest.approx(1.5 * 0.001)
+    assert (m.reads_decode_context, m.overlap_pays) == (base.reads_decode_context, base.overlap_pays)
+    # workers that ran no row step (a CUDA runner): every prefill step at prefill's speed
+    gpu = at_speeds(base, {"decode": 0.9, "prefill": 1.1})
+    assert gpu.row_tokens == 0 and gpu.step_seconds(rows) == pytest.approx(1.1 * base.step_seconds(rows))
+    assert at_speeds(base, {}).step_seconds(decode) == pytest.approx(base.step_seconds(decode))
