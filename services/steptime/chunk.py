@@ -140,7 +140,7 @@ SPEED_BOUNDS = (0.25, 4.0)
 STEP_SWING = 2.0
 # How many spreads above its mean ratio a target plans a step at (DeviceSpeed.plan): steps
 # of one shape scatter around the fit by ~5-15% on the CPU, and a target met only on
-# average is missed by every step above it (ITL p99 at 1.2-1.5x a 100 ms target before).
+# average is missed by every step above it (ITL p99 at 1.3-1.5x a 100 ms target before).
 PLAN_SPREADS = 2.0
 # The most a target plans above the mean (a fraction of it). Quiet, the spreads are ~0.05-0.12
 # and the margin they give is what keeps the target; on a cluster whose workers share the
