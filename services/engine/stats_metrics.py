@@ -63,15 +63,11 @@ class EngineStatsCollector(Collector):
             timed = CounterMetricFamily(
                 "tandem_worker_engine_step_timed_seconds",
                 "The same steps as timed, summed, by fit", labels=["kind"])
-            sp = s.step_speed
-            for kind, ratio, dev, model_s, timed_s in (
-                    ("decode", sp.decode, sp.decode_spread, sp.decode_model_s, sp.decode_timed_s),
-                    ("prefill", sp.prefill, sp.prefill_spread, sp.prefill_model_s, sp.prefill_timed_s),
-                    ("rows", sp.rows, sp.rows_spread, sp.rows_model_s, sp.rows_timed_s)):
-                speed.add_metric([kind], ratio)
-                spread.add_metric([kind], dev)
-                modelled.add_metric([kind], model_s)
-                timed.add_metric([kind], timed_s)
+            for kind, fit in s.step_speed.fits():
+                speed.add_metric([kind], fit.mean)
+                spread.add_metric([kind], fit.spread)
+                modelled.add_metric([kind], fit.model_s)
+                timed.add_metric([kind], fit.timed_s)
             yield speed
             yield spread
             yield modelled

@@ -138,7 +138,7 @@ class StepCost:
 SPEED_WEIGHT = 0.05
 SPEED_BOUNDS = (0.25, 4.0)
 STEP_SWING = 2.0
-# How many spreads above its mean ratio a target plans a step at (DeviceSpeed.plan): steps
+# How many spreads above its mean ratio a target plans a step at (FitSpeed.plan): steps
 # of one shape scatter around the fit by ~5-15% on the CPU, and a target met only on
 # average is missed by every step above it (ITL p99 at 1.3-1.5x a 100 ms target before).
 PLAN_SPREADS = 2.0
@@ -149,24 +149,49 @@ PLAN_SPREADS = 2.0
 MAX_PLAN_MARGIN = 0.25
 
 
-def _moved(mean: float, spread: float, r: float, n: int) -> tuple[float, float]:
-    """A fit's (mean, spread) after its ``n``-th step's ratio ``r`` (DeviceSpeed)."""
-    w = max(1.0 / (n + 1), SPEED_WEIGHT)
-    r = min(max(r, mean / STEP_SWING), mean * STEP_SWING)
-    dev = (r - mean) / mean
-    return mean + w * (r - mean), math.sqrt(spread * spread + w * (dev * dev - spread * spread))
+@dataclass(slots=True)
+class FitSpeed:
+    """One fit's measured / predicted seconds (``DeviceSpeed``): ``mean`` from 1, ``spread``
+    (the moving root-mean-square of a step's relative deviation from the mean), the steps
+    seen, and their seconds as modelled and as timed, summed (unclamped: the ratio of two
+    readings' differences is the speed over the window between them, which ``tandem sim
+    calibrate`` runs the simulator at)."""
+
+    mean: float = 1.0
+    spread: float = 0.0
+    steps: int = 0
+    model_s: float = 0.0
+    timed_s: float = 0.0
+
+    def observe(self, r: float, predicted_s: float, measured_s: float) -> None:
+        """One step of ratio ``r`` (bounded already), ``predicted_s`` modelled, ``measured_s``
+        timed."""
+        self.steps += 1
+        w = max(1.0 / (self.steps + 1), SPEED_WEIGHT)
+        mean = self.mean
+        r = min(max(r, mean / STEP_SWING), mean * STEP_SWING)
+        dev = (r - mean) / mean
+        self.mean = mean + w * (r - mean)
+        self.spread = math.sqrt(self.spread * self.spread + w * (dev * dev - self.spread * self.spread))
+        self.model_s += predicted_s
+        self.timed_s += measured_s
+
+    def plan(self) -> float:
+        """The ratio a target plans this fit's steps at: the mean, ``PLAN_SPREADS`` spreads
+        above, at most ``MAX_PLAN_MARGIN`` of it above."""
+        return self.mean * (1.0 + min(PLAN_SPREADS * self.spread, MAX_PLAN_MARGIN))
 
 
 @dataclass(slots=True)
 class DeviceSpeed:
-    """Measured / predicted seconds of this engine's steps, a moving mean from 1 for each
-    of the model's three fits: ``decode`` (decode-only steps), ``prefill`` (steps with
-    prefill on the eager forward, beside decodes or not) and ``rows`` (steps whose prefill
-    ran as per-token rows: ``ChunkLimit.row_tokens``, the CPU's one-call step). They differ:
-    with 2 threads on the 1-thread CPU profile a decode-only step takes ~0.5 of its
-    prediction (the one-call decode kernel splits across threads) and a small prefill step
-    ~1.1 (its fixed cost does not); on a CPU other than the profile's, the eager forward just
-    past the row limit took ~1.3x its prediction where rows took ~0.95x. The engine feeds it
+    """Measured / predicted seconds of this engine's steps, a ``FitSpeed`` for each of the
+    model's three fits: ``decode`` (decode-only steps), ``prefill`` (steps with prefill on
+    the eager forward, beside decodes or not) and ``rows`` (steps whose prefill ran as
+    per-token rows: ``ChunkLimit.row_tokens``, the CPU's one-call step). They differ: with
+    2 threads on the 1-thread CPU profile a decode-only step takes ~0.5 of its prediction
+    (the one-call decode kernel splits across threads) and a small prefill step ~1.1 (its
+    fixed cost does not); on a CPU other than the profile's, the eager forward just past
+    the row limit took ~1.3x its prediction where rows took ~0.95x. The engine feeds it
     (``observe``) where its steps take real time (a CPU or CUDA runner; the mock and the
     simulator's runner take their model's time already).
 
@@ -174,70 +199,32 @@ class DeviceSpeed:
     mean with the prior (1) as one step, then a moving one. A fit the engine uses rarely
     (the eager forward beside streams, a few steps a minute) learns its speed within its
     first few steps, where a fixed 0.05 left it ~60% of the way short after ten. One step
-    counts within ``STEP_SWING`` times its fit's mean either way. Beside each
-    mean, ``*_spread``: the moving root-mean-square of a step's relative deviation from it;
-    a target plans at ``plan`` (the mean plus ``PLAN_SPREADS`` spreads), so steps that
-    scatter above the mean still keep it."""
+    counts within ``STEP_SWING`` times its fit's mean either way. A target plans at each
+    fit's ``plan`` (the mean plus ``PLAN_SPREADS`` spreads), so steps that scatter above the
+    mean still keep it."""
 
-    decode: float = 1.0
-    prefill: float = 1.0
-    rows: float = 1.0
+    decode: FitSpeed = field(default_factory=FitSpeed)
+    prefill: FitSpeed = field(default_factory=FitSpeed)
+    rows: FitSpeed = field(default_factory=FitSpeed)
     steps: int = 0
-    decode_spread: float = 0.0
-    prefill_spread: float = 0.0
-    rows_spread: float = 0.0
-    decode_steps: int = 0
-    prefill_steps: int = 0
-    rows_steps: int = 0
-    # Each fit's seconds as modelled and as timed, summed over its steps (unclamped): the
-    # ratio of two readings' differences is the speed over the window between them
-    # (``tandem sim calibrate`` runs the simulator at the speed a real cluster's steps ran).
-    decode_model_s: float = 0.0
-    decode_timed_s: float = 0.0
-    prefill_model_s: float = 0.0
-    prefill_timed_s: float = 0.0
-    rows_model_s: float = 0.0
-    rows_timed_s: float = 0.0
 
     def observe(self, with_prefill: bool, predicted_s: float, measured_s: float,
                 rows: bool = False) -> None:
         if predicted_s <= 0 or measured_s <= 0:
             return
         r = min(max(measured_s / predicted_s, SPEED_BOUNDS[0]), SPEED_BOUNDS[1])
-        # NOTE: a branch per fit rather than getattr by name: this runs every step.
-        if with_prefill and rows:
-            self.rows_steps += 1
-            self.rows, self.rows_spread = _moved(self.rows, self.rows_spread, r, self.rows_steps)
-            self.rows_model_s += predicted_s
-            self.rows_timed_s += measured_s
-        elif with_prefill:
-            self.prefill_steps += 1
-            self.prefill, self.prefill_spread = _moved(self.prefill, self.prefill_spread, r,
-                                                       self.prefill_steps)
-            self.prefill_model_s += predicted_s
-            self.prefill_timed_s += measured_s
-        else:
-            self.decode_steps += 1
-            self.decode, self.decode_spread = _moved(self.decode, self.decode_spread, r,
-                                                     self.decode_steps)
-            self.decode_model_s += predicted_s
-            self.decode_timed_s += measured_s
+        fit = self.rows if with_prefill and rows else self.prefill if with_prefill else self.decode
+        fit.observe(r, predicted_s, measured_s)
         self.steps += 1
 
-    def plan(self, fit: str) -> float:
-        """The ratio a target plans ``fit``'s steps at ("decode", "prefill" or "rows"): its
-        mean, ``PLAN_SPREADS`` spreads above, at most ``MAX_PLAN_MARGIN`` of it above."""
-        if fit == "rows":
-            mean, spread = self.rows, self.rows_spread
-        elif fit == "prefill":
-            mean, spread = self.prefill, self.prefill_spread
-        else:
-            mean, spread = self.decode, self.decode_spread
-        return mean * (1.0 + min(PLAN_SPREADS * spread, MAX_PLAN_MARGIN))
+    def fits(self) -> tuple[tuple[str, FitSpeed], ...]:
+        """(name, fit) of each fit, as the metrics label them."""
+        return (("decode", self.decode), ("prefill", self.prefill), ("rows", self.rows))
 
     def snapshot(self) -> DeviceSpeed:
         """A copy, for a reader on another thread (EngineStats)."""
-        return DeviceSpeed(**{f.name: getattr(self, f.name) for f in dataclasses.fields(DeviceSpeed)})
+        return DeviceSpeed(dataclasses.replace(self.decode), dataclasses.replace(self.prefill),
+                           dataclasses.replace(self.rows), self.steps)
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,7 +260,7 @@ class ChunkLimit:
         """Model seconds the prefill slices of a step with no decode share (inf: no bound)."""
         if not self.lone_target_s:
             return math.inf
-        return self.lone_target_s / self.speed.plan("prefill") - self.cost.fixed_seconds(0, 0)
+        return self.lone_target_s / self.speed.prefill.plan() - self.cost.fixed_seconds(0, 0)
 
     def takes_rows(self, eager_left: float, start: int) -> bool:
         """Whether a step beside running decodes should hold at most ``row_tokens`` of
@@ -294,7 +281,7 @@ class ChunkLimit:
         nearer its first, and a burst of prompts held to a sliver a step beside the few
         streams it started first would leave most of the burst waiting (32 prompts at
         once: half the output rate, 4x the TTFT, docs/engine.md "The ITL target")."""
-        speed = self.speed.plan("rows" if rows else "prefill")
+        speed = (self.speed.rows if rows else self.speed.prefill).plan()
         return (self._target_s(decode_seqs, queued) / speed
                 - self.cost_of(rows).fixed_seconds(decode_seqs, decode_context))
 
@@ -315,7 +302,7 @@ class ChunkLimit:
         sequence, so past a few streams a step of prefill alone, then one of decodes alone,
         beats mixing them."""
         c, sp = self.cost, self.speed
-        return sp.decode * c.decode_seconds(decode_seqs, decode_context) < sp.prefill * (
+        return sp.decode.mean * c.decode_seconds(decode_seqs, decode_context) < sp.prefill.mean * (
             c.per_decode_seq_s * decode_seqs + c.per_decode_context_s * decode_context)
 
     def split_seconds_left(self, decode_seqs: int, decode_context: int, queued: int = 0) -> float:
@@ -323,8 +310,8 @@ class ChunkLimit:
         skipping it for a step of their decodes alone right after: they wait for both, so
         the two together keep the target."""
         c, sp = self.cost, self.speed
-        return ((self._target_s(decode_seqs, queued) - sp.plan("decode") * c.decode_seconds(decode_seqs, decode_context))
-                / sp.plan("prefill")
+        return ((self._target_s(decode_seqs, queued) - sp.decode.plan() * c.decode_seconds(decode_seqs, decode_context))
+                / sp.prefill.plan()
                 - c.fixed_seconds(0, 0))
 
     def first_chunk(self, tokens: int, start: int, decode_seqs: int, decode_context: int,

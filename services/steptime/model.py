@@ -66,6 +66,12 @@ class StepModel(Protocol):
         ...
 
 
+def holds_rows(total: BatchShape, steps: int, row_tokens: int) -> bool:
+    """Whether ``steps`` prefill steps adding up to ``total`` are row steps: each holds
+    ``row_tokens`` prefill tokens or fewer (``total`` spread evenly over them)."""
+    return 0 < total.prefill_tokens <= row_tokens * steps
+
+
 @dataclass(frozen=True, slots=True)
 class MockStepModel:
     """``step_base_s + per_prefill_token_s * prefill_tokens + per_decode_seq_s * decode_seqs``:
@@ -114,13 +120,13 @@ class ScaledStepModel:
     def overlap_pays(self) -> bool:
         return self.base.overlap_pays
 
-    def _factor(self, prefill_tokens: int, steps: int) -> float:
-        if not prefill_tokens:
+    def _factor(self, total: BatchShape, steps: int) -> float:
+        if not total.prefill_tokens:
             return self.decode
-        return self.rows if prefill_tokens <= self.row_tokens * steps else self.prefill
+        return self.rows if holds_rows(total, steps, self.row_tokens) else self.prefill
 
     def step_seconds(self, shape: BatchShape) -> float:
-        return self.base.step_seconds(shape) * self._factor(shape.prefill_tokens, 1)
+        return self.base.step_seconds(shape) * self._factor(shape, 1)
 
     def steps_seconds(self, total: BatchShape, steps: int) -> float:
-        return self.base.steps_seconds(total, steps) * self._factor(total.prefill_tokens, steps)
+        return self.base.steps_seconds(total, steps) * self._factor(total, steps)

@@ -17,7 +17,7 @@ import numpy as np
 import yaml
 
 from services.common.config import ClusterConfig, EngineConfig
-from services.steptime.model import BatchShape, MockStepModel, StepModel
+from services.steptime.model import BatchShape, MockStepModel, StepModel, holds_rows
 
 FORMAT = 1
 
@@ -120,8 +120,7 @@ class ProfileStepModel:
     def runs_as_rows(self, total: BatchShape, steps: int) -> bool:
         """Whether ``steps`` prefill steps adding up to ``total`` are row steps: each holds
         ``row_tokens`` prefill tokens or fewer (``total`` spread evenly over them)."""
-        return (self.rows is not None and self.row_tokens > 0
-                and 0 < total.prefill_tokens <= self.row_tokens * steps)
+        return self.rows is not None and holds_rows(total, steps, self.row_tokens)
 
     def steps_seconds(self, total: BatchShape, steps: int) -> float:
         p = self.rows if self.rows is not None and self.runs_as_rows(total, steps) else self.prefill

@@ -24,6 +24,7 @@ from services.steptime.chunk import (
     STEP_SWING,
     ChunkLimit,
     DeviceSpeed,
+    FitSpeed,
     StepCost,
     chunk_limit_for,
 )
@@ -285,20 +286,20 @@ def test_device_speed_is_a_bounded_moving_mean_of_measured_over_predicted_for_ea
     for _ in range(400):
         speed.observe(False, 0.040, 0.020)  # decode-only steps run twice as fast as modelled
         speed.observe(True, 0.100, 0.110)  # steps with prefill 10% slower
-    assert speed.decode == pytest.approx(0.5, rel=1e-3) and speed.prefill == pytest.approx(1.1, rel=1e-3)
+    assert speed.decode.mean == pytest.approx(0.5, rel=1e-3) and speed.prefill.mean == pytest.approx(1.1, rel=1e-3)
     assert speed.steps == 800
     speed.observe(True, 0.0, 1.0)  # nothing predicted: nothing learnt
     assert speed.steps == 800
     # a step stalled 10,000x counts as twice the mean: settled, it moves the mean by the least
     # weight; as a fit's first step, it weighs as much as the prior
-    settled = speed.prefill
+    settled = speed.prefill.mean
     speed.observe(True, 0.010, 100.0)
-    assert speed.prefill == pytest.approx(settled + SPEED_WEIGHT * (STEP_SWING - 1) * settled)
+    assert speed.prefill.mean == pytest.approx(settled + SPEED_WEIGHT * (STEP_SWING - 1) * settled)
     once = DeviceSpeed()
     once.observe(True, 0.010, 100.0)
-    assert once.prefill == pytest.approx((1 + STEP_SWING) / 2) and once.decode == 1.0
+    assert once.prefill.mean == pytest.approx((1 + STEP_SWING) / 2) and once.decode.mean == 1.0
     once.observe(True, 1.0, 1e-6)  # and 1,000,000x fast counts as half the mean
-    assert once.prefill == pytest.approx(1.5 + (1.5 / STEP_SWING - 1.5) / 3)
+    assert once.prefill.mean == pytest.approx(1.5 + (1.5 / STEP_SWING - 1.5) / 3)
 
 
 def test_a_fit_learns_its_speed_within_its_first_steps() -> None:
@@ -308,14 +309,14 @@ def test_a_fit_learns_its_speed_within_its_first_steps() -> None:
     for n in range(1, 6):
         speed.observe(True, 0.1, 0.13)
         # a running mean with the prior (1) as one step
-        assert speed.prefill == pytest.approx((1 + 1.3 * n) / (n + 1))
-    assert speed.prefill > 1.24 and speed.prefill_steps == 5
-    assert speed.decode == speed.rows == 1.0 and speed.decode_steps == speed.rows_steps == 0
+        assert speed.prefill.mean == pytest.approx((1 + 1.3 * n) / (n + 1))
+    assert speed.prefill.mean > 1.24 and speed.prefill.steps == 5
+    assert speed.decode.mean == speed.rows.mean == 1.0 and speed.decode.steps == speed.rows.steps == 0
     for _ in range(200):  # past 1 / SPEED_WEIGHT steps the weight stays at its least
         speed.observe(True, 0.1, 0.13)
-    before = speed.prefill
+    before = speed.prefill.mean
     speed.observe(True, 0.1, 0.10)
-    assert speed.prefill == pytest.approx(before + SPEED_WEIGHT * (1.0 - before))
+    assert speed.prefill.mean == pytest.approx(before + SPEED_WEIGHT * (1.0 - before))
 
 
 def test_steps_that_scatter_are_planned_above_their_mean() -> None:
@@ -323,15 +324,15 @@ def test_steps_that_scatter_are_planned_above_their_mean() -> None:
     for i in range(400):
         steady.observe(True, 0.1, 0.1, rows=True)
         scattered.observe(True, 0.1, 0.09 if i % 2 else 0.11, rows=True)
-    assert steady.rows_spread == pytest.approx(0.0, abs=1e-6) and steady.plan("rows") == pytest.approx(1.0)
-    assert scattered.rows == pytest.approx(1.0, abs=0.01)
-    assert scattered.rows_spread == pytest.approx(0.1, abs=0.01)
-    assert scattered.plan("rows") == pytest.approx(1.0 + PLAN_SPREADS * scattered.rows_spread, rel=0.02)
-    assert scattered.plan("prefill") == scattered.plan("decode") == 1.0  # the other fits untouched
+    assert steady.rows.spread == pytest.approx(0.0, abs=1e-6) and steady.rows.plan() == pytest.approx(1.0)
+    assert scattered.rows.mean == pytest.approx(1.0, abs=0.01)
+    assert scattered.rows.spread == pytest.approx(0.1, abs=0.01)
+    assert scattered.rows.plan() == pytest.approx(1.0 + PLAN_SPREADS * scattered.rows.spread, rel=0.02)
+    assert scattered.prefill.plan() == scattered.decode.plan() == 1.0  # the other fits untouched
     # a spread past the cap (a machine shared with other work) plans at most that far above
-    wild = DeviceSpeed(prefill=1.2, prefill_spread=0.3)
+    wild = DeviceSpeed(prefill=FitSpeed(1.2, 0.3))
     assert PLAN_SPREADS * 0.3 > MAX_PLAN_MARGIN
-    assert wild.plan("prefill") == pytest.approx(1.2 * (1 + MAX_PLAN_MARGIN))
+    assert wild.prefill.plan() == pytest.approx(1.2 * (1 + MAX_PLAN_MARGIN))
     # the target's slices share its seconds at the planned ratio: the scattering device fits less
     for fit, kw in (("rows", {"rows": True}), ("prefill", {})):
         a, b = DeviceSpeed(), DeviceSpeed()
@@ -345,7 +346,7 @@ def test_steps_that_scatter_are_planned_above_their_mean() -> None:
 
 def test_a_faster_device_fits_more_prefill_under_the_same_target() -> None:
     limit = ChunkLimit.of(MODEL, 40.0, 4)
-    twice = ChunkLimit.of(MODEL, 40.0, 4, DeviceSpeed(decode=1.0, prefill=0.5))
+    twice = ChunkLimit.of(MODEL, 40.0, 4, DeviceSpeed(decode=FitSpeed(1.0), prefill=FitSpeed(0.5)))
     # 6 streams: 16 ms of the model's decodes. 40 ms leave 24 tokens at 1 ms a token; where
     # steps with prefill run twice as fast the 40 real ms are 80 model ms: 64 tokens.
     assert limit.first_chunk(1000, 0, 6, 6 * 10, 256) == 24
@@ -353,8 +354,8 @@ def test_a_faster_device_fits_more_prefill_under_the_same_target() -> None:
     # the decode-only ratio does not move a step with prefill, until decode-only steps run
     # fast enough that the split pays: 6 decodes alone at 0.25 x 16 ms = 4 ms against 12 ms
     # beside a prefill; the prefill step alone gets 40 - 4 - its 4 ms base = 32 tokens
-    assert ChunkLimit.of(MODEL, 40.0, 4, DeviceSpeed(decode=0.8)).first_chunk(1000, 0, 6, 60, 256) == 24
-    assert ChunkLimit.of(MODEL, 40.0, 4, DeviceSpeed(decode=0.25)).first_chunk(1000, 0, 6, 60, 256) == 32
+    assert ChunkLimit.of(MODEL, 40.0, 4, DeviceSpeed(decode=FitSpeed(0.8))).first_chunk(1000, 0, 6, 60, 256) == 24
+    assert ChunkLimit.of(MODEL, 40.0, 4, DeviceSpeed(decode=FitSpeed(0.25))).first_chunk(1000, 0, 6, 60, 256) == 32
 
 
 class _CpuMock(MockRunner):
@@ -481,9 +482,10 @@ class _RowsMock(MockRunner):
 def test_rows_have_a_speed_of_their_own() -> None:
     speed = DeviceSpeed()
     speed.observe(True, 0.1, 0.05, rows=True)
-    assert speed.rows == pytest.approx(0.75) and speed.prefill == 1.0  # the first step weighs 1/2
+    assert speed.rows.mean == pytest.approx(0.75) and speed.prefill.mean == 1.0  # the first step weighs 1/2
     speed.observe(True, 0.1, 0.2)
-    assert speed.prefill == pytest.approx(1.5) and speed.decode == 1.0 and speed.rows == pytest.approx(0.75)
+    assert (speed.prefill.mean == pytest.approx(1.5) and speed.decode.mean == 1.0
+            and speed.rows.mean == pytest.approx(0.75))
 
 
 @pytest.mark.parametrize(("target_ms", "rows", "chunk"), [
@@ -499,7 +501,7 @@ def test_a_step_beside_streams_takes_the_row_path_where_the_eager_step_fits_no_m
     eng = LLMEngine(runner, cfg, [EOS], step_model=MODEL)
     limit = eng.scheduler.chunk_limit
     assert limit is not None and limit.row_tokens == (8 if rows else 0)
-    limit.speed.rows = 0.5  # the row steps run at half the model's price
+    limit.speed.rows.mean = 0.5  # the row steps run at half the model's price
     start_streams(eng, runner, 2)
     eng.add_request(req("long", list(range(200, 400)), max_tokens=1))
     batch = step(eng, runner)
@@ -566,12 +568,12 @@ def test_each_fit_sums_its_steps_as_modelled_and_as_timed() -> None:
     speed.observe(True, 0.040, 0.036, rows=True)
     speed.observe(True, 0.001, 1.0)  # a stall counts in full here, unlike in the mean
     speed.observe(True, 0.0, 1.0)  # nothing predicted: nothing summed either
-    assert (speed.decode_model_s, speed.decode_timed_s) == pytest.approx((0.010, 0.008))
-    assert (speed.prefill_model_s, speed.prefill_timed_s) == pytest.approx((0.101, 1.150))
-    assert (speed.rows_model_s, speed.rows_timed_s) == pytest.approx((0.040, 0.036))
+    assert (speed.decode.model_s, speed.decode.timed_s) == pytest.approx((0.010, 0.008))
+    assert (speed.prefill.model_s, speed.prefill.timed_s) == pytest.approx((0.101, 1.150))
+    assert (speed.rows.model_s, speed.rows.timed_s) == pytest.approx((0.040, 0.036))
     copy = speed.snapshot()
     speed.observe(False, 0.010, 0.010)
-    assert copy.decode_model_s == pytest.approx(0.010) and copy.decode_steps == 1
+    assert copy.decode.model_s == pytest.approx(0.010) and copy.decode.steps == 1
 
 
 def test_the_summed_seconds_are_worker_metrics() -> None:
@@ -586,19 +588,19 @@ def test_the_summed_seconds_are_worker_metrics() -> None:
     while eng.has_unfinished():
         eng.step()
     sp = eng.stats().step_speed
-    assert sp is not None and sp.prefill_model_s > 0 and sp.decode_model_s > 0
+    assert sp is not None and sp.prefill.model_s > 0 and sp.decode.model_s > 0
     reg = CollectorRegistry()
     reg.register(EngineStatsCollector(eng.stats))
     for fit in ("decode", "prefill", "rows"):
         for what in ("modelled", "timed"):
             got = reg.get_sample_value(f"tandem_worker_engine_step_{what}_seconds_total", {"kind": fit})
-            assert got == pytest.approx(getattr(sp, f"{fit}_{'model' if what == 'modelled' else 'timed'}_s"))
+            assert got == pytest.approx(getattr(sp, fit).model_s if what == "modelled" else getattr(sp, fit).timed_s)
         assert reg.get_sample_value("tandem_worker_engine_step_speed_spread", {"kind": fit}) == pytest.approx(
-            getattr(sp, f"{fit}_spread"))
+            getattr(sp, fit).spread)
     from prometheus_client.exposition import generate_latest
 
     # what `tandem sim calibrate` reads off a worker's /metrics
     found = {(w, f): float(v) for w, f, v in _STEP_SECONDS_METRIC.findall(generate_latest(reg).decode())}
-    assert found[("modelled", "prefill")] == pytest.approx(sp.prefill_model_s)
-    assert found[("timed", "decode")] == pytest.approx(sp.decode_timed_s)
+    assert found[("modelled", "prefill")] == pytest.approx(sp.prefill.model_s)
+    assert found[("timed", "decode")] == pytest.approx(sp.decode.timed_s)
     assert len(found) == 6
