@@ -461,6 +461,12 @@ class SimConfig(_Strict):
     # How long an in-flight update one router replica makes (a route's add, a report it
     # applies) takes to reach the other replicas (a NATS publish); router.replicas > 1 only.
     inflight_delay_s: float = Field(0.002, ge=0)
+    # The CPUs of one host that every worker shares, and the runnable threads of other work
+    # on it: the OS shares CPUs among runnable threads, so a step composed while k workers
+    # step (itself among them) takes its model's time x max(1, (k x engine.threads +
+    # host_background) / host_cpus). 0 CPUs: no sharing, each worker has cores of its own.
+    host_cpus: float = Field(0.0, ge=0)
+    host_background: float = Field(0.0, ge=0)
     # Goodput targets, in milliseconds: keys ttft_ms, tpot_ms, itl_ms, e2e_ms.
     slo: dict[str, float] = {"ttft_ms": 2000.0}
     seed: int = 0

@@ -21,6 +21,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -197,9 +198,39 @@ def at_speeds(model: StepModel, speeds: dict[str, float]) -> ScaledStepModel:
                            model.row_tokens or (ONE_CALL_PREFILL_TOKENS if rows else 0))
 
 
-def sim_config(cal: Calibration, config: str, ov: Overheads) -> ClusterConfig:
+BACKGROUND_S = 3.0  # how long the CPU use before a cluster starts is measured
+
+
+def busy_cpus(seconds: float = BACKGROUND_S) -> float:
+    """The CPUs this machine kept busy over ``seconds`` (/proc/stat: all but idle and
+    iowait, so a hypervisor's steal counts): what runs beside the cluster to be measured."""
+    def read() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return sum(v) - v[3] - v[4], sum(v)
+
+    busy0, all0 = read()
+    time.sleep(seconds)
+    busy1, all1 = read()
+    return (os.cpu_count() or 1) * (busy1 - busy0) / max(1, all1 - all0)
+
+
+def host_share(arg: str, runner: str) -> tuple[float, float]:
+    """``sim.host_cpus`` and ``sim.host_background`` for a workload (``--host-cpus``):
+    ``auto``, this machine's CPUs and those busy just before the cluster starts (0 and 0 for
+    mock-runner workers, whose steps sleep); or the number given, with no background."""
+    if arg != "auto":
+        return float(arg), 0.0
+    if runner == "mock":
+        return 0.0, 0.0
+    return float(os.cpu_count() or 1), busy_cpus()
+
+
+def sim_config(cal: Calibration, config: str, ov: Overheads, cpus: float = 0.0,
+               background: float = 0.0) -> ClusterConfig:
     """The real run's config, with what the simulator needs to know of that cluster."""
-    extra = [f"sim.request_overhead_s={ov.request_s:.6f}"]
+    extra = [f"sim.request_overhead_s={ov.request_s:.6f}", f"sim.host_cpus={cpus:g}",
+             f"sim.host_background={background:.3f}"]
     if ov.remote_s is not None:
         extra.append(f"sim.kv_transfer_latency_s={ov.remote_s:.6f}")
     base = load_config(config, list(cal.overrides))
@@ -263,11 +294,15 @@ def calibrate_one(cal: Calibration, args: argparse.Namespace, log_dir: Path) -> 
     print(f"== {cal.name}: {len(cal.requests)} requests, {config} "
           f"{' '.join(cal.overrides)}", flush=True)
     load_before = load_average()
+    cpus, background = host_share(args.host_cpus, load_config(config, list(cal.overrides)).engine.runner)
+    if cpus:
+        print(f"  the workers share {cpus:g} CPUs with {background:.2f} busy before the cluster "
+              "(sim.host_cpus, sim.host_background)", flush=True)
     run, ov, real_remote, speeds = run_real(cal, config, args, log_dir)
     real_sum = summarize(run.records, run.duration_s)
     if real_sum.failed:
         print(f"  real run: {real_sum.failed} requests failed {real_sum.errors}", flush=True)
-    cfg = sim_config(cal, config, ov)
+    cfg = sim_config(cal, config, ov, cpus, background)
     result = run_sim(cal, cfg)
     real, sim = Figures.of_bench(real_sum), Figures.of_sim(summary(result))
     rows = compare(cal.name, real, sim,
@@ -282,12 +317,15 @@ def calibrate_one(cal: Calibration, args: argparse.Namespace, log_dir: Path) -> 
                                                  cfg.engine.block_size),
               "remote_prefills": {"real": real_remote, "sim": sim_remote},
               "real_duration_s": run.duration_s, "sim_wall_s": result.wall_s,
+              "host_cpus": cfg.sim.host_cpus, "host_background": cfg.sim.host_background,
               "load_average_1m": {"before": load_before, "after": load_average()},
               "per_request": per_request(run, result)}
     if speeds is not None:
         # The same simulation with the device at the speed the cluster's steps ran: what is
-        # left is the simulator's model of scheduling and queueing, not the profile's speed.
-        at = run_sim(cal, cfg, at_speeds(step_model_for(cfg), speeds))
+        # left is the simulator's model of scheduling and queueing, not the profile's speed
+        # (nor CPU sharing: the speeds hold it already).
+        at_cfg = cfg.model_copy(update={"sim": cfg.sim.model_copy(update={"host_cpus": 0.0})})
+        at = run_sim(cal, at_cfg, at_speeds(step_model_for(cfg), speeds))
         print("  the cluster's steps ran at " + ", ".join(f"{k} {v:.3f}" for k, v in speeds.items())
               + " x the profile", flush=True)
         at_rows = compare(f"{cal.name} @ cluster speed", real, Figures.of_sim(summary(at)),

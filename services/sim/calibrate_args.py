@@ -10,6 +10,18 @@ AddConfig = Callable[[argparse.ArgumentParser], None]
 WORKLOADS = ("chat", "long-disagg", "conversation", "real-chat", "real-long")
 
 
+def host_cpus_arg(v: str) -> str:
+    """``--host-cpus``: ``auto`` or a number of CPUs >= 0."""
+    if v == "auto":
+        return v
+    try:
+        if float(v) >= 0:
+            return v
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"{v!r}: give auto or a number of CPUs >= 0")
+
+
 def add_calibrate_parser(sim_sub: argparse._SubParsersAction, add_config: AddConfig) -> None:
     p = sim_sub.add_parser(
         "calibrate", help="the same workloads through a real mock-worker cluster and the "
@@ -49,6 +61,10 @@ def add_calibrate_parser(sim_sub: argparse._SubParsersAction, add_config: AddCon
                    help="real-engine workloads: do not time the quick grid against their profile "
                         "first (tandem sim profile --check, ~40 s; it warns when the profile "
                         "is stale on this machine)")
+    p.add_argument("--host-cpus", default="auto", metavar="N|auto", type=host_cpus_arg,
+                   help="sim.host_cpus of the simulated runs: the CPUs the workers share (auto: "
+                        "this machine's, with sim.host_background the CPUs busy in the 3 s "
+                        "before each cluster starts; mock-runner workloads 0, no sharing)")
     p.add_argument("--json", dest="json_path", default=None, metavar="FILE",
                    help="every figure and error, the overhead and per-request TTFTs")
     p.add_argument("--log-dir", default="/tmp/tandem-sim/calibrate",

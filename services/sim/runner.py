@@ -16,7 +16,7 @@ import torch
 from services.common.config import EngineConfig
 from services.engine.batch import RunnerOutput, ScheduledBatch, batch_shape
 from services.engine.runner.base import KvSpec, ModelRunner, RunnerInfo
-from services.steptime.model import StepModel
+from services.steptime.model import BatchShape, StepModel
 
 # Clear of the special tokens at the bottom of a vocabulary (and of the mock's eos).
 SIM_TOKEN = 1000
@@ -45,11 +45,12 @@ class SimRunner(ModelRunner):
         self.token = token
         self.model = model
         self.last_seconds = 0.0  # what the last executed batch takes on the modelled device
+        self.last_shape = BatchShape()  # and its shape
 
     def execute(self, batch: ScheduledBatch) -> RunnerOutput:
         tok = self.token
         sampled: list[int | None] = [tok if s.sample else None for s in batch.seqs]
-        shape = batch_shape(batch)
+        shape = self.last_shape = batch_shape(batch)
         self.last_seconds = self.model.step_seconds(shape)
         self.busy_seconds += self.last_seconds
         return RunnerOutput(sampled)

@@ -77,7 +77,7 @@ from services.sim.records import (
 from services.sim.requests import SimRequest
 from services.sim.runner import SimRunner
 from services.sim.traces import token_list
-from services.steptime.model import BatchShape, StepModel
+from services.steptime.model import BatchShape, StepModel, holds_rows
 
 T = TypeVar("T")
 
@@ -248,6 +248,12 @@ class Simulation:
         # here step one batch at a time and are simply run one batch ahead of their device.
         overlap = cfg.engine.overlap
         self.depth = 2 if (model.overlap_pays if overlap == "auto" else overlap) else 1
+        # Workers on one host share its CPUs with other work (sim.host_cpus,
+        # sim.host_background; 0 CPUs: each worker has cores of its own).
+        self.cpus = cfg.sim.host_cpus
+        self.threads = cfg.engine.threads
+        self.background = cfg.sim.host_background
+        self.row_tokens = model.row_tokens
         self.now = 0.0
         self.block_size = cfg.engine.block_size
         # router.replicas production routers, each fed every worker's KV events and load;
@@ -627,6 +633,8 @@ class Simulation:
             if eng.last_batch_size == 0:
                 return  # nothing could run (no blocks or seats): idle until something changes
             dt = w.runner.last_seconds
+            if self.cpus:
+                dt = self._shared(w, w.runner.last_shape, dt)
             self._enqueue(w, [dt], outs, None)
 
     def _enqueue(self, w: _Worker, dts: list[float], outs: list[TokenOutput] | None,
@@ -650,6 +658,14 @@ class Simulation:
         if k < 1:
             return False
         horizon = self._horizon()
+        share = 1.0
+        if self.cpus:
+            # NOTE: the run ends when another worker's device may fall idle: the share its
+            # steps are composed at holds only while the same workers step.
+            share = self._share(w)
+            for o in self._stepping():
+                if o is not w and o.device_free > self.now:
+                    horizon = min(horizon, o.device_free)
         running = list(sched.running)
         b = len(running)
         ctx = 0
@@ -659,11 +675,11 @@ class Simulation:
         t = max(self.now, w.device_free)
         times: list[float] = []
         dts: list[float] = []
-        dt = model.step_seconds(BatchShape(0, 0, b, ctx))
+        dt = model.step_seconds(BatchShape(0, 0, b, ctx)) * share
         if model.reads_decode_context:
             for j in range(k):
                 if j:
-                    dt = model.step_seconds(BatchShape(0, 0, b, ctx + b * j))
+                    dt = model.step_seconds(BatchShape(0, 0, b, ctx + b * j)) * share
                 if t + dt > horizon:
                     break
                 t += dt
@@ -686,6 +702,8 @@ class Simulation:
         if not times:
             return False
         n = len(times)
+        if self.cpus:
+            self._learn(w, BatchShape(0, 0, b, ctx), n, share)
         # When each step of the run is composed one at a time: as the batches ahead of it
         # complete (a load tick in between samples the state as of then, ``_run_load``).
         free = self.depth - w.in_pipe  # >= 1: steps composed at once
@@ -698,6 +716,39 @@ class Simulation:
         sched.advance_decodes(n, tok)
         self._enqueue(w, dts, None, (running, times))
         return True
+
+    def _stepping(self) -> list[_Worker]:
+        """The workers that may have steps on their device (serving or draining)."""
+        return self.decoders + self.prefillers + self.leaving
+
+    def _share(self, w: _Worker) -> float:
+        """How much slower than its model a step ``w`` composes now runs: the runnable threads,
+        the engine threads of the workers stepping now (``w``'s among them) and the host's
+        other work, over its CPUs; at least 1. A step keeps the share it started with."""
+        now, busy = self.now, 1
+        for o in self._stepping():
+            if o is not w and o.device_free > now:
+                busy += 1
+        return max(1.0, (busy * self.threads + self.background) / self.cpus)
+
+    def _shared(self, w: _Worker, shape: BatchShape, dt: float) -> float:
+        """A step's time on the shared host (``_share``), which its engine learns."""
+        share = self._share(w)
+        self._learn(w, shape, 1, share)
+        return dt * share
+
+    def _learn(self, w: _Worker, shape: BatchShape, steps: int, share: float) -> None:
+        """What a real engine under an ITL target learns of ``steps`` steps of ``shape``
+        taking ``share`` x their model's time (``LLMEngine._observe_speed``): it plans its
+        chunks at that speed. The ratio alone matters: the predicted time stands for both."""
+        limit = w.engine.scheduler.chunk_limit
+        if limit is None:
+            return
+        prefill = shape.prefill_tokens > 0
+        rows = holds_rows(shape, 1, self.row_tokens)
+        # NOTE: a long run's later steps change nothing the first 64 have not taught.
+        for _ in range(min(steps, 64)):
+            limit.speed.observe(prefill, 1.0, share, rows)
 
     def _tick_between(self, a: float, b: float) -> bool:
         """Whether a load tick falls in [a, b) (ticks follow each other every interval)."""
