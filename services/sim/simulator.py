@@ -662,10 +662,8 @@ class Simulation:
         if self.cpus:
             # NOTE: the run ends when another worker's device may fall idle: the share its
             # steps are composed at holds only while the same workers step.
-            share = self._share(w)
-            for o in self._stepping():
-                if o is not w and o.device_free > self.now:
-                    horizon = min(horizon, o.device_free)
+            share, first_free = self._share(w)
+            horizon = min(horizon, first_free)
         running = list(sched.running)
         b = len(running)
         ctx = 0
@@ -721,19 +719,21 @@ class Simulation:
         """The workers that may have steps on their device (serving or draining)."""
         return self.decoders + self.prefillers + self.leaving
 
-    def _share(self, w: _Worker) -> float:
+    def _share(self, w: _Worker) -> tuple[float, float]:
         """How much slower than its model a step ``w`` composes now runs: the runnable threads,
         the engine threads of the workers stepping now (``w``'s among them) and the host's
-        other work, over its CPUs; at least 1. A step keeps the share it started with."""
-        now, busy = self.now, 1
+        other work, over its CPUs; at least 1. A step keeps the share it started with. Also
+        when the first of the other workers stepping now may fall idle (inf: none steps)."""
+        now, busy, first_free = self.now, 1, math.inf
         for o in self._stepping():
             if o is not w and o.device_free > now:
                 busy += 1
-        return max(1.0, (busy * self.threads + self.background) / self.cpus)
+                first_free = min(first_free, o.device_free)
+        return max(1.0, (busy * self.threads + self.background) / self.cpus), first_free
 
     def _shared(self, w: _Worker, shape: BatchShape, dt: float) -> float:
         """A step's time on the shared host (``_share``), which its engine learns."""
-        share = self._share(w)
+        share = self._share(w)[0]
         self._learn(w, shape, 1, share)
         return dt * share
 
