@@ -136,17 +136,30 @@ def measure_overheads(url: str, cfg: ClusterConfig, model: str, n: int,
     return Overheads(request_s, remote_s, ttfts, remote)
 
 
+def worker_metrics(cfg: ClusterConfig, prefill: bool = False) -> list[str] | None:
+    """The /metrics text of every decode worker of the running cluster (and with
+    ``prefill``, every prefill worker); None when one cannot be read."""
+    ports = [cfg.decode.metrics_port + i for i in range(cfg.decode.replicas)]
+    if prefill:
+        ports += [cfg.prefill.metrics_port + i for i in range(cfg.prefill.replicas)]
+    texts = []
+    for port in ports:
+        try:
+            texts.append(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5.0).text)
+        except httpx.HTTPError:
+            return None
+    return texts
+
+
 def remote_prefills(cfg: ClusterConfig) -> int | None:
     """Remote prefills the running cluster's decode workers counted
     (``tandem_worker_prefill_total{where="remote"}``, summed over replicas); None when a
     worker's /metrics cannot be read."""
+    texts = worker_metrics(cfg)
+    if texts is None:
+        return None
     total = 0.0
-    for i in range(cfg.decode.replicas):
-        try:
-            text = httpx.get(f"http://127.0.0.1:{cfg.decode.metrics_port + i}/metrics",
-                             timeout=5.0).text
-        except httpx.HTTPError:
-            return None
+    for text in texts:
         m = _REMOTE_METRIC.search(text)
         total += float(m.group(1)) if m else 0.0
     return int(total)
@@ -157,14 +170,11 @@ def step_seconds(cfg: ClusterConfig) -> dict[tuple[str, str], float] | None:
     every decode and prefill replica (``tandem_worker_engine_step_{modelled,timed}_seconds``);
     None when a worker's /metrics cannot be read or exports none (no ITL target, the mock
     runner)."""
+    texts = worker_metrics(cfg, prefill=True)
+    if texts is None:
+        return None
     total: dict[tuple[str, str], float] = {}
-    ports = [cfg.decode.metrics_port + i for i in range(cfg.decode.replicas)]
-    ports += [cfg.prefill.metrics_port + i for i in range(cfg.prefill.replicas)]
-    for port in ports:
-        try:
-            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5.0).text
-        except httpx.HTTPError:
-            return None
+    for text in texts:
         found = _STEP_SECONDS_METRIC.findall(text)
         if not found:
             return None

@@ -278,3 +278,37 @@ def test_a_model_at_the_clusters_speed_scales_each_fit_by_its_own() -> None:
     gpu = at_speeds(base, {"decode": 0.9, "prefill": 1.1})
     assert gpu.row_tokens == 0 and gpu.step_seconds(rows) == pytest.approx(1.1 * base.step_seconds(rows))
     assert at_speeds(base, {}).step_seconds(decode) == pytest.approx(base.step_seconds(decode))
+
+
+def test_the_workers_metrics_are_read_from_each_replica_and_summed(monkeypatch) -> None:
+    import httpx
+
+    from services.common.config import parse_config
+    from services.sim import calibrate
+
+    cfg = parse_config({}, ["decode.replicas=2", "decode.metrics_port=9400", "prefill.replicas=1",
+                            "prefill.metrics_port=9500"])
+    step = ('tandem_worker_engine_step_modelled_seconds_total{{kind="decode"}} {m}\n'
+            'tandem_worker_engine_step_timed_seconds_total{{kind="decode"}} {t}\n')
+    texts = {9400: step.format(m=1.0, t=1.5) + 'tandem_worker_prefill_total{where="remote"} 3.0\n',
+             9401: step.format(m=2.0, t=2.5) + 'tandem_worker_prefill_total{where="remote"} 4.0\n',
+             9500: step.format(m=4.0, t=4.0)}
+    down: set[int] = set()
+
+    class Reply:
+        def __init__(self, text: str) -> None:
+            self.text = text
+
+    def get(url: str, timeout: float) -> Reply:
+        port = int(url.split(":")[2].split("/")[0])
+        if port in down:
+            raise httpx.ConnectError("refused")
+        return Reply(texts[port])
+
+    monkeypatch.setattr(calibrate.httpx, "get", get)
+    assert calibrate.remote_prefills(cfg) == 7  # decode workers only
+    assert calibrate.step_seconds(cfg) == {("modelled", "decode"): 7.0, ("timed", "decode"): 8.0}
+    texts[9500] = "# a prefill worker with no ITL target exports no step seconds\n"
+    assert calibrate.step_seconds(cfg) is None
+    down.add(9401)
+    assert calibrate.remote_prefills(cfg) is None and calibrate.step_seconds(cfg) is None
