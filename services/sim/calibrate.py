@@ -225,15 +225,19 @@ def busy_cpus(seconds: float = BACKGROUND_S) -> float:
     return (os.cpu_count() or 1) * (busy1 - busy0) / max(1, all1 - all0)
 
 
-def host_share(arg: str, runner: str) -> tuple[float, float]:
+def host_share(arg: str, runner: str) -> tuple[float, float | None]:
     """``sim.host_cpus`` and ``sim.host_background`` for a workload (``--host-cpus``):
     ``auto``, this machine's CPUs and those busy just before the cluster starts (0 and 0 for
-    mock-runner workers, whose steps sleep); or the number given, with no background."""
+    mock-runner workers, whose steps sleep; None where /proc/stat cannot be read, which
+    ``sim_config`` takes as none); or the number given, with no background."""
     if arg != "auto":
         return float(arg), 0.0
     if runner == "mock":
         return 0.0, 0.0
-    return float(os.cpu_count() or 1), busy_cpus()
+    try:
+        return float(os.cpu_count() or 1), busy_cpus()
+    except OSError:  # not Linux
+        return float(os.cpu_count() or 1), None
 
 
 def sim_config(cal: Calibration, config: str, ov: Overheads, cpus: float = 0.0,
@@ -306,13 +310,15 @@ def calibrate_one(cal: Calibration, args: argparse.Namespace, log_dir: Path) -> 
     load_before = load_average()
     cpus, background = host_share(args.host_cpus, load_config(config, list(cal.overrides)).engine.runner)
     if cpus:
-        print(f"  the workers share {cpus:g} CPUs with {background:.2f} busy before the cluster "
+        busy = (f"{background:.2f}" if background is not None
+                else "an unknown number (no /proc/stat: none assumed)")
+        print(f"  the workers share {cpus:g} CPUs with {busy} busy before the cluster "
               "(sim.host_cpus, sim.host_background)", flush=True)
     run, ov, real_remote, speeds = run_real(cal, config, args, log_dir)
     real_sum = summarize(run.records, run.duration_s)
     if real_sum.failed:
         print(f"  real run: {real_sum.failed} requests failed {real_sum.errors}", flush=True)
-    cfg = sim_config(cal, config, ov, cpus, background)
+    cfg = sim_config(cal, config, ov, cpus, background or 0.0)
     result = run_sim(cal, cfg)
     real, sim = Figures.of_bench(real_sum), Figures.of_sim(summary(result))
     rows = compare(cal.name, real, sim,

@@ -98,6 +98,18 @@ def test_calibrate_shares_the_machines_cpus_with_what_ran_before_it() -> None:
     assert (cfg.sim.host_cpus, cfg.sim.host_background) == (2.0, 0.75)
 
 
+def test_without_proc_stat_the_background_is_unknown(monkeypatch) -> None:
+    from services.sim import calibrate
+
+    def no_stat(seconds: float = 0.0) -> float:
+        raise FileNotFoundError("/proc/stat")
+
+    monkeypatch.setattr(calibrate, "busy_cpus", no_stat)
+    cpus, background = host_share("auto", "torch")
+    assert cpus >= 1 and background is None
+    assert host_share("auto", "mock") == (0.0, 0.0)
+
+
 @pytest.mark.parametrize("bad", ["-1", "many"])
 def test_host_cpus_is_auto_or_a_count(bad: str) -> None:
     assert host_cpus_arg("auto") == "auto" and host_cpus_arg("1.5") == "1.5"
