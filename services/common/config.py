@@ -467,6 +467,12 @@ class SimConfig(_Strict):
     # host_background) / host_cpus). 0 CPUs: no sharing, each worker has cores of its own.
     host_cpus: float = Field(0.0, ge=0)
     host_background: float = Field(0.0, ge=0)
+    # How far a step's time scatters around its model, drawn per step (seeded): the
+    # relative standard deviation of a mean-1 lognormal factor. A real engine's steps of one
+    # shape scatter 5-20% around its profile's fit, and an engine under an ITL target plans
+    # on that scatter (DeviceSpeed's spread), which tips its remote-prefill decisions near a
+    # tie. 0: every step takes its model's time exactly.
+    step_noise: float = Field(0.0, ge=0, le=1)
     # Goodput targets, in milliseconds: keys ttft_ms, tpot_ms, itl_ms, e2e_ms.
     slo: dict[str, float] = {"ttft_ms": 2000.0}
     seed: int = 0

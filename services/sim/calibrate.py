@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import re
 import statistics
@@ -54,7 +55,7 @@ from services.sim.report import summary
 from services.sim.simulator import simulate
 from services.sim.traces import from_bench
 from services.steptime.model import BatchShape, ScaledStepModel, StepModel
-from services.steptime.profile import SHIPPED_CPU_PROFILE, step_model_for
+from services.steptime.profile import SHIPPED_CPU_PROFILE, ProfileStepModel, step_model_for
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE_LEN = 8  # prompt tokens of an overhead probe
@@ -240,11 +241,23 @@ def host_share(arg: str, runner: str) -> tuple[float, float | None]:
         return float(os.cpu_count() or 1), None
 
 
+def step_noise(arg: str, model: StepModel) -> float:
+    """``sim.step_noise`` for a workload (``--step-noise``): the number given, or (``auto``)
+    the scatter of the profile's measured steps around its fit, its mean relative error as
+    the standard deviation of a normal scatter (x sqrt(pi / 2)); 0 for a model that is not a
+    measured profile (the mock runner's steps take its time exactly)."""
+    if arg != "auto":
+        return float(arg)
+    if isinstance(model, ProfileStepModel):
+        return min(1.0, model.error.mean * math.sqrt(math.pi / 2))
+    return 0.0
+
+
 def sim_config(cal: Calibration, config: str, ov: Overheads, cpus: float = 0.0,
-               background: float = 0.0) -> ClusterConfig:
+               background: float = 0.0, noise: float = 0.0) -> ClusterConfig:
     """The real run's config, with what the simulator needs to know of that cluster."""
     extra = [f"sim.request_overhead_s={ov.request_s:.6f}", f"sim.host_cpus={cpus:g}",
-             f"sim.host_background={background:.3f}"]
+             f"sim.host_background={background:.3f}", f"sim.step_noise={noise:.4f}"]
     if ov.remote_s is not None:
         extra.append(f"sim.kv_transfer_latency_s={ov.remote_s:.6f}")
     base = load_config(config, list(cal.overrides))
@@ -308,17 +321,22 @@ def calibrate_one(cal: Calibration, args: argparse.Namespace, log_dir: Path) -> 
     print(f"== {cal.name}: {len(cal.requests)} requests, {config} "
           f"{' '.join(cal.overrides)}", flush=True)
     load_before = load_average()
-    cpus, background = host_share(args.host_cpus, load_config(config, list(cal.overrides)).engine.runner)
+    base = load_config(config, list(cal.overrides))
+    cpus, background = host_share(args.host_cpus, base.engine.runner)
     if cpus:
         busy = (f"{background:.2f}" if background is not None
                 else "an unknown number (no /proc/stat: none assumed)")
         print(f"  the workers share {cpus:g} CPUs with {busy} busy before the cluster "
               "(sim.host_cpus, sim.host_background)", flush=True)
+    noise = step_noise(args.step_noise, step_model_for(base))
+    if noise:
+        print(f"  a step's time scatters {noise:.3f} (sd) around its model (sim.step_noise)",
+              flush=True)
     run, ov, real_remote, speeds = run_real(cal, config, args, log_dir)
     real_sum = summarize(run.records, run.duration_s)
     if real_sum.failed:
         print(f"  real run: {real_sum.failed} requests failed {real_sum.errors}", flush=True)
-    cfg = sim_config(cal, config, ov, cpus, background or 0.0)
+    cfg = sim_config(cal, config, ov, cpus, background or 0.0, noise)
     result = run_sim(cal, cfg)
     real, sim = Figures.of_bench(real_sum), Figures.of_sim(summary(result))
     rows = compare(cal.name, real, sim,
@@ -334,6 +352,7 @@ def calibrate_one(cal: Calibration, args: argparse.Namespace, log_dir: Path) -> 
               "remote_prefills": {"real": real_remote, "sim": sim_remote},
               "real_duration_s": run.duration_s, "sim_wall_s": result.wall_s,
               "host_cpus": cfg.sim.host_cpus, "host_background": cfg.sim.host_background,
+              "step_noise": cfg.sim.step_noise,
               "load_average_1m": {"before": load_before, "after": load_average()},
               "per_request": per_request(run, result)}
     if speeds is not None:

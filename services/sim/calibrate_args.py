@@ -22,6 +22,18 @@ def host_cpus_arg(v: str) -> str:
     raise argparse.ArgumentTypeError(f"{v!r}: give auto or a number of CPUs >= 0")
 
 
+def step_noise_arg(v: str) -> str:
+    """``--step-noise``: ``auto`` or a relative spread in [0, 1]."""
+    if v == "auto":
+        return v
+    try:
+        if 0 <= float(v) <= 1:
+            return v
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"{v!r}: give auto or a relative spread in [0, 1]")
+
+
 def add_calibrate_parser(sim_sub: argparse._SubParsersAction, add_config: AddConfig) -> None:
     p = sim_sub.add_parser(
         "calibrate", help="the same workloads through a real mock-worker cluster and the "
@@ -65,6 +77,10 @@ def add_calibrate_parser(sim_sub: argparse._SubParsersAction, add_config: AddCon
                    help="sim.host_cpus of the simulated runs: the CPUs the workers share (auto: "
                         "this machine's, with sim.host_background the CPUs busy in the 3 s "
                         "before each cluster starts; mock-runner workloads 0, no sharing)")
+    p.add_argument("--step-noise", default="auto", metavar="S|auto", type=step_noise_arg,
+                   help="sim.step_noise of the simulated runs: how far a step's time scatters "
+                        "around its model (auto: the profile's fit error, as a standard "
+                        "deviation; mock-runner workloads 0)")
     p.add_argument("--json", dest="json_path", default=None, metavar="FILE",
                    help="every figure and error, the overhead and per-request TTFTs")
     p.add_argument("--log-dir", default="/tmp/tandem-sim/calibrate",

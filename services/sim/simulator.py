@@ -87,8 +87,10 @@ _STEP, _KV, _TICK, _SEND = 0, 1, 2, 3
 _SESSION = 1  # every simulated worker's KV event session (none restarts)
 # Engine calls a worker's step thread runs between steps (``_call``).
 _ADD, _GENERATE, _REMOTE, _IMPORT, _MOVE_IN = 0, 1, 2, 3, 4
-# At most this many decode steps in one fast-forwarded run.
+# At most this many decode steps in one fast-forwarded run, and the most of a run's steps
+# a simulated engine learns its speed from (later ones change nothing the first taught).
 _MAX_RUN = 1 << 16
+_LEARNT = 64
 # Load samples kept for the plots, about (all workers together).
 _MAX_WORKER_SAMPLES = 200_000
 
@@ -164,6 +166,24 @@ class _Run:
     seqs: list[tuple[int, int]]
     used: int
     load: WorkerLoad | None = None
+
+
+class _StepNoise:
+    """Mean-1 lognormal factors of relative standard deviation ``sd`` (sim.step_noise),
+    drawn in blocks from one seeded generator: a run's draws follow its events' order."""
+
+    BLOCK = 4096
+
+    def __init__(self, sd: float, seed: int) -> None:
+        self._sigma = math.sqrt(math.log1p(sd * sd))
+        self._rng = np.random.default_rng(seed)
+        self._left: list[float] = []
+
+    def next(self) -> float:
+        if not self._left:
+            s = self._sigma
+            self._left = (np.exp(s * self._rng.standard_normal(self.BLOCK) - s * s / 2)).tolist()
+        return self._left.pop()
 
 
 class _PrefillQueue:
@@ -253,6 +273,9 @@ class Simulation:
         self.cpus = cfg.sim.host_cpus
         self.threads = cfg.engine.threads
         self.background = cfg.sim.host_background
+        # NOTE: its own stream, apart from the routers' (seeded from sim.seed too).
+        self.noise = (_StepNoise(cfg.sim.step_noise, cfg.sim.seed + 7919)
+                      if cfg.sim.step_noise > 0 else None)
         self.row_tokens = model.row_tokens
         self.now = 0.0
         self.block_size = cfg.engine.block_size
@@ -564,6 +587,11 @@ class Simulation:
                 if w.adding:  # AsyncEngine.stats: prompts submitted count as pending
                     stats = replace(stats, num_prefill_tokens_pending=stats.num_prefill_tokens_pending
                                     + w.adding)
+                limit = eng.scheduler.chunk_limit
+                if limit is not None:
+                    # NOTE: the speed ``_learn`` teaches its scheduler, which a real engine's
+                    # stats carry (the simulated runner's steps take no real time to measure).
+                    stats = replace(stats, step_speed=limit.speed.snapshot())
                 times = worker_times(self.cfg, self.model, stats, self.cfg.sim.kv_bytes_per_token)
             decision = decide_prefill(d, n, cached, depth, queued, times)
             # NOTE: begin_remote_prefill or generate is a second call: after the next step;
@@ -633,8 +661,8 @@ class Simulation:
             if eng.last_batch_size == 0:
                 return  # nothing could run (no blocks or seats): idle until something changes
             dt = w.runner.last_seconds
-            if self.cpus:
-                dt = self._shared(w, w.runner.last_shape, dt)
+            if self.cpus or self.noise is not None:
+                dt = self._scaled(w, w.runner.last_shape, dt)
             self._enqueue(w, [dt], outs, None)
 
     def _enqueue(self, w: _Worker, dts: list[float], outs: list[TokenOutput] | None,
@@ -674,10 +702,19 @@ class Simulation:
         times: list[float] = []
         dts: list[float] = []
         dt = model.step_seconds(BatchShape(0, 0, b, ctx)) * share
-        if model.reads_decode_context:
+        draw = self.noise.next if self.noise is not None else None
+        factors: list[float] = []  # the steps' noise factors (sim.step_noise)
+        if model.reads_decode_context or draw is not None:
+            reads = model.reads_decode_context
+            base = dt
             for j in range(k):
-                if j:
-                    dt = model.step_seconds(BatchShape(0, 0, b, ctx + b * j)) * share
+                if j and reads:
+                    base = model.step_seconds(BatchShape(0, 0, b, ctx + b * j)) * share
+                dt = base
+                if draw is not None:
+                    f = draw()
+                    factors.append(f)
+                    dt *= f
                 if t + dt > horizon:
                     break
                 t += dt
@@ -700,8 +737,10 @@ class Simulation:
         if not times:
             return False
         n = len(times)
-        if self.cpus:
-            self._learn(w, BatchShape(0, 0, b, ctx), n, share)
+        if draw is not None:
+            self._learn(w, BatchShape(0, 0, b, ctx), [share * f for f in factors[:min(n, _LEARNT)]])
+        elif self.cpus:
+            self._learn(w, BatchShape(0, 0, b, ctx), [share] * min(n, _LEARNT))
         # When each step of the run is composed one at a time: as the batches ahead of it
         # complete (a load tick in between samples the state as of then, ``_run_load``).
         free = self.depth - w.in_pipe  # >= 1: steps composed at once
@@ -731,24 +770,26 @@ class Simulation:
                 first_free = min(first_free, o.device_free)
         return max(1.0, (busy * self.threads + self.background) / self.cpus), first_free
 
-    def _shared(self, w: _Worker, shape: BatchShape, dt: float) -> float:
-        """A step's time on the shared host (``_share``), which its engine learns."""
-        share = self._share(w)[0]
-        self._learn(w, shape, 1, share)
-        return dt * share
+    def _scaled(self, w: _Worker, shape: BatchShape, dt: float) -> float:
+        """A step's time on the shared host (``_share``) and with its scatter
+        (sim.step_noise), which its engine learns."""
+        r = self._share(w)[0] if self.cpus else 1.0
+        if self.noise is not None:
+            r *= self.noise.next()
+        self._learn(w, shape, [r])
+        return dt * r
 
-    def _learn(self, w: _Worker, shape: BatchShape, steps: int, share: float) -> None:
-        """What a real engine under an ITL target learns of ``steps`` steps of ``shape``
-        taking ``share`` x their model's time (``LLMEngine._observe_speed``): it plans its
-        chunks at that speed. The ratio alone matters: the predicted time stands for both."""
+    def _learn(self, w: _Worker, shape: BatchShape, ratios: list[float]) -> None:
+        """What a real engine under an ITL target learns of steps of ``shape`` taking
+        ``ratios`` x their model's time (``LLMEngine._observe_speed``): it plans its chunks at
+        that speed and scatter. The ratio alone matters: the predicted time stands for both."""
         limit = w.engine.scheduler.chunk_limit
         if limit is None:
             return
         prefill = shape.prefill_tokens > 0
         rows = holds_rows(shape, 1, self.row_tokens)
-        # NOTE: a long run's later steps change nothing the first 64 have not taught.
-        for _ in range(min(steps, 64)):
-            limit.speed.observe(prefill, 1.0, share, rows)
+        for r in ratios:
+            limit.speed.observe(prefill, 1.0, r, rows)
 
     def _tick_between(self, a: float, b: float) -> bool:
         """Whether a load tick falls in [a, b) (ticks follow each other every interval)."""
