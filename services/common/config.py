@@ -275,8 +275,10 @@ class DisaggConfig(_Strict):
     # remote even when local is predicted sooner (0: no ITL target).
     itl_target_ms: float = Field(0.0, ge=0)
     # predict: the local side's cost counts the delay a local prefill adds to each running
-    # stream, times the streams, times this (0: the request's own TTFT alone).
-    itl_weight: float = Field(1.0, ge=0)
+    # stream, times the streams, times this (0: the request's own TTFT alone). 0.5: the
+    # TTFT tail of a long-prompt mix ~10% lower than at 1, the streams' ITL within its
+    # spread (docs/benchmarks.md "The ITL weight").
+    itl_weight: float = Field(0.5, ge=0)
     # predict: what the KV of a remote prefill is expected to move at (measured 1.1-1.4 GB/s
     # on loopback, docs/benchmarks.md), and the transfer's fixed cost.
     kv_transfer_gbps: float = Field(1.0, gt=0)

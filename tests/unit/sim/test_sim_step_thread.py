@@ -75,7 +75,8 @@ def test_the_remote_prefill_decision_and_its_job_are_two_calls(monkeypatch) -> N
     assert result.records[1].remote and result.records[1].completed
 
 
-@pytest.mark.parametrize("extra", [(), ("decode.disagg.itl_weight=0",)], ids=["remote", "local"])
+@pytest.mark.parametrize("extra", [("decode.disagg.itl_weight=1",), ("decode.disagg.itl_weight=0",)],
+                         ids=["remote", "local"])
 def test_decisions_of_a_burst_see_the_ones_before_them(monkeypatch, extra: tuple[str, ...]) -> None:
     # B, C and D arrive together while A decodes: their decisions are taken at one step's
     # end and their publishes or adds a step later. Each decision must count the tokens the
