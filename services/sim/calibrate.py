@@ -241,14 +241,15 @@ def host_share(arg: str, runner: str) -> tuple[float, float | None]:
         return float(os.cpu_count() or 1), None
 
 
-def step_noise(arg: str, model: StepModel) -> float:
+def step_noise(arg: str, runner: str, model: StepModel) -> float:
     """``sim.step_noise`` for a workload (``--step-noise``): the number given, or (``auto``)
     the scatter of the profile's measured steps around its fit, its mean relative error as
-    the standard deviation of a normal scatter (x sqrt(pi / 2)); 0 for a model that is not a
-    measured profile (the mock runner's steps take its time exactly)."""
+    the standard deviation of a normal scatter (x sqrt(pi / 2)); 0 for mock-runner workers
+    (their steps take their model's time exactly) and a model that is not a measured
+    profile."""
     if arg != "auto":
         return float(arg)
-    if isinstance(model, ProfileStepModel):
+    if runner != "mock" and isinstance(model, ProfileStepModel):
         return min(1.0, model.error.mean * math.sqrt(math.pi / 2))
     return 0.0
 
@@ -328,7 +329,7 @@ def calibrate_one(cal: Calibration, args: argparse.Namespace, log_dir: Path) -> 
                 else "an unknown number (no /proc/stat: none assumed)")
         print(f"  the workers share {cpus:g} CPUs with {busy} busy before the cluster "
               "(sim.host_cpus, sim.host_background)", flush=True)
-    noise = step_noise(args.step_noise, step_model_for(base))
+    noise = step_noise(args.step_noise, base.engine.runner, step_model_for(base))
     if noise:
         print(f"  a step's time scatters {noise:.3f} (sd) around its model (sim.step_noise)",
               flush=True)

@@ -10,28 +10,25 @@ AddConfig = Callable[[argparse.ArgumentParser], None]
 WORKLOADS = ("chat", "long-disagg", "conversation", "real-chat", "real-long")
 
 
-def host_cpus_arg(v: str) -> str:
-    """``--host-cpus``: ``auto`` or a number of CPUs >= 0."""
+def _auto_or_number(v: str, low: float, high: float, what: str) -> str:
     if v == "auto":
         return v
     try:
-        if float(v) >= 0:
+        if low <= float(v) <= high:
             return v
     except ValueError:
         pass
-    raise argparse.ArgumentTypeError(f"{v!r}: give auto or a number of CPUs >= 0")
+    raise argparse.ArgumentTypeError(f"{v!r}: give auto or {what}")
+
+
+def host_cpus_arg(v: str) -> str:
+    """``--host-cpus``: ``auto`` or a number of CPUs >= 0."""
+    return _auto_or_number(v, 0.0, float("inf"), "a number of CPUs >= 0")
 
 
 def step_noise_arg(v: str) -> str:
     """``--step-noise``: ``auto`` or a relative spread in [0, 1]."""
-    if v == "auto":
-        return v
-    try:
-        if 0 <= float(v) <= 1:
-            return v
-    except ValueError:
-        pass
-    raise argparse.ArgumentTypeError(f"{v!r}: give auto or a relative spread in [0, 1]")
+    return _auto_or_number(v, 0.0, 1.0, "a relative spread in [0, 1]")
 
 
 def add_calibrate_parser(sim_sub: argparse._SubParsersAction, add_config: AddConfig) -> None:

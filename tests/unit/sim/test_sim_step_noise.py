@@ -110,9 +110,10 @@ def test_calibrate_takes_the_profiles_fit_error_as_the_noise() -> None:
 
     prof = ProfileStepModel.load(SHIPPED_CPU_PROFILE)
     prof = replace(prof, error=FitError(0.08, 0.3))
-    assert step_noise("auto", prof) == pytest.approx(0.08 * math.sqrt(math.pi / 2))
-    assert step_noise("auto", MODEL) == 0.0  # the mock runner's steps take its time exactly
-    assert step_noise("0.05", prof) == 0.05
+    assert step_noise("auto", "torch", prof) == pytest.approx(0.08 * math.sqrt(math.pi / 2))
+    assert step_noise("auto", "mock", prof) == 0.0  # the mock runner's steps take its time exactly
+    assert step_noise("auto", "torch", MODEL) == 0.0
+    assert step_noise("0.05", "torch", prof) == 0.05
 
 
 @pytest.mark.parametrize("bad", ["-0.1", "2", "some"])
