@@ -590,8 +590,9 @@ class Simulation:
                 limit = eng.scheduler.chunk_limit
                 if limit is not None:
                     # NOTE: the speed ``_learn`` teaches its scheduler, which a real engine's
-                    # stats carry (the simulated runner's steps take no real time to measure).
-                    stats = replace(stats, step_speed=limit.speed.snapshot())
+                    # stats carry (the simulated runner's steps take no real time to measure);
+                    # read at once on this one thread, so no snapshot.
+                    stats = replace(stats, step_speed=limit.speed)
                 times = worker_times(self.cfg, self.model, stats, self.cfg.sim.kv_bytes_per_token)
             decision = decide_prefill(d, n, cached, depth, queued, times)
             # NOTE: begin_remote_prefill or generate is a second call: after the next step;
@@ -703,7 +704,7 @@ class Simulation:
         dts: list[float] = []
         dt = model.step_seconds(BatchShape(0, 0, b, ctx)) * share
         draw = self.noise.next if self.noise is not None else None
-        factors: list[float] = []  # the steps' noise factors (sim.step_noise)
+        factors: list[float] = []  # the first steps' noise factors, which the engine learns
         if model.reads_decode_context or draw is not None:
             reads = model.reads_decode_context
             base = dt
@@ -713,7 +714,8 @@ class Simulation:
                 dt = base
                 if draw is not None:
                     f = draw()
-                    factors.append(f)
+                    if len(factors) < _LEARNT:
+                        factors.append(f)
                     dt *= f
                 if t + dt > horizon:
                     break
