@@ -25,14 +25,15 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from services.bench.metrics import meets_slos  # noqa: E402
-from services.sim.planner_eval import EVAL_SETTINGS  # noqa: E402
+from services.common.config import load_config  # noqa: E402
+from services.sim.planner_eval import EVAL_SETTINGS, time_scale_settings  # noqa: E402
 from services.sim.shifting import shifting, shifting_phases  # noqa: E402
 
 TTFT_MS, ITL_MS = 2000.0, 100.0  # planner.ttft_p90_s / itl_p90_s defaults, the eval's SLO
 
 
-def write_trace(path: Path, budget: int, phase_s: float, seed: int) -> list[float]:
-    reqs = shifting(shifting_phases(budget, phase_s), seed)
+def write_trace(path: Path, budget: int, phase_s: float, seed: int, time_scale: float) -> list[float]:
+    reqs = shifting(shifting_phases(budget, phase_s, time_scale), seed)
     t0 = datetime(2026, 1, 1)
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
@@ -57,25 +58,26 @@ def runs(budget: int, best: tuple[int, int], interval_s: float, cooldown_s: floa
             "default_2p2d=configs/disagg.yaml"]
 
 
-def good(row: dict) -> bool:
-    """The bench's own SLO rule (``meets_slos``), applied to a request row."""
-    return bool(row["ok"]) and meets_slos({"ttft_ms": TTFT_MS, "itl_ms": ITL_MS}, row["ttft_ms"],
+def good(row: dict, k: float) -> bool:
+    """The bench's own SLO rule (``meets_slos``), applied to a request row; the targets
+    ``k`` times the planner's (``--time-scale``)."""
+    return bool(row["ok"]) and meets_slos({"ttft_ms": TTFT_MS * k, "itl_ms": ITL_MS * k}, row["ttft_ms"],
                                           row["tpot_ms"], row["max_itl_ms"], row["e2e_ms"])
 
 
-def analyse(result: dict, arrivals: list[float], phase_s: float, window_s: float) -> dict:
+def analyse(result: dict, arrivals: list[float], phase_s: float, window_s: float, k: float) -> dict:
     out: dict = {}
     for name, run in result["runs"].items():
         rows = run["requests"]
         t = np.array([arrivals[r["index"]] for r in rows])
-        g = np.array([good(r) for r in rows])
-        phases = [round(float(g[(t >= k * phase_s) & (t < (k + 1) * phase_s)].mean()), 4) for k in range(3)]
+        g = np.array([good(r, k) for r in rows])
+        phases = [round(float(g[(t >= i * phase_s) & (t < (i + 1) * phase_s)].mean()), 4) for i in range(3)]
         windows = []
         for w0 in np.arange(0, 3 * phase_s, window_s):
             sel = [r for r, ti in zip(rows, t, strict=True) if w0 <= ti < w0 + window_s and r["ok"]]
             windows.append({"t": float(w0), "ttft_p90_ms": float(np.percentile([r["ttft_ms"] for r in sel], 90)) if sel else None,
                             "max_itl_p90_ms": float(np.percentile([r["max_itl_ms"] or 0 for r in sel], 90)) if sel else None,
-                            "goodput": float(np.mean([good(r) for r in sel])) if sel else None})
+                            "goodput": float(np.mean([good(r, k) for r in sel])) if sel else None})
         out[name] = {"requests": len(rows), "failed": int(sum(not r["ok"] for r in rows)),
                      "goodput_fraction": round(float(g.mean()), 4), "phase_goodput": phases,
                      "ttft_p90_ms": run["summary"]["ttft"]["p90"], "itl_p90_ms": run["summary"]["itl"]["p90"],
@@ -123,32 +125,42 @@ def main() -> int:
     ap.add_argument("--lookahead-intervals", type=int, default=None,
                     help="the planner's planner.lookahead_intervals (default: the config's)")
     ap.add_argument("--window-s", type=float, default=10.0)
+    ap.add_argument("--time-scale", type=float, default=1.0, metavar="K",
+                    help="the mock device K times slower, the load, the SLO and the planner's "
+                    "periods stretched with it (time_scale_settings in services/sim/planner_eval.py): "
+                    "the per-token CPU of the hops after the engine K times smaller against the "
+                    "device's time, as each worker's own host gives it in a real cluster")
     ap.add_argument("--out", default="benchmarks/results/planner/live_b8")
     ap.add_argument("--only", default="", help="comma-separated run names (planner, fixed_PpDd, default_2p2d)")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     trace = out / "shifting.csv"
-    arrivals = write_trace(trace, a.budget, a.phase_s, a.seed)
+    k = a.time_scale
+    arrivals = write_trace(trace, a.budget, a.phase_s, a.seed, k)
+    # NOTE: --set-all comes after each run's own settings, so it carries the scaled periods
+    base = load_config("configs/disagg.yaml", [*EVAL_SETTINGS, f"planner.interval_s={a.interval_s}",
+                                               f"planner.cooldown_s={a.cooldown_s}"])
+    scaled = time_scale_settings(base, k)
     best = tuple(int(x) for x in a.best.split(","))
     logs = Path("/tmp/planner_live_logs")
     cmd = [sys.executable, "-m", "services.cli", "bench", "compare",
            *(x for r in runs(a.budget, best, a.interval_s, a.cooldown_s, a.lookahead_intervals)
              if not a.only or r.split("=", 1)[0] in a.only.split(",") for x in ("--run", r)),
-           *(x for s in EVAL_SETTINGS for x in ("--set-all", s)),
+           *(x for s in (*EVAL_SETTINGS, *scaled) for x in ("--set-all", s)),
            "--workload", "azure", "--trace", str(trace), "--num-requests", str(len(arrivals)), "--scale", "1", "--arrival", "trace",
-           "--slo", f"ttft_ms={TTFT_MS:g}", "--slo", f"itl_ms={ITL_MS:g}", "--timeout", "300",
+           "--slo", f"ttft_ms={TTFT_MS * k:g}", "--slo", f"itl_ms={ITL_MS * k:g}", "--timeout", f"{300 * k:g}",
            "--json", str(out / "compare_full.json"), "--summary-json", str(out / "compare.json"),
            "--log-dir", str(logs)]
     print(" ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
     full = json.loads((out / "compare_full.json").read_text())
-    res = analyse(full, arrivals, a.phase_s, a.window_s)
+    res = analyse(full, arrivals, a.phase_s * k, a.window_s * k, k)
     decisions = planner_decisions(logs / "planner")
-    (out / "analysis.json").write_text(json.dumps({"command": " ".join(sys.argv), "slo": {"ttft_ms": TTFT_MS, "itl_ms": ITL_MS},
+    (out / "analysis.json").write_text(json.dumps({"command": " ".join(sys.argv), "slo": {"ttft_ms": TTFT_MS * k, "itl_ms": ITL_MS * k}, "time_scale": k,
                                                    "runs": res, "planner_decisions": decisions}, indent=1))
     (out / "compare_full.json").unlink()  # per-request rows: analysis.json keeps what is reported
-    plot(res, out / "over_time.png", a.phase_s)
+    plot(res, out / "over_time.png", a.phase_s * k)
     for name, r in res.items():
         print(f"{name:>16}: goodput {r['goodput_fraction']:.3f}  phases {r['phase_goodput']}  "
               f"failed {r['failed']}/{r['requests']}  TTFT p90 {r['ttft_p90_ms']:.0f} ms  ITL p90 {r['itl_p90_ms']:.0f} ms")

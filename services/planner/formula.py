@@ -120,9 +120,7 @@ class FormulaPolicy:
         self.window = ScaleDownWindow(cfg.scale_down_window_s, cfg.max_total_workers, cap.max_seqs)
 
     def observe(self, signals: ClusterSignals, current: Split) -> Load | None:
-        """Feed this interval to the forecast (and the split to the window); the load to
-        size for, None before any."""
-        self.window.note(signals.t, current)
+        """Feed this interval to the forecast; the load to size for, None before any."""
         self.forecast.update(signals.last)
         if not self.forecast.seen:
             return None
@@ -183,5 +181,4 @@ class FormulaPolicy:
             return Decision(t, current, current, Action.HOLD, "cooldown", detail)
         if desired != current:
             self.last_change = t
-            self.window.note(t, desired)
         return Decision(t, current, desired, action_of(current, desired), reason, detail)

@@ -2,22 +2,25 @@
 shrinks only as far as every recommendation of the last ``planner.scale_down_window_s``
 allows (the stabilization window of Kubernetes' HorizontalPodAutoscaler); a shift of
 workers from one role to the other goes ahead at once when the policy predicts it raises
-goodput, unless it takes from a role that grew within the window (no swing back and forth);
-a shift only a tie-break chose is held as a release is; and decode never shrinks below the seats its
-requests in flight need. Both policies apply it in ``FormulaPolicy.gate``, before the
-cooldown, so the cooldown counts only changes made.
+goodput; a shift only a tie-break chose is held as a release is; and decode never shrinks
+below the seats its requests in flight need. Both policies apply it in
+``FormulaPolicy.gate``, before the cooldown, so the cooldown counts only changes made.
 
 Why (benchmarks/planner_live.py, real processes): the policies alone drained a fresh
 cluster to 1 + 1 on the partial first interval of traffic, swung whole roles back and forth
-under the backlog that left (1P/7D -> 6P/1D -> 2P/6D within a minute), and after the last
-arrival (an empty forecast) drained 3 of 4 loaded decode workers into the fourth, which
-refused what it could not queue.
+on tie-breaks under the backlog that left (1P/7D -> 6P/1D -> 2P/6D within a minute), and
+after the last arrival (an empty forecast) drained 3 of 4 loaded decode workers into the
+fourth, which refused what it could not queue.
 
 Why a shift is not held as a release is (tandem sim planner-eval, 16 workers): when the
 load's shape changes, the role that shrinks funds the other's growth. Holding each role
 for a window then held the growing role too, a whole window behind every phase change
 (0.68 goodput against 0.91 with no window at all), and held a move that came in two steps
-(the forecast follows a step in two or three intervals) at its first."""
+(the forecast follows a step in two or three intervals) at its first. Nor is a role that
+grew within the window held (an earlier rule against swings): a phase change soon after a
+move then waited out the window, and over a grid of budgets, phase lengths and seeds
+(docs/benchmarks.md "Planner") the planner matched the best fixed split in 5 of 12 cases
+with it and 9 of 12 without."""
 
 from __future__ import annotations
 
@@ -33,8 +36,6 @@ class ScaleDownWindow:
         self.max_total = max_total
         self.seats = seats  # engine.max_num_seqs: a decode worker's running requests at most
         self._recent: deque[tuple[float, Split]] = deque()
-        self._seen: Split | None = None  # the split running at the last call
-        self._grew = {Role.PREFILL: -float("inf"), Role.DECODE: -float("inf")}
 
     def limit(self, t: float, current: Split, want: Split,
               signals: ClusterSignals | None = None, shift_now: bool = True) -> Split:
@@ -49,8 +50,7 @@ class ScaleDownWindow:
             # a release: each role only as far as every recommendation of the window allowed
             low = self._floor(current)
             return self._seated(Split(max(low.prefill, p), max(low.decode, d)), current, signals)
-        # a shift: one role grows at once from the other, unless that one grew within the
-        # window (then only into what the budget leaves free); workers beyond the shift are
+        # a shift: one role grows at once from the other; workers beyond the shift are
         # released as a release is
         to_prefill = p > current.prefill
         if not shift_now:
@@ -64,11 +64,6 @@ class ScaleDownWindow:
                 p = max(p, low.prefill)
                 d = max(current.decode, min(d, self.max_total - p))
             return self._seated(Split(p, d), current, signals)
-        if self._grew[Role.DECODE if to_prefill else Role.PREFILL] >= t - self.window_s:
-            free = max(0, self.max_total - current.total)
-            kept = (Split(min(p, current.prefill + free), current.decode) if to_prefill
-                    else Split(current.prefill, min(d, current.decode + free)))
-            return self._seated(kept, current, signals)
         floor = min(current.total, max(s.total for _, s in self._recent))
         if p + d < floor:
             if to_prefill:
@@ -79,7 +74,6 @@ class ScaleDownWindow:
 
     def record(self, t: float, current: Split, want: Split) -> None:
         """This interval's recommendation (a policy's hold is one too: ``want`` = current)."""
-        self.note(t, current)
         if not self._recent and self.window_s > 0:
             self._recent.append((t, current))
         self._recent.append((t, want))
@@ -91,16 +85,6 @@ class ScaleDownWindow:
         the window asked for, and never above what runs now."""
         return Split(min(current.prefill, max(s.prefill for _, s in self._recent)),
                      min(current.decode, max(s.decode for _, s in self._recent)))
-
-    def note(self, t: float, current: Split) -> None:
-        """The split running (or just asked for) at ``t``: when each role last grew, a change
-        made by hand included. Called every interval, and with each change made."""
-        if self._seen is not None:
-            if current.prefill > self._seen.prefill:
-                self._grew[Role.PREFILL] = t
-            if current.decode > self._seen.decode:
-                self._grew[Role.DECODE] = t
-        self._seen = current
 
     def _seated(self, kept: Split, current: Split, signals: ClusterSignals | None) -> Split:
         """Decode no lower than the seats its requests in flight need (a drained decode

@@ -96,6 +96,13 @@ def add_decisions_parser(sub: argparse._SubParsersAction, add_config: AddConfig)
     p.set_defaults(_key=("sim", "decisions"))
 
 
+def _positive(v: str) -> float:
+    x = float(v)
+    if not x > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {v}")
+    return x
+
+
 def add_planner_eval_parser(sub: argparse._SubParsersAction, add_config: AddConfig) -> None:
     """`tandem sim planner-eval` (services/sim/planner_eval.py)."""
     p = sub.add_parser("planner-eval", help="the planner against every fixed split of a worker "
@@ -104,6 +111,10 @@ def add_planner_eval_parser(sub: argparse._SubParsersAction, add_config: AddConf
     p.add_argument("--budgets", default="8", help="worker budgets, comma-separated")
     p.add_argument("--phase-s", type=float, default=180.0,
                    help="virtual seconds of each of the workload's three phases")
+    p.add_argument("--time-scale", type=_positive, default=1.0, metavar="K",
+                   help="run on a mock device K times slower, the load, the targets and the "
+                   "planner's periods stretched with it (phases K x --phase-s; "
+                   "benchmarks/planner_live.py's setting, docs/planner.md)")
     p.add_argument("--seed", type=int, default=0, help="the workload's seed")
     p.add_argument("--out", default="benchmarks/results/planner", metavar="DIR",
                    help="budget<N>.json and the plots go here")

@@ -27,7 +27,7 @@ from services.common.config import ClusterConfig, load_config
 from services.planner.policies import policy_for
 from services.sim.planned import PlannedResult, run_planned
 from services.sim.report import meets, summary
-from services.sim.shifting import shifting, shifting_phases
+from services.sim.shifting import Phase, shifting, shifting_phases
 from services.sim.traces import PromptMaker
 from services.steptime.profile import step_model_for
 
@@ -43,6 +43,30 @@ EVAL_SETTINGS = ("engine.runner=mock", "engine.step_model=mock",
                  "prefill.max_concurrent_jobs=1")
 
 
+def time_scale_settings(base: ClusterConfig, k: float) -> list[str]:
+    """Settings that run ``base`` on a mock device ``k`` times slower, with every target and
+    period that is the device's time stretched with it (the load's side is
+    ``shifting_phases``'s ``time_scale``). On a host whose few cores every worker shares,
+    the per-token CPU of the hops after the engine (processor, frontend, the workers' event
+    loops) is then ``k`` times smaller against the device's time: what each worker's own
+    host gives it in a real cluster. A worker's start-up stays real time, so it is ``k``
+    times shorter against the device's (docs/planner.md)."""
+    if k == 1:
+        return []
+    m, pl, e = base.engine.mock, base.planner, base.engine
+    out = [f"engine.mock.step_base_s={m.step_base_s * k:g}",
+           f"engine.mock.per_prefill_token_s={m.per_prefill_token_s * k:g}",
+           f"engine.mock.per_decode_seq_s={m.per_decode_seq_s * k:g}",
+           f"planner.ttft_p90_s={pl.ttft_p90_s * k:g}", f"planner.itl_p90_s={pl.itl_p90_s * k:g}",
+           f"planner.interval_s={pl.interval_s * k:g}", f"planner.cooldown_s={pl.cooldown_s * k:g}",
+           f"planner.scale_down_window_s={pl.scale_down_window_s * k:g}"]
+    if e.itl_target_ms:
+        out.append(f"engine.itl_target_ms={e.itl_target_ms * k:g}")
+    if e.lone_step_target_ms:
+        out.append(f"engine.lone_step_target_ms={e.lone_step_target_ms * k:g}")
+    return out
+
+
 def eval_config(path: str | None, overrides: list[str], budget: int, p: int, d: int) -> ClusterConfig:
     base = load_config(path, [*EVAL_SETTINGS, *overrides])
     pl = base.planner
@@ -53,10 +77,10 @@ def eval_config(path: str | None, overrides: list[str], budget: int, p: int, d: 
         f"planner.max_decode={budget - 1}", f"planner.max_total_workers={budget}"])
 
 
-def _run(cfg: ClusterConfig, phase_s: float, seed: int, budget: int,
+def _run(cfg: ClusterConfig, phases: list[Phase], seed: int,
          policy_name: str | None) -> PlannedResult:
     """One run; ``policy_name`` None: the split of ``cfg`` throughout."""
-    reqs = shifting(shifting_phases(budget, phase_s), seed)
+    reqs = shifting(phases, seed)
     if policy_name is not None:
         cfg = cfg.model_copy(update={"planner": cfg.planner.model_copy(
             update={"policy": policy_name})})
@@ -109,8 +133,13 @@ def _pcts(xs: list[float]) -> dict[str, float]:
 
 
 def evaluate(args: argparse.Namespace, budget: int, out: Path) -> dict[str, Any]:
+    base0 = load_config(args.config, [*EVAL_SETTINGS, *args.overrides])
+    overrides = [*time_scale_settings(base0, args.time_scale), *args.overrides]
+    phases = shifting_phases(budget, args.phase_s, args.time_scale)
+    phase_s = phases[0].duration_s  # wall seconds of one phase
+
     def cfg(p: int, d: int) -> ClusterConfig:
-        return eval_config(args.config, args.overrides, budget, p, d)
+        return eval_config(args.config, overrides, budget, p, d)
 
     runs: list[dict[str, Any]] = []
     half = budget // 2
@@ -121,24 +150,22 @@ def evaluate(args: argparse.Namespace, budget: int, out: Path) -> dict[str, Any]
     for name in policies:
         label = "planner" if name == first else f"planner ({name})"
         print(f"budget {budget}: {label}", file=sys.stderr, flush=True)
-        runs.append(_row(label, _run(cfg(half, budget - half), args.phase_s, args.seed, budget,
-                                     name), args.phase_s))
-    result = {"budget": budget, "phases": [asdict(p) for p in shifting_phases(budget, args.phase_s)],
-              "seed": args.seed, "settings": list(EVAL_SETTINGS), "overrides": args.overrides,
+        runs.append(_row(label, _run(cfg(half, budget - half), phases, args.seed, name), phase_s))
+    result = {"budget": budget, "phases": [asdict(p) for p in phases], "time_scale": args.time_scale,
+              "seed": args.seed, "settings": list(EVAL_SETTINGS), "overrides": overrides,
               "slo": dict(cfg(half, budget - half).sim.slo),
               "planner_config": cfg(half, budget - half).planner.model_dump(),
               "verdict": None, "runs": runs}
     if args.only == "planner":
         return result  # a policy's iteration: no fixed splits to compare, no plots
-    base = load_config(args.config, [*EVAL_SETTINGS, *args.overrides])
-    default = (base.prefill.replicas, base.decode.replicas)
+    default = (base0.prefill.replicas, base0.decode.replicas)
     for p in range(1, budget):
         print(f"budget {budget}: fixed {p}p{budget - p}d", file=sys.stderr, flush=True)
-        runs.append(_row(f"fixed {p}p{budget - p}d", _run(cfg(p, budget - p), args.phase_s,
-                                                            args.seed, budget, None), args.phase_s))
+        runs.append(_row(f"fixed {p}p{budget - p}d", _run(cfg(p, budget - p), phases, args.seed,
+                                                            None), phase_s))
     print(f"budget {budget}: default {default[0]}p{default[1]}d", file=sys.stderr, flush=True)
-    runs.append(_row(f"default {default[0]}p{default[1]}d", _run(cfg(*default), args.phase_s,
-                                                                args.seed, budget, None), args.phase_s))
+    runs.append(_row(f"default {default[0]}p{default[1]}d", _run(cfg(*default), phases,
+                                                                args.seed, None), phase_s))
     fixed = [r for r in runs if r["run"].startswith("fixed")]
     best = max(fixed, key=lambda r: r["goodput_fraction"])
     plan, dflt = runs[0], runs[-1]

@@ -26,11 +26,14 @@ class Phase:
     output_tokens: int
 
 
-def shifting_phases(budget: int = 8, phase_s: float = 180.0) -> list[Phase]:
-    """Three phases for a budget of ``budget`` workers (rates scale with it from 8)."""
+def shifting_phases(budget: int = 8, phase_s: float = 180.0, time_scale: float = 1.0) -> list[Phase]:
+    """Three phases for a budget of ``budget`` workers (rates scale with it from 8).
+
+    ``time_scale`` K: the same load for a device K times slower (``time_scale_settings`` in
+    services/sim/planner_eval.py): each phase K times as long, its rate K times lower."""
     k = budget / 8
-    decode_heavy = Phase(phase_s, 2.5 * k, 360, 1500)
-    prefill_heavy = Phase(phase_s, 4.0 * k, 700, 40)
+    decode_heavy = Phase(phase_s * time_scale, 2.5 * k / time_scale, 360, 1500)
+    prefill_heavy = Phase(phase_s * time_scale, 4.0 * k / time_scale, 700, 40)
     return [decode_heavy, prefill_heavy, decode_heavy]
 
 
