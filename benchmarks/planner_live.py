@@ -15,6 +15,7 @@ import argparse
 import csv
 import json
 import re
+import shutil
 import subprocess
 import sys
 from datetime import datetime, timedelta
@@ -144,6 +145,7 @@ def main() -> int:
     scaled = time_scale_settings(base, k)
     best = tuple(int(x) for x in a.best.split(","))
     logs = Path("/tmp/planner_live_logs")
+    shutil.rmtree(logs, ignore_errors=True)  # the decisions read below are this run's alone
     cmd = [sys.executable, "-m", "services.cli", "bench", "compare",
            *(x for r in runs(a.budget, best, a.interval_s, a.cooldown_s, a.lookahead_intervals)
              if not a.only or r.split("=", 1)[0] in a.only.split(",") for x in ("--run", r)),

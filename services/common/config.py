@@ -513,9 +513,8 @@ class PlannerConfig(_Strict):
     # neighbours run forward in the simulator from the cluster's state).
     policy: Literal["formula", "simulate"] = "simulate"
     lookahead_intervals: int = Field(3, ge=1)
-    # Workers are released only as far as every decision of this long allowed, and a role
-    # that grew within it is not taken from (0: at once); scale up and shifts between the
-    # roles at once (services/planner/stabilize.py).
+    # Workers are released only as far as every decision of this long allowed (0: at once);
+    # scale up and shifts between the roles at once (services/planner/stabilize.py).
     scale_down_window_s: float = Field(60.0, ge=0)
     # Seconds from a start to a worker ready (model load, registration): what the lookahead
     # charges a scale-up. Measured by the actuator where it can be; this is the prior.

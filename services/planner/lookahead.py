@@ -118,12 +118,14 @@ class SimulatePolicy:
             if hi_best[:2] < hi_now[:2]:
                 return self._hold(signals, current, "within_band", detail)
         urgent = best.goodput - now.goodput >= URGENT_GAIN
-        # NOTE: a move between roles that only a tie-break chose (no goodput gain predicted)
-        # waits out the window: with real processes the forward run often predicts every
-        # candidate the same, and its tie-breaks then swung whole roles (4P/4D -> 2P/6D ->
-        # 6P/2D -> 7P/1D -> 3P/5D -> 1P/7D in three minutes, benchmarks/planner_live.py)
+        # NOTE: a move between roles that only the fewer-workers tie-break chose waits out
+        # the window: with real processes the forward run often predicts every candidate the
+        # same, and its tie-breaks then swung whole roles (4P/4D -> 2P/6D -> 6P/2D -> 7P/1D
+        # -> 3P/5D -> 1P/7D in three minutes, benchmarks/planner_live.py). One predicted to
+        # leave fewer requests waiting goes at once: held, a prompt surge (every split near
+        # 0) waited a window for its prefill workers (tandem sim planner-eval's grid).
         return f.gate(signals, current, best.split, reason, detail, urgent,
-                      shift_now=reason == "lookahead_goodput")
+                      shift_now=reason != "lookahead_fewer")
 
     def _hold(self, signals: ClusterSignals, current: Split, reason: str, detail: str) -> Decision:
         """A hold the lookahead chose: the split now is this interval's recommendation, which

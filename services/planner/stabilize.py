@@ -2,7 +2,8 @@
 shrinks only as far as every recommendation of the last ``planner.scale_down_window_s``
 allows (the stabilization window of Kubernetes' HorizontalPodAutoscaler); a shift of
 workers from one role to the other goes ahead at once when the policy predicts it raises
-goodput; a shift only a tie-break chose is held as a release is; and decode never shrinks
+goodput (or, where every split predicts the same, fewer requests waiting); a shift only
+the fewer-workers tie-break chose is held as a release is; and decode never shrinks
 below the seats its requests in flight need. Both policies apply it in
 ``FormulaPolicy.gate``, before the cooldown, so the cooldown counts only changes made.
 

@@ -136,3 +136,20 @@ def test_an_overloaded_cluster_is_never_shrunk() -> None:
         reasons.add(d.reason)
         split = d.desired
     assert "overloaded" in reasons
+
+
+def test_a_shift_that_works_off_a_backlog_goes_at_once() -> None:
+    """A prompt surge: every split predicts the same (near-0) goodput, and more prefill
+    workers leave fewer requests waiting at the horizon. That shift goes at once; held as
+    a tie-break (a window) it lost most of a prefill-heavy phase (tandem sim planner-eval's
+    grid, docs/benchmarks.md "Planner")."""
+    import dataclasses
+
+    c = cfg("planner.max_total_workers=4", "planner.max_prefill=3", "planner.max_decode=3")
+    pol = SimulatePolicy(c.planner, cap(c))
+    split = Split(1, 3)
+    s = dataclasses.replace(_signals(10.0, Load(6.0, 700, 40), split), prefill_queue_jobs=300,
+                            prefill_queue_tokens=210_000, prefill_queue_oldest_wait_s=60.0)
+    d = pol.decide(s, split)
+    assert d.reason == "lookahead_backlog" and d.action is Action.REBALANCE
+    assert d.desired.prefill > split.prefill and d.desired.total == split.total

@@ -98,8 +98,49 @@ def test_planner_eval_only_planner_runs_the_policy_alone(tmp_path: Path) -> None
     from services.sim.planner_eval import evaluate
 
     args = argparse.Namespace(config="configs/disagg.yaml", overrides=["planner.interval_s=5"],
-                              phase_s=10.0, seed=0, only="planner")
+                              phase_s=10.0, seed=0, only="planner", time_scale=1.0)
     result = evaluate(args, 2, tmp_path)
     assert [r["run"] for r in result["runs"]] == ["planner"]
     assert result["verdict"] is None and "planner" in result["runs"][0]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_time_scale_stretches_the_device_the_targets_and_the_periods_not_the_start_up() -> None:
+    from services.common.config import load_config
+    from services.sim.planner_eval import EVAL_SETTINGS, time_scale_settings
+
+    base = load_config("configs/disagg.yaml", list(EVAL_SETTINGS))
+    assert time_scale_settings(base, 1.0) == []
+    cfg = load_config("configs/disagg.yaml", [*EVAL_SETTINGS, *time_scale_settings(base, 2.5)])
+    m, m0 = cfg.engine.mock, base.engine.mock
+    assert (m.step_base_s, m.per_prefill_token_s, m.per_decode_seq_s) == (
+        2.5 * m0.step_base_s, 2.5 * m0.per_prefill_token_s, 2.5 * m0.per_decode_seq_s)
+    pl, pl0 = cfg.planner, base.planner
+    for key in ("ttft_p90_s", "itl_p90_s", "interval_s", "cooldown_s", "scale_down_window_s"):
+        assert getattr(pl, key) == 2.5 * getattr(pl0, key), key
+    assert cfg.engine.itl_target_ms == 2.5 * base.engine.itl_target_ms
+    assert cfg.engine.lone_step_target_ms == 2.5 * base.engine.lone_step_target_ms
+    assert pl.worker_ready_s == pl0.worker_ready_s  # a process start is real time
+
+
+def test_a_fixed_split_meets_the_same_targets_at_any_time_scale(tmp_path: Path) -> None:
+    """The device K times slower, the load K times sparser and the targets K times looser:
+    the same requests, and the same ones within the targets (what benchmarks/planner_live.py
+    relies on to run the workload with less CPU per device second)."""
+    import argparse
+
+    from services.sim.planner_eval import evaluate
+
+    def fixed(k: float) -> dict:
+        args = argparse.Namespace(config="configs/disagg.yaml", overrides=["planner.interval_s=5"],
+                                  phase_s=15.0, seed=1, only=None, time_scale=k)
+        out = tmp_path / f"k{k}"
+        out.mkdir()
+        result = evaluate(args, 2, out)
+        return next(r for r in result["runs"] if r["run"] == "fixed 1p1d")
+
+    a, b = fixed(1.0), fixed(2.0)
+    assert a["requests"] == b["requests"] > 0
+    assert b["duration_s"] > 1.8 * a["duration_s"]
+    assert 0.0 < a["goodput_fraction"] < 1.0  # a figure the scale could move
+    assert abs(a["goodput_fraction"] - b["goodput_fraction"]) <= 0.05

@@ -30,3 +30,10 @@ def test_budget_scales_the_rates_and_the_load_shifts() -> None:
     a, b, c = shifting_phases(8)
     assert a == c and a.input_tokens < b.input_tokens and a.output_tokens > b.output_tokens
     assert shifting_phases(16)[1].rate == pytest.approx(2 * b.rate)
+
+
+def test_time_scale_stretches_each_phase_and_thins_its_arrivals() -> None:
+    for slow, fast in zip(shifting_phases(8, 60.0, 3.0), shifting_phases(8, 60.0), strict=True):
+        assert slow.duration_s == pytest.approx(3 * fast.duration_s)
+        assert slow.rate == pytest.approx(fast.rate / 3)
+        assert (slow.input_tokens, slow.output_tokens) == (fast.input_tokens, fast.output_tokens)
