@@ -134,7 +134,8 @@ def _pcts(xs: list[float]) -> dict[str, float]:
 
 def evaluate(args: argparse.Namespace, budget: int, out: Path) -> dict[str, Any]:
     base0 = load_config(args.config, [*EVAL_SETTINGS, *args.overrides])
-    overrides = [*time_scale_settings(base0, args.time_scale), *args.overrides]
+    # NOTE: the scaled values last: they are the given ones (base0 took them in) times K
+    overrides = [*args.overrides, *time_scale_settings(base0, args.time_scale)]
     phases = shifting_phases(budget, args.phase_s, args.time_scale)
     phase_s = phases[0].duration_s  # wall seconds of one phase
 

@@ -141,6 +141,8 @@ def test_a_fixed_split_meets_the_same_targets_at_any_time_scale(tmp_path: Path) 
 
     a, b = fixed(1.0), fixed(2.0)
     assert a["requests"] == b["requests"] > 0
+    # a value given on the command line is scaled too
+    assert [t["t"] for t in b["timeline"][:2]] == [10.0, 20.0]
     assert b["duration_s"] > 1.8 * a["duration_s"]
     assert 0.0 < a["goodput_fraction"] < 1.0  # a figure the scale could move
     assert abs(a["goodput_fraction"] - b["goodput_fraction"]) <= 0.05
