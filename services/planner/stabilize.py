@@ -55,8 +55,8 @@ class ScaleDownWindow:
         # released as a release is
         to_prefill = p > current.prefill
         if not shift_now:
-            # a shift no predicted gain asks for: the shrinking role is held as a release
-            # is, and the growing one gets only what that leaves of the budget
+            # a shift only a tie-break toward fewer workers asks for: the shrinking role is
+            # held as a release is, and the growing one gets only what that leaves of the budget
             low = self._floor(current)
             if to_prefill:
                 d = max(d, low.decode)
