@@ -134,6 +134,8 @@ def main() -> int:
     ap.add_argument("--out", default="benchmarks/results/planner/live_b8")
     ap.add_argument("--only", default="", help="comma-separated run names (planner, fixed_PpDd, default_2p2d)")
     a = ap.parse_args()
+    if not a.time_scale > 0:
+        ap.error(f"--time-scale must be > 0, got {a.time_scale}")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     trace = out / "shifting.csv"
