@@ -516,6 +516,10 @@ class PlannerConfig(_Strict):
     # Workers are released only as far as every decision of this long allowed (0: at once);
     # scale up and shifts between the roles at once (services/planner/stabilize.py).
     scale_down_window_s: float = Field(60.0, ge=0)
+    # simulate: where candidate splits tie, the one that would serve best the load of this
+    # long ago that differed most (the heaviest prompt load and the heaviest output load
+    # seen) wins: a load that shifted and shifts back finds both roles staffed (0: off).
+    hedge_window_s: float = Field(300.0, ge=0)
     # Seconds from a start to a worker ready (model load, registration): what the lookahead
     # charges a scale-up. Measured by the actuator where it can be; this is the prior.
     worker_ready_s: float = Field(10.0, ge=0)

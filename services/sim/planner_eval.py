@@ -59,7 +59,8 @@ def time_scale_settings(base: ClusterConfig, k: float) -> list[str]:
            f"engine.mock.per_decode_seq_s={m.per_decode_seq_s * k:g}",
            f"planner.ttft_p90_s={pl.ttft_p90_s * k:g}", f"planner.itl_p90_s={pl.itl_p90_s * k:g}",
            f"planner.interval_s={pl.interval_s * k:g}", f"planner.cooldown_s={pl.cooldown_s * k:g}",
-           f"planner.scale_down_window_s={pl.scale_down_window_s * k:g}"]
+           f"planner.scale_down_window_s={pl.scale_down_window_s * k:g}",
+           f"planner.hedge_window_s={pl.hedge_window_s * k:g}"]
     if e.itl_target_ms:
         out.append(f"engine.itl_target_ms={e.itl_target_ms * k:g}")
     if e.lone_step_target_ms:

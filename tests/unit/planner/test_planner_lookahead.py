@@ -153,3 +153,36 @@ def test_a_shift_that_works_off_a_backlog_goes_at_once() -> None:
     d = pol.decide(s, split)
     assert d.reason == "lookahead_backlog" and d.action is Action.REBALANCE
     assert d.desired.prefill > split.prefill and d.desired.total == split.total
+
+
+def test_a_tie_hedges_toward_the_load_seen_before() -> None:
+    """After long outputs, long prompts: 7P/1D and 6P/2D both serve the prompts, but 6P/2D
+    would serve the long outputs of a minute ago far better. With the hedge the tie goes to
+    6P/2D; without (hedge_window_s 0) the split now keeps it."""
+    prompts = Load(2.5, 700, 40)
+    moves = {}
+    for window in (300, 0):
+        c = cfg("planner.max_total_workers=8", "planner.max_prefill=7",
+                "planner.max_decode=7", f"planner.hedge_window_s={window}")
+        pol = SimulatePolicy(c.planner, cap(c))
+        t = 0.0
+        for _ in range(6):
+            t += 10.0
+            pol.decide(_signals(t, DECODE_HEAVY, Split(3, 5)), Split(3, 5))
+        for _ in range(4):  # the forecast forgets the long outputs
+            t += 10.0
+            pol.decide(_signals(t, prompts, Split(7, 1)), Split(7, 1))
+        moves[window] = pol.decide(_signals(t + 10.0, prompts, Split(7, 1)), Split(7, 1))
+    assert moves[300].reason == "lookahead_hedge" and moves[300].desired == Split(6, 2)
+    assert moves[0].desired == Split(7, 1)
+
+
+def test_a_steady_load_never_hedges() -> None:
+    """One load throughout: the recent extremes are that load, so nothing hedges."""
+    c = cfg("planner.max_total_workers=8", "planner.max_prefill=7", "planner.max_decode=7")
+    pol = SimulatePolicy(c.planner, cap(c))
+    split = Split(4, 4)
+    for i in range(20):
+        d = pol.decide(_signals(10.0 * (i + 1), Load(2.0, 500, 300), split), split)
+        assert d.reason != "lookahead_hedge", d
+        split = d.desired
