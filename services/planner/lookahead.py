@@ -2,7 +2,8 @@
 its neighbours, each run forward from the cluster's state for ``lookahead_intervals``
 intervals of forecast arrivals (services/planner/forward.py), the best predicted goodput
 chosen; a tie goes to the fewest requests left waiting at the horizon, then to fewer
-workers, then to the split running now (no churn for nothing).
+workers, then to the split that would serve the recent extreme loads best (the hedge,
+``planner.hedge_window_s``), then to the split running now (no churn for nothing).
 
 It changes the split only when the winner ranks above the split running now by those
 coarse figures (goodput and waiting to ``MIN_GAIN``: no change for the model's noise); to
@@ -33,7 +34,7 @@ ATTAINMENT = 0.9
 # A predicted gain this large goes ahead inside the cooldown.
 URGENT_GAIN = 0.2
 # A tie leaves the split now for the hedge only at this much more goodput on the recent
-# extremes (SimulatePolicy._hedge): less is the model's noise, and a move costs a drain.
+# extremes (``_Hedge``): less is the model's noise, and a move costs a drain.
 HEDGE_GAIN = 0.1
 # ... and only if it ranks as well at this much more load (wider than the formula's BAND:
 # at 1.25x a hedge into a long-prompt phase still swung 6P/2D -> 5P/3D -> 7P/1D).
@@ -207,7 +208,7 @@ class _Hedge:
         # (a horizon of a few intervals hides a queue that grows slowly) swung 6P/2D ->
         # 5P/3D -> 6P/2D within a long prompt phase; the hedge's pick must rank as well at
         # 1 + HEDGE_BAND times the load.
-        for p in sorted(tied, key=lambda p: -self.score[p.split]):
+        for p in sorted(tied, key=lambda p: (-self.score[p.split], p.split != ref.split)):
             if p.split == ref.split or self.score[p.split] < self.score[ref.split] + gain:
                 break
             if self._banded(p) >= self._banded(ref):
