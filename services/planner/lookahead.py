@@ -78,6 +78,11 @@ def _shifts(split: Split, cfg: PlannerConfig) -> list[Split]:
             if s.total == split.total and s != split]
 
 
+def _more(loads: list[Load], band: float) -> list[Load]:
+    """``loads`` with ``1 + band`` times the arrivals: a band's test load."""
+    return [Load(x.rate * (1 + band), x.input_tokens, x.output_tokens) for x in loads]
+
+
 def _coarse(x: float) -> float:
     return round(x / MIN_GAIN) * MIN_GAIN
 
@@ -131,7 +136,7 @@ class SimulatePolicy:
                     or best.split.decode < min(target.decode, current.decode)):
                 return hedge.or_hold(signals, "steady_state", detail)
             # NOTE: the band: fewer workers only if they stay as good at 1 + BAND the load
-            more = [Load(x.rate * (1 + BAND), x.input_tokens, x.output_tokens) for x in loads]
+            more = _more(loads, BAND)
             hi_best = rank(run_forward(start, best.split, more, self.cap, self.cfg))
             hi_now = rank(run_forward(start, current, more, self.cap, self.cfg))
             if hi_best[:2] < hi_now[:2]:
@@ -208,17 +213,16 @@ class _Hedge:
         # (a horizon of a few intervals hides a queue that grows slowly) swung 6P/2D ->
         # 5P/3D -> 6P/2D within a long prompt phase; the hedge's pick must rank as well at
         # 1 + HEDGE_BAND times the load.
+        more = _more(self.loads, HEDGE_BAND)
+        ref_banded: tuple[float, float] | None = None
         for p in sorted(tied, key=lambda p: (-self.score[p.split], p.split != ref.split)):
             if p.split == ref.split or self.score[p.split] < self.score[ref.split] + gain:
                 break
-            if self._banded(p) >= self._banded(ref):
+            if ref_banded is None:
+                ref_banded = self.rank(run_forward(self.start, ref.split, more, cap, cfg))[:2]
+            if self.rank(run_forward(self.start, p.split, more, cap, cfg))[:2] >= ref_banded:
                 return p
         return ref
-
-    def _banded(self, p: Prediction) -> tuple[float, float]:
-        cfg, cap = self.policy.cfg, self.policy.cap
-        more = [Load(x.rate * (1 + HEDGE_BAND), x.input_tokens, x.output_tokens) for x in self.loads]
-        return self.rank(run_forward(self.start, p.split, more, cap, cfg))[:2]
 
     def or_hold(self, signals: ClusterSignals, reason: str, detail: str) -> Decision:
         """The hedge's move from the split now, if one ties with it and hedges better; else
