@@ -139,7 +139,7 @@ class Sampler:
         params = [s.sampling for s in seqs]
         greedy_rows = [p.greedy for p in params]
         if all(greedy_rows):
-            return logits.argmax(dim=-1)
+            return greedy(logits)
         dev = logits.device
         logits = logits.float()
         # Greedy rows go through the same math with temperature 1, then take the argmax.
@@ -157,7 +157,7 @@ class Sampler:
         target = (u * cdf[:, -1]).unsqueeze(1)  # (B, 1)
         sampled = torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_max_(cdf.shape[1] - 1)
         if any(greedy_rows):
-            sampled = torch.where(torch.tensor(greedy_rows, device=dev), logits.argmax(dim=-1), sampled)
+            sampled = torch.where(torch.tensor(greedy_rows, device=dev), greedy(logits), sampled)
         return sampled
 
     def _uniforms(self, seqs: Sequence[ScheduledSeq]) -> list[float]:
@@ -190,6 +190,14 @@ def prompt_token_logprobs(logits: torch.Tensor, targets: Sequence[int], k: int
         vals = ids = [[] for _ in chosen]
     return [TokenLogprob(t, c, tuple(zip(i, v, strict=True)))
             for t, c, i, v in zip(targets, chosen, ids, vals, strict=True)]
+
+
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's argmax (the first index of its largest value), (B,) int64."""
+    # NOTE: max's indices, not argmax: on CPU torch's argmax over bfloat16 is a scalar
+    # reduce, ~4x slower than max (2.8 against 0.7 ms for 32 rows of SmolLM2's 49,152
+    # logits, about 5% of a 32-row decode step); both give the first maximum and NaN alike.
+    return logits.max(dim=-1).indices
 
 
 def filter_min_p(scaled: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:

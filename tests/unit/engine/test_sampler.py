@@ -216,3 +216,17 @@ def test_filter_matches_brute_force_on_a_large_vocab(scale):
         kept = ~torch.isinf(got[i])
         assert torch.equal(got[i][kept], logits[i][kept])
     assert torch.equal(got[3], logits[3])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_takes_the_first_maximum_as_argmax_does(dtype):
+    # bfloat16 logits tie often; a NaN wins as in argmax
+    g = torch.Generator().manual_seed(3)
+    logits = (torch.randn(6, 4096, generator=g) * 0.05).to(dtype)
+    logits[1, 10] = logits[1, 3000] = logits[1].max() + 1
+    logits[2, 7] = float("nan")
+    logits[3] = float("-inf")
+    assert (logits == logits.max(dim=-1, keepdim=True).values).sum() > logits.shape[0]  # ties exist
+    out = Sampler(0).sample(logits, _seqs(6, SamplingParams(temperature=0.0)))
+    assert out == logits.argmax(-1).tolist()
+    assert out[1] == 10 and out[2] == 7
