@@ -34,6 +34,14 @@ REQUIRED_FLAGS: dict[str, frozenset[str]] = {
 _AVX512_CFLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c")
 
 
+def stands_in_without_bf16(setting: str) -> bool:
+    """Whether ``engine.cpu_isa`` forces a set without bfloat16 instructions. Such a set
+    stands in for a CPU that has only it, so the engine's dtype and dense-matmul choices
+    follow that CPU too: on a CPU with AVX512-BF16, forcing ``avx2`` with bfloat16 dense
+    matmuls left in place would prefill on instructions an AVX2 CPU lacks."""
+    return setting in REQUIRED_FLAGS and setting != "avx512_bf16"
+
+
 def cflags(isa: str, flags: Set[str]) -> tuple[str, ...]:
     """The g++ target flags of ``isa``'s build on a CPU with ``flags``."""
     if isa == "avx512_bf16":

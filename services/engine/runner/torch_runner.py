@@ -51,25 +51,33 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def resolve_dtype(name: str, device: torch.device, four_bit: bool = False) -> torch.dtype:
+def cpu_bf16_native(cpu_isa_setting: str = "auto") -> bool:
+    """Whether this CPU runs bfloat16 matmuls natively, as the engine should see it: a
+    forced ``engine.cpu_isa`` without bfloat16 stands in for a CPU without it."""
+    return cpu_has_fast_bf16() and not cpu_isa.stands_in_without_bf16(cpu_isa_setting)
+
+
+def resolve_dtype(name: str, device: torch.device, four_bit: bool = False,
+                  cpu_isa_setting: str = "auto") -> torch.dtype:
     """``auto`` -> bfloat16 on CUDA, on CPUs with native bfloat16 (AVX512-BF16, AMX) and
     for a ``four_bit`` model (a 4-bit GGUF that stays int4: its linears run on the int4
     kernels, which take bfloat16, so it never inflates to dense float32); float32 on other
     CPUs (bfloat16 dense matmuls are emulated, slower than float32, there)."""
     if name == "auto":
-        fast_bf16 = device.type == "cuda" or (device.type == "cpu" and cpu_has_fast_bf16())
+        fast_bf16 = device.type == "cuda" or (device.type == "cpu" and cpu_bf16_native(cpu_isa_setting))
         return torch.bfloat16 if fast_bf16 or four_bit else torch.float32
     return _DTYPES[name]
 
 
-def resolve_dense_above_rows(setting: int | None | str, device: torch.device, dtype: torch.dtype) -> int | None:
+def resolve_dense_above_rows(setting: int | None | str, device: torch.device, dtype: torch.dtype,
+                             cpu_isa_setting: str = "auto") -> int | None:
     """``engine.quantized_max_rows`` -> the row count above which quantized linears use a
     dense copy (None: never). ``auto`` is 16, but None for bfloat16 on a CPU without native
     bfloat16: there the dense GEMM is emulated and the int8 kernels win at every size
     (docs/engine.md, "Dtype and quantized weights")."""
     if setting != "auto":
         return setting  # type: ignore[return-value]
-    emulated_bf16 = device.type == "cpu" and dtype == torch.bfloat16 and not cpu_has_fast_bf16()
+    emulated_bf16 = device.type == "cpu" and dtype == torch.bfloat16 and not cpu_bf16_native(cpu_isa_setting)
     return None if emulated_bf16 else 16
 
 
@@ -200,7 +208,7 @@ class TorchRunner(ModelRunner):
         source = quant_source or QuantSource()
         # NOTE: a forced set the CPU lacks fails here, at start-up, naming the missing flags.
         isa = cpu_isa.resolve(cfg.cpu_isa, cpuinfo_flags()) if self.device.type == "cpu" else "none"
-        self.dtype = resolve_dtype(cfg.dtype, self.device, stays_four_bit(cfg, source))
+        self.dtype = resolve_dtype(cfg.dtype, self.device, stays_four_bit(cfg, source), cfg.cpu_isa)
         # NOTE: on CPU the eager forward's threads already take every core: a scheduler
         # thread beside them competes instead of overlapping (measured 0.78-0.97x).
         self.overlap_pays = self.device.type == "cuda"
@@ -244,7 +252,8 @@ class TorchRunner(ModelRunner):
                 # NOTE: a dense copy above some row count would give the sampled rows' logits
                 # (lm_head) other bits in a large batch than alone: never in deterministic mode.
                 dense_above = (None if cfg.deterministic
-                               else resolve_dense_above_rows(cfg.quantized_max_rows, self.device, self.dtype))
+                               else resolve_dense_above_rows(cfg.quantized_max_rows, self.device, self.dtype,
+                                                             cfg.cpu_isa))
                 quantize_model(self.model, tensors, source, self.quantization, dense_above, kernels=kernels)
             # the instruction set whose kernels run (none: torch's), logged once and a metric label
             self.info = RunnerInfo(str(self.device), str(self.dtype).removeprefix("torch."), self.quantization,

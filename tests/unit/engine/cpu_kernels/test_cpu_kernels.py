@@ -395,6 +395,23 @@ def test_auto_never_inflates_a_four_bit_model_to_dense_float32(cpu: str, monkeyp
         assert r.model.cpu_decode is not None
 
 
+@pytest.mark.skipif("avx2" not in RUNNABLE, reason="the avx2 kernels cannot run here")
+def test_forced_avx2_keeps_no_bfloat16_dense_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a CPU with AVX512-BF16 a 4-bit model keeps bfloat16 dense copies for batches of
+    many rows; forced to avx2 (an AVX2 CPU's stand-in) every row count runs the int4 kernels."""
+    from services.engine.quant.linear import QuantizedLinear
+    monkeypatch.setattr(torch_runner, "cpu_has_fast_bf16", lambda: True)
+    model, arch = tiny_hf_model("llama")
+    dense = {}
+    for setting in ("auto", "avx2"):
+        r = TorchRunner(arch, model.state_dict(), EngineConfig(device="cpu", cpu_isa=setting),
+                        quant_source=QuantSource(four_bit=True))
+        linears = [m for m in r.model.modules() if isinstance(m, QuantizedLinear)]
+        assert linears and r.dtype == torch.bfloat16
+        dense[setting] = sum(m.dense is not None for m in linears)
+    assert dense["auto"] > 0 and dense["avx2"] == 0
+
+
 def test_library_is_built_once_per_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A fresh cache directory builds the library; the file name keys the source, torch
     and the flags, so an edited kernel cannot load a stale build."""

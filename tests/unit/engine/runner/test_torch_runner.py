@@ -36,6 +36,21 @@ def test_auto_resolves_to_cpu_and_the_dtype_the_cpu_runs_fast(monkeypatch: pytes
     assert resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
 
 
+def test_a_forced_set_without_bf16_chooses_as_a_cpu_without_it(monkeypatch: pytest.MonkeyPatch):
+    """engine.cpu_isa avx2 on a CPU with AVX512-BF16 stands in for an AVX2 CPU: float32 for
+    a dense model, and no bfloat16 dense matmuls beside the int4 kernels."""
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(torch_runner, "cpu_has_fast_bf16", lambda: True)
+    for setting in ("auto", "avx512_bf16", "none"):
+        assert resolve_dtype("auto", cpu, cpu_isa_setting=setting) == torch.bfloat16
+        assert torch_runner.resolve_dense_above_rows("auto", cpu, torch.bfloat16, setting) == 16
+    for setting in ("avx512_vnni", "avx512", "avx2", "neon"):
+        assert resolve_dtype("auto", cpu, cpu_isa_setting=setting) == torch.float32
+        assert resolve_dtype("auto", cpu, four_bit=True, cpu_isa_setting=setting) == torch.bfloat16
+        assert torch_runner.resolve_dense_above_rows("auto", cpu, torch.bfloat16, setting) is None
+    assert torch_runner.resolve_dense_above_rows(8, cpu, torch.bfloat16, "avx2") == 8  # a set count is kept
+
+
 def test_cpu_bf16_probe_agrees_with_proc_cpuinfo():
     flags = cpu_features.cpuinfo_flags()
     if not flags:
