@@ -160,7 +160,8 @@ class EngineConfig(_Strict):
     cpu_kernels: bool | Literal["auto"] = "auto"
     # Which instruction set's build of those kernels runs: auto = the best the CPU's flags
     # allow; a named set the CPU lacks is a start-up error; none = torch's kernels only
-    # (cpu_kernels/isa.py; neon on aarch64).
+    # (cpu_kernels/isa.py; neon on aarch64). A named set without bfloat16 stands in for a CPU
+    # that has only it: dtype and quantized_max_rows auto then choose as they would there.
     cpu_isa: Literal["auto", "avx512_bf16", "avx512_vnni", "avx512", "avx2", "neon", "none"] = "auto"
     # Batch-invariant forward: a token's logits are the same bits whatever shares its step,
     # however its prompt is chunked, cache hit or not (so a seeded request's text is too).
