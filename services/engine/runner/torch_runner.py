@@ -73,8 +73,9 @@ def resolve_dense_above_rows(setting: int | None | str, device: torch.device, dt
                              cpu_isa_setting: str = "auto") -> int | None:
     """``engine.quantized_max_rows`` -> the row count above which quantized linears use a
     dense copy (None: never). ``auto`` is 16, but None for bfloat16 on a CPU without native
-    bfloat16: there the dense GEMM is emulated and the int8 kernels win at every size
-    (docs/engine.md, "Dtype and quantized weights")."""
+    bfloat16 (``cpu_bf16_native``: a forced set without it counts as such a CPU): there the
+    dense GEMM is emulated and the int8 kernels win at every size (docs/engine.md, "Dtype
+    and quantized weights")."""
     if setting != "auto":
         return setting  # type: ignore[return-value]
     emulated_bf16 = device.type == "cpu" and dtype == torch.bfloat16 and not cpu_bf16_native(cpu_isa_setting)

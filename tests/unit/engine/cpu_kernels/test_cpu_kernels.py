@@ -21,6 +21,7 @@ from services.engine.cpu_kernels.cpu_features import cpuinfo_flags
 from services.engine.cpu_kernels.isa import KernelSet
 from services.engine.quant import pack
 from services.engine.quant.groups import QuantSource, from_float
+from services.engine.quant.linear import QuantizedLinear
 from services.engine.runner import torch_runner
 from services.engine.runner.cpu_decode import ONE_CALL_PREFILL_TOKENS, CpuDecode
 from services.engine.runner.torch_runner import TorchRunner
@@ -399,7 +400,6 @@ def test_auto_never_inflates_a_four_bit_model_to_dense_float32(cpu: str, monkeyp
 def test_forced_avx2_keeps_no_bfloat16_dense_weights(monkeypatch: pytest.MonkeyPatch) -> None:
     """On a CPU with AVX512-BF16 a 4-bit model keeps bfloat16 dense copies for batches of
     many rows; forced to avx2 (an AVX2 CPU's stand-in) every row count runs the int4 kernels."""
-    from services.engine.quant.linear import QuantizedLinear
     monkeypatch.setattr(torch_runner, "cpu_has_fast_bf16", lambda: True)
     model, arch = tiny_hf_model("llama")
     dense = {}
