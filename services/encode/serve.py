@@ -43,7 +43,8 @@ async def _build(part: Setup) -> PartSpec:
         raise ValueError(f"encode worker: the model {model_path} is not a LLaVA model (no vision tower)")
     device = resolve_device(cfg.engine.device)
     mm, ec = cfg.multimodal, cfg.encode
-    encoder = VisionEncoder(model_path, device, resolve_dtype(cfg.engine.dtype, device), mm.embedding_cache_entries)
+    dtype = resolve_dtype(cfg.engine.dtype, device, cpu_isa_setting=cfg.engine.cpu_isa)  # as the decode worker's
+    encoder = VisionEncoder(model_path, device, dtype, mm.embedding_cache_entries)
     # NOTE: rows kept and sent in the model's dtype (no widening); written into a language
     # side's shared memory when it is on this host.
     sender = EmbeddingSender(EmbeddingBlockAllocator(mm.num_blocks, mm.block_size, 1),
