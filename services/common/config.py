@@ -128,6 +128,13 @@ class EngineConfig(_Strict):
     # prefill worker. 0 or null: the token budget alone.
     lone_step_target_ms: Annotated[float, Field(ge=0)] | None = LONE_STEP_TARGET_MS
     max_model_len: int | None = Field(None, ge=1)  # default: the model's context length
+    # After a choice's first token, its tokens go out to the client together once this many
+    # are made (or it ended), as vLLM's and SGLang's --stream-interval; 1: every token as it
+    # is made. Each output is one message through every hop (worker, processor, frontend,
+    # SSE), whose CPU a loaded CPU machine takes from the engine. "auto": 2 in steps of 16
+    # sequences or more, else 1; 1 on the mock runner, whose per-token timing the simulator
+    # is calibrated against (docs/benchmarks.md "Tokens per message").
+    stream_interval: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
     seed: int = 0
     # Schedule step N+1 while step N computes (docs/engine.md "The overlapped loop");
     # false runs the strictly serial loop, for debugging and for the comparison. "auto": on

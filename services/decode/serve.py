@@ -32,7 +32,7 @@ from services.disagg.kv_layout import KvLayout, refuse_incompatible_peers
 from services.disagg.prefill_queue import PrefillQueue
 from services.encode.client import EncodeDirectory
 from services.engine.async_engine import AsyncEngine
-from services.engine.factory import build_embedder, build_engine
+from services.engine.factory import build_embedder, build_engine, stream_interval
 from services.engine.multimodal.metrics import MmBlocksCollector
 from services.engine.tp import worker_hooks as tp_hooks
 
@@ -50,7 +50,7 @@ async def _build(part: Setup) -> PartSpec:
                          on_kv_event=lambda e: publisher.on_event(e) if publisher else None)
     runner = parts.engine.runner
     part.on_close(lambda: tp_hooks.close(runner), "TP ranks")
-    ae = await part.enter(AsyncEngine(parts.engine))
+    ae = await part.enter(AsyncEngine(parts.engine, stream_interval(cfg.engine)))
     publisher = KvEventPublisher(part.nc, subjects, worker_id, dump=ae.dump_kv_events)
     await publisher.start()
     part.on_close(publisher.close, "KV event publisher")

@@ -7,10 +7,10 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from services.api.kv_events import KvEvent
-from services.common.config import ClusterConfig
+from services.common.config import ClusterConfig, EngineConfig
 from services.engine.engine import LLMEngine
 from services.engine.runner.base import ModelRunner
 from services.model.store import resolve_model_path, served_model_name
@@ -34,6 +34,14 @@ class EngineParts:
     tokenizer: Tokenizer | None
     model_name: str
     model_path: Path | None
+
+
+def stream_interval(cfg: EngineConfig) -> int | Literal["auto"]:
+    """``engine.stream_interval`` as AsyncEngine takes it: "auto" is 1 on the mock runner,
+    whose clusters the simulator (which delivers each token as it is made) is checked against."""
+    if cfg.stream_interval == "auto" and cfg.runner == "mock":
+        return 1
+    return cfg.stream_interval
 
 
 def is_llava_dir(model_path: Path | None) -> bool:
