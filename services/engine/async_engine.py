@@ -34,9 +34,9 @@ from services.engine.scheduler import InvalidRequestError
 T = TypeVar("T")
 
 # engine.stream_interval "auto" (docs/benchmarks.md "Tokens per message"): two tokens a
-# message once a step carries this many sequences. At 16 and 32 streams of short prompts on
-# a 2-vCPU CPU machine, served output rose 9-27% (8 streams: 3-8%); below, each token goes
-# out as it is made, as a client timing its gaps expects.
+# message once a step carries this many sequences. With 16 and 32 streams of short prompts
+# on a 2-vCPU machine served output rose 9-15% and 3-13% (8 streams: within the spread);
+# below, each token goes out as it is made, as a client timing its gaps expects.
 AUTO_STREAM_SEQS = 16
 AUTO_STREAM_INTERVAL = 2
 

@@ -19,8 +19,11 @@ from pathlib import Path
 import httpx
 
 from services.common import children
+from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
+PORT_NAMES = ("nats", "router", "router_m", "decode", "decode_m", "prefill_m", "proc", "proc_m",
+              "front", "launcher_m")
 # The README's question.
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 # Long enough (~500 tokens) to pass decode.disagg.max_local_prefill_length (256).
@@ -164,3 +167,16 @@ def nats_login(run_dir: Path, user: str = "frontend") -> dict[str, str]:
     m = re.search(r'\{user: "' + re.escape(user) + r'", password: ("(?:[^"\\]|\\.)*")', text)
     assert m, f"no user {user!r} in {run_dir / 'nats-server.conf'}"
     return {"user": user, "password": json.loads(m.group(1))}
+
+
+def local_ports() -> tuple[dict[str, int], list[str]]:
+    """Free ports for configs/local.yaml's parts (``PORT_NAMES``) and the ``--set``
+    overrides that put each part on its own, so several clusters never collide."""
+    p = {k: free_port() for k in PORT_NAMES}
+    return p, [
+        f"nats.url=nats://127.0.0.1:{p['nats']}", f"router.port={p['router']}",
+        f"router.metrics_port={p['router_m']}", f"decode.port={p['decode']}",
+        f"decode.metrics_port={p['decode_m']}", f"prefill.metrics_port={p['prefill_m']}",
+        f"processor.port={p['proc']}", f"processor.metrics_port={p['proc_m']}",
+        f"frontend.port={p['front']}", f"launcher.metrics_port={p['launcher_m']}",
+    ]

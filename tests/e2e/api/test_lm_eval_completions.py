@@ -21,8 +21,7 @@ from services.common.config import load_config
 from services.engine.batch import ScheduledBatch, ScheduledSeq
 from services.engine.factory import build_engine
 from tests.support.mock_cluster import MODEL
-from tests.support.ports import free_port
-from tests.support.up import REPO, Up, metric, start_up
+from tests.support.up import REPO, Up, local_ports, metric, start_up
 
 lm_eval = pytest.importorskip("lm_eval")
 
@@ -56,16 +55,8 @@ metric_list:
 @pytest.fixture(scope="module")
 def cluster(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     """(frontend base URL, decode worker metrics URL) of a running `tandem up`."""
-    ports = {k: free_port() for k in ("nats", "router", "router_m", "decode", "decode_m",
-                                       "prefill_m", "proc", "proc_m", "front", "launcher_m")}
-    overrides = [
-        f"nats.url=nats://127.0.0.1:{ports['nats']}", f"router.port={ports['router']}",
-        f"router.metrics_port={ports['router_m']}", f"decode.port={ports['decode']}",
-        f"decode.metrics_port={ports['decode_m']}", f"prefill.metrics_port={ports['prefill_m']}",
-        f"processor.port={ports['proc']}", f"processor.metrics_port={ports['proc_m']}",
-        f"frontend.port={ports['front']}", f"launcher.metrics_port={ports['launcher_m']}",
-        *FLOAT32,
-    ]
+    ports, overrides = local_ports()
+    overrides += FLOAT32
     up: Up = start_up(REPO / "configs" / "local.yaml", tmp_path_factory.mktemp("run"),
                       ["--ready-timeout", "300", "--fail-fast"], overrides)
     base = f"http://127.0.0.1:{ports['front']}"

@@ -23,8 +23,7 @@ from services.common.config import load_config
 from services.engine.factory import build_engine
 from services.engine.request import GenerateRequest
 from tests.support.mock_cluster import MODEL
-from tests.support.ports import free_port
-from tests.support.up import FRANCE, LONG, metric
+from tests.support.up import FRANCE, LONG, local_ports, metric
 
 ROOT = Path(__file__).resolve().parents[3]
 # NOTE: float32 (so no quantization): the tests assert greedy text, and a repeated prompt
@@ -43,17 +42,9 @@ class Cluster:
 
 
 def _start(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Popen, Path, dict[str, int]]:
-    ports = {k: free_port() for k in ("nats", "router", "router_m", "decode", "decode_m",
-                                       "prefill_m", "proc", "proc_m", "front", "launcher_m")}
-    overrides = [
-        f"nats.url=nats://127.0.0.1:{ports['nats']}", f"router.port={ports['router']}",
-        f"router.metrics_port={ports['router_m']}", f"decode.port={ports['decode']}",
-        f"decode.metrics_port={ports['decode_m']}", f"prefill.metrics_port={ports['prefill_m']}",
-        f"processor.port={ports['proc']}", f"processor.metrics_port={ports['proc_m']}",
-        f"frontend.port={ports['front']}", f"launcher.metrics_port={ports['launcher_m']}",
-        # a long prompt remote whenever the bounds allow (the remote-path test below)
-        "decode.disagg.policy=threshold", *FLOAT32,
-    ]
+    ports, overrides = local_ports()
+    # a long prompt remote whenever the bounds allow (the remote-path test below)
+    overrides += ["decode.disagg.policy=threshold", *FLOAT32]
     argv = [sys.executable, "-m", "services.cli", "up", "-c", "configs/local.yaml",
             "--run-dir", str(tmp_path_factory.mktemp("run")), "--ready-timeout", "300",
             # a part that dies fails the tests instead of being restarted behind their back

@@ -16,23 +16,15 @@ from services.common.config import load_config
 from services.engine.factory import build_engine
 from services.engine.request import GenerateRequest
 from tests.support.mock_cluster import MODEL
-from tests.support.ports import free_port
-from tests.support.up import FRANCE, LONG, REPO, start_up
+from tests.support.up import FRANCE, LONG, REPO, local_ports, start_up
 
 TP_SETTINGS = ["engine.tensor_parallel_size=3", "engine.dtype=float32"]
 
 
 @pytest.fixture(scope="module")
 def tp_cluster(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    ports = {k: free_port() for k in ("nats", "router", "router_m", "decode", "decode_m",
-                                       "prefill_m", "proc", "proc_m", "front", "launcher_m")}
-    overrides = TP_SETTINGS + [
-        f"nats.url=nats://127.0.0.1:{ports['nats']}", f"router.port={ports['router']}",
-        f"router.metrics_port={ports['router_m']}", f"decode.port={ports['decode']}",
-        f"decode.metrics_port={ports['decode_m']}", f"prefill.metrics_port={ports['prefill_m']}",
-        f"processor.port={ports['proc']}", f"processor.metrics_port={ports['proc_m']}",
-        f"frontend.port={ports['front']}", f"launcher.metrics_port={ports['launcher_m']}",
-    ]
+    ports, overrides = local_ports()
+    overrides = TP_SETTINGS + overrides
     up = start_up(REPO / "configs" / "local.yaml", tmp_path_factory.mktemp("tp") / "run",
                   ["--ready-timeout", "400", "--fail-fast"], overrides)
     try:

@@ -11,25 +11,17 @@ import pytest
 from openai import OpenAI
 
 from tests.support.mock_cluster import MODEL
-from tests.support.ports import free_port
-from tests.support.up import FRANCE, REPO, start_up
+from tests.support.up import FRANCE, REPO, local_ports, start_up
 
 POEM = [{"role": "user", "content": "Write a long poem about the sea and its storms."}]
 
 
 @pytest.fixture(scope="module")
 def base_url(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    ports = {k: free_port() for k in ("nats", "router", "router_m", "decode", "decode_m",
-                                       "prefill_m", "proc", "proc_m", "front", "launcher_m")}
-    overrides = [
-        # deterministic: a repeat of a prompt hits the prefix cache, and must give the same text
-        "engine.stream_interval=3", "engine.deterministic=true", "prefill.replicas=0", "decode.disagg.enabled=false",
-        f"nats.url=nats://127.0.0.1:{ports['nats']}", f"router.port={ports['router']}",
-        f"router.metrics_port={ports['router_m']}", f"decode.port={ports['decode']}",
-        f"decode.metrics_port={ports['decode_m']}", f"prefill.metrics_port={ports['prefill_m']}",
-        f"processor.port={ports['proc']}", f"processor.metrics_port={ports['proc_m']}",
-        f"frontend.port={ports['front']}", f"launcher.metrics_port={ports['launcher_m']}",
-    ]
+    ports, overrides = local_ports()
+    # deterministic: a repeat of a prompt hits the prefix cache, and must give the same text
+    overrides += ["engine.stream_interval=3", "engine.deterministic=true", "prefill.replicas=0",
+                  "decode.disagg.enabled=false"]
     up = start_up(REPO / "configs" / "local.yaml", tmp_path_factory.mktemp("interval") / "run",
                   ["--ready-timeout", "300", "--fail-fast"], overrides)
     try:
