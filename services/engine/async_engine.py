@@ -74,11 +74,10 @@ class AsyncEngine:
         self.engine = engine
         self.stream_interval = stream_interval
         # stream_interval's state, on the event loop only: by request and choice, the tokens
-        # made and not yet queued (with the dispatch that made the last of them), and which
-        # choices have queued their first token.
-        self._held: dict[str, dict[int, tuple[TokenOutput, int]]] = {}
+        # made and not yet queued (as of the last step), and which choices have queued their
+        # first token.
+        self._held: dict[str, dict[int, TokenOutput]] = {}
         self._started: dict[str, set[int]] = {}
-        self._tick = 0
         self._cond = threading.Condition()
         self._commands: list[_Command] = []
         self._queues: dict[str, asyncio.Queue[TokenOutput | BaseException]] = {}
@@ -368,7 +367,7 @@ class AsyncEngine:
         if q is not None:
             held = self._held.pop(rid, None)
             if held:  # the tokens made before it go first (a moved request's included)
-                for out, _ in held.values():
+                for out in held.values():
                     q.put_nowait(out)
             q.put_nowait(item)
 
@@ -389,35 +388,33 @@ class AsyncEngine:
         plain continuations wait here (no wakeup, no message) until they are ``k`` tokens,
         the choice ends, or a step passes without a token of it (preempted, migrating:
         what was made goes out rather than waiting on it)."""
-        queues, held, started = self._queues, self._held, self._started
-        self._tick = tick = self._tick + 1
+        queues, started = self._queues, self._started
+        waited, held = self._held, {}  # what this step does not continue is released below
+        self._held = held
         for out in outputs:
             rid = out.request_id
             q = queues.get(rid)
             if q is None:
                 continue
-            mine = held.get(rid)
+            mine = waited.get(rid)
             before = mine.pop(out.index, None) if mine else None
             if before is not None:
-                if _mergeable(before[0], out):
-                    out = _merged(before[0], out, copy=False)
+                if _mergeable(before, out):
+                    out = _merged(before, out, copy=False)
                 else:
-                    q.put_nowait(before[0])
+                    q.put_nowait(before)
             seen = started.setdefault(rid, set())
             if (out.index in seen and _open(out) and len(out.token_ids) < k
                     and out.prompt_logprobs is None):
-                held.setdefault(rid, {})[out.index] = (out if before is not None else _owned(out), tick)
+                held.setdefault(rid, {})[out.index] = out if before is not None else _owned(out)
                 continue
             seen.add(out.index)
             q.put_nowait(out if out.error is None else GenerationFailed(out.error))
-        for rid in [r for r, by_index in held.items() if any(t != tick for _, t in by_index.values())]:
-            by_index, q = held[rid], queues.get(rid)
-            for index in [i for i, (_, t) in by_index.items() if t != tick]:
-                out, _ = by_index.pop(index)
-                if q is not None:
+        for rid, by_index in waited.items():
+            q = queues.get(rid)
+            if q is not None:
+                for out in by_index.values():
                     q.put_nowait(out)
-            if not by_index:
-                del held[rid]
 
     def _fail_all(self, err: BaseException) -> None:
         for q in self._queues.values():
