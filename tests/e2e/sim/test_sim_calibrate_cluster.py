@@ -5,30 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from pathlib import Path
 
 from services.cli import main as tandem
-from tests.support.ports import free_port
-
-
-def free_run(n: int) -> int:
-    """A port p with p .. p + n - 1 all free (decode replica i listens on port + i)."""
-    for _ in range(50):
-        p = free_port()
-        socks = []
-        try:
-            for k in range(n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p + k))
-            return p
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise AssertionError(f"no {n} consecutive free ports")
+from tests.support.ports import free_port, free_run
 
 
 def test_calibrate_quick_chat_writes_every_figure(smollm2_path: Path, tmp_path: Path) -> None:
