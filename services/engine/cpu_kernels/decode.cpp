@@ -123,55 +123,149 @@ float exp_shifted(float* x, int64_t n, float mx) {
   return total;
 }
 
-constexpr int64_t kMaxFuse = 4;  // query heads a task attends together
+constexpr int64_t kMaxFuse = 4;  // query heads whose outputs stay in registers together
 
-// Query heads h0 .. h0 + nh - 1 of row m (all on KV head kvh) over the row's ``len``
-// tokens: each K and V vector is loaded once for all of them, and the paged context is
-// walked block by block (no division per token).
-void attend_heads(const float* q, const uint16_t* kv, int64_t kv_half, const int64_t* blocks, int64_t len,
-                  int64_t kvh, int64_t nh, const Dims& d, float* scores, float* out) {
-  const int64_t hd = d.head_dim, vecs = hd / 16, bs = d.block_size, tok = d.kv_heads * hd;
+// What one task of decode_attention attends: of one row, KV heads [kv_lo, kv_hi) and of
+// each, its query heads [g_lo, g_hi) (kvh * group + g).
+struct HeadRange {
+  int64_t kv_lo, kv_hi, g_lo, g_hi;
+  int64_t heads() const { return (kv_hi - kv_lo) * (g_hi - g_lo); }
+};
+
+// One head's scores of up to 16 keys, staged as float32 in kf (16 * VECS vectors a key):
+// 16 vectors of partial sums that simd::sum16 folds into one vector of 16 scores, each
+// summed in the order simd::sum gives one, whatever its place in the group.
+template <int VECS>
+inline vf group_scores(const vf* qv, const float* kf, int64_t n, int64_t vecs) {
+  vf part[16];
+  for (int64_t i = 0; i < 16; ++i) {
+    if (i >= n) {
+      part[i] = simd::zero();
+      continue;
+    }
+    const float* k = kf + i * vecs * 16;
+    vf s = qv[0] * simd::load(k);
+    for (int64_t v = 1; v < vecs; ++v) s = simd::fmadd(qv[v], simd::load(k + v * 16), s);
+    part[i] = s;
+  }
+  return simd::sum16(part);
+}
+
+// acc[j] += sum over the block's n tokens of p[j][t] * V[t] for NH heads of one KV head
+// (vp: the block's first token of that head; p[j]: head j's softmax numerators at the
+// block): the outputs stay in registers across the block, one load and store a block.
+template <int NH, int VECS>
+inline void accumulate_values(float* const* acc, const float* const* p, const uint16_t* vp, int64_t tok,
+                              int64_t n, int64_t vecs) {
+  vf o[NH][VECS > 0 ? VECS : 16];
+  for (int64_t j = 0; j < NH; ++j)
+    for (int64_t v = 0; v < vecs; ++v) o[j][v] = simd::load(acc[j] + v * 16);
+  vf x[VECS > 0 ? VECS : 16];
+  for (int64_t i = 0; i < n; ++i, vp += tok) {
+    for (int64_t v = 0; v < vecs; ++v) x[v] = simd::load_bf16(vp + v * 16);
+    for (int64_t j = 0; j < NH; ++j) {
+      const vf pj = simd::set1(p[j][i]);
+      for (int64_t v = 0; v < vecs; ++v) o[j][v] = simd::fmadd(pj, x[v], o[j][v]);
+    }
+  }
+  for (int64_t j = 0; j < NH; ++j)
+    for (int64_t v = 0; v < vecs; ++v) simd::store(acc[j] + v * 16, o[j][v]);
+}
+
+// The heads of ``r`` of one row over its ``len`` tokens, head_dim 16 * VECS (VECS 0: read
+// at run time). Keys and values are walked block by block in token order, every KV head
+// of the range at each block before the next: a block's bytes are read together, in
+// order, where one pass per KV head would read a third of each token's bytes at a time
+// (the prefetcher then loses most of the stream). A head's arithmetic does not depend on
+// the range it is computed in, so neither does a row's output on the rows beside it
+// (deterministic mode relies on that). scores: r.heads() * len floats.
+template <int VECS>
+void attend_range(const float* q, const uint16_t* kv, int64_t kv_half, const int64_t* blocks, int64_t len,
+                  const HeadRange& r, const Dims& d, float* scores, float* out) {
+  const int64_t hd = d.head_dim, vecs = VECS > 0 ? VECS : hd / 16, bs = d.block_size, tok = d.kv_heads * hd;
+  const int64_t group = d.heads / d.kv_heads, ng = r.g_hi - r.g_lo;
   const vf scale = simd::set1(1.0f / std::sqrt(static_cast<float>(hd)));
-  vf qv[kMaxFuse][16];
-  float mx[kMaxFuse];
-  for (int64_t j = 0; j < nh; ++j) {
-    for (int64_t v = 0; v < vecs; ++v) qv[j][v] = simd::load(q + j * hd + v * 16) * scale;
-    mx[j] = -INFINITY;
-  }
-  vf x[16];
-  for (int64_t t0 = 0, b = 0; t0 < len; t0 += bs, ++b) {
-    const int64_t n = std::min(bs, len - t0);
-    const uint16_t* k = kv + (blocks[b] * bs * d.kv_heads + kvh) * hd;
-    for (int64_t i = 0; i < n; ++i, k += tok) {
-      for (int64_t v = 0; v < vecs; ++v) x[v] = simd::load_bf16(k + v * 16);
-      for (int64_t j = 0; j < nh; ++j) {
-        vf s = qv[j][0] * x[0];
-        for (int64_t v = 1; v < vecs; ++v) s = simd::fmadd(qv[j][v], x[v], s);
-        const float sc = simd::sum(s);
-        scores[j * len + t0 + i] = sc;
-        mx[j] = std::max(mx[j], sc);
+  // head k of the range: KV head r.kv_lo + k / ng, query head (that) * group + r.g_lo + k % ng
+  const auto qhead = [&](int64_t k) { return (r.kv_lo + k / ng) * group + r.g_lo + k % ng; };
+  const uint16_t* tp[16];  // the group's tokens (all KV heads)
+  alignas(64) float kf[16 * 256];
+  alignas(64) float tail[16];
+  int64_t kb = 0, off = 0;  // the next key's block and place in it
+  for (int64_t t0 = 0; t0 < len; t0 += 16) {
+    const int64_t n = std::min<int64_t>(16, len - t0);
+    for (int64_t i = 0; i < n; ++i) {
+      tp[i] = kv + (blocks[kb] * bs + off) * tok;
+      if (++off == bs) off = 0, ++kb;
+    }
+    for (int64_t kvh = r.kv_lo; kvh < r.kv_hi; ++kvh) {
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t v = 0; v < vecs; ++v) simd::store(kf + (i * vecs + v) * 16, simd::load_bf16(tp[i] + kvh * hd + v * 16));
+      for (int64_t g = r.g_lo; g < r.g_hi; ++g) {
+        const int64_t k = (kvh - r.kv_lo) * ng + g - r.g_lo;
+        vf qv[VECS > 0 ? VECS : 16];
+        for (int64_t v = 0; v < vecs; ++v) qv[v] = simd::load(q + qhead(k) * hd + v * 16) * scale;
+        const vf sc = group_scores<VECS>(qv, kf, n, vecs);
+        if (n == 16) {
+          simd::store(scores + k * len + t0, sc);
+        } else {
+          simd::store(tail, sc);
+          std::memcpy(scores + k * len + t0, tail, n * sizeof(float));
+        }
       }
     }
   }
-  float inv[kMaxFuse];
-  for (int64_t j = 0; j < nh; ++j) inv[j] = 1.0f / exp_shifted(scores + j * len, len, mx[j]);
-  vf o[kMaxFuse][16];
-  for (int64_t j = 0; j < nh; ++j)
-    for (int64_t v = 0; v < vecs; ++v) o[j][v] = simd::zero();
+  const int64_t nk = r.heads();
+  float inv[256];
+  for (int64_t k = 0; k < nk; ++k) {
+    const float* sk = scores + k * len;
+    vf m = simd::set1(-INFINITY);
+    int64_t t = 0;
+    for (; t + 16 <= len; t += 16) m = simd::max(m, simd::load(sk + t));
+    simd::store(tail, m);
+    float mx = tail[0];
+    for (int64_t i = 1; i < 16; ++i) mx = std::max(mx, tail[i]);
+    for (; t < len; ++t) mx = std::max(mx, sk[t]);
+    inv[k] = 1.0f / exp_shifted(scores + k * len, len, mx);
+    std::memset(out + qhead(k) * hd, 0, hd * sizeof(float));
+  }
   for (int64_t t0 = 0, b = 0; t0 < len; t0 += bs, ++b) {
     const int64_t n = std::min(bs, len - t0);
-    const uint16_t* vp = kv + kv_half + (blocks[b] * bs * d.kv_heads + kvh) * hd;
-    for (int64_t i = 0; i < n; ++i, vp += tok) {
-      for (int64_t v = 0; v < vecs; ++v) x[v] = simd::load_bf16(vp + v * 16);
-      for (int64_t j = 0; j < nh; ++j) {
-        const vf p = simd::set1(scores[j * len + t0 + i]);
-        for (int64_t v = 0; v < vecs; ++v) o[j][v] = simd::fmadd(p, x[v], o[j][v]);
+    const uint16_t* base = kv + kv_half + blocks[b] * bs * tok;
+    for (int64_t kvh = r.kv_lo; kvh < r.kv_hi; ++kvh) {
+      for (int64_t g = r.g_lo; g < r.g_hi; g += kMaxFuse) {
+        const int64_t nh = std::min(kMaxFuse, r.g_hi - g);
+        float* acc[kMaxFuse];
+        const float* p[kMaxFuse];
+        for (int64_t j = 0; j < nh; ++j) {
+          const int64_t k = (kvh - r.kv_lo) * ng + g - r.g_lo + j;
+          acc[j] = out + qhead(k) * hd;
+          p[j] = scores + k * len + t0;
+        }
+        const uint16_t* vp = base + kvh * hd;
+        switch (nh) {
+          case 1: accumulate_values<1, VECS>(acc, p, vp, tok, n, vecs); break;
+          case 2: accumulate_values<2, VECS>(acc, p, vp, tok, n, vecs); break;
+          case 3: accumulate_values<3, VECS>(acc, p, vp, tok, n, vecs); break;
+          default: accumulate_values<kMaxFuse, VECS>(acc, p, vp, tok, n, vecs); break;
+        }
       }
     }
   }
-  for (int64_t j = 0; j < nh; ++j) {
-    const vf r = simd::set1(inv[j]);
-    for (int64_t v = 0; v < vecs; ++v) simd::store(out + j * hd + v * 16, o[j][v] * r);
+  for (int64_t k = 0; k < nk; ++k) {
+    const vf s = simd::set1(inv[k]);
+    float* o = out + qhead(k) * hd;
+    for (int64_t v = 0; v < vecs; ++v) simd::store(o + v * 16, simd::load(o + v * 16) * s);
+  }
+}
+
+// attend_range at the head sizes it was compiled for (64 and 128, the common ones), else
+// with head_dim read at run time.
+void attend(const float* q, const uint16_t* kv, int64_t kv_half, const int64_t* blocks, int64_t len,
+            const HeadRange& r, const Dims& d, float* scores, float* out) {
+  switch (d.head_dim) {
+    case 64: return attend_range<4>(q, kv, kv_half, blocks, len, r, d, scores, out);
+    case 128: return attend_range<8>(q, kv, kv_half, blocks, len, r, d, scores, out);
+    default: return attend_range<0>(q, kv, kv_half, blocks, len, r, d, scores, out);
   }
 }
 
@@ -179,24 +273,24 @@ void attend_heads(const float* q, const uint16_t* kv, int64_t kv_half, const int
 // (2, blocks, block_size, kv_heads, hd), q float32 (rows, q_stride) with the heads first,
 // out float32 (rows, heads, hd).
 //
-// A task is up to kMaxFuse query heads of one KV head. With few rows a task is one query
-// head instead: a lone sequence's 3 KV heads (SmolLM2) would leave one of two threads idle
-// a third of the time. Each head's arithmetic is the same either way, so a row's output
-// does not depend on the rows beside it (deterministic mode relies on that).
+// A task is a whole row: its tokens' bytes are read once, in order. With fewer rows than
+// two a thread a task is one query head instead: a lone sequence (SmolLM2: 9 heads) would
+// leave one of two threads idle. Each head's arithmetic is the same either way, so a
+// row's output does not depend on the rows beside it (deterministic mode relies on that).
 void decode_attention(const float* q, int64_t q_stride, const uint16_t* kv, int64_t kv_half, const int64_t* table,
                       int64_t table_w, const int64_t* ctx, int64_t rows, const Dims& d, float* out) {
   const int64_t group = d.heads / d.kv_heads, hd = d.head_dim;
-  const int64_t fuse = rows * d.kv_heads >= 4 * at::get_num_threads() ? std::min(group, kMaxFuse) : 1;
-  const int64_t chunks = (group + fuse - 1) / fuse;  // tasks per KV head
-  parallel_for(rows * d.kv_heads * chunks, 1, [&](int64_t begin, int64_t end) {
+  const bool whole = rows >= 2 * at::get_num_threads();
+  const int64_t per_row = whole ? 1 : d.heads;
+  parallel_for(rows * per_row, 1, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> scores;
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t m = task / (d.kv_heads * chunks), kvh = task / chunks % d.kv_heads;
-      const int64_t h0 = kvh * group + task % chunks * fuse, nh = std::min(fuse, (kvh + 1) * group - h0);
+      const int64_t m = task / per_row, h = task % per_row;
+      const HeadRange r = whole ? HeadRange{0, d.kv_heads, 0, group}
+                                : HeadRange{h / group, h / group + 1, h % group, h % group + 1};
       const int64_t len = ctx[m];
-      if (static_cast<int64_t>(scores.size()) < nh * len) scores.resize(nh * len);
-      attend_heads(q + m * q_stride + h0 * hd, kv, kv_half, table + m * table_w, len, kvh, nh, d, scores.data(),
-                   out + (m * d.heads + h0) * hd);
+      if (static_cast<int64_t>(scores.size()) < r.heads() * len) scores.resize(r.heads() * len);
+      attend(q + m * q_stride, kv, kv_half, table + m * table_w, len, r, d, scores.data(), out + m * d.heads * hd);
     }
   });
 }
@@ -245,7 +339,7 @@ at::Tensor decode_forward(const at::Tensor& input_ids, const at::Tensor& positio
   const Dims d{dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6]};
   const int64_t rows = input_ids.size(0);
   TORCH_CHECK(rows >= 1, "decode_forward: no rows");
-  TORCH_CHECK(d.head_dim % 16 == 0 && d.head_dim <= 256 && d.hidden % kGroup == 0 && d.inter % kGroup == 0, "decode_forward: unsupported dims");
+  TORCH_CHECK(d.head_dim % 16 == 0 && d.head_dim <= 256 && d.heads <= 256 && d.hidden % kGroup == 0 && d.inter % kGroup == 0, "decode_forward: unsupported dims");
   TORCH_CHECK(static_cast<int64_t>(kv_caches.size()) == d.layers && static_cast<int64_t>(weights.size()) == 11 * d.layers,
               "decode_forward: expected ", d.layers, " KV caches and ", 11 * d.layers, " weights");
   TORCH_CHECK(block_table.dtype() == at::kLong && block_table.is_contiguous() && block_table.size(0) == rows, "block_table");

@@ -61,7 +61,27 @@ inline vf ldexp(vf a, vf n) {
   }
   return r;
 }
-inline float sum(vf a) { return vaddvq_f32(vaddq_f32(vaddq_f32(a.v[0], a.v[1]), vaddq_f32(a.v[2], a.v[3]))); }
+// In the x86 sets' order (x_j + x_j+8, then j + j+4, j + j+2, 0 + 1): the same bits on every set.
+inline float sum(vf a) {
+  const float32x4_t u = vaddq_f32(vaddq_f32(a.v[0], a.v[2]), vaddq_f32(a.v[1], a.v[3]));
+  const float32x2_t v = vadd_f32(vget_low_f32(u), vget_high_f32(u));
+  return vget_lane_f32(v, 0) + vget_lane_f32(v, 1);
+}
+// Lane i of the result: sum(a[i]), added in the same order.
+__attribute__((always_inline)) inline vf sum16(const vf* a) {
+  float32x4_t u[16];
+  for (int i = 0; i < 16; ++i) u[i] = vaddq_f32(vaddq_f32(a[i].v[0], a[i].v[2]), vaddq_f32(a[i].v[1], a[i].v[3]));
+  vf r;
+  for (int g = 0; g < 4; ++g) {
+    const float32x4_t* x = u + 4 * g;
+    const float32x4_t p = vaddq_f32(vcombine_f32(vget_low_f32(x[0]), vget_low_f32(x[1])),
+                                    vcombine_f32(vget_high_f32(x[0]), vget_high_f32(x[1])));
+    const float32x4_t q = vaddq_f32(vcombine_f32(vget_low_f32(x[2]), vget_low_f32(x[3])),
+                                    vcombine_f32(vget_high_f32(x[2]), vget_high_f32(x[3])));
+    r.v[g] = vpaddq_f32(p, q);
+  }
+  return r;
+}
 inline float32x4_t bf16x4(const uint16_t* p) { return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16)); }
 inline vf load_bf16(const uint16_t* p) { return {{bf16x4(p), bf16x4(p + 4), bf16x4(p + 8), bf16x4(p + 12)}}; }
 inline float32x4_t f16x4(const uint16_t* p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
@@ -84,6 +104,25 @@ inline vf min(vf a, vf b) { return {_mm512_min_ps(a.v, b.v)}; }
 inline vf round(vf a) { return {_mm512_roundscale_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)}; }
 inline vf ldexp(vf a, vf n) { return {_mm512_scalef_ps(a.v, n.v)}; }  // a * 2^n, n integral
 inline float sum(vf a) { return _mm512_reduce_add_ps(a.v); }
+// Lane i of the result: sum(a[i]) added in sum()'s order (GCC's _mm512_reduce_add_ps:
+// x_j + x_j+8, then j + j+4, then j + j+2, then 0 + 1), so the scores are the bits a sum
+// per key gave, on every set.
+__attribute__((always_inline)) inline vf sum16(const vf* a) {
+  __m512 t[8], u[4], v[2];
+  for (int k = 0; k < 8; ++k)  // the 256-bit halves of a[2k] (lanes 0-7) and a[2k+1] (8-15)
+    t[k] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * k].v, a[2 * k + 1].v, 0x44),
+                         _mm512_shuffle_f32x4(a[2 * k].v, a[2 * k + 1].v, 0xee));
+  for (int k = 0; k < 4; ++k)  // 128-bit lane l: a[4k + l]'s four j + j+4
+    u[k] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * k], t[2 * k + 1], 0x88),
+                         _mm512_shuffle_f32x4(t[2 * k], t[2 * k + 1], 0xdd));
+  for (int k = 0; k < 2; ++k) {  // lane l: j + j+2 of a[8k + l], then of a[8k + 4 + l]
+    const __m512d p = _mm512_castps_pd(u[2 * k]), q = _mm512_castps_pd(u[2 * k + 1]);
+    v[k] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(p, q)), _mm512_castpd_ps(_mm512_unpackhi_pd(p, q)));
+  }
+  // lane l, element e: a[4e + l]'s 0 + 1; put it at 4l + e
+  const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(v[0], v[1], 0x88), _mm512_shuffle_ps(v[0], v[1], 0xdd));
+  return {_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r)};
+}
 inline vf load_bf16(const uint16_t* p) {
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))};
@@ -122,6 +161,24 @@ inline float sum(vf a) {
   x = _mm_add_ps(x, _mm_movehl_ps(x, x));
   x = _mm_add_ss(x, _mm_movehdup_ps(x));
   return _mm_cvtss_f32(x);
+}
+// Lane i of the result: sum(a[i]), added in sum()'s order, so the scores are the bits a
+// sum per key gave.
+__attribute__((always_inline)) inline vf sum16(const vf* a) {
+  __m256 u[8], v[4], r[2];
+  for (int k = 0; k < 8; ++k) {  // 128-bit lane l: a[2k + l]'s (x_j + x_j+8) + (x_j+4 + x_j+12)
+    const __m256 s0 = _mm256_add_ps(a[2 * k].lo, a[2 * k].hi), s1 = _mm256_add_ps(a[2 * k + 1].lo, a[2 * k + 1].hi);
+    u[k] = _mm256_add_ps(_mm256_permute2f128_ps(s0, s1, 0x20), _mm256_permute2f128_ps(s0, s1, 0x31));
+  }
+  for (int k = 0; k < 4; ++k) {  // lane l: j + j+2 of a[4k + l], then of a[4k + 2 + l]
+    const __m256d p = _mm256_castps_pd(u[2 * k]), q = _mm256_castps_pd(u[2 * k + 1]);
+    v[k] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(p, q)), _mm256_castpd_ps(_mm256_unpackhi_pd(p, q)));
+  }
+  const __m256i at = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // lane l, element e held a[2e + l]
+  for (int k = 0; k < 2; ++k)
+    r[k] = _mm256_permutevar8x32_ps(
+        _mm256_add_ps(_mm256_shuffle_ps(v[2 * k], v[2 * k + 1], 0x88), _mm256_shuffle_ps(v[2 * k], v[2 * k + 1], 0xdd)), at);
+  return {r[0], r[1]};
 }
 inline __m256 bf16x8(__m128i h) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); }
 inline vf load_bf16(const uint16_t* p) {

@@ -59,7 +59,12 @@ void simd_ops(std::istream& in, std::ostream& out) {
   const int64_t count = take<int64_t>(in, 1)[0];
   const std::vector<float> x = take<float>(in, count), y = take<float>(in, count);
   const std::vector<uint16_t> h = take<uint16_t>(in, count);
-  std::vector<float> r(9 * count + count / 16);
+  std::vector<float> r(9 * count + count / 16 + count / 16);
+  for (int64_t i = 0; i < count; i += 256) {  // sum16 of each 16 vectors
+    simd::vf v[16];
+    for (int k = 0; k < 16; ++k) v[k] = simd::load(&x[i + 16 * k]);
+    simd::store(&r[9 * count + count / 16 + i / 16], simd::sum16(v));
+  }
   for (int64_t i = 0; i < count; i += 16) {
     const simd::vf a = simd::load(&x[i]), b = simd::load(&y[i]);
     simd::store(&r[i], simd::exp(a));
