@@ -339,7 +339,8 @@ inline void gemv_tile(const Int4Weight& w, int64_t tile, const QuantX& x, int64_
 }
 #endif
 
-// Quantizes rows (rows, kx) of x into buffers kept across calls (one set a thread).
+// Quantizes rows (rows, kx) of x into buffers kept across calls (one set a calling
+// thread), on the pool: serial, a pass over 850 rows was ~5% of an AVX2 matmul at 2 threads.
 template <class T>
 QuantX quantize_rows(const T* x, int64_t rows, int64_t kx) {
   thread_local std::vector<int8_t> q;
@@ -348,12 +349,16 @@ QuantX quantize_rows(const T* x, int64_t rows, int64_t kx) {
   q.resize(rows * kx);
   d.resize(rows * groups);
   ds.resize(rows * groups);
-  for (int64_t i = 0; i < rows * groups; ++i) {
-    int32_t sum;
-    quantize_group(x + i * kGroup, q.data() + i * kGroup, d[i], sum);
-    ds[i] = d[i] * static_cast<float>(sum);
-  }
-  return {q.data(), d.data(), ds.data(), kx, groups};
+  int8_t* qp = q.data();
+  float *dp = d.data(), *dsp = ds.data();
+  parallel_for(rows * groups, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      int32_t sum;
+      quantize_group(x + i * kGroup, qp + i * kGroup, dp[i], sum);
+      dsp[i] = dp[i] * static_cast<float>(sum);
+    }
+  });
+  return {qp, dp, dsp, kx, groups};
 }
 
 // Outputs at least this large are written past the cache where kStreams (non-temporal stores, whole
