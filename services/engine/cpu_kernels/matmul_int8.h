@@ -251,8 +251,9 @@ inline __m256i dot_sum(__m256i lo, __m256i hi) {
 
 // Keeps v in a register at this point. Without it GCC reassociates a group's int16 sums
 // (exact either way) into one tree at the group's end: the products it holds until then
-// spill to the stack, and so do the float accumulators. With it, 5-15% faster on an AVX2
-// Zen 4 (docs/benchmarks.md "AMD EPYC without AVX-512").
+// spill to the stack, and so do the float accumulators. On an AVX2-only Zen 4 it was worth
+// 5-15% with a pass per half, 1.33-1.43x with both halves a pass (docs/benchmarks.md "AMD
+// EPYC without AVX-512").
 inline void pin(__m256i& v) { asm volatile("" : "+x"(v)); }
 
 // One tile (16 output rows) for MB input rows starting at row m0, as two halves of 8 rows
