@@ -256,13 +256,25 @@ inline __m256i dot_sum(__m256i lo, __m256i hi) {
 // EPYC without AVX-512").
 inline void pin(__m256i& v) { asm volatile("" : "+x"(v)); }
 
-// One tile (16 output rows) for MB input rows starting at row m0, as two halves of 8 rows
-// in one pass over the codes: each input broadcast feeds 16 outputs. At 4 rows that holds
-// more than AVX2's 16 registers and some sums spill, but a pass per half (which fit) had
-// to broadcast every input twice: 1.28x slower on an AVX2-only Zen 4.
+// Halves of a tile's 16 outputs a pass over its codes, at MB rows. Both: each input
+// broadcast then feeds 16 outputs. At 4 rows that holds more than AVX2's 16 registers and
+// some sums spill, but a pass per half (which fit) had to broadcast every input twice and
+// was 1.28x slower on an AVX2-only Zen 4. With AVX-VNNI a row's half keeps two int32 sums,
+// so 4 rows in one pass would want 24 registers: there 4 rows keep a pass per half, as
+// before (no AVX-VNNI machine was at hand to measure either way).
+#if defined(__AVXVNNI__)
+template <int MB>
+constexpr int kHalvesPerPass = MB >= 4 ? 1 : 2;
+#else
+template <int MB>
+constexpr int kHalvesPerPass = 2;
+#endif
+
+// One tile (16 output rows) for MB input rows starting at row m0, in two halves of 8 rows.
 template <int MB>
 inline void gemv_tile(const Int4Weight& w, int64_t tile, const QuantX& x, int64_t m0, const float* bias, float* y,
                       int64_t ldy, bool stream) {
+  constexpr int H = kHalvesPerPass<MB>;
   const uint8_t* c = w.codes + tile * w.groups * 256;
   const uint16_t* sm = w.sm + tile * w.groups * 32;
   const __m256i nib = _mm256_set1_epi8(0x0f);
@@ -275,40 +287,46 @@ inline void gemv_tile(const Int4Weight& w, int64_t tile, const QuantX& x, int64_
   const float* const drow = x.d + m0 * xgroups;
   const float* const dsrow = x.ds + m0 * xgroups;
   __m256 acc[MB][2];
-  for (int m = 0; m < MB; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
-  for (int64_t g = 0, xg = 0; g < w.groups; ++g, xg = xg + 1 == xgroups ? 0 : xg + 1) {
-    const uint8_t* cg = c + g * 256;
-    const int8_t* xb = xrow + xg * kGroup;
-    __m256i lo[MB][2], hi[MB][2];
+  for (int p = 0; p < halves; p += H) {
+    __m256 a[MB][H];  // this pass's sums, in registers (acc is indexed by the pass)
     for (int m = 0; m < MB; ++m)
-      for (int h = 0; h < 2; ++h) lo[m][h] = hi[m][h] = _mm256_setzero_si256();
-    for (int j = 0; j < 4; ++j) {
-      __m256i cl[2], ch[2];
-      for (int h = 0; h < 2; ++h) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cg + 64 * j + 32 * h));
-        cl[h] = _mm256_and_si256(v, nib);
-        ch[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+      for (int h = 0; h < H; ++h) a[m][h] = _mm256_setzero_ps();
+    for (int64_t g = 0, xg = 0; g < w.groups; ++g, xg = xg + 1 == xgroups ? 0 : xg + 1) {
+      const uint8_t* cg = c + g * 256 + 32 * p;
+      const int8_t* xb = xrow + xg * kGroup;
+      __m256i lo[MB][H], hi[MB][H];
+      for (int m = 0; m < MB; ++m)
+        for (int h = 0; h < H; ++h) lo[m][h] = hi[m][h] = _mm256_setzero_si256();
+      for (int j = 0; j < 4; ++j) {
+        __m256i cl[H], ch[H];
+        for (int h = 0; h < H; ++h) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cg + 64 * j + 32 * h));
+          cl[h] = _mm256_and_si256(v, nib);
+          ch[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+        }
+        for (int m = 0; m < MB; ++m) {
+          const int32_t* xq = reinterpret_cast<const int32_t*>(xb + m * kx);
+          const __m256i xl = _mm256_set1_epi32(xq[j]), xh = _mm256_set1_epi32(xq[4 + j]);
+          for (int h = 0; h < H; ++h) {
+            dot_chunk(lo[m][h], hi[m][h], cl[h], ch[h], xl, xh);
+            pin(lo[m][h]);
+          }
+        }
       }
-      for (int m = 0; m < MB; ++m) {
-        const int32_t* xq = reinterpret_cast<const int32_t*>(xb + m * kx);
-        const __m256i xl = _mm256_set1_epi32(xq[j]), xh = _mm256_set1_epi32(xq[4 + j]);
-        for (int h = 0; h < 2; ++h) {
-          dot_chunk(lo[m][h], hi[m][h], cl[h], ch[h], xl, xh);
-          pin(lo[m][h]);
+      for (int h = 0; h < H; ++h) {
+        const uint16_t* s = sm + g * 32 + 8 * (p + h);
+        const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
+        const __m256 mins = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16)));
+        for (int m = 0; m < MB; ++m) {
+          const int64_t i = m * xgroups + xg;
+          const __m256 dot = _mm256_cvtepi32_ps(dot_sum(lo[m][h], hi[m][h]));
+          a[m][h] = _mm256_fmadd_ps(dot, _mm256_mul_ps(scale, _mm256_set1_ps(drow[i])), a[m][h]);
+          a[m][h] = _mm256_fmadd_ps(mins, _mm256_set1_ps(dsrow[i]), a[m][h]);
         }
       }
     }
-    for (int h = 0; h < 2; ++h) {
-      const uint16_t* s = sm + g * 32 + 8 * h;
-      const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
-      const __m256 mins = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16)));
-      for (int m = 0; m < MB; ++m) {
-        const int64_t i = m * xgroups + xg;
-        const __m256 dot = _mm256_cvtepi32_ps(dot_sum(lo[m][h], hi[m][h]));
-        acc[m][h] = _mm256_fmadd_ps(dot, _mm256_mul_ps(scale, _mm256_set1_ps(drow[i])), acc[m][h]);
-        acc[m][h] = _mm256_fmadd_ps(mins, _mm256_set1_ps(dsrow[i]), acc[m][h]);
-      }
-    }
+    for (int m = 0; m < MB; ++m)
+      for (int h = 0; h < H; ++h) acc[m][p + h] = a[m][h];
   }
   // A whole tile is stored as whole 64-byte lines: stored one half at a time, a line of a
   // large output was read in from memory first (2x the matmul's time at 850 rows), and
