@@ -151,42 +151,86 @@ inline vf group_scores(const vf* qv, const float* kf, int64_t n, int64_t vecs) {
   return simd::sum16(part);
 }
 
-// acc[j] += sum over the block's n tokens of p[j][t] * V[t] for NH heads of one KV head
-// (vp: the block's first token of that head; p[j]: head j's softmax numerators at the
-// block): the outputs stay in registers across the block, one load and store a block.
-template <int NH, int VECS>
-inline void accumulate_values(float* const* acc, const float* const* p, const uint16_t* vp, int64_t tok,
-                              int64_t n, int64_t vecs) {
-  vf o[NH][VECS > 0 ? VECS : 16];
+// acc[j][v0, v0 + CV) += sum over the block's n tokens of p[j][t] * V[t] for NH heads of
+// one KV head (vp: the block's first token of that head; p[j]: head j's softmax numerators
+// at the block): the outputs stay in registers across the block, one load and store a block.
+template <int NH, int CV>
+inline void accumulate_slice(float* const* acc, const float* const* p, const uint16_t* vp, int64_t tok, int64_t n,
+                             int64_t v0, int64_t cv) {
+  vf o[NH][CV];
   for (int64_t j = 0; j < NH; ++j)
-    for (int64_t v = 0; v < vecs; ++v) o[j][v] = simd::load(acc[j] + v * 16);
-  vf x[VECS > 0 ? VECS : 16];
+    for (int64_t v = 0; v < cv; ++v) o[j][v] = simd::load(acc[j] + (v0 + v) * 16);
   for (int64_t i = 0; i < n; ++i, vp += tok) {
-    for (int64_t v = 0; v < vecs; ++v) x[v] = simd::load_bf16(vp + v * 16);
+    vf x[CV];
+    for (int64_t v = 0; v < cv; ++v) x[v] = simd::load_bf16(vp + (v0 + v) * 16);
     for (int64_t j = 0; j < NH; ++j) {
       const vf pj = simd::set1(p[j][i]);
-      for (int64_t v = 0; v < vecs; ++v) o[j][v] = simd::fmadd(pj, x[v], o[j][v]);
+      for (int64_t v = 0; v < cv; ++v) o[j][v] = simd::fmadd(pj, x[v], o[j][v]);
     }
   }
   for (int64_t j = 0; j < NH; ++j)
-    for (int64_t v = 0; v < vecs; ++v) simd::store(acc[j] + v * 16, o[j][v]);
+    for (int64_t v = 0; v < cv; ++v) simd::store(acc[j] + (v0 + v) * 16, o[j][v]);
 }
 
-// The heads of ``r`` of one row over its ``len`` tokens, head_dim 16 * VECS (VECS 0: read
-// at run time). Keys and values are walked block by block in token order, every KV head
-// of the range at each block before the next: a block's bytes are read together, in
+// Outputs a slice of accumulate_values takes: the most of VECS (halving) whose
+// accumulators, one vf of values and a broadcast per head fit in the set's registers.
+constexpr int slice_vecs(int nh, int vecs) {
+  int c = vecs;
+  while (c > 1 && (nh * c + 1) * simd::kRegisters + nh > simd::kVectorRegisters) c /= 2;
+  return c < 1 ? 1 : c;
+}
+
+// accumulate_slice over the head's 16 * VECS outputs (VECS 0: vecs, read at run time), a
+// slice at a time (slice_vecs): under AVX2 three heads' 64 outputs alone would take 24 of
+// its 16 registers, and a sum spilled to the stack makes every token wait on a store and
+// its reload. Each output's sum runs over the tokens in the same order whatever the
+// slicing: the same bits.
+template <int NH, int VECS>
+inline void accumulate_values(float* const* acc, const float* const* p, const uint16_t* vp, int64_t tok,
+                              int64_t n, int64_t vecs, bool sliced) {
+  constexpr int CV = VECS == 0 ? 1 : slice_vecs(NH, VECS);
+  if (CV == VECS || !sliced) {
+    accumulate_slice<NH, VECS == 0 ? 16 : VECS>(acc, p, vp, tok, n, 0, vecs);
+    return;
+  }
+  for (int64_t v0 = 0; v0 < vecs; v0 += CV) accumulate_slice<NH, CV>(acc, p, vp, tok, n, v0, CV);
+}
+
+// Rows of one sequence attended together: consecutive tokens of a prefill chunk, each
+// row's context one token longer than the row before (lens ascending), all read through
+// the same block table. Row i's query at q + i * q_stride, its output at out + i * out_stride.
+constexpr int64_t kRunRows = 8;  // rows of one sequence a task attends together
+
+struct RowRun {
+  const float* q;
+  int64_t q_stride;
+  float* out;
+  int64_t out_stride;
+  const int64_t* lens;
+  int64_t rows;
+};
+
+// The heads of ``r`` of a run's rows over their contexts, head_dim 16 * VECS (VECS 0:
+// read at run time). Keys and values are walked block by block in token order, every KV
+// head of the range at each block before the next: a block's bytes are read together, in
 // order, where one pass per KV head would read a third of each token's bytes at a time
-// (the prefetcher then loses most of the stream). A head's arithmetic does not depend on
-// the range it is computed in, so neither does a row's output on the rows beside it
-// (deterministic mode relies on that). scores: r.heads() * len floats.
+// (the prefetcher then loses most of the stream). The rows of a run share each group of
+// keys staged as float32 (and each block of values while it is in L1): a prefill chunk
+// converts its keys once, not once per row. A head's arithmetic on a row does not
+// depend on the range or the run it is computed in, so neither does a row's output on
+// the rows beside it (deterministic mode relies on that). scores: rows * r.heads() *
+// lens[rows - 1] floats.
 template <int VECS>
-void attend_range(const float* q, const uint16_t* kv, int64_t kv_half, const int64_t* blocks, int64_t len,
-                  const HeadRange& r, const Dims& d, float* scores, float* out) {
+void attend_range(const RowRun& run, const uint16_t* kv, int64_t kv_half, const int64_t* blocks, const HeadRange& r,
+                  const Dims& d, float* scores) {
   const int64_t hd = d.head_dim, vecs = VECS > 0 ? VECS : hd / 16, bs = d.block_size, tok = d.kv_heads * hd;
-  const int64_t group = d.heads / d.kv_heads, ng = r.g_hi - r.g_lo;
+  const int64_t group = d.heads / d.kv_heads, ng = r.g_hi - r.g_lo, nk = r.heads();
+  const int64_t len = run.lens[run.rows - 1];  // the longest context, the last row's
   const vf scale = simd::set1(1.0f / std::sqrt(static_cast<float>(hd)));
   // head k of the range: KV head r.kv_lo + k / ng, query head (that) * group + r.g_lo + k % ng
   const auto qhead = [&](int64_t k) { return (r.kv_lo + k / ng) * group + r.g_lo + k % ng; };
+  // row i's scores of head k: len_i floats at row_scores(i) + k * len_i
+  const auto row_scores = [&](int64_t i) { return scores + i * nk * len; };
   const uint16_t* tp[16];  // the group's tokens (all KV heads)
   alignas(64) float kf[16 * 256];
   alignas(64) float tail[16];
@@ -200,72 +244,90 @@ void attend_range(const float* q, const uint16_t* kv, int64_t kv_half, const int
     for (int64_t kvh = r.kv_lo; kvh < r.kv_hi; ++kvh) {
       for (int64_t i = 0; i < n; ++i)
         for (int64_t v = 0; v < vecs; ++v) simd::store(kf + (i * vecs + v) * 16, simd::load_bf16(tp[i] + kvh * hd + v * 16));
-      for (int64_t g = r.g_lo; g < r.g_hi; ++g) {
-        const int64_t k = (kvh - r.kv_lo) * ng + g - r.g_lo;
-        vf qv[VECS > 0 ? VECS : 16];
-        for (int64_t v = 0; v < vecs; ++v) qv[v] = simd::load(q + qhead(k) * hd + v * 16) * scale;
-        const vf sc = group_scores<VECS>(qv, kf, n, vecs);
-        if (n == 16) {
-          simd::store(scores + k * len + t0, sc);
-        } else {
-          simd::store(tail, sc);
-          std::memcpy(scores + k * len + t0, tail, n * sizeof(float));
+      for (int64_t row = 0; row < run.rows; ++row) {
+        const int64_t len_i = run.lens[row];
+        if (len_i <= t0) continue;
+        const int64_t n_i = std::min<int64_t>(16, len_i - t0);
+        const float* q = run.q + row * run.q_stride;
+        float* sc_row = row_scores(row);
+        for (int64_t g = r.g_lo; g < r.g_hi; ++g) {
+          const int64_t k = (kvh - r.kv_lo) * ng + g - r.g_lo;
+          vf qv[VECS > 0 ? VECS : 16];
+          for (int64_t v = 0; v < vecs; ++v) qv[v] = simd::load(q + qhead(k) * hd + v * 16) * scale;
+          const vf sc = group_scores<VECS>(qv, kf, n_i, vecs);
+          if (n_i == 16) {
+            simd::store(sc_row + k * len_i + t0, sc);
+          } else {
+            simd::store(tail, sc);
+            std::memcpy(sc_row + k * len_i + t0, tail, n_i * sizeof(float));
+          }
         }
       }
     }
   }
-  const int64_t nk = r.heads();
-  float inv[256];
-  for (int64_t k = 0; k < nk; ++k) {
-    const float* sk = scores + k * len;
-    vf m = simd::set1(-INFINITY);
-    int64_t t = 0;
-    for (; t + 16 <= len; t += 16) m = simd::max(m, simd::load(sk + t));
-    simd::store(tail, m);
-    float mx = tail[0];
-    for (int64_t i = 1; i < 16; ++i) mx = std::max(mx, tail[i]);
-    for (; t < len; ++t) mx = std::max(mx, sk[t]);
-    inv[k] = 1.0f / exp_shifted(scores + k * len, len, mx);
-    std::memset(out + qhead(k) * hd, 0, hd * sizeof(float));
+  float inv[kRunRows * 256];  // run.rows <= kRunRows, nk <= 256
+  for (int64_t row = 0; row < run.rows; ++row) {
+    const int64_t len_i = run.lens[row];
+    float* out = run.out + row * run.out_stride;
+    for (int64_t k = 0; k < nk; ++k) {
+      float* sk = row_scores(row) + k * len_i;
+      vf m = simd::set1(-INFINITY);
+      int64_t t = 0;
+      for (; t + 16 <= len_i; t += 16) m = simd::max(m, simd::load(sk + t));
+      simd::store(tail, m);
+      float mx = tail[0];
+      for (int64_t i = 1; i < 16; ++i) mx = std::max(mx, tail[i]);
+      for (; t < len_i; ++t) mx = std::max(mx, sk[t]);
+      inv[row * nk + k] = 1.0f / exp_shifted(sk, len_i, mx);
+      std::memset(out + qhead(k) * hd, 0, hd * sizeof(float));
+    }
   }
   for (int64_t t0 = 0, b = 0; t0 < len; t0 += bs, ++b) {
-    const int64_t n = std::min(bs, len - t0);
     const uint16_t* base = kv + kv_half + blocks[b] * bs * tok;
     for (int64_t kvh = r.kv_lo; kvh < r.kv_hi; ++kvh) {
-      for (int64_t g = r.g_lo; g < r.g_hi; g += kMaxFuse) {
-        const int64_t nh = std::min(kMaxFuse, r.g_hi - g);
-        float* acc[kMaxFuse];
-        const float* p[kMaxFuse];
-        for (int64_t j = 0; j < nh; ++j) {
-          const int64_t k = (kvh - r.kv_lo) * ng + g - r.g_lo + j;
-          acc[j] = out + qhead(k) * hd;
-          p[j] = scores + k * len + t0;
-        }
-        const uint16_t* vp = base + kvh * hd;
-        switch (nh) {
-          case 1: accumulate_values<1, VECS>(acc, p, vp, tok, n, vecs); break;
-          case 2: accumulate_values<2, VECS>(acc, p, vp, tok, n, vecs); break;
-          case 3: accumulate_values<3, VECS>(acc, p, vp, tok, n, vecs); break;
-          default: accumulate_values<kMaxFuse, VECS>(acc, p, vp, tok, n, vecs); break;
+      const uint16_t* vp = base + kvh * hd;
+      for (int64_t row = 0; row < run.rows; ++row) {
+        const int64_t len_i = run.lens[row];
+        if (len_i <= t0) continue;
+        const int64_t n = std::min(bs, len_i - t0);
+        float* out = run.out + row * run.out_stride;
+        for (int64_t g = r.g_lo; g < r.g_hi; g += kMaxFuse) {
+          const int64_t nh = std::min(kMaxFuse, r.g_hi - g);
+          float* acc[kMaxFuse];
+          const float* p[kMaxFuse];
+          for (int64_t j = 0; j < nh; ++j) {
+            const int64_t k = (kvh - r.kv_lo) * ng + g - r.g_lo + j;
+            acc[j] = out + qhead(k) * hd;
+            p[j] = row_scores(row) + k * len_i + t0;
+          }
+          switch (nh) {
+            case 1: accumulate_values<1, VECS>(acc, p, vp, tok, n, vecs, run.rows > 1); break;
+            case 2: accumulate_values<2, VECS>(acc, p, vp, tok, n, vecs, run.rows > 1); break;
+            case 3: accumulate_values<3, VECS>(acc, p, vp, tok, n, vecs, run.rows > 1); break;
+            default: accumulate_values<kMaxFuse, VECS>(acc, p, vp, tok, n, vecs, run.rows > 1); break;
+          }
         }
       }
     }
   }
-  for (int64_t k = 0; k < nk; ++k) {
-    const vf s = simd::set1(inv[k]);
-    float* o = out + qhead(k) * hd;
-    for (int64_t v = 0; v < vecs; ++v) simd::store(o + v * 16, simd::load(o + v * 16) * s);
+  for (int64_t row = 0; row < run.rows; ++row) {
+    float* out = run.out + row * run.out_stride;
+    for (int64_t k = 0; k < nk; ++k) {
+      const vf s = simd::set1(inv[row * nk + k]);
+      float* o = out + qhead(k) * hd;
+      for (int64_t v = 0; v < vecs; ++v) simd::store(o + v * 16, simd::load(o + v * 16) * s);
+    }
   }
 }
 
 // attend_range at the head sizes it was compiled for (64 and 128, the common ones), else
 // with head_dim read at run time.
-void attend(const float* q, const uint16_t* kv, int64_t kv_half, const int64_t* blocks, int64_t len,
-            const HeadRange& r, const Dims& d, float* scores, float* out) {
+void attend(const RowRun& run, const uint16_t* kv, int64_t kv_half, const int64_t* blocks, const HeadRange& r,
+            const Dims& d, float* scores) {
   switch (d.head_dim) {
-    case 64: return attend_range<4>(q, kv, kv_half, blocks, len, r, d, scores, out);
-    case 128: return attend_range<8>(q, kv, kv_half, blocks, len, r, d, scores, out);
-    default: return attend_range<0>(q, kv, kv_half, blocks, len, r, d, scores, out);
+    case 64: return attend_range<4>(run, kv, kv_half, blocks, r, d, scores);
+    case 128: return attend_range<8>(run, kv, kv_half, blocks, r, d, scores);
+    default: return attend_range<0>(run, kv, kv_half, blocks, r, d, scores);
   }
 }
 
@@ -273,24 +335,47 @@ void attend(const float* q, const uint16_t* kv, int64_t kv_half, const int64_t* 
 // (2, blocks, block_size, kv_heads, hd), q float32 (rows, q_stride) with the heads first,
 // out float32 (rows, heads, hd).
 //
-// A task is a whole row: its tokens' bytes are read once, in order. With fewer rows than
-// two a thread a task is one query head instead: a lone sequence (SmolLM2: 9 heads) would
-// leave one of two threads idle. Each head's arithmetic is the same either way, so a
-// row's output does not depend on the rows beside it (deterministic mode relies on that).
+// Rows of one sequence at consecutive positions (a prefill chunk's tokens: the same
+// block table, each context one longer) are cut into runs of up to kRunRows, and a task
+// is a run: its keys are read once for all its rows. Every other row is a run of its own.
+// With fewer runs than two a thread a task is one query head of one row instead: a lone
+// sequence (SmolLM2: 9 heads) would leave one of two threads idle. Each head's
+// arithmetic is the same either way, so a row's output does not depend on the rows
+// beside it (deterministic mode relies on that).
 void decode_attention(const float* q, int64_t q_stride, const uint16_t* kv, int64_t kv_half, const int64_t* table,
                       int64_t table_w, const int64_t* ctx, int64_t rows, const Dims& d, float* out) {
-  const int64_t group = d.heads / d.kv_heads, hd = d.head_dim;
-  const bool whole = rows >= 2 * at::get_num_threads();
-  const int64_t per_row = whole ? 1 : d.heads;
-  parallel_for(rows * per_row, 1, [&](int64_t begin, int64_t end) {
+  const int64_t group = d.heads / d.kv_heads, hd = d.head_dim, bs = d.block_size;
+  thread_local std::vector<int64_t> run_starts;
+  // run r: rows [starts[r], starts[r + 1]); a local name, as the helpers must read the caller's
+  std::vector<int64_t>& starts = run_starts;
+  starts.clear();
+  for (int64_t m = 0; m < rows; ++m) {
+    const bool joins = m > 0 && m - starts.back() < kRunRows && ctx[m] == ctx[m - 1] + 1 &&
+                       std::memcmp(table + m * table_w, table + (m - 1) * table_w,
+                                   ((ctx[m] + bs - 1) / bs) * sizeof(int64_t)) == 0;
+    if (!joins) starts.push_back(m);
+  }
+  const int64_t runs = static_cast<int64_t>(starts.size());
+  starts.push_back(rows);
+  const bool whole = runs >= 2 * at::get_num_threads();
+  const int64_t per_run = whole ? 1 : d.heads;
+  const int64_t out_stride = d.heads * hd;
+  if (!whole) {  // one row a run: a task is one head of one row
+    starts.resize(rows + 1);
+    for (int64_t m = 0; m <= rows; ++m) starts[m] = m;
+  }
+  const int64_t tasks = (whole ? runs : rows) * per_run;
+  parallel_for(tasks, 1, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> scores;
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t m = task / per_row, h = task % per_row;
+      const int64_t i = task / per_run, h = task % per_run;
+      const int64_t m = starts[i], n = starts[i + 1] - m;
       const HeadRange r = whole ? HeadRange{0, d.kv_heads, 0, group}
                                 : HeadRange{h / group, h / group + 1, h % group, h % group + 1};
-      const int64_t len = ctx[m];
-      if (static_cast<int64_t>(scores.size()) < r.heads() * len) scores.resize(r.heads() * len);
-      attend(q + m * q_stride, kv, kv_half, table + m * table_w, len, r, d, scores.data(), out + m * d.heads * hd);
+      const int64_t need = n * r.heads() * ctx[m + n - 1];
+      if (static_cast<int64_t>(scores.size()) < need) scores.resize(need);
+      const RowRun run{q + m * q_stride, q_stride, out + m * out_stride, out_stride, ctx + m, n};
+      attend(run, kv, kv_half, table + m * table_w, r, d, scores.data());
     }
   });
 }
@@ -327,6 +412,25 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
   return out;
 }
 
+// f(begin, end) over rows [0, rows): on the pool in slices of kRowGrain rows where a step
+// has more than one slice (a prefill chunk's rows), on the caller alone otherwise (a decode
+// step, where waking the helper would cost more than the work).
+constexpr int64_t kRowGrain = 32;
+template <class F>
+void each_rows(int64_t rows, const F& f) {
+  parallel_for(rows, kRowGrain, f);
+}
+
+// x (rows, width) as a matmul reads it: itself where that is float32, else rounded into buf.
+inline const float* matmul_input(const std::vector<float>& x, std::vector<float>&, int64_t, int64_t) { return x.data(); }
+inline const uint16_t* matmul_input(const std::vector<float>& x, std::vector<uint16_t>& buf, int64_t rows,
+                                    int64_t width) {
+  each_rows(rows, [&](int64_t b, int64_t e) {
+    for (int64_t i = b * width; i < e * width; ++i) buf[i] = f32_to_bf16(x[i]);
+  });
+  return buf.data();
+}
+
 // The decoder stack of a decode-only step: one token per row, one row per sequence.
 // weights: 11 tensors a layer (input norm, qkv codes, qkv scale/min, qkv bias or empty,
 // o codes, o scale/min, post-attention norm, gate_up codes, gate_up scale/min, down codes,
@@ -359,7 +463,8 @@ at::Tensor decode_forward(const at::Tensor& input_ids, const at::Tensor& positio
     TORCH_CHECK(ctx[m] == pos[m] + 1 && ctx[m] <= block_table.size(1) * d.block_size,
                 "decode_forward: context ", ctx[m], " does not fit position ", pos[m], " and its block table");
   }
-  thread_local Scratch s;
+  thread_local Scratch scratch;
+  Scratch& s = scratch;  // a local name: the pool's helpers must see the caller's
   s.size(rows, d);
   const uint16_t* emb = reinterpret_cast<const uint16_t*>(embed.data_ptr<at::BFloat16>());
   for (int64_t m = 0; m < rows; ++m)
@@ -375,41 +480,54 @@ at::Tensor decode_forward(const at::Tensor& input_ids, const at::Tensor& positio
     uint16_t* kvp = reinterpret_cast<uint16_t*>(kv.data_ptr<at::BFloat16>());
     const int64_t kv_half = kv.numel() / 2;
     // attention: norm, qkv, rotary, K/V into the cache, attend, o_proj, residual
-    rms_norm(s.resid.data(), bf16(w[0]), rows, d.hidden, eps, s.normed.data());
+    each_rows(rows, [&](int64_t b, int64_t e) {
+      rms_norm(s.resid.data() + b * d.hidden, bf16(w[0]), e - b, d.hidden, eps, s.normed.data() + b * d.hidden);
+    });
     const float* qkv_bias = w[3].numel() ? w[3].data_ptr<float>() : nullptr;
     int4_matmul(as_weight(w[1], w[2], qkv_w), s.normed.data(), rows, d.hidden, qkv_bias, s.qkv.data(), qkv_w);
-    for (int64_t m = 0; m < rows; ++m) {
-      float* r = s.qkv.data() + m * qkv_w;
-      rotary(r, d.heads + d.kv_heads, hd, cos_p + pos[m] * hd, sin_p + pos[m] * hd);
-      uint16_t* k = kvp + slot[m] * kvw;
-      to_bf16(r + qw, kvw, k);
-      to_bf16(r + qw + kvw, kvw, k + kv_half);
-    }
+    each_rows(rows, [&](int64_t b, int64_t e) {
+      for (int64_t m = b; m < e; ++m) {
+        float* r = s.qkv.data() + m * qkv_w;
+        rotary(r, d.heads + d.kv_heads, hd, cos_p + pos[m] * hd, sin_p + pos[m] * hd);
+        uint16_t* k = kvp + slot[m] * kvw;
+        to_bf16(r + qw, kvw, k);
+        to_bf16(r + qw + kvw, kvw, k + kv_half);
+      }
+    });
     decode_attention(s.qkv.data(), qkv_w, kvp, kv_half, block_table.data_ptr<int64_t>(), block_table.size(1), ctx, rows,
                      d, s.attn.data());
-    for (int64_t i = 0; i < rows * qw; ++i) put(s.attn[i], s.attn_in.data() + i);
-    int4_matmul(as_weight(w[4], w[5], d.hidden), s.attn_in.data(), rows, qw, nullptr, s.proj.data(), d.hidden);
-    for (int64_t i = 0; i < rows * d.hidden; ++i) s.resid[i] += s.proj[i];
-    // MLP: norm, gate_up, silu(gate) * up, down, residual
-    rms_norm(s.resid.data(), bf16(w[6]), rows, d.hidden, eps, s.normed.data());
+    const Act* attn_in = matmul_input(s.attn, s.attn_in, rows, qw);
+    int4_matmul(as_weight(w[4], w[5], d.hidden), attn_in, rows, qw, nullptr, s.proj.data(), d.hidden);
+    // residual, then the MLP: norm, gate_up, silu(gate) * up, down, residual
+    each_rows(rows, [&](int64_t b, int64_t e) {
+      for (int64_t i = b * d.hidden; i < e * d.hidden; ++i) s.resid[i] += s.proj[i];
+      rms_norm(s.resid.data() + b * d.hidden, bf16(w[6]), e - b, d.hidden, eps, s.normed.data() + b * d.hidden);
+    });
     int4_matmul(as_weight(w[7], w[8], 2 * d.inter), s.normed.data(), rows, d.hidden, nullptr, s.gate_up.data(), 2 * d.inter);
-    for (int64_t m = 0; m < rows; ++m) {
-      const float* g = s.gate_up.data() + m * 2 * d.inter;
-      const float* u = g + d.inter;
-      Act* o = s.act.data() + m * d.inter;
-      for (int64_t i = 0; i < d.inter; i += 16) {
-        const vf gv = simd::load(g + i);
-        const vf silu = gv / (simd::set1(1.0f) + simd::exp(simd::zero() - gv));
-        float tmp[16];
-        simd::store(tmp, silu * simd::load(u + i));
-        for (int j = 0; j < 16; ++j) put(tmp[j], o + i + j);
+    each_rows(rows, [&](int64_t b, int64_t e) {
+      for (int64_t m = b; m < e; ++m) {
+        const float* g = s.gate_up.data() + m * 2 * d.inter;
+        const float* u = g + d.inter;
+        Act* o = s.act.data() + m * d.inter;
+        for (int64_t i = 0; i < d.inter; i += 16) {
+          const vf gv = simd::load(g + i);
+          const vf silu = gv / (simd::set1(1.0f) + simd::exp(simd::zero() - gv));
+          float tmp[16];
+          simd::store(tmp, silu * simd::load(u + i));
+          for (int j = 0; j < 16; ++j) put(tmp[j], o + i + j);
+        }
       }
-    }
+    });
     int4_matmul(as_weight(w[9], w[10], d.hidden), s.act.data(), rows, d.inter, nullptr, s.proj.data(), d.hidden);
-    for (int64_t i = 0; i < rows * d.hidden; ++i) s.resid[i] += s.proj[i];
+    each_rows(rows, [&](int64_t b, int64_t e) {
+      for (int64_t i = b * d.hidden; i < e * d.hidden; ++i) s.resid[i] += s.proj[i];
+    });
   }
   at::Tensor out = at::empty({rows, d.hidden}, embed.options());
-  rms_norm(s.resid.data(), bf16(final_norm), rows, d.hidden, eps, reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()));
+  uint16_t* outp = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  each_rows(rows, [&](int64_t b, int64_t e) {
+    rms_norm(s.resid.data() + b * d.hidden, bf16(final_norm), e - b, d.hidden, eps, outp + b * d.hidden);
+  });
   return out;
 }
 

@@ -19,6 +19,8 @@ namespace simd {
 struct vf {
   float32x4_t v[4];
 };
+constexpr int kRegisters = 4;         // vector registers a vf takes
+constexpr int kVectorRegisters = 32;  // the set's
 // Each operation on the 4 registers (the loops unroll).
 #define TANDEM_VF_MAP2(name, op)                           \
   inline vf name(vf a, vf b) {                             \
@@ -90,6 +92,8 @@ inline vf load_f16(const uint16_t* p) { return {{f16x4(p), f16x4(p + 4), f16x4(p
 struct vf {
   __m512 v;
 };
+constexpr int kRegisters = 1;
+constexpr int kVectorRegisters = 32;
 inline vf zero() { return {_mm512_setzero_ps()}; }
 inline vf set1(float x) { return {_mm512_set1_ps(x)}; }
 inline vf load(const float* p) { return {_mm512_loadu_ps(p)}; }
@@ -132,6 +136,8 @@ inline vf load_f16(const uint16_t* p) { return {_mm512_cvtph_ps(_mm256_loadu_si2
 struct vf {
   __m256 lo, hi;
 };
+constexpr int kRegisters = 2;
+constexpr int kVectorRegisters = 16;
 inline vf zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
 inline vf set1(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
 inline vf load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
