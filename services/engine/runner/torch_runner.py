@@ -25,7 +25,7 @@ from services.engine.parallel.shard import TpShard
 from services.engine.quant.apply import quantize_model, resolve_quantization
 from services.engine.quant.groups import QuantSource
 from services.engine.runner.base import KvSpec, ModelRunner, RunnerInfo
-from services.engine.runner.cpu_decode import ONE_CALL_PREFILL_TOKENS, CpuDecode
+from services.engine.runner.cpu_decode import ONE_CALL_PREFILL_TOKENS, ROWS_PREFILL_SETS, CpuDecode
 from services.engine.runner.step_inputs import build_step_inputs, validate_batch
 from services.engine.sampler import Sampled, Sampler, prompt_token_logprobs
 from services.model.arch import ModelArchConfig
@@ -193,6 +193,7 @@ class TorchRunner(ModelRunner):
     """
 
     supports_overlap = True
+    prefill_rows = False  # every prefill step on the one-call kernel (engine.cpu_prefill)
     supports_grammar = True
 
     def __init__(
@@ -277,6 +278,14 @@ class TorchRunner(ModelRunner):
                     "(or, on CUDA, on batch-invariant kernels), "
                     f"which cannot run here ({self.device}, {self.dtype}, quantization {self.quantization}, "
                     f"CPU kernels {kernels.isa if kernels is not None else 'none'}, TP={self.tp.size})")
+            if cfg.cpu_prefill == "rows" and not one_call:
+                raise ValueError(
+                    "engine.cpu_prefill: rows runs prefill on the CPU int4 kernels' one-call step, which "
+                    f"cannot run here ({self.device}, quantization {self.quantization}, CPU kernels "
+                    f"{kernels.isa if kernels is not None else 'none'}, TP={self.tp.size})")
+            # Prefill of any size as rows where that path is the faster one (ROWS_PREFILL_SETS).
+            self.prefill_rows = one_call and (cfg.cpu_prefill == "rows" or (
+                cfg.cpu_prefill == "auto" and kernels is not None and kernels.isa in ROWS_PREFILL_SETS))
             if one_call:
                 self.model.cpu_decode = CpuDecode(self.model, cfg.block_size)
                 # NOTE: a decode step in one C++ call holds no GIL and leaves a core's worth of
@@ -422,7 +431,10 @@ class TorchRunner(ModelRunner):
         return ONE_CALL_PREFILL_TOKENS if self.model.cpu_decode is not None and not self.deterministic else 0
 
     def runs_as_rows(self, batch: ScheduledBatch) -> bool:
-        return self.row_step_tokens > 0 and self._one_call_rows(batch)
+        # NOTE: the row regime is the small steps' (a larger one that also runs as rows,
+        # engine.cpu_prefill, is timed against the prefill fit: regimes by size, not path)
+        return (self.row_step_tokens > 0 and self._one_call_rows(batch)
+                and sum(len(s.token_ids) for s in batch.seqs if len(s.token_ids) > 1) <= self.row_step_tokens)
 
     def _one_call_rows(self, batch: ScheduledBatch) -> bool:
         """Whether the step runs on the one-call kernel with a row per token: every step in
@@ -439,7 +451,7 @@ class TorchRunner(ModelRunner):
                 return False
             if len(s.token_ids) > 1:
                 n += len(s.token_ids)
-        return 0 < n <= ONE_CALL_PREFILL_TOKENS
+        return 0 < n and (n <= ONE_CALL_PREFILL_TOKENS or self.prefill_rows)
 
     def _prompt_logprobs(self, hidden: torch.Tensor, batch: ScheduledBatch,
                          rows: list[tuple[int, int]]) -> PromptLogprobs:

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from services.common.config import EngineConfig
+from services.engine.batch import ScheduledBatch
 from services.engine.cpu_kernels import build
 from services.engine.cpu_kernels import isa as isas
 from services.engine.cpu_kernels.cpu_features import cpuinfo_flags
@@ -23,7 +24,7 @@ from services.engine.quant import pack
 from services.engine.quant.groups import QuantSource, from_float
 from services.engine.quant.linear import QuantizedLinear
 from services.engine.runner import torch_runner
-from services.engine.runner.cpu_decode import ONE_CALL_PREFILL_TOKENS, CpuDecode
+from services.engine.runner.cpu_decode import ONE_CALL_PREFILL_TOKENS, ROWS_PREFILL_SETS, CpuDecode
 from services.engine.runner.torch_runner import TorchRunner
 from tests.support.int4_reference import check, gguf_groups
 from tests.support.tiny_model import batch, seq, tiny_hf_model
@@ -259,6 +260,7 @@ def test_decode_step_writes_the_same_kv_as_the_eager_forward(isa: str, monkeypat
     # both prefill on the eager forward (no small mixed step on the one call): only the
     # decode step differs between them
     monkeypatch.setattr(torch_runner, "ONE_CALL_PREFILL_TOKENS", 0)
+    monkeypatch.setattr(kernels, "prefill_rows", False)
     for r in (kernels, eager):
         r.execute(batch(seq("a", [5, 6, 7, 8, 9], 0, [0, 1])))
         r.execute(batch(seq("a", [10], 5, [0, 1])))
@@ -272,9 +274,9 @@ def test_small_mixed_steps_take_the_one_call_and_large_ones_the_eager_forward(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A step with up to ONE_CALL_PREFILL_TOKENS prefill tokens runs on the one call, a
     row per token, and its logits stay as close to the float32 reference as the eager
-    forward's; a step with more prefill takes the eager forward; decode-only steps the one
-    call."""
-    runners = _runners("llama", RUNNABLE[0])
+    forward's; a step with more prefill takes the eager forward (engine.cpu_prefill: eager);
+    decode-only steps the one call."""
+    runners = _runners("llama", RUNNABLE[0], cpu_prefill="eager")
     r = runners["kernels"]
     calls: list[int] = []
     real = CpuDecode.__call__
@@ -304,6 +306,53 @@ def test_small_mixed_steps_take_the_one_call_and_large_ones_the_eager_forward(
     assert calls == []
     r.execute(batch(seq("c", [9], len(large), list(range(20, 20 + 9))), seq("b", [9], 5, [1, 11])))
     assert calls == [2]
+
+
+@EACH_ISA
+def test_prefill_of_any_size_runs_as_rows_where_that_path_is_the_faster(isa: str,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """engine.cpu_prefill: auto sends a prefill of any size to the one call on the sets of
+    ROWS_PREFILL_SETS (eager elsewhere); rows forces it, and its logits stay as close to the
+    float32 reference as the eager forward's."""
+    runners = _runners("llama", isa)
+    assert runners["kernels"].prefill_rows == (isa in ROWS_PREFILL_SETS)
+    model, arch = tiny_hf_model("llama")
+    r = runners["kernels"] = TorchRunner(arch, model.state_dict(), EngineConfig(
+        device="cpu", dtype="bfloat16", quantization="int4", quantized_max_rows=None, block_size=4,
+        num_kv_blocks=256, cpu_kernels=True, cpu_isa=isa, cpu_prefill="rows"))
+    assert r.prefill_rows
+    calls: list[int] = []
+    real = CpuDecode.__call__
+
+    def spy(self, input_ids, *rest):
+        calls.append(input_ids.shape[0])
+        return real(self, input_ids, *rest)
+
+    monkeypatch.setattr(CpuDecode, "__call__", spy)
+    large = [(5 * j + 3) % 128 for j in range(3 * ONE_CALL_PREFILL_TOKENS)]
+    # a fresh prompt and one after a cached prefix, beside a decode
+
+    def b() -> ScheduledBatch:
+        return batch(seq("a", large, 0, list(range(2, 2 + 25))), seq("b", large[24:40], 24, list(range(40, 50))),
+                     seq("c", [7], 3, [60]))
+
+    logits = {}
+    for name, each in runners.items():
+        each.execute(batch(seq("b", large[:24], 0, list(range(40, 50))), seq("c", [4, 5, 6], 0, [60])))
+        logits[name] = each.logits_for(b())
+    assert calls == [24 + 3, 3 * ONE_CALL_PREFILL_TOKENS + 16 + 1]
+    ref = logits["reference"]
+    err = {name: (logits[name] - ref).abs().max().item() for name in ("eager", "kernels")}
+    assert err["kernels"] <= 1.5 * err["eager"] + 0.05, err
+    # the ITL target's regimes stay by size: a step this large is timed against the prefill fit
+    assert r.row_step_tokens == ONE_CALL_PREFILL_TOKENS and not r.runs_as_rows(b())
+
+
+def test_rows_prefill_without_the_one_call_is_an_error() -> None:
+    model, arch = tiny_hf_model("llama")
+    with pytest.raises(ValueError, match="engine.cpu_prefill: rows"):
+        TorchRunner(arch, model.state_dict(), EngineConfig(device="cpu", dtype="bfloat16", quantization="int4",
+                                                           cpu_kernels=False, cpu_prefill="rows", num_kv_blocks=64))
 
 
 def test_decode_forward_refuses_bad_rows() -> None:

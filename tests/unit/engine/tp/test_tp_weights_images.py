@@ -116,6 +116,7 @@ def test_int4_tp2_runs_each_rank_on_the_cpu_kernels(tmp_path: Path, monkeypatch:
     # TP=1 prefills on the eager forward as the ranks do (not on the one call, a small
     # prompt's other rounding of which can flip the greedy token the decode step follows)
     monkeypatch.setattr(torch_runner, "ONE_CALL_PREFILL_TOKENS", 0)
+    monkeypatch.setattr(torch_runner, "ROWS_PREFILL_SETS", frozenset())
     single = TorchRunner(lw.arch, lw.tensors, _cfg(**kw), quant_source=lw.quant)
     assert single.model.cpu_decode is not None
     want = _logits(single)
