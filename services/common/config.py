@@ -179,9 +179,9 @@ class EngineConfig(_Strict):
     # Which path runs a CPU step's prefill of more than a few tokens (fewer always run as
     # rows): rows = the int4 kernels' one-call step, a row per token; eager = torch's
     # forward (its attention, and above quantized_max_rows the dense copy); auto = rows on
-    # every kernel set but avx512_bf16, whose eager forward measured faster (docs/engine.md
-    # "CPU decode kernels"). rows without the one-call step (no int4 kernels, TP > 1) is a
-    # start-up error. Steps with images always take the eager forward.
+    # the avx2 kernels, where that measured faster at every size (docs/engine.md "CPU
+    # decode kernels"), eager on the others. rows without the one-call step (no int4
+    # kernels, TP > 1) is a start-up error. Steps with images always take the eager forward.
     cpu_prefill: Literal["auto", "rows", "eager"] = "auto"
     mock: MockRunnerConfig = MockRunnerConfig()
 

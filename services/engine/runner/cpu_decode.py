@@ -40,9 +40,10 @@ ONE_CALL_PREFILL_TOKENS = 32
 # Kernel sets on which a prefill of any size runs here too under engine.cpu_prefill: auto.
 # Measured on an AVX2-only AMD EPYC (2 threads, one engine alternating the two paths): the
 # rows path 2.3x the eager forward's tok/s at 64 tokens, 1.5x at 256, 1.15x at 850, 1.06x
-# at 2,048 (docs/benchmarks.md). The other int8 sets share its matmul and attention code;
-# avx512_bf16 keeps the eager forward, measured faster from 128 tokens (2026-11-26).
-ROWS_PREFILL_SETS = frozenset({"avx2", "avx512", "avx512_vnni", "neon"})
+# at 2,048 (docs/benchmarks.md). The other sets keep the eager forward until measured:
+# on avx512_bf16 it was faster from 128 tokens, on avx512_vnni rows prefilled at 0.59x
+# (both 2026-11-26, before the rows' attention shared keys), NEON is unmeasured.
+ROWS_PREFILL_SETS = frozenset({"avx2"})
 
 
 def _kernel_matmul(linear: torch.nn.Module) -> Int4Matmul | None:

@@ -287,6 +287,8 @@ class TorchRunner(ModelRunner):
             self.prefill_rows = one_call and (cfg.cpu_prefill == "rows" or (
                 cfg.cpu_prefill == "auto" and kernels is not None and kernels.isa in ROWS_PREFILL_SETS))
             if one_call:
+                log.info("engine: prefill on the %s (engine.cpu_prefill %s)",
+                         "one-call rows" if self.prefill_rows else "eager forward", cfg.cpu_prefill)
                 self.model.cpu_decode = CpuDecode(self.model, cfg.block_size)
                 # NOTE: a decode step in one C++ call holds no GIL and leaves a core's worth of
                 # gaps, so scheduling beside it pays (bench engine: 1.13x at 32 sequences,
