@@ -3,10 +3,11 @@ process: both builds loaded side by side (the other under the op namespace tande
 the same bits checked, then timed alternating, best of a few calls a round.
 usage (repo root): python benchmarks/results/prefill_rows_2026-11-29/fwd_ab.py OTHER_CHECKOUT [ROUNDS]
 env THREADS (2); SHAPES: N = a prefill of N tokens as rows, dN = N decode rows at 256 context."""
-import os, subprocess, sys, time
+import os, sys, time
 from pathlib import Path
 import torch
 sys.path.insert(0, ".")
+from benchmarks.other_kernels import load_other
 from services.common.config import EngineConfig
 from services.engine.cpu_kernels import build, isa as isas
 from services.engine.runner.torch_runner import TorchRunner
@@ -15,21 +16,14 @@ from services.model.store import default_model_path
 
 other, rounds = Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 5
 threads = int(os.environ.get("THREADS", "2"))
-flags = build.cpuinfo_flags(); isa = isas.best(flags)
-out = Path("/tmp/tandem_other_fwd.so")
-cmd = ["g++", *[f for f in build._flags(isa, isas.cflags(isa, flags)) if not f.startswith("-DTANDEM_OPS")],
-       "-DTANDEM_OPS=tandem_other", f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-       *(f"-I{p}" for p in build.include_paths()), str(other / "services/engine/cpu_kernels/decode.cpp"),
-       f"-L{Path(torch.__file__).parent / 'lib'}", "-lc10", "-ltorch_cpu", "-o", str(out)]
-subprocess.run(cmd, check=True)
-torch.ops.load_library(str(out))
+that = load_other(other).decode_forward
+isa = isas.best(build.cpuinfo_flags())
 w = load_weights(default_model_path())
 bs = 16
 r = TorchRunner(w.arch, w.tensors, EngineConfig(threads=threads, num_kv_blocks=1024, max_model_len=2048), quant_source=w.quant)
 torch.set_num_threads(threads)
 cd = r.model.cpu_decode
 this = getattr(torch.ops, build.KernelSet(isa).namespace).decode_forward
-that = torch.ops.tandem_other.decode_forward
 shapes = os.environ.get("SHAPES", "850,64,16,d1,d32").split(",")
 for shape in shapes:
     if shape.startswith("d"):  # decode: T sequences at context 256 each, own blocks

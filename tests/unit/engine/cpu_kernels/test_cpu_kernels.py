@@ -270,14 +270,8 @@ def test_decode_step_writes_the_same_kv_as_the_eager_forward(isa: str, monkeypat
     torch.testing.assert_close(got, want, rtol=0.05, atol=0.05)
 
 
-def test_small_mixed_steps_take_the_one_call_and_large_ones_the_eager_forward(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """A step with up to ONE_CALL_PREFILL_TOKENS prefill tokens runs on the one call, a
-    row per token, and its logits stay as close to the float32 reference as the eager
-    forward's; a step with more prefill takes the eager forward (engine.cpu_prefill: eager);
-    decode-only steps the one call."""
-    runners = _runners("llama", RUNNABLE[0], cpu_prefill="eager")
-    r = runners["kernels"]
+def _one_call_rows(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The row count of every step that runs on the one call from now on, appended as it runs."""
     calls: list[int] = []
     real = CpuDecode.__call__
 
@@ -286,6 +280,18 @@ def test_small_mixed_steps_take_the_one_call_and_large_ones_the_eager_forward(
         return real(self, input_ids, *rest)
 
     monkeypatch.setattr(CpuDecode, "__call__", spy)
+    return calls
+
+
+def test_small_mixed_steps_take_the_one_call_and_large_ones_the_eager_forward(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step with up to ONE_CALL_PREFILL_TOKENS prefill tokens runs on the one call, a
+    row per token, and its logits stay as close to the float32 reference as the eager
+    forward's; a step with more prefill takes the eager forward (engine.cpu_prefill: eager);
+    decode-only steps the one call."""
+    runners = _runners("llama", RUNNABLE[0], cpu_prefill="eager")
+    r = runners["kernels"]
+    calls = _one_call_rows(monkeypatch)
     small = [(5 * j + 3) % 128 for j in range(ONE_CALL_PREFILL_TOKENS)]
     logits = {}
     for name, each in runners.items():
@@ -321,14 +327,7 @@ def test_prefill_of_any_size_runs_as_rows_where_that_path_is_the_faster(isa: str
         device="cpu", dtype="bfloat16", quantization="int4", quantized_max_rows=None, block_size=4,
         num_kv_blocks=256, cpu_kernels=True, cpu_isa=isa, cpu_prefill="rows"))
     assert r.prefill_rows
-    calls: list[int] = []
-    real = CpuDecode.__call__
-
-    def spy(self, input_ids, *rest):
-        calls.append(input_ids.shape[0])
-        return real(self, input_ids, *rest)
-
-    monkeypatch.setattr(CpuDecode, "__call__", spy)
+    calls = _one_call_rows(monkeypatch)
     large = [(5 * j + 3) % 128 for j in range(3 * ONE_CALL_PREFILL_TOKENS)]
     # a fresh prompt and one after a cached prefix, beside a decode
 
