@@ -55,8 +55,8 @@ def _compiler() -> str | None:
     return os.environ.get("TANDEM_CXX") or shutil.which("g++")
 
 
-def _flags(isa: str, target: tuple[str, ...]) -> list[str]:
-    return [*CFLAGS, *target, f"-DTANDEM_OPS={KernelSet(isa).namespace}"]
+def _flags(isa: str, target: tuple[str, ...], namespace: str | None = None) -> list[str]:
+    return [*CFLAGS, *target, f"-DTANDEM_OPS={namespace or KernelSet(isa).namespace}"]
 
 
 def _library_path(isa: str, target: tuple[str, ...] | None = None) -> Path:
@@ -79,7 +79,9 @@ def _built(isa: str, target: tuple[str, ...] | None = None) -> Path:
     return path
 
 
-def _compile(isa: str, target: tuple[str, ...], out: Path) -> None:
+def _compile(isa: str, target: tuple[str, ...], out: Path, source: Path = SOURCE, namespace: str | None = None) -> None:
+    """g++ ``source`` for ``isa`` into ``out``; ``namespace`` (default: the set's) names its ops
+    (an A/B build of another checkout's kernels loads beside this one's under its own)."""
     cxx = _compiler()
     if cxx is None:
         raise KernelUnavailable("no C++ compiler (g++) on PATH")
@@ -88,8 +90,8 @@ def _compile(isa: str, target: tuple[str, ...], out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
-    cmd = [cxx, *_flags(isa, target), f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-           *(f"-I{p}" for p in include_paths()), str(SOURCE), f"-L{torch_lib}", "-lc10", "-ltorch_cpu", "-o", tmp]
+    cmd = [cxx, *_flags(isa, target, namespace), f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+           *(f"-I{p}" for p in include_paths()), str(source), f"-L{torch_lib}", "-lc10", "-ltorch_cpu", "-o", tmp]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         if done.returncode != 0:

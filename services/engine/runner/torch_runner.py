@@ -180,6 +180,11 @@ def _cpu_kernels(cfg: EngineConfig, device: torch.device, dtype: torch.dtype, is
     return cpu_build.load(isa) if why is None and cpu_build.available(isa) else None
 
 
+def _prefill_tokens(batch: ScheduledBatch) -> int:
+    """The step's prefill tokens: those of every sequence with more than one new token."""
+    return sum(len(s.token_ids) for s in batch.seqs if len(s.token_ids) > 1)
+
+
 class TorchRunner(ModelRunner):
     """Runs a LlamaModel over a KV cache ``(layers, 2, num_kv_blocks, block_size, kv_heads, head_dim)``.
 
@@ -436,7 +441,7 @@ class TorchRunner(ModelRunner):
         # NOTE: the row regime is the small steps' (a larger one that also runs as rows,
         # engine.cpu_prefill, is timed against the prefill fit: regimes by size, not path)
         return (self.row_step_tokens > 0 and self._one_call_rows(batch)
-                and sum(len(s.token_ids) for s in batch.seqs if len(s.token_ids) > 1) <= self.row_step_tokens)
+                and _prefill_tokens(batch) <= self.row_step_tokens)
 
     def _one_call_rows(self, batch: ScheduledBatch) -> bool:
         """Whether the step runs on the one-call kernel with a row per token: every step in
@@ -445,14 +450,9 @@ class TorchRunner(ModelRunner):
         if self.deterministic:
             # NOTE: a CPU step with image rows takes the eager forward, which reads chunk masks
             return self.device.type == "cuda" or not any(s.images for s in batch.seqs)
-        if self.model.cpu_decode is None:
+        if self.model.cpu_decode is None or any(s.images for s in batch.seqs):
             return False
-        n = 0
-        for s in batch.seqs:
-            if s.images:
-                return False
-            if len(s.token_ids) > 1:
-                n += len(s.token_ids)
+        n = _prefill_tokens(batch)
         return 0 < n and (n <= ONE_CALL_PREFILL_TOKENS or self.prefill_rows)
 
     def _prompt_logprobs(self, hidden: torch.Tensor, batch: ScheduledBatch,
