@@ -168,22 +168,31 @@ inline float sum(vf a) {
   x = _mm_add_ss(x, _mm_movehdup_ps(x));
   return _mm_cvtss_f32(x);
 }
+// sum16's steps, each usable as soon as its inputs are (group_scores folds the keys of a
+// group as it goes: all 16 partial sums at once would take 32 of AVX2's 16 registers).
+// 128-bit lane l: a's (l = 0) or b's (l = 1) (x_j + x_j+8) + (x_j+4 + x_j+12).
+inline __m256 fold2(vf a, vf b) {
+  const __m256 s0 = _mm256_add_ps(a.lo, a.hi), s1 = _mm256_add_ps(b.lo, b.hi);
+  return _mm256_add_ps(_mm256_permute2f128_ps(s0, s1, 0x20), _mm256_permute2f128_ps(s0, s1, 0x31));
+}
+// Of fold2(a0, a1) and fold2(a2, a3): lane l, j + j+2 of a_l, then of a_2+l.
+inline __m256 fold4(__m256 u0, __m256 u1) {
+  const __m256d p = _mm256_castps_pd(u0), q = _mm256_castps_pd(u1);
+  return _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(p, q)), _mm256_castpd_ps(_mm256_unpackhi_pd(p, q)));
+}
+// Of the fold4s of a0..a3 and a4..a7: lane i, sum(a_i).
+inline __m256 fold8(__m256 v0, __m256 v1) {
+  const __m256i at = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // lane l, element e held a[2e + l]
+  return _mm256_permutevar8x32_ps(_mm256_add_ps(_mm256_shuffle_ps(v0, v1, 0x88), _mm256_shuffle_ps(v0, v1, 0xdd)), at);
+}
 // Lane i of the result: sum(a[i]), added in sum()'s order, so the scores are the bits a
 // sum per key gave.
 __attribute__((always_inline)) inline vf sum16(const vf* a) {
-  __m256 u[8], v[4], r[2];
-  for (int k = 0; k < 8; ++k) {  // 128-bit lane l: a[2k + l]'s (x_j + x_j+8) + (x_j+4 + x_j+12)
-    const __m256 s0 = _mm256_add_ps(a[2 * k].lo, a[2 * k].hi), s1 = _mm256_add_ps(a[2 * k + 1].lo, a[2 * k + 1].hi);
-    u[k] = _mm256_add_ps(_mm256_permute2f128_ps(s0, s1, 0x20), _mm256_permute2f128_ps(s0, s1, 0x31));
+  __m256 r[2];
+  for (int k = 0; k < 2; ++k) {
+    const vf* b = a + 8 * k;
+    r[k] = fold8(fold4(fold2(b[0], b[1]), fold2(b[2], b[3])), fold4(fold2(b[4], b[5]), fold2(b[6], b[7])));
   }
-  for (int k = 0; k < 4; ++k) {  // lane l: j + j+2 of a[4k + l], then of a[4k + 2 + l]
-    const __m256d p = _mm256_castps_pd(u[2 * k]), q = _mm256_castps_pd(u[2 * k + 1]);
-    v[k] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(p, q)), _mm256_castpd_ps(_mm256_unpackhi_pd(p, q)));
-  }
-  const __m256i at = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // lane l, element e held a[2e + l]
-  for (int k = 0; k < 2; ++k)
-    r[k] = _mm256_permutevar8x32_ps(
-        _mm256_add_ps(_mm256_shuffle_ps(v[2 * k], v[2 * k + 1], 0x88), _mm256_shuffle_ps(v[2 * k], v[2 * k + 1], 0xdd)), at);
   return {r[0], r[1]};
 }
 inline __m256 bf16x8(__m128i h) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); }
