@@ -183,6 +183,10 @@ class EngineConfig(_Strict):
     # decode kernels"), eager on the others. rows without the one-call step (no int4
     # kernels, TP > 1) is a start-up error. Steps with images always take the eager forward.
     cpu_prefill: Literal["auto", "rows", "eager"] = "auto"
+    # The CPU kernels' packed weights copied onto transparent huge pages where the OS gives
+    # them on request (Linux, THP always or madvise): a decode step streams every weight
+    # byte, and on 4 KiB pages each page costs a TLB miss (docs/engine.md "Decode fast path").
+    cpu_huge_pages: bool = True
     mock: MockRunnerConfig = MockRunnerConfig()
 
 

@@ -15,6 +15,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from services.api.outputs import TokenLogprob
 from services.common.config import EngineConfig
+from services.engine import huge_pages
 from services.engine.batch import PendingOutput, RunnerOutput, ScheduledBatch, ScheduledSeq
 from services.engine.cpu_kernels import build as cpu_build
 from services.engine.cpu_kernels import isa as cpu_isa
@@ -24,6 +25,7 @@ from services.engine.model import LlamaModel
 from services.engine.parallel.shard import TpShard
 from services.engine.quant.apply import quantize_model, resolve_quantization
 from services.engine.quant.groups import QuantSource
+from services.engine.quant.linear import Int4Matmul
 from services.engine.runner.base import KvSpec, ModelRunner, RunnerInfo
 from services.engine.runner.cpu_decode import ONE_CALL_PREFILL_TOKENS, ROWS_PREFILL_SETS, CpuDecode
 from services.engine.runner.step_inputs import build_step_inputs, validate_batch
@@ -159,6 +161,16 @@ class _TorchPending:
         return self._out
 
 
+def _kernel_weights_on_huge_pages(model: torch.nn.Module) -> int:
+    """Every packed weight the CPU kernels read (each Int4Matmul on them, lm_head included)
+    copied onto huge pages (huge_pages.py), in one mapping; returns its bytes."""
+    mats = [m for m in model.modules() if isinstance(m, Int4Matmul) and m.kernels is not None]
+    moved = huge_pages.copy_to_huge_pages([t for m in mats for t in (m.codes, m.scale_min)])
+    for i, m in enumerate(mats):
+        m.codes, m.scale_min = moved[2 * i], moved[2 * i + 1]
+    return sum(t.numel() * t.element_size() for t in moved)
+
+
 def _cpu_kernels(cfg: EngineConfig, device: torch.device, dtype: torch.dtype, isa: str) -> KernelSet | None:
     """``engine.cpu_kernels`` for an int4 model, on ``isa``'s build: auto -> where they can
     run; true -> they must (ValueError naming why not)."""
@@ -262,6 +274,10 @@ class TorchRunner(ModelRunner):
                                else resolve_dense_above_rows(cfg.quantized_max_rows, self.device, self.dtype,
                                                              cfg.cpu_isa))
                 quantize_model(self.model, tensors, source, self.quantization, dense_above, kernels=kernels)
+            if kernels is not None and cfg.cpu_huge_pages and huge_pages.available():
+                moved = _kernel_weights_on_huge_pages(self.model)
+                log.info("engine: %.0f MB of kernel weights on huge pages (this process: %.0f MB on huge "
+                         "pages)", moved / 1e6, huge_pages.huge_page_bytes() / 1e6)
             # the instruction set whose kernels run (none: torch's), logged once and a metric label
             self.info = RunnerInfo(str(self.device), str(self.dtype).removeprefix("torch."), self.quantization,
                                    kernels.isa if kernels is not None else "none")
