@@ -132,27 +132,15 @@ struct HeadRange {
   int64_t heads() const { return (kv_hi - kv_lo) * (g_hi - g_lo); }
 };
 
-// Key i's vector v (16 floats): staged as float32 in kf (16 * VECS vectors a key), or
-// widened from the cache where one head alone reads it (staging it would cost a store and a
-// load per element for one use). The same numbers either way.
-struct StagedKeys {
-  const float* kf;
-  int64_t vecs;
-  vf operator()(int64_t i, int64_t v) const { return simd::load(kf + (i * vecs + v) * 16); }
-};
-struct CachedKeys {
-  const uint16_t* const* tp;  // the group's tokens
-  int64_t off;                // the head's place in a token
-  vf operator()(int64_t i, int64_t v) const { return simd::load_bf16(tp[i] + off + v * 16); }
-};
-
-// One head's products with key i (zero past the group's n keys): the 16 * VECS-wide partial
-// sums that simd::sum16 (or, under AVX2, its steps) folds into the key's score.
-template <int VECS, class Keys>
-inline vf key_products(const vf* qv, const Keys& keys, int64_t i, int64_t n, int64_t vecs) {
+// One head's products with key i of a group staged as float32 in kf (16 * VECS vectors a
+// key), zero past the group's n keys: the partial sums that simd::sum16 (or, under AVX2,
+// its steps) folds into the key's score.
+template <int VECS>
+inline vf key_products(const vf* qv, const float* kf, int64_t i, int64_t n, int64_t vecs) {
   if (i >= n) return simd::zero();
-  vf s = qv[0] * keys(i, 0);
-  for (int64_t v = 1; v < vecs; ++v) s = simd::fmadd(qv[v], keys(i, v), s);
+  const float* k = kf + i * vecs * 16;
+  vf s = qv[0] * simd::load(k);
+  for (int64_t v = 1; v < vecs; ++v) s = simd::fmadd(qv[v], simd::load(k + v * 16), s);
   return s;
 }
 
@@ -162,13 +150,13 @@ inline vf key_products(const vf* qv, const Keys& keys, int64_t i, int64_t n, int
 // Under AVX2 the keys are folded in pairs as they are done (simd::fold2, fold4, fold8: the
 // steps of sum16, the same bits): the 16 partial sums, held for one sum16, took 32 of its
 // 16 registers and went through the stack.
-template <int VECS, class Keys>
-inline vf group_scores(const vf* qv, const Keys& keys, int64_t n, int64_t vecs) {
+template <int VECS>
+inline vf group_scores(const vf* qv, const float* kf, int64_t n, int64_t vecs) {
   __m256 r[2];
   for (int64_t h = 0; h < 2; ++h) {
     const int64_t i = 8 * h;
     const auto pair = [&](int64_t j) {
-      return simd::fold2(key_products<VECS>(qv, keys, i + j, n, vecs), key_products<VECS>(qv, keys, i + j + 1, n, vecs));
+      return simd::fold2(key_products<VECS>(qv, kf, i + j, n, vecs), key_products<VECS>(qv, kf, i + j + 1, n, vecs));
     };
     const __m256 v0 = simd::fold4(pair(0), pair(2));
     r[h] = simd::fold8(v0, simd::fold4(pair(4), pair(6)));
@@ -176,10 +164,10 @@ inline vf group_scores(const vf* qv, const Keys& keys, int64_t n, int64_t vecs) 
   return {r[0], r[1]};
 }
 #else
-template <int VECS, class Keys>
-inline vf group_scores(const vf* qv, const Keys& keys, int64_t n, int64_t vecs) {
+template <int VECS>
+inline vf group_scores(const vf* qv, const float* kf, int64_t n, int64_t vecs) {
   vf part[16];
-  for (int64_t i = 0; i < 16; ++i) part[i] = key_products<VECS>(qv, keys, i, n, vecs);
+  for (int64_t i = 0; i < 16; ++i) part[i] = key_products<VECS>(qv, kf, i, n, vecs);
   return simd::sum16(part);
 }
 #endif
@@ -266,17 +254,8 @@ void attend_range(const RowRun& run, const uint16_t* kv, int64_t kv_half, const 
   // row i's scores of head k: len_i floats at row_scores(i) + k * len_i
   const auto row_scores = [&](int64_t i) { return scores + i * nk * len; };
   const uint16_t* tp[16];  // the group's tokens (all KV heads)
-  alignas(64) float tail[16];
-  const bool lone = run.rows == 1 && nk == 1;
-  const auto store_scores = [&](float* dst, vf sc, int64_t n) {
-    if (n == 16) {
-      simd::store(dst, sc);
-    } else {
-      simd::store(tail, sc);
-      std::memcpy(dst, tail, n * sizeof(float));
-    }
-  };
   alignas(64) float kf[16 * 256];
+  alignas(64) float tail[16];
   int64_t kb = 0, off = 0;  // the next key's block and place in it
   for (int64_t t0 = 0; t0 < len; t0 += 16) {
     const int64_t n = std::min<int64_t>(16, len - t0);
@@ -285,14 +264,6 @@ void attend_range(const RowRun& run, const uint16_t* kv, int64_t kv_half, const 
       if (++off == bs) off = 0, ++kb;
     }
     for (int64_t kvh = r.kv_lo; kvh < r.kv_hi; ++kvh) {
-      if (lone) {  // one head of one row: the keys straight from the cache
-        const int64_t k = (kvh - r.kv_lo) * ng;
-        vf qv[VECS > 0 ? VECS : 16];
-        for (int64_t v = 0; v < vecs; ++v) qv[v] = simd::load(run.q + qhead(k) * hd + v * 16) * scale;
-        const vf sc = group_scores<VECS>(qv, CachedKeys{tp, kvh * hd}, n, vecs);
-        store_scores(row_scores(0) + k * len + t0, sc, n);
-        continue;
-      }
       for (int64_t i = 0; i < n; ++i)
         for (int64_t v = 0; v < vecs; ++v) simd::store(kf + (i * vecs + v) * 16, simd::load_bf16(tp[i] + kvh * hd + v * 16));
       for (int64_t row = 0; row < run.rows; ++row) {
@@ -305,8 +276,13 @@ void attend_range(const RowRun& run, const uint16_t* kv, int64_t kv_half, const 
           const int64_t k = (kvh - r.kv_lo) * ng + g - r.g_lo;
           vf qv[VECS > 0 ? VECS : 16];
           for (int64_t v = 0; v < vecs; ++v) qv[v] = simd::load(q + qhead(k) * hd + v * 16) * scale;
-          const vf sc = group_scores<VECS>(qv, StagedKeys{kf, vecs}, n_i, vecs);
-          store_scores(sc_row + k * len_i + t0, sc, n_i);
+          const vf sc = group_scores<VECS>(qv, kf, n_i, vecs);
+          if (n_i == 16) {
+            simd::store(sc_row + k * len_i + t0, sc);
+          } else {
+            simd::store(tail, sc);
+            std::memcpy(sc_row + k * len_i + t0, tail, n_i * sizeof(float));
+          }
         }
       }
     }
