@@ -3,8 +3,9 @@
 A decode step with few rows streams every weight byte from memory once (SmolLM2 int4: ~84
 MB a token). On 4 KiB pages that is ~20,000 pages a step, each a TLB miss and a page walk
 as the stream enters it; on 2 MiB pages, ~40. Measured on an AVX2-only AMD EPYC (Zen 4
-VM, 2 threads): the one-call decode of one sequence 1.05-1.10x faster (docs/benchmarks.md
-"Weights on huge pages"). The KV cache, read in blocks, measured no different.
+VM): the one-call decode of one sequence 1.04x faster than on the same weights on 4 KiB
+pages, in one process (docs/benchmarks.md "Weights on huge pages"); end to end within that
+machine's spread. The KV cache, read in blocks, measured no different.
 
 Most kernels here leave huge pages to ``madvise`` (``/sys/kernel/mm/transparent_hugepage/
 enabled``: ``[madvise]``), and torch's allocator never asks. So the tensors are copied into
@@ -53,7 +54,7 @@ def copy_to_huge_pages(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     size = -(-total // HUGE_PAGE) * HUGE_PAGE + HUGE_PAGE  # room to start on a 2 MiB boundary
     region = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     region.madvise(mmap.MADV_HUGEPAGE)
-    buf = torch.frombuffer(region, dtype=torch.uint8)  # holds the mapping: no copy keeps it alive alone
+    buf = torch.frombuffer(region, dtype=torch.uint8)  # its storage, shared by every copy, holds the mapping
     offset = -buf.data_ptr() % HUGE_PAGE
     out = []
     for t in tensors:

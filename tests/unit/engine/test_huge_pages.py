@@ -69,10 +69,6 @@ def test_the_mapping_is_advised_for_huge_pages() -> None:
     (t,) = huge_pages.copy_to_huge_pages([torch.ones(3 << 20, dtype=torch.uint8)])
     flags = _mapping_flags(t.data_ptr())
     assert flags.get("THPeligible") == "1", flags
-    # a plain tensor of torch's allocator is not (the kernel here gives huge pages on request only)
-    if "[madvise]" in huge_pages.THP_ENABLED.read_text():
-        plain = torch.ones(64 << 10, dtype=torch.uint8)
-        assert _mapping_flags(plain.data_ptr()).get("THPeligible") == "0"
 
 
 RUNNABLE = [i for i in isas.ISAS if build.available(i)]
@@ -92,15 +88,18 @@ def _kernel_buffers(r: TorchRunner) -> list[torch.Tensor]:
 
 @THP
 @pytest.mark.skipif(not RUNNABLE, reason="no CPU kernel set can run here")
-def test_the_runner_places_every_kernel_weight_and_computes_the_same() -> None:
+def test_the_runner_places_every_kernel_weight_and_computes_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    copy = huge_pages.copy_to_huge_pages
+    monkeypatch.setattr(huge_pages, "copy_to_huge_pages", lambda ts: calls.append(len(ts)) or copy(ts))
     torch.manual_seed(0)
-    on, off = _kernel_runner(), _kernel_runner(cpu_huge_pages=False)
+    on = _kernel_runner()
+    off = _kernel_runner(cpu_huge_pages=False)
+    assert len(calls) == 1  # off, nothing is copied
     placed, plain = _kernel_buffers(on), _kernel_buffers(off)
     assert len(placed) == len(plain) > 4  # every layer's matmuls and lm_head
     for t in placed:
         assert _mapping_flags(t.data_ptr()).get("THPeligible") == "1"
-    if "[madvise]" in huge_pages.THP_ENABLED.read_text():  # under "always" every mapping is
-        assert not any(_mapping_flags(t.data_ptr()).get("THPeligible") == "1" for t in plain)
     # the one-call step reads the moved tensors, not copies left behind
     moved = {t.data_ptr() for t in placed}
     assert {w.data_ptr() for w in on.model.cpu_decode.weights if w.dtype == torch.uint8} <= moved
