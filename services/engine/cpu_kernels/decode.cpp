@@ -26,6 +26,7 @@
 #include "simd.h"
 #include "weight.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -353,6 +354,46 @@ void attend(const RowRun& run, const uint16_t* kv, int64_t kv_half, const int64_
   }
 }
 
+// How decode_attention cuts its work into tasks: a whole run (every head), a run's KV head
+// (its query heads), or one query head of one row (runs cut into single rows).
+enum class Split { kWhole, kKvHead, kHead };
+
+// When ``tasks`` (a callable taking a function of each task's cost, in task order) end on
+// ``threads`` threads that each take the next task as they come free, as the pool hands
+// them out.
+template <class Tasks>
+double finish(const Tasks& tasks, int64_t threads) {
+  thread_local std::vector<double> free_at;
+  free_at.assign(threads, 0.0);
+  tasks([&](double cost) { *std::min_element(free_at.begin(), free_at.end()) += cost; });
+  return *std::max_element(free_at.begin(), free_at.end());
+}
+
+// The split whose tasks should finish soonest on ``threads`` threads. A task's cost is
+// estimated in units of one query head's products over one context token: staging a KV
+// head's keys costs about one such unit a token (measured: one query head a task, each
+// staging its own, ran a lone row's attention ~1.5x slower on one thread than one task of
+// every head). Ties go to the coarser split, which reads each token's bytes together.
+Split choose_split(const std::vector<int64_t>& starts, const int64_t* ctx, const Dims& d, int64_t threads) {
+  const int64_t runs = static_cast<int64_t>(starts.size()) - 1, group = d.heads / d.kv_heads;
+  if (threads <= 1 || runs >= 2 * threads) return Split::kWhole;
+  const auto run_kv = [&](int64_t i) {  // one KV head of run i
+    return static_cast<double>(ctx[starts[i + 1] - 1]) * (1 + (starts[i + 1] - starts[i]) * group);
+  };
+  const double whole = finish([&](const auto& add) { for (int64_t i = 0; i < runs; ++i) add(d.kv_heads * run_kv(i)); },
+                              threads);
+  const double kv = finish([&](const auto& add) {
+    for (int64_t i = 0; i < runs; ++i)
+      for (int64_t h = 0; h < d.kv_heads; ++h) add(run_kv(i));
+  }, threads);
+  const double head = finish([&](const auto& add) {
+    for (int64_t m = 0; m < starts[runs]; ++m)
+      for (int64_t h = 0; h < d.heads; ++h) add(2.0 * ctx[m]);
+  }, threads);
+  if (whole <= kv && whole <= head) return Split::kWhole;
+  return kv <= head ? Split::kKvHead : Split::kHead;
+}
+
 // Attention of one new token per row over its sequence's paged context; K/V bfloat16
 // (2, blocks, block_size, kv_heads, hd), q float32 (rows, q_stride) with the heads first,
 // out float32 (rows, heads, hd).
@@ -360,10 +401,11 @@ void attend(const RowRun& run, const uint16_t* kv, int64_t kv_half, const int64_
 // Rows of one sequence at consecutive positions (a prefill chunk's tokens: the same
 // block table, each context one longer) are cut into runs of up to kRunRows, and a task
 // is a run: its keys are read once for all its rows. Every other row is a run of its own.
-// With fewer runs than two a thread a task is one query head of one row instead: a lone
-// sequence (SmolLM2: 9 heads) would leave one of two threads idle. Each head's
-// arithmetic is the same either way, so a row's output does not depend on the rows
-// beside it (deterministic mode relies on that).
+// With too few runs to keep every thread busy a task is one KV head of a run instead, or
+// one query head of one row (choose_split): a lone sequence (SmolLM2: 3 KV heads of 3
+// query heads) would leave threads idle. Each head's arithmetic is the same whatever the
+// split, so a row's output does not depend on the rows beside it (deterministic mode
+// relies on that).
 void decode_attention(const float* q, int64_t q_stride, const uint16_t* kv, int64_t kv_half, const int64_t* table,
                       int64_t table_w, const int64_t* ctx, int64_t rows, const Dims& d, float* out) {
   const int64_t group = d.heads / d.kv_heads, hd = d.head_dim, bs = d.block_size;
@@ -377,23 +419,23 @@ void decode_attention(const float* q, int64_t q_stride, const uint16_t* kv, int6
                                    ((ctx[m] + bs - 1) / bs) * sizeof(int64_t)) == 0;
     if (!joins) starts.push_back(m);
   }
-  const int64_t runs = static_cast<int64_t>(starts.size());
   starts.push_back(rows);
-  const bool whole = runs >= 2 * at::get_num_threads();
-  const int64_t per_run = whole ? 1 : d.heads;
-  const int64_t out_stride = d.heads * hd;
-  if (!whole) {  // one row a run: a task is one head of one row
+  const Split split = choose_split(starts, ctx, d, at::get_num_threads());
+  if (split == Split::kHead) {  // one row a run
     starts.resize(rows + 1);
     for (int64_t m = 0; m <= rows; ++m) starts[m] = m;
   }
-  const int64_t tasks = (whole ? runs : rows) * per_run;
-  parallel_for(tasks, 1, [&](int64_t begin, int64_t end) {
+  const int64_t runs = static_cast<int64_t>(starts.size()) - 1;
+  const int64_t per_run = split == Split::kWhole ? 1 : split == Split::kKvHead ? d.kv_heads : d.heads;
+  const int64_t out_stride = d.heads * hd;
+  parallel_for(runs * per_run, 1, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> scores;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t i = task / per_run, h = task % per_run;
       const int64_t m = starts[i], n = starts[i + 1] - m;
-      const HeadRange r = whole ? HeadRange{0, d.kv_heads, 0, group}
-                                : HeadRange{h / group, h / group + 1, h % group, h % group + 1};
+      const HeadRange r = split == Split::kWhole    ? HeadRange{0, d.kv_heads, 0, group}
+                          : split == Split::kKvHead ? HeadRange{h, h + 1, 0, group}
+                                                    : HeadRange{h / group, h / group + 1, h % group, h % group + 1};
       const int64_t need = n * r.heads() * ctx[m + n - 1];
       if (static_cast<int64_t>(scores.size()) < need) scores.resize(need);
       const RowRun run{q + m * q_stride, q_stride, out + m * out_stride, out_stride, ctx + m, n};

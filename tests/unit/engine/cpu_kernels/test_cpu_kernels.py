@@ -200,24 +200,27 @@ def test_decode_step_matches_the_eager_forward(isa: str, architecture: str) -> N
 
 @EACH_ISA
 def test_a_rows_decode_does_not_depend_on_the_rows_beside_it(isa: str) -> None:
-    """Alone, a row's attention runs one query head a task; beside 19 others, the query
-    heads that share a KV head together (and every matmul takes rows 8 at a time): its
-    logits must be the same bits either way (deterministic mode relies on it)."""
+    """The attention cuts a lone row by the threads it has (tiny model: 4 query heads over
+    2 KV heads): at one thread one task of every head, at two one task a KV head, at four
+    one a query head; beside 19 others each row is a task. The row's logits must be the
+    same bits every way (deterministic mode relies on it)."""
     r = _runners("llama", isa)["kernels"]
     prompts = [[(7 * i + 3 * j) % 128 for j in range(17 + i)] for i in range(20)]  # 5-10 blocks
     blocks = [list(range(12 * i, 12 * i + 12)) for i in range(20)]
     r.execute(batch(*[seq(f"s{i}", p[:-1], 0, blocks[i]) for i, p in enumerate(prompts)]))
-    # NOTE: the attention fuses heads once rows x KV heads reach 4 per torch thread: at one
-    # thread, 1 row x 2 KV heads stays per head and 20 rows fuse, on a machine of any size
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    alone = {}
     try:
-        alone = r.logits_for(batch(seq("s0", [prompts[0][-1]], len(prompts[0]) - 1, blocks[0])))
+        for n in (1, 2, 4):
+            torch.set_num_threads(n)
+            alone[n] = r.logits_for(batch(seq("s0", [prompts[0][-1]], len(prompts[0]) - 1, blocks[0])))
+        torch.set_num_threads(2)
         together = r.logits_for(batch(*[seq(f"s{i}", [p[-1]], len(p) - 1, blocks[i])
                                         for i, p in enumerate(prompts)]))
     finally:
         torch.set_num_threads(threads)
-    assert torch.equal(alone[0], together[0])
+    for n, logits in alone.items():
+        assert torch.equal(logits[0], together[0]), n
     # and the rows beside it differ from it (the batch is not one row copied)
     assert not torch.equal(together[0], together[1])
 
