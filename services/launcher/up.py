@@ -58,7 +58,7 @@ def curl_example(cfg: ClusterConfig) -> str:
     base = f"http://{_display_host(cfg.frontend.host)}:{cfg.frontend.port}"
     body = json.dumps({
         "model": served_name(cfg),
-        "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "messages": [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}],
         "max_tokens": 32,
         "temperature": 0,
     })

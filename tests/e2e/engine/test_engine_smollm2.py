@@ -59,3 +59,24 @@ def test_tandem_chat_cli_one_shot(smollm2_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "Paris" in proc.stdout
+
+
+def test_the_readmes_example_answers_paris_on_the_default_path(smollm2_path: Path) -> None:
+    """The quick start's curl body, as the README prints it, on the default dtype and
+    quantization (the 4-bit kernels wherever the CPU has them): the answer a new user sees."""
+    import json
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    body = json.loads(re.search(r"-d '(\{.*?\})'", readme).group(1))
+    parts = build_engine(parse_config({"engine": {"threads": 1, "num_kv_blocks": 256}}))
+    tok = parts.tokenizer
+    sampling = SamplingParams(temperature=body["temperature"], max_tokens=body["max_tokens"],
+                              stop_token_ids=tok.stop_token_ids)
+    parts.engine.add_request(GenerateRequest("readme", tok.encode_chat(body["messages"]), sampling))
+    ids: list[int] = []
+    while parts.engine.has_unfinished():
+        for out in parts.engine.step():
+            ids.extend(out.token_ids)
+    text = tok.decode(ids)
+    assert "Paris" in text, text
