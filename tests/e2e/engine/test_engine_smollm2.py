@@ -63,7 +63,10 @@ def test_tandem_chat_cli_one_shot(smollm2_path: Path) -> None:
 
 def test_the_readmes_example_answers_paris_on_the_default_path(smollm2_path: Path) -> None:
     """The quick start's curl body, as the README prints it, on the default dtype and
-    quantization (the 4-bit kernels wherever the CPU has them): the answer a new user sees."""
+    quantization (the 4-bit kernels wherever the CPU has them): the answer a new user sees.
+    Its greedy tokens lead their runner-up by >= 1.38 in logprob up to "Paris" (4.75 at it)
+    on the AVX2 kernels, dense float32 and torch's int4 alike (2026-11-29), where the bare
+    question's first token was a 0.09 near-tie."""
     import json
     import re
 
