@@ -148,21 +148,13 @@ inline vf key_products(const vf* qv, const float* kf, int64_t i, int64_t n, int6
 // One head's scores of up to 16 keys as one vector, each summed in the order simd::sum
 // gives one, whatever its place in the group.
 #if defined(__AVX2__) && !defined(__AVX512F__)
-// Under AVX2 the keys are folded in pairs as they are done (simd::fold2, fold4, fold8: the
-// steps of sum16, the same bits): the 16 partial sums, held for one sum16, took 32 of its
-// 16 registers and went through the stack.
+// Under AVX2 the keys are folded in pairs as they are done (simd::fold_eight: the steps of
+// sum16, the same bits): the 16 partial sums, held for one sum16, took 32 of its 16
+// registers and went through the stack.
 template <int VECS>
 inline vf group_scores(const vf* qv, const float* kf, int64_t n, int64_t vecs) {
-  __m256 r[2];
-  for (int64_t h = 0; h < 2; ++h) {
-    const int64_t i = 8 * h;
-    const auto pair = [&](int64_t j) {
-      return simd::fold2(key_products<VECS>(qv, kf, i + j, n, vecs), key_products<VECS>(qv, kf, i + j + 1, n, vecs));
-    };
-    const __m256 v0 = simd::fold4(pair(0), pair(2));
-    r[h] = simd::fold8(v0, simd::fold4(pair(4), pair(6)));
-  }
-  return {r[0], r[1]};
+  return {simd::fold_eight([&](int64_t j) { return key_products<VECS>(qv, kf, j, n, vecs); }),
+          simd::fold_eight([&](int64_t j) { return key_products<VECS>(qv, kf, 8 + j, n, vecs); })};
 }
 #else
 template <int VECS>

@@ -185,15 +185,17 @@ inline __m256 fold8(__m256 v0, __m256 v1) {
   const __m256i at = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // lane l, element e held a[2e + l]
   return _mm256_permutevar8x32_ps(_mm256_add_ps(_mm256_shuffle_ps(v0, v1, 0x88), _mm256_shuffle_ps(v0, v1, 0xdd)), at);
 }
+// Lane i: sum(part(i)) for i < 8, by the three steps above; part(i) is asked for when its
+// pair is folded, so a caller can compute each vector as it is needed.
+template <class Part>
+__attribute__((always_inline)) inline __m256 fold_eight(const Part& part) {
+  const __m256 v0 = fold4(fold2(part(0), part(1)), fold2(part(2), part(3)));
+  return fold8(v0, fold4(fold2(part(4), part(5)), fold2(part(6), part(7))));
+}
 // Lane i of the result: sum(a[i]), added in sum()'s order, so the scores are the bits a
 // sum per key gave.
 __attribute__((always_inline)) inline vf sum16(const vf* a) {
-  __m256 r[2];
-  for (int k = 0; k < 2; ++k) {
-    const vf* b = a + 8 * k;
-    r[k] = fold8(fold4(fold2(b[0], b[1]), fold2(b[2], b[3])), fold4(fold2(b[4], b[5]), fold2(b[6], b[7])));
-  }
-  return {r[0], r[1]};
+  return {fold_eight([&](int j) { return a[j]; }), fold_eight([&](int j) { return a[8 + j]; })};
 }
 inline __m256 bf16x8(__m128i h) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); }
 inline vf load_bf16(const uint16_t* p) {
