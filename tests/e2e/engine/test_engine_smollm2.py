@@ -3,6 +3,8 @@ end-of-turn token."""
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -67,9 +69,6 @@ def test_the_readmes_example_answers_paris_on_the_default_path(smollm2_path: Pat
     Its greedy tokens lead their runner-up by >= 1.38 in logprob up to "Paris" (4.75 at it)
     on the AVX2 kernels, dense float32 and torch's int4 alike (2026-11-29), where the bare
     question's first token was a 0.09 near-tie."""
-    import json
-    import re
-
     readme = (ROOT / "README.md").read_text()
     body = json.loads(re.search(r"-d '(\{.*?\})'", readme).group(1))
     parts = build_engine(parse_config({"engine": {"threads": 1, "num_kv_blocks": 256}}))
