@@ -7,6 +7,7 @@ call, which aborts the request on the worker.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
@@ -20,6 +21,10 @@ from services.common.address_book import ChannelPool
 from services.common.errors import RequestMoved, from_rpc_error
 from services.common.grpc_auth import call_metadata
 from services.gen import worker_pb2_grpc
+
+# A finished call's trailing status follows its last message at once; past this the
+# worker is stuck, and the call is cancelled rather than held.
+_STATUS_WAIT_S = 2.0
 
 
 class DecodeWorkerClient:
@@ -37,18 +42,34 @@ class DecodeWorkerClient:
         call = stub.Generate(generate_request_to_pb(request_id, token_ids, sampling, images, move_from),
                              metadata=call_metadata())
         left = sampling.n
+        ended = False  # every choice finished: the worker is closing the call
         try:
             async for msg in call:
                 if msg.HasField("moved"):
                     raise RequestMoved(f"decode worker {address} is draining",
                                        move_source_from_pb(msg.moved))
                 out = output_from_pb(request_id, msg)
-                yield out
                 if out.finished:
                     left -= 1
-                    if left == 0 or out.finish_reason is FinishReason.ABORT:
-                        return
+                    ended = left == 0
+                yield out
+                if ended or out.finish_reason is FinishReason.ABORT:
+                    return
         except grpc.aio.AioRpcError as e:
             raise from_rpc_error(e, f"decode worker {address}", name_peer=True) from None
         finally:
-            call.cancel()  # no-op once the call is done; aborts the request otherwise
+            await _close(call, ended)
+
+
+async def _close(call: grpc.aio.UnaryStreamCall, ended: bool) -> None:
+    """Cancel a call still producing (that aborts the request on the worker). One whose
+    worker is done gets its status awaited instead: a cancel racing the worker's trailing
+    status makes its server log an ExecuteBatchError for a request that went fine."""
+    try:
+        if ended:
+            async with asyncio.timeout(_STATUS_WAIT_S):
+                await call.code()
+    except TimeoutError:
+        pass
+    finally:
+        call.cancel()  # no-op once the call is done
