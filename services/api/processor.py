@@ -108,6 +108,11 @@ class Delta:
     logprobs: tuple[TextLogprob, ...] = ()
     index: int = 0  # the choice, for sampling.n > 1
 
+    def ends_request(self, n: int) -> bool:
+        """The request's last delta: with n = 1 the one with the finish reason; with n > 1
+        each choice's finish comes apart, and the last delta is the one with the usage."""
+        return self.usage is not None or (n == 1 and self.finish_reason is not None)
+
 
 @dataclass(frozen=True, slots=True)
 class ModelInfo:

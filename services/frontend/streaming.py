@@ -73,12 +73,6 @@ async def first_delta(deltas: AsyncIterator[Delta], timeout_s: float) -> Delta:
         raise
 
 
-def _last(d: Delta, n: int) -> bool:
-    """The request's last delta: with n = 1 the one with the finish reason; with n > 1
-    each choice's finish comes apart, and the last delta is the one with the usage."""
-    return d.usage is not None or (n == 1 and d.finish_reason is not None)
-
-
 async def collect(m: FrontendMetrics, deltas: AsyncIterator[Delta], first: Delta, t0: float,
                   timeout_s: float, n: int = 1) -> tuple[list[Choice], Usage | None]:
     choices = [Choice() for _ in range(n)]
@@ -101,13 +95,13 @@ async def collect(m: FrontendMetrics, deltas: AsyncIterator[Delta], first: Delta
         async for d in deltas:
             take(d)
             last = d
-            if _last(d, n):
+            if d.ends_request(n):
                 break
 
     take(first)
     try:
         async with aclosing(deltas):
-            if not _last(first, n):
+            if not first.ends_request(n):
                 async with asyncio.timeout(max(timeout_s - (time.perf_counter() - t0), 0.001)):
                     await drain()
     except TimeoutError:
@@ -151,7 +145,7 @@ async def sse(m: FrontendMetrics, r: Renderer, deltas: AsyncIterator[Delta], fir
                 if d.finish_reason is not None:
                     yield event(r.chunk_finish(d.finish_reason, include_usage, d.index,
                                                bool(d.tool_calls)))
-                if _last(d, n):
+                if d.ends_request(n):
                     if include_usage and d.usage is not None:
                         yield event(r.chunk_usage(d.usage))
                     break

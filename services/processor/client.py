@@ -12,6 +12,7 @@ from services.api.processor_codec import delta_from_pb, models_from_pb, request_
 from services.common.address_book import AddressBook, ChannelPool
 from services.common.errors import Unavailable, from_rpc_error
 from services.common.grpc_auth import call_metadata
+from services.common.grpc_stream import close_stream
 from services.gen import processor_pb2, processor_pb2_grpc
 
 
@@ -42,10 +43,13 @@ class ProcessorClient:
         """Closing the iterator early cancels the call (and so the request on the worker)."""
         addr, stub = self._stub()
         call = stub.Generate(request_to_pb(req), metadata=call_metadata())
+        ended = False
         try:
             async for msg in call:
-                yield delta_from_pb(msg)
+                d = delta_from_pb(msg)
+                ended = d.ends_request(req.sampling.n)
+                yield d
         except grpc.aio.AioRpcError as e:
             raise from_rpc_error(e, f"processor {addr}") from None
         finally:
-            call.cancel()
+            await close_stream(call, ended)

@@ -7,7 +7,6 @@ call, which aborts the request on the worker.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
@@ -20,11 +19,8 @@ from services.api.worker_codec import generate_request_to_pb, move_source_from_p
 from services.common.address_book import ChannelPool
 from services.common.errors import RequestMoved, from_rpc_error
 from services.common.grpc_auth import call_metadata
+from services.common.grpc_stream import close_stream
 from services.gen import worker_pb2_grpc
-
-# A finished call's trailing status follows its last message at once; past this the
-# worker is stuck, and the call is cancelled rather than held.
-_STATUS_WAIT_S = 2.0
 
 
 class DecodeWorkerClient:
@@ -58,18 +54,5 @@ class DecodeWorkerClient:
         except grpc.aio.AioRpcError as e:
             raise from_rpc_error(e, f"decode worker {address}", name_peer=True) from None
         finally:
-            await _close(call, ended)
+            await close_stream(call, ended)
 
-
-async def _close(call: grpc.aio.UnaryStreamCall, ended: bool) -> None:
-    """Cancel a call still producing (that aborts the request on the worker). One whose
-    worker is done gets its status awaited instead: a cancel racing the worker's trailing
-    status makes its server log an ExecuteBatchError for a request that went fine."""
-    try:
-        if ended:
-            async with asyncio.timeout(_STATUS_WAIT_S):
-                await call.code()
-    except TimeoutError:
-        pass
-    finally:
-        call.cancel()  # no-op once the call is done
