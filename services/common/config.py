@@ -298,6 +298,11 @@ class DisaggConfig(_Strict):
     # TTFT tail of a long-prompt mix ~10% lower than at 1, the streams' ITL within its
     # spread (docs/benchmarks.md "The ITL weight").
     itl_weight: float = Field(0.5, ge=0)
+    # predict: the local side's cost also counts the wait a local prefill makes the
+    # requests arriving meanwhile sit out (this worker's recent arrival rate x the prefill's
+    # time, each half of it), times this (0: not counted). 0.25: chosen in the simulator
+    # (docs/benchmarks.md "The arrivals' wait").
+    arrival_weight: float = Field(0.25, ge=0)
     # predict: what the KV of a remote prefill is expected to move at (measured 1.1-1.4 GB/s
     # on loopback, docs/benchmarks.md), and the transfer's fixed cost.
     kv_transfer_gbps: float = Field(1.0, gt=0)

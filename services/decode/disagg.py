@@ -39,6 +39,9 @@ class PrefillDecision:
     # predict policy: what a local prefill costs the running streams (itl_weight x their
     # added delay), counted beside local_s
     itl_cost_s: float = 0.0
+    # predict policy: what it costs the requests expected to arrive meanwhile (arrival_weight
+    # x their wait for it), counted beside local_s
+    wait_cost_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,8 +50,9 @@ class WorkerTimes:
     prefill chunk (``engine.max_num_batched_tokens``), this worker's prefill tokens already
     waiting, its running decodes and the KV tokens they read, the prefill workers, the
     seconds one prompt token's KV takes to arrive (bytes per token over the link), the
-    limit the engine's ITL target puts on a step's prefill (None: none), and the measured /
-    predicted time to the first token this worker has seen on each side (1: none)."""
+    limit the engine's ITL target puts on a step's prefill (None: none), the measured /
+    predicted time to the first token this worker has seen on each side (1: none), and the
+    requests a second reaching this worker lately (ArrivalRate)."""
 
     model: StepModel
     chunk: int
@@ -60,6 +64,7 @@ class WorkerTimes:
     limit: ChunkLimit | None = None
     local_bias: float = 1.0
     remote_bias: float = 1.0
+    arrival_rate: float = 0.0
 
     def local_chunk(self, tokens: int, start: int) -> int:
         """The chunk the engine's scheduler gives this prefill beside the running decodes:
@@ -74,7 +79,7 @@ class WorkerTimes:
 
 def worker_times(cfg: ClusterConfig, model: StepModel, stats: EngineStats,
                  kv_bytes_per_token: int, local_bias: float = 1.0,
-                 remote_bias: float = 1.0) -> WorkerTimes:
+                 remote_bias: float = 1.0, arrival_rate: float = 0.0) -> WorkerTimes:
     """The predict policy's view of a decode worker from its engine's stats (the decode
     worker's and the simulator's one way to build it)."""
     return WorkerTimes(model, cfg.engine.max_num_batched_tokens, stats.num_prefill_tokens_pending,
@@ -84,7 +89,7 @@ def worker_times(cfg: ClusterConfig, model: StepModel, stats: EngineStats,
                        chunk_limit_for(cfg.engine, stats.runner.device, model,
                                        stats.step_speed,
                                        stats.row_step_tokens),
-                       local_bias, remote_bias)
+                       local_bias, remote_bias, arrival_rate)
 
 
 def decide_prefill(
@@ -108,7 +113,9 @@ def decide_prefill(
       decodes as its scheduler chunks it (``WorkerTimes.local_chunk``: the token budget,
       or less under ``engine.itl_target_ms``), times ``local_bias``, plus ``cfg.itl_weight``
       x the delay those chunks add to each running stream (their compute) x the running
-      streams;
+      streams, plus ``cfg.arrival_weight`` x the wait it makes the requests arriving
+      meanwhile sit out (``arrival_rate`` x its own prefill time of them, each half of it
+      on average: the steps it fills under an ITL target leave a newcomer little room);
     - remote: the queue's wait (its depth in tokens, estimated as ``max(queued_prefill_tokens,
       queue_depth * effective)``, spread over the prefill workers) + ``effective`` prefilled
       there + its KV's transfer, times ``remote_bias``;
@@ -152,14 +159,21 @@ def _predict(cfg: DisaggConfig, effective: int, cached: int, depth: int, queued:
         shape, steps = prefill_shape(effective, chunk, cached)
         added = model.steps_seconds(shape, steps) - steps * model.step_seconds(BatchShape())
         itl_cost = cfg.itl_weight * t.running * max(added, 0.0)
+    wait_cost = 0.0
+    if t.arrival_rate and cfg.arrival_weight:
+        # what the prefill costs those arriving while it runs: rate x own time of them,
+        # each waiting half of it on average
+        own = t.local_bias * prefill_seconds(model, effective, chunk, cached, t.running,
+                                             t.decode_context)
+        wait_cost = cfg.arrival_weight * t.arrival_rate * own * own / 2
     # NOTE: a prefill worker runs no decodes: its chunks are the token budget's.
     ahead = max(queued, depth * effective) // t.prefill_workers
     remote = t.remote_bias * (prefill_seconds(model, ahead, t.chunk)
                               + prefill_seconds(model, effective, t.chunk)
                               + cfg.kv_transfer_latency_s + effective * t.kv_seconds_per_token)
-    if remote < local + itl_cost:
+    if remote < local + itl_cost + wait_cost:
         return PrefillDecision(True, DecisionReason.REMOTE_FASTER, effective, local, remote,
-                               itl_cost)
+                               itl_cost, wait_cost)
     target = cfg.itl_target_ms / 1e3
     if target and t.running:
         decode = BatchShape(decode_seqs=t.running, decode_context=t.decode_context)
@@ -167,5 +181,6 @@ def _predict(cfg: DisaggConfig, effective: int, cached: int, depth: int, queued:
                                       t.decode_context)
         if model.step_seconds(with_chunk) > target >= model.step_seconds(decode):
             return PrefillDecision(True, DecisionReason.ITL_TARGET, effective, local, remote,
-                                   itl_cost)
-    return PrefillDecision(False, DecisionReason.LOCAL_FASTER, effective, local, remote, itl_cost)
+                                   itl_cost, wait_cost)
+    return PrefillDecision(False, DecisionReason.LOCAL_FASTER, effective, local, remote, itl_cost,
+                           wait_cost)

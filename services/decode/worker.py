@@ -28,6 +28,7 @@ from services.api.prefill import PrefillJob
 from services.common.config import ClusterConfig
 from services.common.errors import InvalidRequest, Overloaded, RequestMoved, Unavailable
 from services.decode.admission import refusal
+from services.decode.arrival_rate import ArrivalRate
 from services.decode.disagg import DecisionReason, PrefillDecision, decide_prefill, worker_times
 from services.decode.kv_receiver import ExpectedKv, KvReceiver, KvTransferError, ReceivedKv
 from services.decode.metrics import DecodeMetrics
@@ -89,6 +90,7 @@ class DecodeWorker:
         # prediction_correction), and the requests whose remote prefill fell back to local
         # (their first token measures neither side)
         self._bias = {False: 1.0, True: 1.0}
+        self._arrivals = ArrivalRate()  # requests taken in, for the decision's wait cost
         self._fell_back: set[str] = set()
         if queue is not None and cfg.decode.disagg.policy == "predict":
             self._step_model = step_model_for(cfg)
@@ -137,6 +139,7 @@ class DecodeWorker:
             self.engine.validate(request)
         self._inflight += 1
         self._idle.clear()
+        self._arrivals.arrived(time.monotonic())
         reserved = False
         predicted = 0.0  # the decision's predicted seconds to the first token (predict policy)
         decided_at = 0.0
@@ -256,7 +259,8 @@ class DecodeWorker:
                 log.warning("prefill queue depth unknown (%s); prefilling locally", e)
                 return decide_prefill(d.model_copy(update={"enabled": False}), n, cached, 0, 0)
         times = (worker_times(self.cfg, self._step_model, self.engine.stats(),
-                              self._kv_bytes_per_token, self._bias[False], self._bias[True])
+                              self._kv_bytes_per_token, self._bias[False], self._bias[True],
+                              self._arrivals.rate(time.monotonic()))
                  if self._step_model is not None else None)
         return decide_prefill(d, n, cached, depth, tokens, times)
 

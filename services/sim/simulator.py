@@ -57,6 +57,7 @@ from services.common.config import ClusterConfig
 from services.common.discovery import Registration
 from services.common.hashing import BlockHash, block_hashes
 from services.decode.admission import refusal
+from services.decode.arrival_rate import ArrivalRate
 from services.decode.disagg import decide_prefill, worker_times
 from services.decode.load import worker_load
 from services.disagg.prefill_queue import PULL_WAIT_S
@@ -240,6 +241,7 @@ class _Worker:
         self.dirty = True  # changed since its last load sample
         self.last_load: WorkerLoad | None = None
         self.inflight = 0  # requests it holds (DecodeWorker._inflight)
+        self.arrivals = ArrivalRate()  # requests taken in (DecodeWorker._arrivals)
         self.free_slots = cfg.prefill.max_concurrent_jobs  # prefill workers
         self.totals = WorkerTotals(wid, role, kv_blocks_total=cfg.engine.num_kv_blocks)
         # Leaving (drain_worker): out of discovery, finishing or moving its work.
@@ -574,6 +576,7 @@ class Simulation:
             request = call[1]
             tokens = request.prompt_token_ids
             d, n, queue = self._disagg, len(tokens), self.queue
+            w.arrivals.arrived(self.now)
             if not (d.enabled and n > d.max_local_prefill_length):
                 eng.add_request(request)
                 return None
@@ -593,7 +596,8 @@ class Simulation:
                     # stats carry (the simulated runner's steps take no real time to measure);
                     # read at once on this one thread, so no snapshot.
                     stats = replace(stats, step_speed=limit.speed)
-                times = worker_times(self.cfg, self.model, stats, self.cfg.sim.kv_bytes_per_token)
+                times = worker_times(self.cfg, self.model, stats, self.cfg.sim.kv_bytes_per_token,
+                                     arrival_rate=w.arrivals.rate(self.now))
             decision = decide_prefill(d, n, cached, depth, queued, times)
             # NOTE: begin_remote_prefill or generate is a second call: after the next step;
             # the decision's tokens count from now on (DecodeWorker.generate, AsyncEngine)

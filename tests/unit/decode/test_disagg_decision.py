@@ -143,3 +143,24 @@ def test_each_side_is_scaled_by_what_the_worker_measured_there() -> None:
     slow_local = replace(times(), local_bias=2.0)
     free = decide_prefill(PREDICT, 2000, 0, 5, 9000, times())
     assert decide_prefill(PREDICT, 2000, 0, 5, 9000, slow_local).local_s == pytest.approx(2 * free.local_s)
+
+
+def test_the_wait_a_local_prefill_makes_arrivals_sit_out_counts_against_it() -> None:
+    """arrival_weight x the arrival rate x the prefill's own time of arrivals, each waiting
+    half of it: an idle prefill worker a little slower for the request itself (its link)
+    takes the prompt once requests keep coming, and not when none do."""
+    link = 1e-5  # 0.2 s to move 20,000 tokens' KV: remote ~2.6 s against ~2.4 s local
+    quiet = decide_prefill(PREDICT, 20000, 0, 0, 0, times(kv_s_per_token=link))
+    assert not quiet.remote and quiet.wait_cost_s == 0
+    busy = decide_prefill(PREDICT, 20000, 0, 0, 0, replace(times(kv_s_per_token=link), arrival_rate=1.0))
+    own = prefill_seconds(MODEL, 20000, 512)
+    assert busy.wait_cost_s == pytest.approx(0.25 * 1.0 * own * own / 2)
+    assert busy.local_s == pytest.approx(quiet.local_s) and busy.remote_s == pytest.approx(quiet.remote_s)
+    assert busy.remote and busy.reason is DecisionReason.REMOTE_FASTER
+    # only this prefill's own time is priced, not the prompts already waiting here
+    waiting = decide_prefill(PREDICT, 20000, 0, 0, 0,
+                             replace(times(pending=4000, kv_s_per_token=link), arrival_rate=1.0))
+    assert waiting.wait_cost_s == pytest.approx(busy.wait_cost_s)
+    off = PREDICT.model_copy(update={"arrival_weight": 0.0})
+    assert not decide_prefill(off, 20000, 0, 0, 0,
+                              replace(times(kv_s_per_token=link), arrival_rate=1.0)).remote
