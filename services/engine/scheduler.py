@@ -24,10 +24,8 @@ the engine can schedule step N+1 while step N computes:
    prompt's step. One request at a time has nothing to let in, and each cut costs a
    prompt's prefill time (an 850-token prompt on 2 threads: 943 tok/s whole, 629-831 in
    the three slices the bound cut it into; docs/benchmarks.md "What waits for a step").
-   In a step cut to seconds (either bound) the head of the queue, if all of it fits the
-   step's tokens and seconds, goes before the running prompts' next slices (share order),
-   which share what it leaves: a long prompt's slices would take every step's seconds,
-   and a short prompt behind it would wait out its whole prefill.
+   In such a step the head of the queue, if all of it fits the step's tokens and seconds, goes before the
+   running prompts' next slices (share order), which share what it leaves.
 3. Running sequences in the middle of a chunked prefill continue, chunked to the budget --
    and, while requests wait, to ``long_prefill_token_threshold``, so that one long prompt
    never holds the whole budget: a short request behind it starts within a step.
@@ -463,7 +461,7 @@ class Scheduler:
     def schedule(self, split: bool = True, head_first: bool = True) -> ScheduledBatch:
         """The next batch (module docstring). ``split``: whether the step may prefill alone
         beside running streams (tried again without when such a step found nothing it
-        could prefill). ``head_first``: whether a step cut to seconds may set time aside for
+        could prefill). ``head_first``: whether a step with no stream may set time aside for
         the queue's head (tried again without when the head could not use it and the step
         came out empty)."""
         out: list[ScheduledSeq] = []
@@ -508,18 +506,18 @@ class Scheduler:
                 self._rows_step = True
         elif limit is not None and not self.fifo_prefill and self.solo_arrivals < LONE_BOUND_REQUESTS:
             left = limit.lone_seconds_left()  # what arrives mid-step waits for it (module docstring)
-        # In a step cut to seconds the queue's head goes before a running prompt's next slice
+        # With no stream running, the queue's head goes before a running prompt's next slice
         # if all of it fits the step (tokens and seconds): that slice would take the step's
         # seconds, and a short prompt would wait out the long one's whole prefill.
         # Only where the head surely gets in (a seat; blocks for it and for the running
         # slices): a reservation it cannot use would leave the step empty.
         reserved, reserved_s = 0, 0.0
-        if (head_first and prefilling and left < math.inf and self.waiting
+        if (head_first and not num_decodes and prefilling and left < math.inf and self.waiting
                 and len(running) < self.max_num_seqs):
             head = self.waiting[0]
             need = head.num_tokens - head.num_computed_tokens
             bs = self.block_size
-            blocks = -(-need // bs) + -(-(budget - need) // bs) + 2 * prefilling + num_decodes
+            blocks = -(-need // bs) + -(-(budget - need) // bs) + 2 * prefilling
             if need <= min(budget, self.long_prefill) and blocks <= self.kv.pool.num_available:
                 cost = self._slice_seconds(need, head.num_computed_tokens)
                 if cost <= left:

@@ -201,28 +201,6 @@ def test_a_step_with_no_stream_keeps_the_lone_target_so_an_arrival_waits_one_sho
     assert prefill_tokens(step(eng, runner)) == 256
 
 
-def test_beside_streams_a_short_arrival_goes_before_the_long_prompts_next_slice() -> None:
-    eng, runner = engine(40.0)
-    start_streams(eng, runner, 6)  # a decode-only step: 4 + 6 * 2 = 16 ms; 24 tokens left
-    eng.add_request(req("long", list(range(200, 1200)), max_tokens=2))
-    assert prefill_tokens(step(eng, runner)) == 24
-    eng.add_request(req("short", list(range(1300, 1308)), max_tokens=2))
-    batch = step(eng, runner)
-    sizes = {s.request_id: len(s.token_ids) for s in batch.seqs if not s.request_id.startswith("d")}
-    # the short whole, first (its first token now); the long the rest of the step's seconds,
-    # not all of them for the ~40 steps of its prefill
-    assert sizes == {"short": 8, "long": 24 - 8}
-    assert any(s.request_id == "short" and s.sample for s in batch.seqs)
-    assert sum(1 for s in batch.seqs if s.request_id.startswith("d")) == 6  # the streams too
-    assert MODEL.step_seconds(batch_shape(batch)) <= 0.040 + 1e-9
-    # one that does not fit the step whole waits its turn: the long keeps its slices
-    eng.add_request(req("big", list(range(1400, 1440)), max_tokens=2))
-    batch = step(eng, runner)
-    decodes = sum(1 for s in batch.seqs if len(s.token_ids) == 1)  # the short decodes too now
-    assert {s.request_id: len(s.token_ids) for s in batch.seqs if s.request_id in ("long", "big")
-            } == {"long": 40 - 4 - 2 * decodes}
-
-
 def test_the_lone_bound_holds_only_while_requests_overlap() -> None:
     """One request at a time has nothing to let in: its prompt takes the whole budget (a
     cut would only cost it time). Once two overlap the bound holds, until
