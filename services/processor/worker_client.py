@@ -1,8 +1,9 @@
 """The decode worker's ``Generate`` stream over gRPC (proto/worker.proto), as the engine's
 ``TokenOutput``s.
 
-Closing the iterator (break + aclose, or the consuming task cancelled) cancels the gRPC
-call, which aborts the request on the worker.
+Closing the iterator before every choice finished (break + aclose, or the consuming task
+cancelled) cancels the gRPC call, which aborts the request on the worker; once they all
+finished the call is left to end with the worker's status (services/common/grpc_stream.py).
 """
 
 from __future__ import annotations

@@ -74,7 +74,8 @@ class Processor(Server, processor_pb2_grpc.ProcessorServicer):
 
 
 async def _stream(kind: str, server: Server, n_items: int):
-    """Serve ``server``; yield a function opening the client's stream of ``n_items``."""
+    """Serve ``server``; the server, the channel pool and a function opening the client's
+    stream of ``n_items``."""
     add = (worker_pb2_grpc.add_DecodeWorkerServicer_to_server if kind == "decode"
            else processor_pb2_grpc.add_ProcessorServicer_to_server)
     srv, port = await serve_grpc(kind, "127.0.0.1", 0, lambda s: add(server, s))
