@@ -65,7 +65,6 @@ class KvEventPublisher:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._sub = None
-        self.dumps_served = 0
 
     @property
     def last_event_id(self) -> int:
@@ -138,7 +137,6 @@ class KvEventPublisher:
                 snap = await snap
             events = list(snap)
             await msg.respond(encode_dump(self.worker_id, self.session, last, events))
-            self.dumps_served += 1
         except Exception:
             log.exception("KV dump for %s failed", self.worker_id)
 

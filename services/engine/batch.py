@@ -31,11 +31,6 @@ def placeholder(slot: int) -> int:
     return -1 - slot
 
 
-def future_slot(token: int) -> int:
-    """The future slot a placeholder token (< 0) refers to."""
-    return -1 - token
-
-
 @dataclass(frozen=True, slots=True)
 class PenaltyInit:
     """A penalty slot's starting state (logits_process.py): the request's prompt and the

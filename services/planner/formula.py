@@ -26,7 +26,6 @@ queue's wait, the measured ITL).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from services.common.config import PlannerConfig
 from services.planner.bounds import action_of, fit
@@ -41,16 +40,6 @@ BAND = 0.25
 KV_HEADROOM = 0.9
 # Measured prefill throughput is trusted over at least this many busy seconds.
 MIN_BUSY_S = 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class Needs:
-    """Workers each role needs (fractional for prefill), and why the binding rule binds."""
-
-    prefill: float
-    decode: int
-    prefill_reason: str
-    decode_reason: str
 
 
 def prefill_tok_s(cap: Capacity, last: IntervalStats, input_tokens: float) -> float:
