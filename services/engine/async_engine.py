@@ -265,6 +265,10 @@ class AsyncEngine:
     async def dump_kv_events(self) -> list[KvEvent]:
         return await self.call(lambda e: e.dump_kv_events())
 
+    async def reset_prefix_cache(self) -> tuple[int, int]:
+        """``LLMEngine.reset_prefix_cache`` on the step thread, between steps."""
+        return await self.call(lambda e: e.reset_prefix_cache())
+
     async def check_integrity(self) -> None:
         await self.call(lambda e: e.check_integrity())
 

@@ -10,8 +10,9 @@ Every block is in exactly one of three states:
 ``num_used + num_cached + num_free == num_blocks`` always (``check_integrity``).
 
 Every change to the set of cached hashes is reported as a KV event (``KvStored``,
-``KvRemoved``, ``KvCleared``) with an event id that grows by one from 1, handed to
-``on_event`` synchronously. Hashes come only from ``services.common.hashing``.
+``KvRemoved``) with an event id that grows by one from 1, handed to ``on_event``
+synchronously; a dump (``dump_events``) starts with ``KvCleared``. Hashes come only from
+``services.common.hashing``.
 """
 
 from __future__ import annotations
@@ -211,15 +212,26 @@ class BlockPool:
         finally:  # the blocks released before a bad one stay released
             self._num_used -= unused
 
-    def reset_prefix_cache(self) -> None:
-        """Forget every cached hash (referenced blocks stay allocated) and emit KvCleared."""
-        for b in self._evictable:
+    def evict_cached(self) -> int:
+        """Evict every cached, unreferenced block (a prefix-cache reset); return how many.
+
+        Blocks a live sequence references keep their hashes: they are in use, and a running
+        sequence keeps caching its next blocks after them. One ``KvRemoved`` names them all.
+        """
+        evictable, hashed, parents, by_hash = self._evictable, self._hash, self._parent, self._by_hash
+        removed: list[int] = []
+        for b in evictable:
+            h = hashed[b]
+            assert h is not None
+            del by_hash[h.seq_hash]
+            hashed[b] = None
+            parents[b] = None
+            removed.append(h.seq_hash)
             self._free.append(b)
-        self._evictable.clear()
-        self._by_hash.clear()
-        self._hash = [None] * self.num_blocks
-        self._parent = [None] * self.num_blocks
-        self._emit(KvCleared(self.worker_id, self._next_id()))
+        evictable.clear()
+        if removed:
+            self._emit(KvRemoved(self.worker_id, self._next_id(), tuple(removed)))
+        return len(removed)
 
     # ---- events ---------------------------------------------------------------------
     def dump_events(self) -> list[KvEvent]:

@@ -398,6 +398,13 @@ class LLMEngine:
         self._forget_finished(outputs)
         return outputs
 
+    def reset_prefix_cache(self) -> tuple[int, int]:
+        """Evict every cached block no live sequence references: (evicted, still in use).
+
+        Blocks in use keep their hashes (their sequences go on caching after them), so they
+        become hits again once released; between requests that is none."""
+        return self.pool.evict_cached(), self.pool.num_used
+
     # ---- observability --------------------------------------------------------------
     def dump_kv_events(self) -> list[KvEvent]:
         """KvCleared + KvStored events rebuilding the prefix cache (see BlockPool.dump_events)."""

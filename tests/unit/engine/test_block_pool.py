@@ -138,15 +138,26 @@ def test_dump_rebuilds_the_index_the_live_events_built() -> None:
     p.check_integrity()
 
 
-def test_reset_prefix_cache_clears_and_frees_cached_blocks() -> None:
-    p, events = pool(4)
-    ids = p.allocate(2)
-    stored(p, ids)
-    p.release(ids[1:])
-    p.reset_prefix_cache()
-    assert events[-1] == KvCleared("w0", 2)
-    assert p.lookup(chain(1)[0].seq_hash) is None
-    assert (p.num_used, p.num_cached, p.num_free) == (1, 0, 3)
-    p.release(ids[:1])
-    assert p.num_free == 4
+def test_evict_cached_frees_unreferenced_blocks_and_keeps_those_in_use() -> None:
+    p, events = pool(6)
+    hs = chain(4)
+    ids = p.allocate(3)
+    stored(p, ids)  # blocks 0-2 of one sequence
+    p.release(ids[:0:-1])  # a finished request's tail: blocks 1, 2 cached, unreferenced
+    other = p.allocate(1)
+    stored(p, other, start=100)
+    p.release(other)  # another prompt's block, cached
+    assert p.evict_cached() == 3
+    assert events[-1] == KvRemoved("w0", 3, (hs[2].seq_hash, hs[1].seq_hash, chain(1, 100)[0].seq_hash))
+    assert (p.num_used, p.num_cached, p.num_free) == (1, 0, 5)
+    assert p.lookup(hs[0].seq_hash) == ids[0]  # in use: kept, and still a hit
+    assert p.lookup(hs[1].seq_hash) is None and p.lookup(chain(1, 100)[0].seq_hash) is None
+    # the live sequence goes on caching after its kept block: the event stream still
+    # rebuilds exactly what the pool holds (no block stored after an unknown parent)
+    nxt = p.allocate(1)
+    p.cache(nxt, hs[1:2], hs[0].seq_hash, 1)
+    assert replay(events) == replay(p.dump_events())
+    assert p.evict_cached() == 0 and events[-1].event_id == p.last_event_id  # nothing: no event
+    p.release(nxt + ids[:1])
+    assert p.num_cached == 2
     p.check_integrity()
