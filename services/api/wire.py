@@ -11,6 +11,7 @@ Event batch  : [1, worker_id, session, [event, ...]]
 Dump reply   : [1, worker_id, session, last_event_id, [event, ...]]
 Load         : [1, worker_id, used, total, running, waiting, prefill_tokens, timestamp]
 In-flight    : [1, replica_id, op, request_id, worker_id, prompt_blocks, prefill_blocks]
+Cache reset  : [1, worker_id, role, evicted_blocks, blocks_in_use]   (a worker's reply)
 """
 
 from __future__ import annotations
@@ -86,6 +87,17 @@ class InflightUpdate:
     worker_id: str = ""
     prompt_blocks: int = 0
     prefill_blocks: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CacheResetReply:
+    """A worker's answer to a prefix-cache reset: the cached blocks it evicted, and the
+    blocks its live requests still hold (kept; cached again once they finish)."""
+
+    worker_id: str
+    role: str  # "decode" or "prefill"
+    evicted_blocks: int
+    blocks_in_use: int
 
 
 def raw_event(e: KvEvent) -> list:
@@ -234,3 +246,17 @@ def decode_inflight(data: bytes) -> InflightUpdate:
         return InflightUpdate(str(m[1]), InflightOp(m[2]), str(m[3]), str(m[4]), int(m[5]), int(m[6]))
     except (TypeError, ValueError) as e:
         raise WireError(f"inflight update: bad field ({e})") from None
+
+
+def encode_cache_reset(r: CacheResetReply) -> bytes:
+    return msgpack.packb([VERSION, r.worker_id, r.role, r.evicted_blocks, r.blocks_in_use])
+
+
+def decode_cache_reset(data: bytes) -> CacheResetReply:
+    m = _unpack(data, "cache reset reply", 5)
+    if not isinstance(m[1], str) or not isinstance(m[2], str):
+        raise WireError("cache reset reply: worker id and role must be strings")
+    try:
+        return CacheResetReply(m[1], m[2], int(m[3]), int(m[4]))
+    except (TypeError, ValueError) as e:
+        raise WireError(f"cache reset reply: bad field ({e})") from None

@@ -206,6 +206,9 @@ class FrontendConfig(_Strict):
     # The processor's gRPC host:port; None: found in discovery (role "processor").
     processor_address: str | None = None
     drain_timeout_s: float = Field(30.0, ge=0)  # on SIGTERM, in-flight requests get this long
+    # POST /reset_prefix_cache waits this long for every decode and prefill worker that
+    # discovery lists to confirm (a worker evicts between two engine steps), else 503.
+    cache_reset_timeout_s: float = Field(10.0, gt=0)
     # HTTP read deadlines (docs/operations.md, "HTTP timeouts and limits"): a request's
     # headers must arrive within header_timeout_s of its first byte (or of the connection
     # opening), its body within body_timeout_s of the headers (else 408); an idle

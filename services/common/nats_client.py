@@ -59,6 +59,13 @@ class Subjects:
         """Request/reply: empty request, reply is wire.encode_dump (the worker's whole cache)."""
         return f"{self.namespace}.kv.dump.{worker_id}"
 
+    @property
+    def cache_reset(self) -> str:
+        """Request with many replies: every decode and prefill worker evicts its cached,
+        unreferenced prefix blocks and answers wire.encode_cache_reset (the frontend's
+        ``POST /reset_prefix_cache`` counts the answers against discovery)."""
+        return f"{self.namespace}.cache.reset"
+
     def load(self, worker_id: str) -> str:
         """A worker publishes wire.encode_load(WorkerLoad) here a few times a second."""
         return f"{self.namespace}.load.{worker_id}"
@@ -150,7 +157,7 @@ class RolePermissions:
 
     publish: tuple[str, ...]
     subscribe: tuple[str, ...]
-    # May publish to the reply subject of a request it received (the kv.dump answers).
+    # May publish to the reply subject of a request it received (kv.dump, cache.reset).
     allow_responses: bool = False
 
 
@@ -193,7 +200,9 @@ def role_permissions(namespace: str, role: str, user: str | None = None,
         f"{_JS_API}.CONSUMER.CREATE.{queue}.{consumer}.>",
         f"{_JS_API}.CONSUMER.INFO.{queue}.{consumer}",
     ]
-    if role == "processor":
+    if role == "frontend":
+        pub.append(s.cache_reset)  # POST /reset_prefix_cache; replies come to its inbox
+    elif role == "processor":
         pub.append(s.router_inflight)
     elif role == "router":
         pub += [s.router_inflight, s.kv_dump("*")]
@@ -204,7 +213,7 @@ def role_permissions(namespace: str, role: str, user: str | None = None,
                 f"{_JS_API}.STREAM.MSG.DELETE.{queue}",  # retract a cancelled job
                 s.prefill_cancel]  # ... and stop the prefill worker running it
         sub += [*(s.kv_dump(i) for i in instances),
-                *(s.prefill_progress(i) for i in instances)]
+                *(s.prefill_progress(i) for i in instances), s.cache_reset]
         responses = True
     elif role == "planner":
         # it reads the load samples and the prefill stream's state, never a job (a job
@@ -216,7 +225,8 @@ def role_permissions(namespace: str, role: str, user: str | None = None,
                 f"{_JS_API}.CONSUMER.MSG.NEXT.{queue}.{consumer}",  # fetch jobs
                 f"$JS.ACK.{queue}.{consumer}.>",  # ack, nak, in-progress, term
                 s.prefill_progress("*")]  # to the decode worker a job names
-        sub.append(s.prefill_cancel)
+        sub += [s.prefill_cancel, s.cache_reset]
+        responses = True  # its answer to a cache reset
     return RolePermissions(tuple(pub), tuple(sub), responses)
 
 

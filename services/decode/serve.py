@@ -17,6 +17,7 @@ import time
 from services.api.wire import WorkerLoad
 from services.common import lifecycle
 from services.common.address_book import AddressBook
+from services.common.cache_reset import CacheResetResponder
 from services.common.config import ClusterConfig
 from services.common.kv_publisher import KvEventPublisher
 from services.common.lifecycle import Bound, GrpcListener, PartSpec, Setup
@@ -56,6 +57,10 @@ async def _build(part: Setup) -> PartSpec:
     part.on_close(publisher.close, "KV event publisher")
     part.on_close(publisher.flush, "KV event flush")
     metrics = DecodeMetrics(ae.stats, dc.disagg)
+    resets = CacheResetResponder(part.nc, subjects, worker_id, "decode", ae.reset_prefix_cache,
+                                 metrics.registry)
+    await resets.start()
+    part.on_close(resets.close, "cache reset subscription")
     queue = await PrefillQueue.open(part.nc, subjects, cfg.prefill, dc.disagg.queue_depth_cache_s, worker_id)
     discovery = await part.discovery()
     encoders = (EncodeDirectory(AddressBook("encode"), cfg.multimodal.shm_pool_bytes)

@@ -18,9 +18,10 @@ the decode worker, which aborts the request in the engine.
 from __future__ import annotations
 
 import hmac
+import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
@@ -29,6 +30,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
 from services.api.processor import Delta, ModelInfo, ProcessRequest
+from services.common.cache_reset import CacheResetResult
 from services.common.config import ClusterConfig
 from services.common.errors import ServingError
 from services.frontend.body import BodyLimits, read_json
@@ -42,6 +44,8 @@ from services.frontend.schemas import ChatCompletionRequest, CompletionRequest
 from services.frontend.streaming import ClientGone, collect, first_delta, sse, unless_disconnected
 from services.frontend.validation import validate
 
+log = logging.getLogger("tandem.frontend")
+
 
 class ProcessorLike(Protocol):
     def generate(self, req: ProcessRequest) -> AsyncIterator[Delta]: ...
@@ -53,9 +57,11 @@ class Readiness(Protocol):
 
 
 def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readiness | None = None,
-               metrics: FrontendMetrics | None = None, lifespan: Any = None) -> FastAPI:
+               metrics: FrontendMetrics | None = None, lifespan: Any = None,
+               reset_caches: Callable[[], Awaitable[CacheResetResult]] | None = None) -> FastAPI:
     """The app. ``readiness`` None: /health reports ready (no cluster view to consult).
     ``lifespan``: FastAPI's lifespan context (tests start in-process parts with it).
+    ``reset_caches``: what ``POST /reset_prefix_cache`` runs (None: no such route).
     The OpenAPI schema, request bodies included, is served at /openapi.json."""
     fc = cfg.frontend
     m = metrics if metrics is not None else FrontendMetrics()
@@ -147,6 +153,32 @@ def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readines
             {"id": x.id, "object": "model", "created": 0, "owned_by": "tandem",
              "context_length": x.context_length} for x in models]})
 
+    if reset_caches is not None:
+        @app.post("/reset_prefix_cache")
+        async def reset_prefix_cache(request: Request) -> Response:
+            """vLLM's admin route (aiperf's ``--reset-kv-cache`` calls it between runs): every
+            decode and prefill worker evicts the cached blocks no running request holds."""
+            try:
+                check_auth(request)
+                _check_reset_params(request)
+            except APIError as e:
+                return e.response()
+            result = await reset_caches()
+            workers = len(result.replies) + len(result.missing)
+            if result.missing or not workers:
+                if result.missing:
+                    log.warning("prefix cache reset: no answer within %.1f s from %s",
+                                fc.cache_reset_timeout_s, ", ".join(result.missing))
+                what = (f"{len(result.missing)} of {workers} workers did not confirm the reset"
+                        if workers else "no worker is available")
+                return APIError(503, f"{what}, retry later", "service_unavailable", code="no_workers",
+                                headers={"Retry-After": str(fc.retry_after_s)}).response()
+            return JSONResponse({
+                "object": "prefix_cache_reset",
+                "evicted_blocks": sum(r.evicted_blocks for r in result.replies),
+                "workers": [{"id": r.worker_id, "role": r.role, "evicted_blocks": r.evicted_blocks,
+                             "blocks_in_use": r.blocks_in_use} for r in result.replies]})
+
     @app.get("/health")
     async def health() -> Response:
         ok, why = readiness.ready() if readiness is not None else (True, "ready")
@@ -186,6 +218,22 @@ def _describe_bodies(app: FastAPI) -> None:
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _check_reset_params(request: Request) -> None:
+    """vLLM's query parameters of /reset_prefix_cache: each is honoured or refused. It
+    takes no body (the tools send none): one would be ignored, so it is refused."""
+    if request.headers.get("content-length", "0") != "0" or "transfer-encoding" in request.headers:
+        raise APIError(400, "/reset_prefix_cache takes no body; its one parameter, "
+                       "reset_running_requests, goes in the query string", code="invalid_body")
+    for name, value in request.query_params.multi_items():
+        if name != "reset_running_requests":
+            raise APIError(400, f"{name}: unknown parameter of /reset_prefix_cache", param=name,
+                           code="unknown_parameter")
+        if value.lower() not in ("false", "0"):
+            raise APIError(400, "reset_running_requests: running requests keep their blocks "
+                           "(they are not preempted); only false is supported", param=name,
+                           code="unsupported_value")
 
 
 def _api_error(e: ServingError | APIError | ClientGone, errors: ServingErrors,

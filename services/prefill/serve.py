@@ -12,8 +12,10 @@ import argparse
 import logging
 
 from services.common import lifecycle
+from services.common.cache_reset import CacheResetResponder
 from services.common.config import ClusterConfig
 from services.common.lifecycle import Bound, PartSpec, Setup
+from services.common.nats_client import Subjects
 from services.common.net import advertised_host
 from services.common.service import run_part
 from services.disagg.kv_layout import METADATA_KEY as KV_LAYOUT
@@ -42,6 +44,10 @@ async def _build(part: Setup) -> PartSpec:
 
     async def before_register(_bound: Bound) -> None:
         await worker.start()
+        resets = CacheResetResponder(part.nc, Subjects(cfg.namespace), worker_id, "prefill",
+                                     ae.reset_prefix_cache, metrics.registry)
+        await resets.start()
+        part.on_close(resets.close, "cache reset subscription")
         await refuse_incompatible_peers(await part.discovery(), "prefill", layout)
 
     return PartSpec(

@@ -7,15 +7,18 @@ import pytest
 
 from services.api.kv_events import KvCleared, KvRemoved, KvStored, StoredBlock
 from services.api.wire import (
+    CacheResetReply,
     InflightOp,
     InflightUpdate,
     WireError,
     WorkerLoad,
+    decode_cache_reset,
     decode_dump,
     decode_event_batch,
     decode_event_batch_raw,
     decode_inflight,
     decode_load,
+    encode_cache_reset,
     encode_dump,
     encode_event_batch,
     encode_inflight,
@@ -68,3 +71,12 @@ def test_bad_load_raises_wire_error() -> None:
         decode_load(msgpack.packb([1, "w", "x", 2, 3, 4, 5, 6.0]))
     with pytest.raises(WireError, match="inflight"):
         decode_inflight(msgpack.packb([1, "r", 9, "q", "w", 0, 0]))
+
+
+def test_cache_reset_reply_round_trips_and_refuses_bad_fields() -> None:
+    r = CacheResetReply("prefill-1", "prefill", 12, 3)
+    assert decode_cache_reset(encode_cache_reset(r)) == r
+    for bad in ([1, "w", "decode", "x", 0], [1, 7, "decode", 1, 0], [1, "w", "decode", 1],
+                [2, "w", "decode", 1, 0]):
+        with pytest.raises(WireError, match="cache reset"):
+            decode_cache_reset(msgpack.packb(bad))

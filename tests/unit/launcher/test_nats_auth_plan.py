@@ -60,6 +60,8 @@ USES = [
     ("decode", False, S.prefill_progress("decode-0")),
     ("prefill", True, S.prefill_progress("decode-0")),
     ("prefill", False, S.prefill_cancel),
+    ("frontend", True, S.cache_reset),  # POST /reset_prefix_cache asks every worker
+    (("decode", "prefill"), False, S.cache_reset),
     ("router", True, S.kv_dump("decode-0")),
     ("router", False, S.kv_events_all),
     (("router", "planner"), False, S.load_all),  # the planner reads the load samples too
@@ -95,7 +97,8 @@ def test_a_worker_acts_under_its_own_ids_only() -> None:
     assert can_sub("decode", S.prefill_progress("decode-1"), mine)
     assert not can_sub("decode", S.prefill_progress("decode-2"), mine)  # others' progress
     assert role_permissions(NS, "decode", instances=mine).allow_responses  # dump replies
-    assert not any(role_permissions(NS, r).allow_responses for r in set(ROLES) - {"decode"})
+    # the workers answer dumps and cache resets; nobody else answers a request
+    assert {r for r in ROLES if role_permissions(NS, r).allow_responses} == {"decode", "prefill"}
 
 
 def test_discovery_every_role_reads_all_and_writes_its_own_keys() -> None:
@@ -167,7 +170,7 @@ def test_rendered_config_has_every_user_and_no_anonymous_one() -> None:
     assert not any("no_auth_user" in line for line in text.splitlines() if not line.startswith("#"))
     for u in users:
         assert f'{{user: "{u.name}", password: "{u.password}"' in text
-    assert text.count("allow_responses: true") == 1  # decode-0 alone
+    assert text.count("allow_responses: true") == 2  # decode-0 and prefill-0 alone
 
 
 def test_lock_nats_writes_a_private_config_and_gives_each_child_its_user(tmp_path: Path) -> None:
