@@ -11,6 +11,7 @@ from collections.abc import Sequence
 # subcommand path -> "module:function"; the function takes the parsed argparse.Namespace.
 _HANDLERS = {
     ("model", "pull"): "services.model.store:pull_main",
+    ("model", "tokenizer"): "services.model.store:tokenizer_main",
     ("model", "make-tiny-llava"): "services.engine.multimodal.tiny:main",
     ("chat",): "services.engine.chat:main",
     ("router",): "services.router.serve:main",
@@ -61,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     model_sub = model.add_subparsers(dest="model_command", required=True)
     pull = model_sub.add_parser("pull", help="fetch the default model (SmolLM2-135M-Instruct)")
     pull.set_defaults(_key=("model", "pull"))
+    tokenizer = model_sub.add_parser(
+        "tokenizer", help="write a model's tokenizer as transformers loads it (for guidellm, aiperf, lm-eval)")
+    tokenizer.add_argument("dir", help="directory to write tokenizer.json and tokenizer_config.json")
+    tokenizer.add_argument("--model", default="auto",
+                           help="a .gguf file or Hugging Face directory (default: the default model)")
+    tokenizer.set_defaults(_key=("model", "tokenizer"))
     tiny = model_sub.add_parser("make-tiny-llava", help="write a tiny LLaVA model with RANDOM weights (demos, tests)")
     tiny.add_argument("dir", help="directory to write config.json, preprocessor_config.json, model.safetensors")
     tiny.add_argument("--vision", choices=("clip", "siglip"), default="clip")

@@ -145,3 +145,20 @@ def pull_main(args: argparse.Namespace) -> int:
         return 1
     print(path)
     return 0
+
+
+def tokenizer_main(args: argparse.Namespace) -> int:
+    """`tandem model tokenizer DIR [--model PATH]`: the model's tokenizer as transformers
+    loads it, for client-side token counting (docs/operations.md, "Benchmarking with
+    guidellm and aiperf")."""
+    from services.model.tokenizer import Tokenizer
+
+    try:
+        tok = Tokenizer.from_path(resolve_model_path(args.model))
+    except FileNotFoundError as e:
+        print(f"tandem model tokenizer: {e}", file=sys.stderr)
+        return 1
+    out = Path(args.dir)
+    tok.save_hf(out)
+    print(out)
+    return 0

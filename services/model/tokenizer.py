@@ -147,6 +147,20 @@ class Tokenizer:
         """The HF ``tokenizers`` JSON (what the grammar compiler builds its tokenizer from)."""
         return self._tk.to_str()
 
+    def save_hf(self, out_dir: Path) -> None:
+        """Write the tokenizer as transformers loads it: ``tokenizer.json`` and a
+        ``tokenizer_config.json`` with the special tokens and chat template. For the tools
+        that count tokens client-side (guidellm, aiperf, lm-eval) when the model is a GGUF."""
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "tokenizer.json").write_text(self.to_json(), encoding="utf-8")
+        cfg: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast"}
+        for name, tid in (("bos_token", self.bos_token_id), ("eos_token", self.eos_token_id)):
+            if tid is not None:
+                cfg[name] = self._tk.id_to_token(tid)
+        if self._template is not None:
+            cfg["chat_template"] = self._template.source
+        (out_dir / "tokenizer_config.json").write_text(json.dumps(cfg, indent=1), encoding="utf-8")
+
     def id_to_token(self, token_id: int) -> str | None:
         """The vocabulary entry for `token_id` (byte-level form, e.g. "Ġhello"), or None."""
         return self._tk.id_to_token(token_id)

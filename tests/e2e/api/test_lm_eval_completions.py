@@ -115,10 +115,7 @@ def test_lm_eval_local_completions_loglikelihoods_equal_the_engines(
     tasks.mkdir()
     (tasks / "tandem_mc.yaml").write_text(TASK.format(data=data))
     tok_dir = tmp_path / "tokenizer"  # the served model's tokenizer, as transformers loads it
-    tok_dir.mkdir()
-    (tok_dir / "tokenizer.json").write_text(smollm2_tokenizer.to_json())
-    (tok_dir / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>"}))
+    smollm2_tokenizer.save_hf(tok_dir)
 
     remote_before = metric(decode_metrics, 'tandem_worker_prefill_total{where="remote"}')
     lm = LocalCompletionsAPI(base_url=base + "/v1/completions", model=MODEL,

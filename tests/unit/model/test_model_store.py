@@ -96,3 +96,17 @@ def test_served_model_name(tmp_path: Path) -> None:
     assert ms.served_model_name("/models/qwen2-0.5b.Q8_0.gguf") == "qwen2-0.5b.Q8_0"
     (tmp_path / "Qwen2-0.5B").mkdir()
     assert ms.served_model_name(tmp_path / "Qwen2-0.5B") == "Qwen2-0.5B"
+
+
+def test_tokenizer_command_writes_the_default_models_tokenizer(smollm2_path: Path, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from services.cli import main
+    from services.model.tokenizer import Tokenizer
+
+    out = tmp_path / "tok"
+    assert main(["model", "tokenizer", str(out), "--model", str(smollm2_path)]) == 0
+    assert capsys.readouterr().out.strip() == str(out)
+    assert Tokenizer.from_path(out).encode("a test") == Tokenizer.from_path(smollm2_path).encode("a test")
+    assert main(["model", "tokenizer", str(tmp_path / "x"), "--model", str(tmp_path / "none.gguf")]) == 1
+    assert "tandem model tokenizer: model path" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()

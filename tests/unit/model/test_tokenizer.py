@@ -185,3 +185,21 @@ def test_sentencepiece_token_bytes_from_byte_fallback(tmp_path: Path) -> None:
     tk.save(str(tmp_path / "tokenizer.json"))
     tok = Tokenizer.from_path(tmp_path)
     assert [tok.token_bytes(i) for i in range(1, 6)] == [b"\xe6", b"\x97", b"\xa5", b" hi", b" "]
+
+
+def test_smollm2_saved_for_transformers_encodes_and_templates_as_we_do(smol: Tokenizer,
+                                                                       tmp_path: Path) -> None:
+    """`tandem model tokenizer` (save_hf): what guidellm, aiperf and lm-eval count tokens
+    with must be the served tokenizer, chat template and stop tokens included."""
+    from transformers import AutoTokenizer
+
+    smol.save_hf(tmp_path)
+    hf = AutoTokenizer.from_pretrained(str(tmp_path))
+    text = "Hello, world! <|im_start|>user\nnaïve 12345 tokens\t\n"
+    assert hf.encode(text, add_special_tokens=False) == smol.encode(text)
+    assert hf.eos_token == "<|im_end|>" and hf.convert_tokens_to_ids(hf.eos_token) == smol.eos_token_id
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    assert hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == \
+        smol.apply_chat_template(messages)
+    again = Tokenizer.from_path(tmp_path)  # and it serves as the model's own tokenizer too
+    assert again.stop_token_ids == smol.stop_token_ids and again.encode(text) == smol.encode(text)
