@@ -11,7 +11,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Pytest arguments, e.g. `make test ARGS="tests/unit -x"`.
 ARGS ?=
 
-.PHONY: setup nats kernels cross-tools model run test compose-test bench lint proto clean
+.PHONY: setup nats kernels cross-tools bench-clients model run test compose-test bench lint proto clean
 
 setup: $(STAMP) nats kernels
 
@@ -41,6 +41,21 @@ INSTRUCTOR_DEPS := 'aiohttp>=3.14.3,<4' 'click>=8.3.3' 'docstring-parser>=0.16,<
 	'jinja2>=3.1.4,<4' 'jiter>=0.6.1' 'openai>=2,<4' 'pydantic>=2.8,<3' 'regex>=2023' \
 	'requests>=2.33,<3' 'rich>=13.7' 'tenacity>=8.2.3,<10' 'typer>=0.9,<1' 'urllib3>=2.7,<3'
 
+# guidellm and aiperf, the load generators users benchmark a server with, for
+# tests/e2e/api/test_bench_clients.py, in a venv of their own: their pins clash with ours
+# (aiperf: pandas 2, pillow 12, rich 14, prometheus-client 0.23; guidellm: click 8.4).
+# guidellm's data loader imports torch: the CPU build on disk first, as in $(VENV).
+CLIENTS := .venv-clients
+CLIENT_PINS := guidellm==0.8.1 aiperf==0.13.0
+
+bench-clients: $(CLIENTS)/.setup-stamp
+
+$(CLIENTS)/.setup-stamp: Makefile
+	test -x $(CLIENTS)/bin/python || $(PYTHON) -m venv $(CLIENTS)
+	$(CLIENTS)/bin/python -m pip install -q torch==2.13.0
+	$(CLIENTS)/bin/python -m pip install -q $(CLIENT_PINS)
+	touch $@
+
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
@@ -62,7 +77,7 @@ model: $(STAMP)
 run: setup model
 	$(VENV)/bin/tandem up -c $(CONFIG)
 
-test: setup model cross-tools
+test: setup model cross-tools bench-clients
 	$(PY) -m pytest -q $(ARGS)
 
 # The compose stack against a real Docker (deploy/compose-test.sh): builds the images,
@@ -83,4 +98,4 @@ proto: $(STAMP)
 		--pyi_out=. proto/*.proto
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(CLIENTS) .pytest_cache .ruff_cache
