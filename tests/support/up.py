@@ -55,6 +55,20 @@ class Up:
                 raise AssertionError(f"{pattern!r} not printed in {timeout:g} s:\n{self.output()}")
             time.sleep(0.1)
 
+    def wait_healthy(self, base: str, timeout: float = 300) -> None:
+        """Until the frontend at ``base`` answers /health with 200; AssertionError (with the
+        output) if `tandem up` exits first or after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            assert self.proc.poll() is None, f"tandem up exited:\n{self.output()}"
+            assert time.monotonic() < deadline, f"cluster not ready:\n{self.output()}"
+            try:
+                if httpx.get(base + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+
     def pids(self) -> dict[str, int]:
         return {p["name"]: p["pid"] for p in json.loads((self.run_dir / "processes.json").read_text())}
 

@@ -69,16 +69,7 @@ def cluster(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
                       ["--ready-timeout", "300", "--fail-fast"], overrides)
     base = f"http://127.0.0.1:{ports['front']}"
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert up.proc.poll() is None, f"tandem up exited:\n{up.output()}"
-            assert time.monotonic() < deadline, f"cluster not ready:\n{up.output()}"
-            try:
-                if httpx.get(base + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+        up.wait_healthy(base)
         yield Cluster(base, ports)
     finally:
         up.stop()
