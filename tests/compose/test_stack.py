@@ -166,6 +166,16 @@ def test_the_openai_client_gets_unary_and_streamed_answers(stack: Stack) -> None
     assert out.usage.prompt_tokens > 256 and out.usage.completion_tokens > 0
 
 
+def test_the_prefix_cache_reset_reaches_every_worker(stack: Stack) -> None:
+    """POST /reset_prefix_cache under the deploy's NATS users: the frontend's may ask on
+    {ns}.cache.reset, the decode and prefill workers' may hear it and answer."""
+    assert httpx.post(f"{API}/reset_prefix_cache", timeout=30).status_code == 401
+    r = httpx.post(f"{API}/reset_prefix_cache", timeout=30,
+                   headers={"Authorization": f"Bearer {stack.api_key}"})
+    assert r.status_code == 200, r.text
+    assert sorted(w["role"] for w in r.json()["workers"]) == ["decode", "prefill"]
+
+
 def _prom_query(q: str) -> list[dict]:
     r = httpx.get(f"{PROMETHEUS}/api/v1/query", params={"query": q}, timeout=10)
     r.raise_for_status()
