@@ -2,7 +2,7 @@
 from every decode and prefill worker.
 
 Benchmark tools reset the cache between runs so that each starts cold (aiperf's
-``--reset-kv-cache``, vLLM's and SGLang's ``/reset_prefix_cache`` and ``/flush_cache``). A
+``--reset-kv-cache`` posts vLLM's ``/reset_prefix_cache``, which the frontend serves). A
 worker evicts every cached block no live request references, on its engine's step thread
 between steps, and answers with the count (``CacheResetResponder``); the evictions reach
 the router as ordinary ``KvRemoved`` events, so its index forgets them too. The frontend
