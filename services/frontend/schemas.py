@@ -167,8 +167,9 @@ class NamedToolChoice(_Body):
 class StreamOptions(_Body):
     include_usage: Bool = False
     include_obfuscation: Bool | None = None  # ignored: our chunks carry no padding field
-    # vLLM's: usage in every chunk (aiperf's --per-chunk-usage). Refused when true: the
-    # deltas do not carry token counts, so only the last chunk has the usage.
+    # vLLM's: usage in every chunk. Accepted and not honoured (the usage comes in the last
+    # chunk only): guidellm sends it on every streamed request, aiperf with
+    # --per-chunk-usage, and both count from the last chunk's usage without it.
     continuous_usage_stats: Bool = False
 
 
@@ -217,9 +218,6 @@ class _Sampling(_Body):
             raise _refused("best_of", "only best_of=1: the n choices are all returned")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options: only allowed when stream is true")
-        if self.stream_options is not None and self.stream_options.continuous_usage_stats:
-            raise _refused("stream_options.continuous_usage_stats",
-                           "the usage comes in one last chunk, with include_usage")
         limit = self.requested_max_tokens()
         if limit is not None and self.min_tokens > limit:
             raise ValueError(f"min_tokens: must be at most max_tokens ({limit}), got {self.min_tokens}")

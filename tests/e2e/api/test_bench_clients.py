@@ -148,6 +148,8 @@ def test_aiperf_with_cache_reset_and_cancellations(cluster: Cluster, tokenizer_d
 
 def test_guidellm_concurrent_and_completions(cluster: Cluster, tokenizer_dir: Path,
                                              tmp_path: Path) -> None:
+    """guidellm's chat and completions requests (it always sends vLLM's
+    stream_options.continuous_usage_stats, which we accept: see docs/api.md)."""
     guidellm = tool("guidellm")
 
     def ok_200() -> float:
@@ -155,7 +157,7 @@ def test_guidellm_concurrent_and_completions(cluster: Cluster, tokenizer_dir: Pa
 
     before = ok_200()
     for fmt in ("/v1/chat/completions", "/v1/completions"):
-        out = tmp_path / (fmt.rsplit("/", 1)[1] + ".json")
+        out = tmp_path / f"{'chat' if 'chat' in fmt else 'text'}.json"
         run_tool([str(guidellm), "run", "--backend",
                   f"kind=openai_http,target={cluster.base},model={MODEL},request_format={fmt}",
                   "--tokenizer", f"kind=huggingface_auto,model={tokenizer_dir}",

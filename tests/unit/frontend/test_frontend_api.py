@@ -127,8 +127,6 @@ async def test_models(c: Cluster) -> None:
     (chat_body(logit_bias={str(1 << 20): 1}), "logit_bias", "outside the vocabulary"),
     (chat_body(min_tokens=9, max_tokens=8), "min_tokens", "at most max_tokens (8)"),
     (chat_body(min_tokens=-1), "min_tokens", "greater than or equal to 0"),
-    (chat_body(stream=True, stream_options={"include_usage": True, "continuous_usage_stats": True}),
-     "stream_options.continuous_usage_stats", "not supported"),
 ])
 async def test_bad_fields_are_400_naming_the_field(c: Cluster, body: dict, param: str, text: str) -> None:
     assert_error(await c.http.post("/v1/chat/completions", json=body), 400, param, text)
