@@ -174,24 +174,28 @@ class BlockPool:
             return None
         out: list[int] = []
         removed: list[int] = []
-        free, ref, hashed, parents = self._free, self._ref, self._hash, self._parent
+        free, ref = self._free, self._ref
         for _ in range(n):
             if free:
                 b = free.popleft()
             else:
                 b, _ = self._evictable.popitem(last=False)
-                h = hashed[b]
-                assert h is not None
-                del self._by_hash[h.seq_hash]
-                hashed[b] = None
-                parents[b] = None
-                removed.append(h.seq_hash)
+                removed.append(self._uncache(b))
             ref[b] = 1
             out.append(b)
         self._num_used += n
         if removed:
             self._emit(KvRemoved(self.worker_id, self._next_id(), tuple(removed)))
         return out
+
+    def _uncache(self, b: int) -> int:
+        """Forget an evicted block's hash; its seq_hash, for the ``KvRemoved``."""
+        h = self._hash[b]
+        assert h is not None
+        del self._by_hash[h.seq_hash]
+        self._hash[b] = None
+        self._parent[b] = None
+        return h.seq_hash
 
     def release(self, block_ids: Iterable[int]) -> None:
         """Drop one reference from each block; at zero it becomes cached or free."""
@@ -218,17 +222,9 @@ class BlockPool:
         Blocks a live sequence references keep their hashes: they are in use, and a running
         sequence keeps caching its next blocks after them. One ``KvRemoved`` names them all.
         """
-        evictable, hashed, parents, by_hash = self._evictable, self._hash, self._parent, self._by_hash
-        removed: list[int] = []
-        for b in evictable:
-            h = hashed[b]
-            assert h is not None
-            del by_hash[h.seq_hash]
-            hashed[b] = None
-            parents[b] = None
-            removed.append(h.seq_hash)
-            self._free.append(b)
-        evictable.clear()
+        removed = [self._uncache(b) for b in self._evictable]
+        self._free.extend(self._evictable)
+        self._evictable.clear()
         if removed:
             self._emit(KvRemoved(self.worker_id, self._next_id(), tuple(removed)))
         return len(removed)
