@@ -107,6 +107,10 @@ class Delta:
     tool_calls: tuple[ToolCall, ...] = ()
     logprobs: tuple[TextLogprob, ...] = ()
     index: int = 0  # the choice, for sampling.n > 1
+    # The choice's completion tokens so far (including any whose text is still held back)
+    # and its prompt's tokens: a streamed chunk's usage with continuous_usage_stats.
+    tokens: int = 0
+    prompt_tokens: int = 0
 
     def ends_request(self, n: int) -> bool:
         """The request's last delta: with n = 1 the one with the finish reason; with n > 1

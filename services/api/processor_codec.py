@@ -68,7 +68,8 @@ def request_from_pb(m: processor_pb2.ProcessRequest) -> ProcessRequest:
 
 def delta_to_pb(d: Delta) -> processor_pb2.ProcessResponse:
     msg = processor_pb2.ProcessResponse(text=d.text, finish_reason=finish_to_pb(d.finish_reason),
-                                        index=d.index)
+                                        index=d.index, tokens=d.tokens,
+                                        prompt_tokens=d.prompt_tokens)
     msg.tool_calls.extend(processor_pb2.ToolCall(id=c.id, name=c.name, arguments=c.arguments)
                           for c in d.tool_calls)
     if d.usage is not None:
@@ -90,7 +91,7 @@ def delta_from_pb(m: processor_pb2.ProcessResponse) -> Delta:
                                    tuple(zip(x.top_tokens, x.top_logprobs, strict=True)),
                                    x.token_bytes, tuple(x.top_bytes))
                        for x in m.logprobs),
-                 m.index)
+                 m.index, m.tokens, m.prompt_tokens)
 
 
 def models_to_pb(models: list[ModelInfo]) -> processor_pb2.ListModelsResponse:

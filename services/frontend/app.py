@@ -102,7 +102,7 @@ def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readines
             # starts the request: asking it for the model list first would cost every
             # request another round trip.
             r = Renderer(chat, ("chatcmpl-" if chat else "cmpl-") + rid, body.model,
-                         logprobs=body.num_logprobs() is not None)
+                         logprobs=body.num_logprobs() is not None, usage=body.stream_usage)
             choices = body.n
             if isinstance(body, CompletionRequest):
                 reqs = body.to_processes(rid)
@@ -118,7 +118,7 @@ def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readines
         except (ServingError, APIError, ClientGone) as e:
             return _fail(m, t0, _api_error(e, errors, rid))
         if body.stream:
-            gen = sse(m, r, deltas, first, t0, body.include_usage, fc.request_timeout_s,
+            gen = sse(m, r, deltas, first, t0, fc.request_timeout_s,
                       errors, rid, choices)
             return StreamingResponse(gen, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from services.api.outputs import FinishReason, Usage
 from services.api.processor import TextLogprob, ToolCall
@@ -16,6 +17,24 @@ def usage_body(u: Usage | None) -> dict | None:
     return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
             "total_tokens": u.total_tokens,
             "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
+
+
+class StreamUsage(StrEnum):
+    """The usage a stream's chunks carry. ``none``: no usage key. ``last`` (OpenAI's
+    ``stream_options.include_usage``): ``usage: null`` on every chunk, then one last chunk
+    with no choices and the request's usage. ``every`` (vLLM's ``continuous_usage_stats``,
+    with ``include_usage``): each chunk its choice's usage so far (its prompt's tokens and
+    the tokens it generated up to that chunk), then the same last chunk."""
+
+    NONE = "none"
+    LAST = "last"
+    EVERY = "every"
+
+
+def running_usage_body(u: Usage) -> dict:
+    # NOTE: no prompt_tokens_details: the cached count is known once the request ends.
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+            "total_tokens": u.total_tokens}
 
 
 @dataclass(slots=True)
@@ -38,14 +57,16 @@ def _chat_token(token: str, logprob: float, raw: bytes) -> dict:
 
 class Renderer:
     """``logprobs``: the request asked for them, so every choice carries a logprobs object
-    (OpenAI's chat or completions shape), else null."""
+    (OpenAI's chat or completions shape), else null. ``usage``: what a stream's chunks carry."""
 
-    def __init__(self, chat: bool, response_id: str, model: str, logprobs: bool = False) -> None:
+    def __init__(self, chat: bool, response_id: str, model: str, logprobs: bool = False,
+                 usage: StreamUsage = StreamUsage.NONE) -> None:
         self.chat = chat
         self.id = response_id
         self.model = model
         self.created = int(time.time())
         self.logprobs = logprobs
+        self.usage = usage
         self._text_offset: dict[int, int] = {}  # completions' text_offset, per choice
 
     def logprobs_body(self, lps: Sequence[TextLogprob], index: int = 0) -> dict | None:
@@ -94,7 +115,7 @@ class Renderer:
         return body
 
     def _chunk(self, delta: dict | str, finish_reason: FinishReason | str | None,
-               include_usage: bool, logprobs: dict | None = None, index: int = 0) -> dict:
+               running: Usage, logprobs: dict | None = None, index: int = 0) -> dict:
         if self.chat:
             body = self._base("chat.completion.chunk")
             body["choices"] = [{"index": index, "delta": delta, "logprobs": logprobs,
@@ -103,30 +124,34 @@ class Renderer:
             body = self._base("text_completion")
             body["choices"] = [{"index": index, "text": delta, "logprobs": logprobs,
                                 "finish_reason": finish_reason}]
-        if include_usage:
+        if self.usage is StreamUsage.LAST:
             body["usage"] = None  # OpenAI: null on every chunk but the last
+        elif self.usage is StreamUsage.EVERY:
+            body["usage"] = running_usage_body(running)
         return body
 
-    def chunk_role(self, index: int = 0) -> dict:
-        return self._chunk({"role": "assistant", "content": ""} if self.chat else "", None, False,
-                           index=index)
+    # ``running``: the choice's usage as of the chunk (StreamUsage.EVERY renders it).
 
-    def chunk_text(self, text: str, include_usage: bool, lps: Sequence[TextLogprob] = (),
+    def chunk_role(self, running: Usage, index: int = 0) -> dict:
+        return self._chunk({"role": "assistant", "content": ""} if self.chat else "", None,
+                           running, index=index)
+
+    def chunk_text(self, text: str, running: Usage, lps: Sequence[TextLogprob] = (),
                    index: int = 0) -> dict:
-        return self._chunk({"content": text} if self.chat else text, None, include_usage,
+        return self._chunk({"content": text} if self.chat else text, None, running,
                            self.logprobs_body(lps, index), index)
 
-    def chunk_tool_calls(self, calls: Sequence[ToolCall], include_usage: bool,
+    def chunk_tool_calls(self, calls: Sequence[ToolCall], running: Usage,
                          index: int = 0) -> dict:
         """Every call whole in one delta (the openai client assembles by ``index``)."""
         return self._chunk({"tool_calls": [dict(tool_call_body(c), index=i)
-                                           for i, c in enumerate(calls)]}, None, include_usage,
+                                           for i, c in enumerate(calls)]}, None, running,
                            index=index)
 
-    def chunk_finish(self, reason: FinishReason, include_usage: bool, index: int = 0,
+    def chunk_finish(self, reason: FinishReason, running: Usage, index: int = 0,
                      tool_calls: bool = False) -> dict:
         return self._chunk({} if self.chat else "", _with_calls(reason) if tool_calls else reason,
-                           include_usage, index=index)
+                           running, index=index)
 
     def chunk_usage(self, usage: Usage) -> dict:
         obj = "chat.completion.chunk" if self.chat else "text_completion"

@@ -40,6 +40,7 @@ from services.api.sampling import MAX_N, MAX_TOP_LOGPROBS, SamplingParams
 from services.api.structured import StructuredOutput, check
 from services.api.text import lone_surrogate
 from services.common.errors import InvalidRequest
+from services.frontend.render import StreamUsage
 from services.frontend.structured import ResponseFormat, StructuredOutputsIn, structured_output
 from services.processor.tools import CLOSE, FORCED_CALL_MAX_TOKENS, OPEN, call_schema
 
@@ -167,9 +168,8 @@ class NamedToolChoice(_Body):
 class StreamOptions(_Body):
     include_usage: Bool = False
     include_obfuscation: Bool | None = None  # ignored: our chunks carry no padding field
-    # vLLM's: usage in every chunk. Accepted and not honoured (the usage comes in the last
-    # chunk only): guidellm sends it on every streamed request, aiperf with
-    # --per-chunk-usage, and both count from the last chunk's usage without it.
+    # vLLM's: with include_usage, every chunk carries its choice's usage so far (guidellm
+    # sends it on every streamed request, aiperf with --per-chunk-usage).
     continuous_usage_stats: Bool = False
 
 
@@ -251,8 +251,12 @@ class _Sampling(_Body):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
     @property
-    def include_usage(self) -> bool:
-        return self.stream_options is not None and self.stream_options.include_usage
+    def stream_usage(self) -> StreamUsage:
+        """vLLM's rule: continuous_usage_stats counts only with include_usage."""
+        o = self.stream_options
+        if o is None or not o.include_usage:
+            return StreamUsage.NONE
+        return StreamUsage.EVERY if o.continuous_usage_stats else StreamUsage.LAST
 
     def structured(self) -> StructuredOutput | None:
         """The request's output constraint; InvalidRequest if several or one that does

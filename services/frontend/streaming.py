@@ -19,7 +19,7 @@ from services.api.processor import Delta
 from services.common.errors import ServingError
 from services.frontend.errors import APIError, ServingErrors, internal_error
 from services.frontend.metrics import FrontendMetrics
-from services.frontend.render import Choice, Renderer
+from services.frontend.render import Choice, Renderer, StreamUsage
 
 T = TypeVar("T")
 log = logging.getLogger("tandem.frontend")
@@ -122,7 +122,7 @@ def timeout_error(timeout_s: float) -> APIError:
 
 
 async def sse(m: FrontendMetrics, r: Renderer, deltas: AsyncIterator[Delta], first: Delta,
-               t0: float, include_usage: bool, timeout_s: float, errors: ServingErrors,
+               t0: float, timeout_s: float, errors: ServingErrors,
                request_id: str, n: int = 1) -> AsyncIterator[str]:
     """The stream's events. An error once it started is one ``data: {"error": ...}`` event
     before ``[DONE]``: the status line is gone by then."""
@@ -135,18 +135,19 @@ async def sse(m: FrontendMetrics, r: Renderer, deltas: AsyncIterator[Delta], fir
         async with aclosing(deltas):
             if r.chat:
                 for i in range(n):
-                    yield event(r.chunk_role(i))
+                    yield event(r.chunk_role(Usage(first.prompt_tokens, 0), i))
             d: Delta | None = first
             while d is not None:
+                running = Usage(d.prompt_tokens, d.tokens)
                 if d.text or d.logprobs:
-                    yield event(r.chunk_text(d.text, include_usage, d.logprobs, d.index))
+                    yield event(r.chunk_text(d.text, running, d.logprobs, d.index))
                 if d.tool_calls:
-                    yield event(r.chunk_tool_calls(d.tool_calls, include_usage, d.index))
+                    yield event(r.chunk_tool_calls(d.tool_calls, running, d.index))
                 if d.finish_reason is not None:
-                    yield event(r.chunk_finish(d.finish_reason, include_usage, d.index,
+                    yield event(r.chunk_finish(d.finish_reason, running, d.index,
                                                bool(d.tool_calls)))
                 if d.ends_request(n):
-                    if include_usage and d.usage is not None:
+                    if r.usage is not StreamUsage.NONE and d.usage is not None:
                         yield event(r.chunk_usage(d.usage))
                     break
                 # NOTE: the timeout wraps only the await, never a yield: a yield suspends

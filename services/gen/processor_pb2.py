@@ -26,7 +26,7 @@ from services.gen import request_pb2 as services_dot_gen_dot_request__pb2
 from services.gen import multimodal_pb2 as services_dot_gen_dot_multimodal__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cservices/gen/processor.proto\x12\x10tandem.processor\x1a\x1aservices/gen/request.proto\x1a\x1dservices/gen/multimodal.proto\"]\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12/\n\x06images\x18\x03 \x03(\x0b\x32\x1f.tandem.multimodal.MessageImage\"?\n\x0c\x43hatMessages\x12/\n\x08messages\x18\x01 \x03(\x0b\x32\x1d.tandem.processor.ChatMessage\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xe4\x02\n\x0eProcessRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12.\n\x04\x63hat\x18\x03 \x01(\x0b\x32\x1e.tandem.processor.ChatMessagesH\x00\x12\x10\n\x06prompt\x18\x04 \x01(\tH\x00\x12\x30\n\nprompt_ids\x18\x05 \x01(\x0b\x32\x1a.tandem.processor.TokenIdsH\x00\x12\x30\n\x08sampling\x18\x06 \x01(\x0b\x32\x1e.tandem.request.SamplingParams\x12%\n\x05tools\x18\x07 \x03(\x0b\x32\x16.tandem.processor.Tool\x12\x31\n\x0btool_choice\x18\x08 \x01(\x0b\x32\x1c.tandem.processor.ToolChoice\x12\x0c\n\x04\x65\x63ho\x18\t \x01(\x08\x12\x18\n\x10single_tool_call\x18\n \x01(\x08\x42\x07\n\x05input\"=\n\x04Tool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x12\n\nparameters\x18\x03 \x01(\t\"(\n\nToolChoice\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"7\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\targuments\x18\x03 \x01(\t\"\xea\x01\n\x0fProcessResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x33\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x1c.tandem.request.FinishReason\x12$\n\x05usage\x18\x03 \x01(\x0b\x32\x15.tandem.request.Usage\x12.\n\ntool_calls\x18\x04 \x03(\x0b\x32\x1a.tandem.processor.ToolCall\x12/\n\x08logprobs\x18\x05 \x03(\x0b\x32\x1d.tandem.processor.TextLogprob\x12\r\n\x05index\x18\x06 \x01(\r\"\x90\x01\n\x0bTextLogprob\x12\r\n\x05token\x18\x01 \x01(\t\x12\x14\n\x07logprob\x18\x02 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\ntop_tokens\x18\x03 \x03(\t\x12\x14\n\x0ctop_logprobs\x18\x04 \x03(\x02\x12\x13\n\x0btoken_bytes\x18\x05 \x01(\x0c\x12\x11\n\ttop_bytes\x18\x06 \x03(\x0c\x42\n\n\x08_logprob\"\x13\n\x11ListModelsRequest\"/\n\tModelInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x16\n\x0e\x63ontext_length\x18\x02 \x01(\r\"A\n\x12ListModelsResponse\x12+\n\x06models\x18\x01 \x03(\x0b\x32\x1b.tandem.processor.ModelInfo2\xb7\x01\n\tProcessor\x12Q\n\x08Generate\x12 .tandem.processor.ProcessRequest\x1a!.tandem.processor.ProcessResponse0\x01\x12W\n\nListModels\x12#.tandem.processor.ListModelsRequest\x1a$.tandem.processor.ListModelsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cservices/gen/processor.proto\x12\x10tandem.processor\x1a\x1aservices/gen/request.proto\x1a\x1dservices/gen/multimodal.proto\"]\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12/\n\x06images\x18\x03 \x03(\x0b\x32\x1f.tandem.multimodal.MessageImage\"?\n\x0c\x43hatMessages\x12/\n\x08messages\x18\x01 \x03(\x0b\x32\x1d.tandem.processor.ChatMessage\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xe4\x02\n\x0eProcessRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12.\n\x04\x63hat\x18\x03 \x01(\x0b\x32\x1e.tandem.processor.ChatMessagesH\x00\x12\x10\n\x06prompt\x18\x04 \x01(\tH\x00\x12\x30\n\nprompt_ids\x18\x05 \x01(\x0b\x32\x1a.tandem.processor.TokenIdsH\x00\x12\x30\n\x08sampling\x18\x06 \x01(\x0b\x32\x1e.tandem.request.SamplingParams\x12%\n\x05tools\x18\x07 \x03(\x0b\x32\x16.tandem.processor.Tool\x12\x31\n\x0btool_choice\x18\x08 \x01(\x0b\x32\x1c.tandem.processor.ToolChoice\x12\x0c\n\x04\x65\x63ho\x18\t \x01(\x08\x12\x18\n\x10single_tool_call\x18\n \x01(\x08\x42\x07\n\x05input\"=\n\x04Tool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x12\n\nparameters\x18\x03 \x01(\t\"(\n\nToolChoice\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"7\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\targuments\x18\x03 \x01(\t\"\x91\x02\n\x0fProcessResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x33\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x1c.tandem.request.FinishReason\x12$\n\x05usage\x18\x03 \x01(\x0b\x32\x15.tandem.request.Usage\x12.\n\ntool_calls\x18\x04 \x03(\x0b\x32\x1a.tandem.processor.ToolCall\x12/\n\x08logprobs\x18\x05 \x03(\x0b\x32\x1d.tandem.processor.TextLogprob\x12\r\n\x05index\x18\x06 \x01(\r\x12\x0e\n\x06tokens\x18\x07 \x01(\r\x12\x15\n\rprompt_tokens\x18\x08 \x01(\r\"\x90\x01\n\x0bTextLogprob\x12\r\n\x05token\x18\x01 \x01(\t\x12\x14\n\x07logprob\x18\x02 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\ntop_tokens\x18\x03 \x03(\t\x12\x14\n\x0ctop_logprobs\x18\x04 \x03(\x02\x12\x13\n\x0btoken_bytes\x18\x05 \x01(\x0c\x12\x11\n\ttop_bytes\x18\x06 \x03(\x0c\x42\n\n\x08_logprob\"\x13\n\x11ListModelsRequest\"/\n\tModelInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x16\n\x0e\x63ontext_length\x18\x02 \x01(\r\"A\n\x12ListModelsResponse\x12+\n\x06models\x18\x01 \x03(\x0b\x32\x1b.tandem.processor.ModelInfo2\xb7\x01\n\tProcessor\x12Q\n\x08Generate\x12 .tandem.processor.ProcessRequest\x1a!.tandem.processor.ProcessResponse0\x01\x12W\n\nListModels\x12#.tandem.processor.ListModelsRequest\x1a$.tandem.processor.ListModelsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -48,15 +48,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOOLCALL']._serialized_start=758
   _globals['_TOOLCALL']._serialized_end=813
   _globals['_PROCESSRESPONSE']._serialized_start=816
-  _globals['_PROCESSRESPONSE']._serialized_end=1050
-  _globals['_TEXTLOGPROB']._serialized_start=1053
-  _globals['_TEXTLOGPROB']._serialized_end=1197
-  _globals['_LISTMODELSREQUEST']._serialized_start=1199
-  _globals['_LISTMODELSREQUEST']._serialized_end=1218
-  _globals['_MODELINFO']._serialized_start=1220
-  _globals['_MODELINFO']._serialized_end=1267
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1269
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1334
-  _globals['_PROCESSOR']._serialized_start=1337
-  _globals['_PROCESSOR']._serialized_end=1520
+  _globals['_PROCESSRESPONSE']._serialized_end=1089
+  _globals['_TEXTLOGPROB']._serialized_start=1092
+  _globals['_TEXTLOGPROB']._serialized_end=1236
+  _globals['_LISTMODELSREQUEST']._serialized_start=1238
+  _globals['_LISTMODELSREQUEST']._serialized_end=1257
+  _globals['_MODELINFO']._serialized_start=1259
+  _globals['_MODELINFO']._serialized_end=1306
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1308
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1373
+  _globals['_PROCESSOR']._serialized_start=1376
+  _globals['_PROCESSOR']._serialized_end=1559
 # @@protoc_insertion_point(module_scope)

@@ -83,20 +83,24 @@ class ToolCall(_message.Message):
     def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., arguments: _Optional[str] = ...) -> None: ...
 
 class ProcessResponse(_message.Message):
-    __slots__ = ("text", "finish_reason", "usage", "tool_calls", "logprobs", "index")
+    __slots__ = ("text", "finish_reason", "usage", "tool_calls", "logprobs", "index", "tokens", "prompt_tokens")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     text: str
     finish_reason: _request_pb2.FinishReason
     usage: _request_pb2.Usage
     tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCall]
     logprobs: _containers.RepeatedCompositeFieldContainer[TextLogprob]
     index: int
-    def __init__(self, text: _Optional[str] = ..., finish_reason: _Optional[_Union[_request_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_request_pb2.Usage, _Mapping]] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., logprobs: _Optional[_Iterable[_Union[TextLogprob, _Mapping]]] = ..., index: _Optional[int] = ...) -> None: ...
+    tokens: int
+    prompt_tokens: int
+    def __init__(self, text: _Optional[str] = ..., finish_reason: _Optional[_Union[_request_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_request_pb2.Usage, _Mapping]] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., logprobs: _Optional[_Iterable[_Union[TextLogprob, _Mapping]]] = ..., index: _Optional[int] = ..., tokens: _Optional[int] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
 
 class TextLogprob(_message.Message):
     __slots__ = ("token", "logprob", "top_tokens", "top_logprobs", "token_bytes", "top_bytes")

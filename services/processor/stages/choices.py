@@ -102,11 +102,13 @@ class ChoicesStage:
                         done[i] = True
                         reason = (FinishReason.STOP if stops[i].stopped
                                   or chunk.finish_reason is FinishReason.STOP else FinishReason.LENGTH)
-                        yield Delta(text, reason, logprobs=lps, index=i)
+                        yield Delta(text, reason, logprobs=lps, index=i, tokens=len(toks[i]),
+                                    prompt_tokens=len(ids))
                         if all(done):
                             break
                     elif text or lps:
-                        yield Delta(text, logprobs=lps, index=i)
+                        yield Delta(text, logprobs=lps, index=i, tokens=len(toks[i]),
+                                    prompt_tokens=len(ids))
                 else:
                     if not all(done):
                         failure = "ended the stream unfinished"
@@ -138,7 +140,7 @@ class ChoicesStage:
                     # NOTE: the worker failed after the choice's last token, before its finish.
                     text = stops[i].feed(detoks[i].flush()) + stops[i].flush()
                     yield Delta(text, FinishReason.STOP if stops[i].stopped else FinishReason.LENGTH,
-                                index=i)
+                                index=i, tokens=len(toks[i]), prompt_tokens=len(ids))
                     continue
                 resume = Resume(i, toks[i], detoks[i], failure, overloaded, moved)
                 rest.append(self._continue(f"{request_id}.{i}", prompt, sampling.for_choice(i),
@@ -150,7 +152,7 @@ class ChoicesStage:
                 yield d
         if cached is None:
             cached = routed_cached_tokens(route, self._routes.block_size, prompt)
-        yield Delta("", usage=Usage(len(ids), sum(counts), cached))
+        yield Delta("", usage=Usage(len(ids), sum(counts), cached), prompt_tokens=len(ids))
 
     async def _continue(self, sub_id: str, prompt: Prompt, sampling: SamplingParams,
                         stops: StopMatcher, route: RouteResponse, echo: Echo | None,

@@ -123,7 +123,8 @@ class StreamStage:
                         if stops.stopped or chunk.finish_reason is not None:
                             tail = text
                         elif text:
-                            yield Delta(text, logprobs=tuple(lps), index=index)
+                            yield Delta(text, logprobs=tuple(lps), index=index,
+                                        tokens=len(produced), prompt_tokens=len(ids))
                             lps.clear()
                     if stops.stopped:
                         break
@@ -159,7 +160,8 @@ class StreamStage:
             # router's view of the prefix this worker held.
             cached = routed_cached_tokens(route, self._routes.block_size, prompt)
             yield Delta(tail, FinishReason.STOP, Usage(len(ids), len(produced), cached),
-                        logprobs=tuple(lps), index=index)
+                        logprobs=tuple(lps), index=index, tokens=len(produced),
+                        prompt_tokens=len(ids))
             return
         assert last is not None
         tail += stops.feed(detok.flush())
@@ -169,4 +171,4 @@ class StreamStage:
         cached = (routed_cached_tokens(route, self._routes.block_size, prompt) if migration.moved
                   else last.num_cached_tokens)
         yield Delta(tail, reason, Usage(len(ids), len(produced), cached), logprobs=tuple(lps),
-                    index=index)
+                    index=index, tokens=len(produced), prompt_tokens=len(ids))

@@ -129,7 +129,7 @@ def test_aiperf_with_cache_reset_and_cancellations(cluster: Cluster, tokenizer_d
               "--concurrency", "4", "--request-count", "16", "--prompt-input-tokens-mean", "96",
               "--prompt-input-tokens-stddev", "0", "--prompt-output-tokens-mean", "24",
               "--prompt-output-tokens-stddev", "0", "--extra-inputs", "ignore_eos:true",
-              "--use-server-token-count", "--reset-kv-cache",
+              "--use-server-token-count", "--per-chunk-usage", "--reset-kv-cache",
               "--request-cancellation-rate", "25", "--request-cancellation-delay", "0.3",
               "--random-seed", "3", "--output-artifact-dir", str(tmp_path / "out"),
               "--ui-type", "none"], tmp_path, offline=False)
@@ -149,7 +149,7 @@ def test_aiperf_with_cache_reset_and_cancellations(cluster: Cluster, tokenizer_d
 def test_guidellm_concurrent_and_completions(cluster: Cluster, tokenizer_dir: Path,
                                              tmp_path: Path) -> None:
     """guidellm's chat and completions requests (it always sends vLLM's
-    stream_options.continuous_usage_stats, which we accept: see docs/api.md)."""
+    stream_options.continuous_usage_stats: every chunk carries the usage so far)."""
     guidellm = tool("guidellm")
 
     def ok_200() -> float:

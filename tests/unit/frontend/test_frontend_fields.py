@@ -222,6 +222,86 @@ async def test_several_prompts_give_a_choice_per_prompt_and_n_indexed_as_openai(
     await api.idle()
 
 
+async def stream_events(api: Api, path: str, body: dict) -> list[dict]:
+    async with api.http.stream("POST", path, json=body) as resp:
+        assert resp.status_code == 200
+        return [json.loads(x[6:]) async for x in resp.aiter_lines() if x.startswith("data: {")]
+
+
+def assert_running_usage(events: list[dict], prompt_tokens: list[int], n: int,
+                         final: dict) -> None:
+    """Every chunk but the last carries its choice's usage so far (vLLM's
+    continuous_usage_stats): its prompt's tokens, and completion tokens that never go down
+    and end at the choice's own count; the last chunk is the request's usage."""
+    counts: dict[int, list[int]] = {}
+    for e in events[:-1]:
+        (ch,) = e["choices"]
+        u = e["usage"]
+        assert u["prompt_tokens"] == prompt_tokens[ch["index"] // n], e
+        assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"]
+        counts.setdefault(ch["index"], []).append(u["completion_tokens"])
+    assert sorted(counts) == list(range(len(prompt_tokens) * n))
+    for c in counts.values():
+        assert c == sorted(c) and c[-1] > 0
+    assert sum(c[-1] for c in counts.values()) == final["completion_tokens"]
+    assert events[-1]["choices"] == []
+    # NOTE: not the cached count: a repeat finds its prompt in the prefix cache.
+    last = {k: v for k, v in events[-1]["usage"].items() if k != "prompt_tokens_details"}
+    assert last == {k: v for k, v in final.items() if k != "prompt_tokens_details"}
+
+
+async def test_continuous_usage_stats_puts_the_running_usage_in_every_chunk(
+        api: Api, tok: Tokenizer) -> None:
+    usage = {"include_usage": True, "continuous_usage_stats": True}
+    whole = (await api.http.post("/v1/chat/completions", json=chat(n=2, max_tokens=4))).json()
+    events = await stream_events(api, "/v1/chat/completions",
+                                 chat(n=2, max_tokens=4, stream=True, stream_options=usage))
+    prompt = whole["usage"]["prompt_tokens"]
+    # The role chunks come before any token: each choice's count starts at 0.
+    roles = [e for e in events if e["choices"] and "role" in e["choices"][0]["delta"]]
+    assert [e["usage"]["completion_tokens"] for e in roles] == [0, 0]
+    assert_running_usage(events, [prompt], 2, whole["usage"])
+    assert whole["usage"]["completion_tokens"] == 8
+
+    # Several prompts: each chunk counts its own prompt's tokens.
+    prompts = ["Hello", "The cat sat on", PROMPT]
+    body = completion(prompt=prompts, n=2, stream=True, stream_options=usage)
+    events = await stream_events(api, "/v1/completions", body)
+    lengths = [len(tok.encode(p)) for p in prompts]
+    assert_running_usage(events, lengths, 2, {**events[-1]["usage"]})
+    assert events[-1]["usage"]["prompt_tokens"] == sum(lengths)
+    assert events[-1]["usage"]["completion_tokens"] == 6 * 3
+
+    # A stop string holds text back: the count includes the held tokens.
+    whole = (await api.http.post("/v1/completions", json=completion(max_tokens=8))).json()
+    text = whole["choices"][0]["text"]
+    stop = text[len(text) // 2:][:3]
+    events = await stream_events(api, "/v1/completions",
+                                 completion(max_tokens=8, stop=stop, stream=True,
+                                            stream_options=usage))
+    final = events[-1]["usage"]
+    assert 0 < final["completion_tokens"] < 8
+    assert events[-2]["usage"]["completion_tokens"] == final["completion_tokens"]
+    await api.idle()
+
+
+@pytest.mark.parametrize(("options", "has_usage"), [
+    ({"include_usage": True}, "null"),
+    ({"continuous_usage_stats": True}, "absent"),  # vLLM: counts only with include_usage
+    ({"include_usage": False, "continuous_usage_stats": True}, "absent"),
+])
+async def test_running_usage_needs_include_usage(api: Api, options: dict, has_usage: str) -> None:
+    events = await stream_events(api, "/v1/chat/completions",
+                                 chat(stream=True, stream_options=options))
+    chunks = [e for e in events if e["choices"]]
+    if has_usage == "null":
+        assert all(e["usage"] is None for e in chunks)
+        assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 3
+    else:
+        assert not any("usage" in e for e in events)
+    await api.idle()
+
+
 async def test_token_id_prompts_answer_as_their_text(api: Api, tok: Tokenizer) -> None:
     a, b = tok.encode("Hello"), tok.encode(PROMPT)
     by_text = (await api.http.post("/v1/completions", json=completion(prompt=["Hello", PROMPT],

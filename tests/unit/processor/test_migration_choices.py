@@ -136,6 +136,10 @@ async def test_n3_seeded_request_migrates_every_choice(tok: Tokenizer) -> None:
             assert got == [x.token_bytes for d in ref if d.index == i for x in d.logprobs]
             (fin,) = [d for d in deltas if d.index == i and d.finish_reason is not None]
             assert fin.finish_reason == "length"
+            # The choice's running token count goes on across its move, to its 30 tokens.
+            counts = [d.tokens for d in deltas[:-1] if d.index == i]  # [-1]: the usage's
+            assert counts == sorted(counts) and fin.tokens == 30
+            assert {d.prompt_tokens for d in deltas} == {len(prompt)}
         assert deltas[-1].usage is not None and deltas[-1].usage.completion_tokens == 90
         assert p.metrics.registry.get_sample_value("tandem_processor_migrations_total") == 3
         for w in ("w0", "w1"):

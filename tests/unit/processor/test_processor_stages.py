@@ -154,6 +154,10 @@ async def test_stream_migrates_and_the_text_continues() -> None:
     assert list(router.routed[1].exclude_workers) == ["w0"]
     # Migrated: the cached count is the router's view of the new worker, not the worker's.
     assert out[-1].finish_reason is FinishReason.STOP and out[-1].usage == Usage(3, 5, 3)
+    # The running count goes on across the move: the new worker's tokens add to the old's.
+    counts = [d.tokens for d in out]
+    assert counts == sorted(counts) and counts[-1] == 5 and counts[0] < 5
+    assert {d.prompt_tokens for d in out} == {3}
     assert metrics.migrations._value.get() == 1
     assert ("r", RequestPhase.FINISHED) in router.updates  # the failed worker's load released
 
@@ -167,8 +171,10 @@ async def test_stream_cut_by_a_stop_string_counts_what_was_produced() -> None:
     out = [d async for d in stream.stream("r", prompt, SamplingParams(max_tokens=9),
                                           stop_matcher(("bc",)), route)]
     # "b" is held back until "c" completes the stop string; the worker's usage never comes
-    # (it is cancelled), so the cached count is the router's view.
-    assert out == [Delta("a"), Delta("", FinishReason.STOP, Usage(1, 3, 1))]
+    # (it is cancelled), so the cached count is the router's view. Each delta counts the
+    # tokens produced up to it, the held "b" included.
+    assert out == [Delta("a", tokens=1, prompt_tokens=1),
+                   Delta("", FinishReason.STOP, Usage(1, 3, 1), tokens=3, prompt_tokens=1)]
 
 
 async def test_every_worker_full_is_overloaded_not_unavailable() -> None:
