@@ -140,18 +140,34 @@ def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readines
     async def completions(request: Request) -> Response:
         return await run(request, CompletionRequest, chat=False)
 
-    @app.get("/v1/models")
-    async def list_models(request: Request) -> Response:
+    async def served_models(request: Request) -> list[ModelInfo] | Response:
         try:
             check_auth(request)
-            models = await processor.list_models()
+            return await processor.list_models()
         except APIError as e:
             return e.response()
         except ServingError as e:
             return errors.from_serving_error(e, uuid.uuid4().hex).response()
-        return JSONResponse({"object": "list", "data": [
-            {"id": x.id, "object": "model", "created": 0, "owned_by": "tandem",
-             "context_length": x.context_length} for x in models]})
+
+    @app.get("/v1/models")
+    async def list_models(request: Request) -> Response:
+        models = await served_models(request)
+        if isinstance(models, Response):
+            return models
+        return JSONResponse({"object": "list", "data": [_model_body(x) for x in models]})
+
+    @app.get("/v1/models/{model:path}")
+    async def retrieve_model(request: Request, model: str) -> Response:
+        """OpenAI's retrieve (``client.models.retrieve``); ``:path``: an id may hold "/"."""
+        models = await served_models(request)
+        if isinstance(models, Response):
+            return models
+        for x in models:
+            if x.id == model:
+                return JSONResponse(_model_body(x))
+        return APIError(404, f"the model {model!r} does not exist; this cluster serves "
+                        f"{', '.join(repr(x.id) for x in models)}", param="model",
+                        code="model_not_found").response()
 
     if reset_caches is not None:
         @app.post("/reset_prefix_cache")
@@ -197,6 +213,11 @@ def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readines
 
 
 # ---- helpers ---------------------------------------------------------------------------
+def _model_body(x: ModelInfo) -> dict:
+    return {"id": x.id, "object": "model", "created": 0, "owned_by": "tandem",
+            "context_length": x.context_length}
+
+
 def _describe_bodies(app: FastAPI) -> None:
     """Put the request body models in the OpenAPI schema: the handlers read the body
     themselves (for the size limit and our 400s), so FastAPI cannot see them."""

@@ -33,6 +33,9 @@ async def test_openai_client_chat_stream_completions_models(nats_url: str, tok: 
         client = openai.AsyncOpenAI(base_url=c.url + "/v1", api_key="unused", max_retries=0)
         models = await client.models.list()
         assert [m.id for m in models.data] == [MODEL]
+        assert (await client.models.retrieve(MODEL)).id == MODEL
+        with pytest.raises(openai.NotFoundError, match="does not exist"):
+            await client.models.retrieve("gpt-4o")
 
         r = await client.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "Say hi"}], max_tokens=8,

@@ -103,6 +103,12 @@ async def test_completion_stream_and_usage_chunk(c: Cluster) -> None:
 async def test_models(c: Cluster) -> None:
     r = await c.http.get("/v1/models")
     assert r.json()["data"][0]["id"] == MODEL and r.json()["data"][0]["context_length"] == CTX
+    r = await c.http.get(f"/v1/models/{MODEL}")
+    assert r.status_code == 200 and r.json() == {**r.json(), "id": MODEL, "object": "model"}
+    for other in ("gpt-4o", "org/" + MODEL):  # an id with "/" reaches the route too
+        err = assert_error(await c.http.get(f"/v1/models/{other}"), 404)
+        assert err["code"] == "model_not_found" and err["param"] == "model"
+        assert repr(other) in err["message"] and repr(MODEL) in err["message"]
 
 
 @pytest.mark.parametrize(("body", "param", "text"), [
@@ -257,6 +263,7 @@ async def test_api_keys(tok: Tokenizer) -> None:
         assert r.status_code == 401
         r = await c.http.get("/v1/models", headers={"Authorization": "Bearer sekret"})
         assert r.status_code == 200
+        assert (await c.http.get(f"/v1/models/{MODEL}")).status_code == 401
         assert (await c.http.get("/live")).status_code == 200  # probes need no key
 
 
