@@ -40,8 +40,17 @@ from services.frontend.images import resolve_images
 from services.frontend.metrics import FrontendMetrics
 from services.frontend.prompts import merged
 from services.frontend.render import Renderer
+from services.frontend.responses import ResponsesRequest, as_responses_error
+from services.frontend.responses_render import ResponseEvents, ResponseRenderer
 from services.frontend.schemas import ChatCompletionRequest, CompletionRequest
-from services.frontend.streaming import ClientGone, collect, first_delta, sse, unless_disconnected
+from services.frontend.streaming import (
+    ChatEvents,
+    ClientGone,
+    collect,
+    first_delta,
+    sse,
+    unless_disconnected,
+)
 from services.frontend.validation import validate
 
 log = logging.getLogger("tandem.frontend")
@@ -84,6 +93,21 @@ def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readines
             raise APIError(401, "Incorrect or missing API key: send `Authorization: Bearer <key>`",
                            "authentication_error", code="invalid_api_key")
 
+    def check_max_tokens(body: ChatCompletionRequest | CompletionRequest) -> None:
+        asked = body.requested_max_tokens()
+        if asked is not None and asked > fc.max_tokens_limit:
+            param = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) else "max_tokens"
+            raise APIError(400, f"{param}: {asked} is more than this server allows "
+                           f"(frontend.max_tokens_limit={fc.max_tokens_limit})",
+                           param=param, code="invalid_value")
+
+    async def chat_process(request: Request, body: ChatCompletionRequest, rid: str) -> ProcessRequest:
+        """The processor's request, with the message images fetched and checked."""
+        if urls := body.image_urls():
+            images = await unless_disconnected(request, resolve_images(urls, cfg.multimodal))
+            return body.to_process(rid, images)
+        return body.to_process(rid)
+
     async def run(request: Request, model_cls: type[ChatCompletionRequest] | type[CompletionRequest],
                   chat: bool) -> Response:
         t0 = time.perf_counter()
@@ -92,12 +116,7 @@ def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readines
         try:
             check_auth(request)
             body = validate(model_cls, await read_json(request, limits))
-            asked = body.requested_max_tokens()
-            if asked is not None and asked > fc.max_tokens_limit:
-                param = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) else "max_tokens"
-                raise APIError(400, f"{param}: {asked} is more than this server allows "
-                               f"(frontend.max_tokens_limit={fc.max_tokens_limit})",
-                               param=param, code="invalid_value")
+            check_max_tokens(body)
             # NOTE: the processor checks the model (404 naming the served one) as it
             # starts the request: asking it for the model list first would cost every
             # request another round trip.
@@ -109,16 +128,13 @@ def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readines
                 choices *= len(reqs)
                 deltas = (processor.generate(reqs[0]) if len(reqs) == 1
                           else merged(processor.generate, reqs, body.n))
-            elif urls := body.image_urls():
-                images = await unless_disconnected(request, resolve_images(urls, cfg.multimodal))
-                deltas = processor.generate(body.to_process(rid, images))
             else:
-                deltas = processor.generate(body.to_process(rid))
+                deltas = processor.generate(await chat_process(request, body, rid))
             first = await unless_disconnected(request, first_delta(deltas, fc.request_timeout_s))
         except (ServingError, APIError, ClientGone) as e:
             return _fail(m, t0, _api_error(e, errors, rid))
         if body.stream:
-            gen = sse(m, r, deltas, first, t0, fc.request_timeout_s,
+            gen = sse(m, ChatEvents(r, choices), deltas, first, t0, fc.request_timeout_s,
                       errors, rid, choices)
             return StreamingResponse(gen, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -148,6 +164,38 @@ def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readines
             return e.response()
         except ServingError as e:
             return errors.from_serving_error(e, uuid.uuid4().hex).response()
+
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Response:
+        """OpenAI's Responses API, stateless: the request runs as the chat request it
+        amounts to (frontend/responses.py) and is answered in its own shape."""
+        t0 = time.perf_counter()
+        rid = uuid.uuid4().hex
+        setattr(request.state, REQUEST_ID, rid)
+        where: list[str] = []
+        try:
+            check_auth(request)
+            body = validate(ResponsesRequest, await read_json(request, limits))
+            chat, where = body.to_chat()
+            check_max_tokens(chat)
+            deltas = processor.generate(await chat_process(request, chat, rid))
+            first = await unless_disconnected(request, first_delta(deltas, fc.request_timeout_s))
+        except (ServingError, APIError, ClientGone) as e:
+            return _fail(m, t0, as_responses_error(_api_error(e, errors, rid), where))
+        r = ResponseRenderer(body, rid)
+        if body.stream:
+            gen = sse(m, ResponseEvents(r), deltas, first, t0, fc.request_timeout_s, errors, rid)
+            return StreamingResponse(gen, media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        try:
+            (choice,), usage = await unless_disconnected(
+                request, collect(m, deltas, first, t0, fc.request_timeout_s))
+        except (ServingError, APIError, ClientGone) as e:
+            return _fail(m, t0, _api_error(e, errors, rid))
+        response = JSONResponse(r.full(choice, usage))
+        m.requests.labels("200").inc()
+        m.duration.observe(time.perf_counter() - t0)
+        return response
 
     @app.get("/v1/models")
     async def list_models(request: Request) -> Response:
@@ -229,7 +277,8 @@ def _describe_bodies(app: FastAPI) -> None:
         schema = base()
         comps = schema.setdefault("components", {}).setdefault("schemas", {})
         for path, model in (("/v1/chat/completions", ChatCompletionRequest),
-                            ("/v1/completions", CompletionRequest)):
+                            ("/v1/completions", CompletionRequest),
+                            ("/v1/responses", ResponsesRequest)):
             js = model.model_json_schema(ref_template="#/components/schemas/{model}")
             comps.update(js.pop("$defs", {}))
             comps[model.__name__] = js

@@ -51,7 +51,7 @@ def tool_call_body(c: ToolCall) -> dict:
     return {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
 
 
-def _chat_token(token: str, logprob: float, raw: bytes) -> dict:
+def logprob_entry(token: str, logprob: float, raw: bytes) -> dict:
     return {"token": token, "logprob": logprob, "bytes": list(raw)}
 
 
@@ -73,8 +73,8 @@ class Renderer:
         if not self.logprobs:
             return None
         if self.chat:
-            return {"content": [{**_chat_token(x.token, x.logprob, x.token_bytes),
-                                 "top_logprobs": [_chat_token(t, v, b) for (t, v), b
+            return {"content": [{**logprob_entry(x.token, x.logprob, x.token_bytes),
+                                 "top_logprobs": [logprob_entry(t, v, b) for (t, v), b
                                                   in zip(x.top, x.top_bytes, strict=True)]}
                                 for x in lps],
                     "refusal": None}

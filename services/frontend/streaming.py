@@ -8,9 +8,9 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from contextlib import aclosing
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from fastapi import Request
 
@@ -121,11 +121,51 @@ def timeout_error(timeout_s: float) -> APIError:
                     "timeout_error", code="timeout")
 
 
-async def sse(m: FrontendMetrics, r: Renderer, deltas: AsyncIterator[Delta], first: Delta,
-               t0: float, timeout_s: float, errors: ServingErrors,
-               request_id: str, n: int = 1) -> AsyncIterator[str]:
-    """The stream's events. An error once it started is one ``data: {"error": ...}`` event
-    before ``[DONE]``: the status line is gone by then."""
+class StreamEvents(Protocol):
+    """One API's stream: the events around and for each delta, in its wire format."""
+
+    def opening(self, first: Delta) -> Iterator[str]: ...
+    def delta(self, d: Delta, last: bool) -> Iterator[str]: ...  # last: d ends the request
+    def failed(self, err: APIError) -> Iterator[str]: ...
+    def closing(self) -> Iterator[str]: ...  # after the last event, an error's too
+
+
+class ChatEvents:
+    """Chat and text completions: OpenAI's chunks, ``data: [DONE]`` at the end."""
+
+    def __init__(self, r: Renderer, n: int = 1) -> None:
+        self._r = r
+        self._n = n
+
+    def opening(self, first: Delta) -> Iterator[str]:
+        if self._r.chat:
+            for i in range(self._n):
+                yield event(self._r.chunk_role(Usage(first.prompt_tokens, 0), i))
+
+    def delta(self, d: Delta, last: bool) -> Iterator[str]:
+        r = self._r
+        running = Usage(d.prompt_tokens, d.tokens)
+        if d.text or d.logprobs:
+            yield event(r.chunk_text(d.text, running, d.logprobs, d.index))
+        if d.tool_calls:
+            yield event(r.chunk_tool_calls(d.tool_calls, running, d.index))
+        if d.finish_reason is not None:
+            yield event(r.chunk_finish(d.finish_reason, running, d.index, bool(d.tool_calls)))
+        if last and r.usage is not StreamUsage.NONE and d.usage is not None:
+            yield event(r.chunk_usage(d.usage))
+
+    def failed(self, err: APIError) -> Iterator[str]:
+        yield event(err.body())
+
+    def closing(self) -> Iterator[str]:
+        yield "data: [DONE]\n\n"
+
+
+async def sse(m: FrontendMetrics, events: StreamEvents, deltas: AsyncIterator[Delta],
+              first: Delta, t0: float, timeout_s: float, errors: ServingErrors,
+              request_id: str, n: int = 1) -> AsyncIterator[str]:
+    """The stream's events. An error once it started is the API's error events (the
+    status line is gone by then), then its closing."""
     status = "499"  # unless we reach the end: the client went away
     observe_first(m, t0)
     loop = asyncio.get_running_loop()
@@ -133,22 +173,14 @@ async def sse(m: FrontendMetrics, r: Renderer, deltas: AsyncIterator[Delta], fir
     prev = time.perf_counter()
     try:
         async with aclosing(deltas):
-            if r.chat:
-                for i in range(n):
-                    yield event(r.chunk_role(Usage(first.prompt_tokens, 0), i))
+            for e in events.opening(first):
+                yield e
             d: Delta | None = first
             while d is not None:
-                running = Usage(d.prompt_tokens, d.tokens)
-                if d.text or d.logprobs:
-                    yield event(r.chunk_text(d.text, running, d.logprobs, d.index))
-                if d.tool_calls:
-                    yield event(r.chunk_tool_calls(d.tool_calls, running, d.index))
-                if d.finish_reason is not None:
-                    yield event(r.chunk_finish(d.finish_reason, running, d.index,
-                                               bool(d.tool_calls)))
-                if d.ends_request(n):
-                    if r.usage is not StreamUsage.NONE and d.usage is not None:
-                        yield event(r.chunk_usage(d.usage))
+                last = d.ends_request(n)
+                for e in events.delta(d, last):
+                    yield e
+                if last:
                     break
                 # NOTE: the timeout wraps only the await, never a yield: a yield suspends
                 # this generator inside the response's send, where a cancel must not land.
@@ -166,18 +198,22 @@ async def sse(m: FrontendMetrics, r: Renderer, deltas: AsyncIterator[Delta], fir
     except ServingError as e:
         err = errors.from_serving_error(e, request_id)
         status = str(err.status)
-        yield event(err.body())
+        for x in events.failed(err):
+            yield x
     except TimeoutError:
         status = "504"
-        yield event(timeout_error(timeout_s).body())
+        for x in events.failed(timeout_error(timeout_s)):
+            yield x
     except Exception as e:  # noqa: BLE001 - a bug below us ends this stream, not the server
         log.error("request %s: stream failed: %s: %s", request_id, type(e).__name__, e)
         status = "500"
-        yield event(internal_error(request_id).body())
+        for x in events.failed(internal_error(request_id)):
+            yield x
     finally:
         m.requests.labels(status).inc()
         m.duration.observe(time.perf_counter() - t0)
-    yield "data: [DONE]\n\n"
+    for x in events.closing():
+        yield x
 
 
 def event(obj: dict) -> str:

@@ -37,8 +37,9 @@ def validation_error(e: ValidationError) -> APIError:
     best = min(same, key=lambda i: (str(errors[i]["type"]).endswith("_type"), -len(path[i]), i))
     loc = ".".join(str(p) for p in path[best])
     msg = str(errors[best]["msg"]).removeprefix("Value error, ")
-    if not loc and ":" in msg:  # our model validators write "field: what is wrong"
-        loc = msg.split(":", 1)[0]
+    head = msg.split(":", 1)[0] if ":" in msg else ""
+    if head and (not loc or head.startswith(loc + ".")):
+        loc = head  # our validators write "field: what is wrong", a list's item's path too
     return APIError(400, f"{loc}: {msg}" if loc and not msg.startswith(loc) else msg,
                     param=loc or None, code="invalid_value")
 

@@ -1,7 +1,7 @@
 """guidellm and aiperf, the load generators users benchmark a server with, against the
 cluster a user starts (`tandem up -c configs/local.yaml`, the real SmolLM2), and the
 prefix-cache reset (`POST /reset_prefix_cache`) aiperf's ``--reset-kv-cache`` calls before
-a run. Both tools live in .venv-clients (`make bench-clients`; `make test` makes it): their
+a run; both on the Responses API too. Both tools live in .venv-clients (`make bench-clients`; `make test` makes it): their
 pins clash with the project's."""
 
 from __future__ import annotations
@@ -156,8 +156,8 @@ def test_guidellm_concurrent_and_completions(cluster: Cluster, tokenizer_dir: Pa
         return metric(cluster.base + "/metrics", 'tandem_frontend_requests_total{status="200"}')
 
     before = ok_200()
-    for fmt in ("/v1/chat/completions", "/v1/completions"):
-        out = tmp_path / f"{'chat' if 'chat' in fmt else 'text'}.json"
+    for fmt in ("/v1/chat/completions", "/v1/completions", "/v1/responses"):
+        out = tmp_path / f"{fmt.rsplit('/', 1)[1]}.json"
         run_tool([str(guidellm), "run", "--backend",
                   f"kind=openai_http,target={cluster.base},model={MODEL},request_format={fmt}",
                   "--tokenizer", f"kind=huggingface_auto,model={tokenizer_dir}",
@@ -170,5 +170,25 @@ def test_guidellm_concurrent_and_completions(cluster: Cluster, tokenizer_dir: Pa
         tokens = m["output_token_count"]["successful"]
         assert tokens["min"] == tokens["max"] == 16, fmt  # its ignore_eos honoured
         assert m["time_to_first_token_ms"]["successful"]["min"] > 0, fmt
-    assert ok_200() - before == 16  # the requests the tool counted are the ones we served
+    assert ok_200() - before == 24  # the requests the tool counted are the ones we served
+    until(cluster.idle)
+
+
+def test_aiperf_on_the_responses_api(cluster: Cluster, tokenizer_dir: Path, tmp_path: Path) -> None:
+    """aiperf's ``--endpoint-type responses``: it reads the token counts from the stream's
+    ``response.completed`` event, which ends an answer cut by its token limit too."""
+    aiperf = tool("aiperf")
+    run_tool([str(aiperf), "profile", "--model", MODEL, "--url", cluster.base,
+              "--endpoint-type", "responses", "--streaming", "--tokenizer", str(tokenizer_dir),
+              "--concurrency", "2", "--request-count", "6", "--prompt-input-tokens-mean", "64",
+              "--prompt-input-tokens-stddev", "0", "--prompt-output-tokens-mean", "16",
+              "--prompt-output-tokens-stddev", "0", "--extra-inputs", "ignore_eos:true",
+              "--use-server-token-count", "--random-seed", "5",
+              "--output-artifact-dir", str(tmp_path / "out"), "--ui-type", "none"],
+             tmp_path, offline=False)
+    res = json.loads((tmp_path / "out" / "profile_export_aiperf.json").read_text())
+    assert res["request_count"]["avg"] == 6 and not res.get("error_summary")
+    osl = res["output_sequence_length"]
+    assert osl["min"] == osl["max"] == 16  # the server's count, from response.completed
+    assert res["inter_token_latency"]["avg"] > 0
     until(cluster.idle)

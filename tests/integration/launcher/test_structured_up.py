@@ -5,8 +5,9 @@ comes back as a valid ``tool_calls`` entry through the openai client, streamed a
 pydantic schemas (no ``additionalProperties``) give calls and answers with none of the
 keys a small model invents, so ``fn(**args)`` and ``model_validate`` work, also through
 langchain-openai's ``bind_tools`` and ``with_structured_output`` and through
-instructor (TOOLS and JSON_SCHEMA modes, ``create_partial`` streams); a call cut by
-max_tokens comes back in ``tool_calls`` with finish_reason "length".
+instructor (TOOLS and JSON_SCHEMA modes, ``create_partial`` streams), and through the
+Responses API (openai's ``responses`` methods, langchain's ``use_responses_api``); a call
+cut by max_tokens comes back in ``tool_calls`` with finish_reason "length".
 Long prompts are prefilled remotely, so the prefill worker's grammar is exercised too."""
 
 from __future__ import annotations
@@ -252,6 +253,71 @@ def test_langchain_bind_tools_and_with_structured_output(url: str) -> None:
         assert call["name"] in fns and (choice == "any" or call["name"] == choice), msg
         assert fns[call["name"]](call["args"])
         {"Weather": Weather, "Search": Search}[call["name"]].model_validate(call["args"])
+    person = llm.bind(max_tokens=96).with_structured_output(Person, method="json_schema").invoke(
+        "Describe a person as JSON.")
+    assert isinstance(person, Person) and person.name
+
+
+def test_responses_api_through_openai_and_langchain(url: str) -> None:
+    """POST /v1/responses as its clients use it: the openai client's ``responses.create``
+    with a named function (a ``function_call`` item whose arguments validate),
+    ``responses.parse`` with a pydantic ``text_format``, ``responses.stream`` (its event
+    state machine accepts our events and assembles the same answer, a call's too), and
+    langchain-openai with ``use_responses_api=True``."""
+    from langchain_openai import ChatOpenAI
+
+    params = WEATHER["function"]["parameters"]
+    tool = {"type": "function", **WEATHER["function"]}
+    ask = "What is the weather like in Paris?"
+    c = openai.OpenAI(base_url=url, api_key="none", timeout=300, max_retries=0)
+    r = c.responses.create(model=MODEL, input=ask, tools=[tool], temperature=0,
+                           tool_choice={"type": "function", "name": "get_weather"})
+    assert r.status == "completed"
+    (call,) = r.output
+    assert call.type == "function_call" and call.name == "get_weather" and call.call_id
+    jsonschema.validate(json.loads(call.arguments), params)
+    # the call's answer sent back as items: the same prompt and answer as chat's messages
+    follow = c.responses.create(model=MODEL, temperature=0, max_output_tokens=16, input=[
+        {"role": "user", "content": ask},
+        {"type": "function_call", "call_id": call.call_id, "name": call.name,
+         "arguments": call.arguments},
+        {"type": "function_call_output", "call_id": call.call_id, "output": "20 celsius"}])
+    chat = c.chat.completions.create(model=MODEL, temperature=0, max_tokens=16, messages=[
+        {"role": "user", "content": ask},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": call.call_id, "type": "function",
+             "function": {"name": call.name, "arguments": call.arguments}}]},
+        {"role": "tool", "tool_call_id": call.call_id, "content": "20 celsius"}])
+    assert follow.output_text == chat.choices[0].message.content != ""
+    assert follow.usage.input_tokens == chat.usage.prompt_tokens
+
+    parsed = c.responses.parse(model=MODEL, input="Describe a person as JSON.", text_format=Person,
+                               max_output_tokens=96, temperature=0)
+    assert parsed.status == "completed" and isinstance(parsed.output_parsed, Person)
+
+    for body in ({"input": "Tell me a joke", "max_output_tokens": 24, "temperature": 0},
+                 {"input": ask, "tools": [tool], "tool_choice": "required", "temperature": 0}):
+        pieces = []
+        with c.responses.stream(model=MODEL, **body) as s:
+            for ev in s:
+                if ev.type in ("response.output_text.delta", "response.function_call_arguments.delta"):
+                    pieces.append(ev.delta)
+            final = s.get_final_response()
+        whole = c.responses.create(model=MODEL, **body)
+        assert [o.type for o in final.output] == [o.type for o in whole.output]
+        if body.get("tools"):
+            (scall,) = final.output
+            assert "".join(pieces) == scall.arguments == whole.output[0].arguments
+            jsonschema.validate(json.loads(scall.arguments), params)
+        else:
+            assert "".join(pieces) == final.output_text == whole.output_text != ""
+            assert final.usage.output_tokens == whole.usage.output_tokens
+
+    llm = ChatOpenAI(model=MODEL, base_url=url, api_key="none", temperature=0, max_retries=0,
+                     timeout=300, use_responses_api=True)
+    msg = llm.bind_tools([Weather, Search], tool_choice="Weather").invoke(ask)
+    (lc_call,) = msg.tool_calls
+    assert lc_call["name"] == "Weather" and get_weather(**lc_call["args"])
     person = llm.bind(max_tokens=96).with_structured_output(Person, method="json_schema").invoke(
         "Describe a person as JSON.")
     assert isinstance(person, Person) and person.name
