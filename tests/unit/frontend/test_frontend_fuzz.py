@@ -163,6 +163,31 @@ def _bodies(draw: st.DrawFn) -> tuple[str, bytes]:
     return path, text.encode()
 
 
+_RESPONSE = {"model": MODEL, "input": [{"role": "user", "content": "Hi"}], "max_output_tokens": 2}
+_RESPONSE_FIELDS = ["model", "input", "instructions", "max_output_tokens", "temperature", "top_p",
+                    "top_logprobs", "include", "stream", "tools", "tool_choice", "text", "store",
+                    "reasoning", "truncation", "ignore_eos", "stop", "seed", "metadata",
+                    "unknown_extra", "input.0", "input.0.content", "input.0.role", "input.0.type",
+                    "input.0.call_id", "input.0.content.0"]
+
+
+@st.composite
+def _responses_bodies(draw: st.DrawFn) -> bytes:
+    body = json.loads(json.dumps(_RESPONSE))
+    field = draw(st.sampled_from(_RESPONSE_FIELDS))
+    value = draw(_JSON)
+    where, *rest = field.split(".")
+    if not rest:
+        body[where] = value
+    elif rest == ["0"]:
+        body["input"][0] = value
+    elif rest == ["0", "content", "0"]:
+        body["input"][0]["content"] = [value]
+    else:
+        body["input"][0][rest[1]] = value
+    return json.dumps(body).encode()
+
+
 _RAW = st.binary(max_size=64) | st.sampled_from([
     b"", b"{", b"[" * 5000, b'{"model": NaN}', b'{"a": 1e999999}', b"\xff\xfe{}", b"\xef\xbb\xbf{}",
     b'{"model": "' + b"9" * 5000 + b'"}', b'{"prompt": [' + b"9" * 5000 + b"]}",
@@ -186,9 +211,19 @@ def test_arbitrary_json_in_any_field_is_never_a_5xx(
     assert_clean(r.status_code, r.text, caplog, body[:300])
 
 
+@settings(max_examples=100, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(_responses_bodies())
+def test_arbitrary_json_in_any_responses_field_is_never_a_5xx(
+        client: TestClient, caplog: pytest.LogCaptureFixture, body: bytes) -> None:
+    caplog.clear()
+    r = client.post("/v1/responses", content=body, headers={"content-type": "application/json"})
+    assert_clean(r.status_code, r.text, caplog, body[:300])
+
+
 @settings(max_examples=40, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.sampled_from(["/v1/chat/completions", "/v1/completions"]), _RAW)
+@given(st.sampled_from(["/v1/chat/completions", "/v1/completions", "/v1/responses"]), _RAW)
 def test_arbitrary_bytes_are_never_a_5xx(client: TestClient, caplog: pytest.LogCaptureFixture,
                                          path: str, body: bytes) -> None:
     caplog.clear()
