@@ -22,7 +22,15 @@ from pydantic import Discriminator, Field, Tag, ValidationError, field_validator
 
 from services.api.sampling import MAX_TOP_LOGPROBS
 from services.frontend.errors import APIError
-from services.frontend.schemas import Bool, ChatCompletionRequest, Float, Int, Text, _Body, _refused
+from services.frontend.schemas import (
+    Bool,
+    ChatCompletionRequest,
+    Float,
+    Int,
+    RequestBody,
+    Text,
+    refused,
+)
 from services.frontend.validation import validation_error
 
 VLLM_EXTRAS = ("seed", "stop", "top_k", "min_p", "min_tokens", "ignore_eos", "stop_token_ids",
@@ -31,19 +39,19 @@ VLLM_EXTRAS = ("seed", "stop", "top_k", "min_p", "min_tokens", "ignore_eos", "st
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
 
-class InputText(_Body):
+class InputText(RequestBody):
     type: Literal["input_text"]
     text: Text
 
 
-class OutputText(_Body):
+class OutputText(RequestBody):
     """An assistant's earlier answer sent back (its annotations and logprobs unused)."""
 
     type: Literal["output_text"]
     text: Text
 
 
-class InputImage(_Body):
+class InputImage(RequestBody):
     type: Literal["input_image"]
     image_url: Text | None = None
     detail: Literal["auto", "low", "high"] = "auto"
@@ -53,20 +61,20 @@ class InputImage(_Body):
 InputPart = Annotated[InputText | OutputText | InputImage, Field(discriminator="type")]
 
 
-class MessageItem(_Body):
+class MessageItem(RequestBody):
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
     content: Text | list[InputPart]
 
 
-class FunctionCallItem(_Body):
+class FunctionCallItem(RequestBody):
     type: Literal["function_call"]
     call_id: Text = Field(min_length=1)
     name: Text
     arguments: Text
 
 
-class FunctionCallOutputItem(_Body):
+class FunctionCallOutputItem(RequestBody):
     type: Literal["function_call_output"]
     call_id: Text = Field(min_length=1)
     output: Text | list[InputText]
@@ -92,7 +100,7 @@ InputItem = Annotated[
     Discriminator(lambda v: _TAGS.get(_item_kind(v) or ""))]
 
 
-class FunctionTool(_Body):
+class FunctionTool(RequestBody):
     type: Literal["function"]
     name: Text = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     description: Text | None = None
@@ -100,12 +108,12 @@ class FunctionTool(_Body):
     strict: Bool | None = None
 
 
-class NamedFunction(_Body):
+class NamedFunction(RequestBody):
     type: Literal["function"]
     name: Text
 
 
-class TextFormat(_Body):
+class TextFormat(RequestBody):
     type: Literal["text", "json_object", "json_schema"]
     name: Text | None = None
     schema_: dict[str, Any] | None = Field(None, alias="schema")
@@ -113,24 +121,24 @@ class TextFormat(_Body):
     strict: Bool | None = None
 
 
-class TextConfig(_Body):
+class TextConfig(RequestBody):
     format: TextFormat | None = None
     verbosity: Text | None = None
 
 
-class StreamOptions(_Body):
+class StreamOptions(RequestBody):
     include_obfuscation: Bool | None = None  # ignored: our events carry no padding field
     # Chat's option, which aiperf sends here too: response.completed always has the usage.
     include_usage: Bool | None = None
 
 
-class Reasoning(_Body):
+class Reasoning(RequestBody):
     effort: Text | None = None
     summary: Text | None = None
     generate_summary: Text | None = None
 
 
-class ResponsesRequest(_Body):
+class ResponsesRequest(RequestBody):
     model: Text = Field(min_length=1)
     input: Text | list[InputItem]
     instructions: Text | None = None
@@ -194,7 +202,7 @@ class ResponsesRequest(_Body):
     @model_validator(mode="after")
     def _check_refused(self) -> ResponsesRequest:
         if self.store:
-            raise _refused("store", "responses are not stored: send the whole conversation")
+            raise refused("store", "responses are not stored: send the whole conversation")
         why = {"previous_response_id": "responses are not stored: send the whole conversation",
                "conversation": "conversations are not stored: send the whole conversation",
                "prompt": "no stored prompt templates",
@@ -202,29 +210,29 @@ class ResponsesRequest(_Body):
                "context_management": "no context compaction"}
         for name, reason in why.items():
             if getattr(self, name) is not None:
-                raise _refused(name, reason)
+                raise refused(name, reason)
         if self.background:
-            raise _refused("background", "responses are answered in the request")
+            raise refused("background", "responses are answered in the request")
         if self.truncation == "auto":
-            raise _refused("truncation", 'a prompt longer than the context is an error; only '
+            raise refused("truncation", 'a prompt longer than the context is an error; only '
                            '"disabled"')
         if self.reasoning is not None and (self.reasoning.effort or self.reasoning.summary
                                            or self.reasoning.generate_summary):
-            raise _refused("reasoning", "not a reasoning model")
+            raise refused("reasoning", "not a reasoning model")
         if self.service_tier not in (None, "auto", "default"):
-            raise _refused("service_tier", 'one tier: "auto" or "default"')
+            raise refused("service_tier", 'one tier: "auto" or "default"')
         if self.text is not None and self.text.verbosity not in (None, "medium"):
-            raise _refused("text.verbosity", "the model's answer length is its own; only "
+            raise refused("text.verbosity", "the model's answer length is its own; only "
                            '"medium"')
         for i, inc in enumerate(self.include or ()):
             if inc != LOGPROBS_INCLUDE:
-                raise _refused(f"include.{i}", f"only {LOGPROBS_INCLUDE!r}")
+                raise refused(f"include.{i}", f"only {LOGPROBS_INCLUDE!r}")
         if not isinstance(self.input, str):
             for i, item in enumerate(self.input):
                 if isinstance(item, MessageItem) and not isinstance(item.content, str):
                     for j, p in enumerate(item.content):
                         if isinstance(p, InputImage) and p.file_id is not None:
-                            raise _refused(f"input.{i}.content.{j}.file_id",
+                            raise refused(f"input.{i}.content.{j}.file_id",
                                            "no file store: send image_url")
                         if isinstance(p, InputImage) and p.image_url is None:
                             raise ValueError(f"input.{i}.content.{j}.image_url: required")

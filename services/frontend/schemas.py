@@ -68,21 +68,21 @@ MAX_PROMPT_CHOICES = 256
 TokenId = Annotated[int, Strict(), Field(ge=0, lt=2**32)]
 
 
-class _Body(BaseModel):
+class RequestBody(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
-class TextPart(_Body):
+class TextPart(RequestBody):
     type: Literal["text"]
     text: Text
 
 
-class ImageUrl(_Body):
+class ImageUrl(RequestBody):
     url: str = Field(min_length=1)
     detail: Literal["auto", "low", "high"] = "auto"  # accepted; the model's processor decides
 
 
-class ImageUrlPart(_Body):
+class ImageUrlPart(RequestBody):
     type: Literal["image_url"]
     image_url: ImageUrl
 
@@ -90,18 +90,18 @@ class ImageUrlPart(_Body):
 ContentPart = TextPart | ImageUrlPart
 
 
-class FunctionCallIn(_Body):
+class FunctionCallIn(RequestBody):
     name: Text
     arguments: Text
 
 
-class ToolCallIn(_Body):
+class ToolCallIn(RequestBody):
     type: Literal["function"] = "function"
     id: Text | None = None
     function: FunctionCallIn
 
 
-class ChatMessageIn(_Body):
+class ChatMessageIn(RequestBody):
     role: ChatRole
     content: Text | list[ContentPart] | None = None
     tool_calls: list[ToolCallIn] | None = None  # an assistant's earlier calls
@@ -142,7 +142,7 @@ class ChatMessageIn(_Body):
         return "".join(text), tuple(placed)
 
 
-class FunctionDef(_Body):
+class FunctionDef(RequestBody):
     name: Text = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     description: Text | None = None
     parameters: dict[str, Any] | None = None
@@ -151,21 +151,21 @@ class FunctionDef(_Body):
     strict: Bool | None = None
 
 
-class ToolDef(_Body):
+class ToolDef(RequestBody):
     type: Literal["function"]
     function: FunctionDef
 
 
-class NamedFunction(_Body):
+class NamedFunction(RequestBody):
     name: Text
 
 
-class NamedToolChoice(_Body):
+class NamedToolChoice(RequestBody):
     type: Literal["function"]
     function: NamedFunction
 
 
-class StreamOptions(_Body):
+class StreamOptions(RequestBody):
     include_usage: Bool = False
     include_obfuscation: Bool | None = None  # ignored: our chunks carry no padding field
     # vLLM's: with include_usage, every chunk carries its choice's usage so far (guidellm
@@ -173,11 +173,11 @@ class StreamOptions(_Body):
     continuous_usage_stats: Bool = False
 
 
-def _refused(field: str, why: str) -> ValueError:
+def refused(field: str, why: str) -> ValueError:
     return ValueError(f"{field}: not supported ({why})")
 
 
-class _Sampling(_Body):
+class _Sampling(RequestBody):
     model: Text = Field(min_length=1)
     max_tokens: Int | None = Field(None, ge=1)
     temperature: Float | None = Field(None, ge=0, le=2)
@@ -215,7 +215,7 @@ class _Sampling(_Body):
     @model_validator(mode="after")
     def _check_unsupported(self) -> _Sampling:
         if self.best_of is not None and self.best_of != 1:
-            raise _refused("best_of", "only best_of=1: the n choices are all returned")
+            raise refused("best_of", "only best_of=1: the n choices are all returned")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options: only allowed when stream is true")
         limit = self.requested_max_tokens()
@@ -329,19 +329,19 @@ class ChatCompletionRequest(_Sampling):
         }
         for name, reason in why.items():
             if getattr(self, name) is not None:
-                raise _refused(name, reason)
+                raise refused(name, reason)
         if self.modalities is not None and self.modalities != ["text"]:
-            raise _refused("modalities", 'only ["text"]')
+            raise refused("modalities", 'only ["text"]')
         if self.verbosity not in (None, "medium"):
-            raise _refused("verbosity", "the model's answer length is its own; only \"medium\"")
+            raise refused("verbosity", "the model's answer length is its own; only \"medium\"")
         if self.store:
-            raise _refused("store", "completions are not stored")
+            raise refused("store", "completions are not stored")
         if self.service_tier not in (None, "auto", "default"):
-            raise _refused("service_tier", 'one tier: "auto" or "default"')
+            raise refused("service_tier", 'one tier: "auto" or "default"')
         for i, m in enumerate(self.messages):
             for name in ("audio", "function_call"):
                 if getattr(m, name) is not None:
-                    raise _refused(f"messages.{i}.{name}",
+                    raise refused(f"messages.{i}.{name}",
                                    "no audio" if name == "audio" else "deprecated: send tool_calls")
         return self
 
@@ -384,7 +384,7 @@ class ChatCompletionRequest(_Sampling):
         if tc in (None, "auto"):
             for i, t in enumerate(self.tools or ()):
                 if t.function.strict:
-                    raise _refused(f"tools.{i}.function.strict",
+                    raise refused(f"tools.{i}.function.strict",
                                    'with tool_choice "auto" the call is parsed from free text; '
                                    'strict arguments need tool_choice "required" or a named '
                                    "function, whose call follows the schema exactly")
@@ -479,7 +479,7 @@ class CompletionRequest(_Sampling):
                 raise ValueError(f"prompt: at most {MAX_PROMPT_CHOICES} prompts times n choices "
                                  f"per request, got {len(p)} x {self.n}")
         if self.suffix:
-            raise _refused("suffix", "no fill-in-the-middle")
+            raise refused("suffix", "no fill-in-the-middle")
         if self.max_tokens == 0 and not self.echo:
             raise ValueError("max_tokens: 0 asks for the prompt alone, which needs echo: true")
         return self
@@ -510,7 +510,7 @@ def body_field_names() -> frozenset[str]:
     """Every field name of every body model: what a validation error's location may name
     (its other parts are pydantic's names for union members)."""
     names: set[str] = set()
-    todo: list[type[_Body]] = [_Body]
+    todo: list[type[RequestBody]] = [RequestBody]
     while todo:
         cls = todo.pop()
         names.update(cls.model_fields)
