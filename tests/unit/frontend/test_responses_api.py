@@ -16,6 +16,7 @@ import pytest
 from services.common.address_book import ChannelPool
 from services.common.discovery import Registration
 from services.frontend.app import create_app
+from services.frontend.responses import ResponsesRequest
 from services.model.tokenizer import Tokenizer
 from services.router.router import Router
 from tests.support.mock_cluster import MODEL, mock_cluster_cfg
@@ -178,6 +179,8 @@ async def test_without_logprobs_asked_none_come(api: Api) -> None:
     await api.idle()
 
 
+PNG = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk"
+       "+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==")
 CALL = {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"}
 TOOL = {"type": "function", "name": "f", "parameters": {"type": "object"}}
 
@@ -214,6 +217,8 @@ TOOL = {"type": "function", "name": "f", "parameters": {"type": "object"}}
     ({"input": "x", "text": {"verbosity": "low"}}, "text.verbosity", '"medium"'),
     ({"input": "x", "service_tier": "flex"}, "service_tier", "one tier"),
     ({"input": "x" * 3000}, "input", "maximum context length"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": PNG}]}]},
+     "input", "does not accept images"),  # a text-only model, as chat answers it
 ])
 async def test_a_field_we_cannot_honour_is_a_400_naming_it(api: Api, body: dict, param: str,
                                                            text: str) -> None:
@@ -228,3 +233,16 @@ async def test_a_field_we_cannot_honour_is_a_400_naming_it(api: Api, body: dict,
 async def test_an_unknown_model_is_a_404(api: Api) -> None:
     r = await api.http.post("/v1/responses", json={"model": "gpt-4o", "input": "x"})
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+
+
+def test_an_input_image_is_the_chat_image_part() -> None:
+    """The image reaches chat's image path (fetched and checked there, for a model that
+    takes images) with its place among the text parts and its detail."""
+    body = ResponsesRequest.model_validate({"model": MODEL, "input": [{"role": "user", "content": [
+        {"type": "input_text", "text": "What is "},
+        {"type": "input_image", "image_url": PNG, "detail": "low"},
+        {"type": "input_text", "text": "this?"}]}]})
+    chat, where = body.to_chat()
+    assert chat.image_urls() == [(0, 1, PNG)] and where == ["input.0"]
+    assert chat.messages[0].content[1].image_url.detail == "low"
+    assert [getattr(p, "text", None) for p in chat.messages[0].content] == ["What is ", None, "this?"]
