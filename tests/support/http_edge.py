@@ -1,9 +1,11 @@
 """Helpers for the HTTP edge tests (tests/unit/frontend/test_frontend_{strict,body,failures,http}.py):
 the frontend in front of the processor's real gRPC hop, stub processors, request bodies as
-a buggy client writes them, and checks of OpenAI's error shape."""
+a buggy client writes them, and checks of OpenAI's error shape; and the in-process API on a
+real decode worker that the field and Responses API tests call (``worker_api``)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -23,7 +25,7 @@ from services.processor.client import ProcessorClient
 from services.processor.grpc_server import serve_processor
 from services.router.router import Router
 from tests.support.mock_cluster import MODEL, mock_cluster_cfg
-from tests.support.stack import make_processor, worker_decode_node
+from tests.support.stack import DecodeNode, make_processor, worker_decode_node
 
 JSON = {"content-type": "application/json"}
 
@@ -46,6 +48,39 @@ async def grpc_api(tok: Tokenizer, **over: Any) -> AsyncIterator[httpx.AsyncClie
             yield client
         await server.stop(0)
         assert node.engine.stats().num_running == 0
+    await pool.close()
+
+
+class WorkerApi:
+    """The app (in-process processor and router) over httpx's ASGI transport, and the real
+    decode worker (mock runner, on gRPC) behind it."""
+
+    def __init__(self, http: httpx.AsyncClient, node: DecodeNode) -> None:
+        self.http, self.node = http, node
+
+    async def idle(self) -> None:
+        """Every request is gone from the worker: no running sequence, no block held."""
+        for _ in range(500):
+            s = self.node.engine.stats()
+            if s.num_running == 0 and s.kv_blocks_used == 0:
+                break
+            await asyncio.sleep(0.01)
+        s = self.node.engine.stats()
+        assert (s.num_running, s.kv_blocks_used) == (0, 0)
+        await self.node.engine.check_integrity()
+
+
+@asynccontextmanager
+async def worker_api(tok: Tokenizer, context_length: int) -> AsyncIterator[WorkerApi]:
+    cfg = mock_cluster_cfg()
+    router = Router(cfg)
+    pool = ChannelPool()
+    async with worker_decode_node(cfg, tok) as node:
+        router.worker_joined(Registration("decode", "w0", address=node.address))
+        app = create_app(cfg, make_processor(cfg, tok, router, context_length, pool))
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://t") as client:
+            yield WorkerApi(client, node)
     await pool.close()
 
 

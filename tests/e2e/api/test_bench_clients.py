@@ -91,6 +91,24 @@ def run_tool(args: list[str], cwd: Path, offline: bool = True) -> None:
     assert out.returncode == 0, f"{args[0]} failed ({out.returncode}):\n{out.stdout[-4000:]}\n{out.stderr[-4000:]}"
 
 
+def aiperf_profile(cluster: Cluster, tokenizer_dir: Path, tmp_path: Path, endpoint: str, *,
+                   concurrency: int, count: int, isl: int, osl: int, seed: int,
+                   extra: list[str] | None = None) -> dict:
+    """aiperf's streamed run of fixed-length synthetic prompts (ignore_eos: every answer runs
+    to ``osl`` tokens) counted with the server's usage; its summary."""
+    # NOTE: not offline: aiperf 0.13 resolves a local tokenizer directory through the hub
+    # cache when HF_HUB_OFFLINE is set, and fails; online it loads the directory directly.
+    run_tool([str(tool("aiperf")), "profile", "--model", MODEL, "--url", cluster.base,
+              "--endpoint-type", endpoint, "--streaming", "--tokenizer", str(tokenizer_dir),
+              "--concurrency", str(concurrency), "--request-count", str(count),
+              "--prompt-input-tokens-mean", str(isl), "--prompt-input-tokens-stddev", "0",
+              "--prompt-output-tokens-mean", str(osl), "--prompt-output-tokens-stddev", "0",
+              "--extra-inputs", "ignore_eos:true", "--use-server-token-count",
+              "--random-seed", str(seed), "--output-artifact-dir", str(tmp_path / "out"),
+              "--ui-type", "none", *(extra or [])], tmp_path, offline=False)
+    return json.loads((tmp_path / "out" / "profile_export_aiperf.json").read_text())
+
+
 def test_reset_prefix_cache_empties_every_workers_cache_and_the_routers_index(cluster: Cluster) -> None:
     cluster.cached_tokens(LONG)  # prefilled on the prefill worker, which keeps its blocks
     cluster.cached_tokens(SHORT)
@@ -118,22 +136,15 @@ def test_reset_prefix_cache_empties_every_workers_cache_and_the_routers_index(cl
 
 def test_aiperf_with_cache_reset_and_cancellations(cluster: Cluster, tokenizer_dir: Path,
                                                    tmp_path: Path) -> None:
-    aiperf = tool("aiperf")
+    tool("aiperf")  # skips before the cluster work when it is missing
     cluster.cached_tokens(SHORT)
     assert cluster.cached_tokens(SHORT) > 0
     before = cluster.resets()
-    # NOTE: not offline: aiperf 0.13 resolves a local tokenizer directory through the hub
-    # cache when HF_HUB_OFFLINE is set, and fails; online it loads the directory directly.
-    run_tool([str(aiperf), "profile", "--model", MODEL, "--url", cluster.base,
-              "--endpoint-type", "chat", "--streaming", "--tokenizer", str(tokenizer_dir),
-              "--concurrency", "4", "--request-count", "16", "--prompt-input-tokens-mean", "96",
-              "--prompt-input-tokens-stddev", "0", "--prompt-output-tokens-mean", "24",
-              "--prompt-output-tokens-stddev", "0", "--extra-inputs", "ignore_eos:true",
-              "--use-server-token-count", "--per-chunk-usage", "--reset-kv-cache",
-              "--request-cancellation-rate", "25", "--request-cancellation-delay", "0.3",
-              "--random-seed", "3", "--output-artifact-dir", str(tmp_path / "out"),
-              "--ui-type", "none"], tmp_path, offline=False)
-    res = json.loads((tmp_path / "out" / "profile_export_aiperf.json").read_text())
+    res = aiperf_profile(cluster, tokenizer_dir, tmp_path, "chat", concurrency=4, count=16,
+                         isl=96, osl=24, seed=3, extra=[
+                             "--per-chunk-usage", "--reset-kv-cache",
+                             "--request-cancellation-rate", "25",
+                             "--request-cancellation-delay", "0.3"])
     done, failed = res["request_count"]["avg"], res.get("error_request_count", {}).get("avg", 0)
     assert done + failed == 16 and done >= 4
     # the only errors are the requests aiperf cancelled itself
@@ -177,16 +188,8 @@ def test_guidellm_concurrent_and_completions(cluster: Cluster, tokenizer_dir: Pa
 def test_aiperf_on_the_responses_api(cluster: Cluster, tokenizer_dir: Path, tmp_path: Path) -> None:
     """aiperf's ``--endpoint-type responses``: it reads the token counts from the stream's
     ``response.completed`` event, which ends an answer cut by its token limit too."""
-    aiperf = tool("aiperf")
-    run_tool([str(aiperf), "profile", "--model", MODEL, "--url", cluster.base,
-              "--endpoint-type", "responses", "--streaming", "--tokenizer", str(tokenizer_dir),
-              "--concurrency", "2", "--request-count", "6", "--prompt-input-tokens-mean", "64",
-              "--prompt-input-tokens-stddev", "0", "--prompt-output-tokens-mean", "16",
-              "--prompt-output-tokens-stddev", "0", "--extra-inputs", "ignore_eos:true",
-              "--use-server-token-count", "--random-seed", "5",
-              "--output-artifact-dir", str(tmp_path / "out"), "--ui-type", "none"],
-             tmp_path, offline=False)
-    res = json.loads((tmp_path / "out" / "profile_export_aiperf.json").read_text())
+    res = aiperf_profile(cluster, tokenizer_dir, tmp_path, "responses", concurrency=2, count=6,
+                         isl=64, osl=16, seed=5)
     assert res["request_count"]["avg"] == 6 and not res.get("error_summary")
     osl = res["output_sequence_length"]
     assert osl["min"] == osl["max"] == 16  # the server's count, from response.completed

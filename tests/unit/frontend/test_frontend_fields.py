@@ -6,7 +6,6 @@ is 0 where it is the model's own next token, else -9999)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,14 +13,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.common.address_book import ChannelPool
-from services.common.discovery import Registration
-from services.frontend.app import create_app
 from services.frontend.schemas import ChatCompletionRequest
 from services.model.tokenizer import Tokenizer
-from services.router.router import Router
-from tests.support.mock_cluster import MODEL, mock_cluster_cfg
-from tests.support.stack import DecodeNode, make_processor, worker_decode_node
+from tests.support.http_edge import WorkerApi as Api
+from tests.support.http_edge import worker_api
+from tests.support.mock_cluster import MODEL
 
 CTX = 512
 PROMPT = "Once upon a time"
@@ -32,34 +28,10 @@ def tok(smollm2_path: Path) -> Tokenizer:
     return Tokenizer.from_path(smollm2_path)
 
 
-class Api:
-    def __init__(self, http: httpx.AsyncClient, node: DecodeNode) -> None:
-        self.http, self.node = http, node
-
-    async def idle(self) -> None:
-        """Every request is gone from the worker: no running sequence, no block held."""
-        for _ in range(500):
-            s = self.node.engine.stats()
-            if s.num_running == 0 and s.kv_blocks_used == 0:
-                break
-            await asyncio.sleep(0.01)
-        s = self.node.engine.stats()
-        assert (s.num_running, s.kv_blocks_used) == (0, 0)
-        await self.node.engine.check_integrity()
-
-
 @pytest.fixture
 async def api(tok: Tokenizer) -> AsyncIterator[Api]:
-    cfg = mock_cluster_cfg()
-    router = Router(cfg)
-    pool = ChannelPool()
-    async with worker_decode_node(cfg, tok) as node:
-        router.worker_joined(Registration("decode", "w0", address=node.address))
-        app = create_app(cfg, make_processor(cfg, tok, router, CTX, pool))
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                     base_url="http://t") as client:
-            yield Api(client, node)
-    await pool.close()
+    async with worker_api(tok, CTX) as a:
+        yield a
 
 
 def chat(**kw) -> dict:
