@@ -197,6 +197,18 @@ def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readines
         m.duration.observe(time.perf_counter() - t0)
         return response
 
+    @app.api_route("/v1/responses/{rest:path}", methods=["GET", "POST", "DELETE"])
+    async def stored_response(request: Request, rest: str) -> Response:
+        """Retrieve, delete, cancel and list input items act on stored responses: none is."""
+        try:
+            check_auth(request)
+        except APIError as e:
+            return e.response()
+        rid = rest.split("/", 1)[0]
+        return APIError(404, f"no response {rid!r}: this server stores no responses "
+                        "(a request's store must be false or absent)", param="response_id",
+                        code="not_found").response()
+
     @app.get("/v1/models")
     async def list_models(request: Request) -> Response:
         models = await served_models(request)

@@ -276,6 +276,8 @@ def test_responses_api_through_openai_and_langchain(url: str) -> None:
     (call,) = r.output
     assert call.type == "function_call" and call.name == "get_weather" and call.call_id
     jsonschema.validate(json.loads(call.arguments), params)
+    with pytest.raises(openai.NotFoundError, match="stores no responses"):
+        c.responses.retrieve(r.id)  # nothing is stored
     # the call's answer sent back as items: the same prompt and answer as chat's messages
     follow = c.responses.create(model=MODEL, temperature=0, max_output_tokens=16, input=[
         {"role": "user", "content": ask},

@@ -219,3 +219,15 @@ def test_an_input_image_is_the_chat_image_part() -> None:
     assert chat.image_urls() == [(0, 1, PNG)] and where == ["input.0"]
     assert chat.messages[0].content[1].image_url.detail == "low"
     assert [getattr(p, "text", None) for p in chat.messages[0].content] == ["What is ", None, "this?"]
+
+
+async def test_a_stored_response_is_never_found(api: Api) -> None:
+    """retrieve, delete, cancel and input items: a 404 saying nothing is stored."""
+    for method, path in (("GET", "/v1/responses/resp_1"), ("DELETE", "/v1/responses/resp_1"),
+                         ("POST", "/v1/responses/resp_1/cancel"),
+                         ("GET", "/v1/responses/resp_1/input_items")):
+        r = await api.http.request(method, path)
+        assert r.status_code == 404, (method, path, r.text)
+        err = r.json()["error"]
+        assert err["code"] == "not_found" and "stores no responses" in err["message"]
+        assert "'resp_1'" in err["message"]
