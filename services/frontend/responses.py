@@ -258,9 +258,11 @@ class ResponsesRequest(RequestBody):
             body["logprobs"] = True
             body["top_logprobs"] = self.top_logprobs or 0
         if self.tools is not None:
-            body["tools"] = [{"type": "function", "function": t.model_dump(exclude={"type"},
-                                                                          exclude_none=True)}
-                             for t in self.tools]
+            # NOTE: a Responses function tool is strict unless it says otherwise (the spec's
+            # default, unlike chat's).
+            body["tools"] = [{"type": "function", "function": {
+                **t.model_dump(exclude={"type"}, exclude_none=True),
+                "strict": t.strict is not False}} for t in self.tools]
         tc = self.tool_choice
         if tc is not None:
             body["tool_choice"] = tc if isinstance(tc, str) else {

@@ -37,12 +37,18 @@ from services.api.processor import (
     ToolChoice,
 )
 from services.api.sampling import MAX_N, MAX_TOP_LOGPROBS, SamplingParams
-from services.api.structured import StructuredOutput, check
+from services.api.structured import StructuredKind, StructuredOutput, check
 from services.api.text import lone_surrogate
 from services.common.errors import InvalidRequest
 from services.frontend.render import StreamUsage
 from services.frontend.structured import ResponseFormat, StructuredOutputsIn, structured_output
-from services.processor.tools import CLOSE, FORCED_CALL_MAX_TOKENS, OPEN, call_schema
+from services.processor.tools import (
+    CLOSE,
+    FORCED_CALL_MAX_TOKENS,
+    OPEN,
+    call_schema,
+    strict_calls_grammar,
+)
 
 
 def _unicode(s: str) -> str:
@@ -146,8 +152,8 @@ class FunctionDef(RequestBody):
     name: Text = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     description: Text | None = None
     parameters: dict[str, Any] | None = None
-    # Arguments exactly to the schema: what a forced call's grammar gives; refused where
-    # the model may call freely (tool_choice "auto": the call is parsed from its text).
+    # Arguments exactly to the schema: a forced call's grammar gives it; under "auto" a
+    # strict tool puts the answer under strict_calls_grammar (free text, or exact calls).
     strict: Bool | None = None
 
 
@@ -381,13 +387,6 @@ class ChatCompletionRequest(_Sampling):
                              "not in tools")
         if tc == "required" and not names:
             raise ValueError("tool_choice: \"required\" needs tools")
-        if tc in (None, "auto"):
-            for i, t in enumerate(self.tools or ()):
-                if t.function.strict:
-                    raise refused(f"tools.{i}.function.strict",
-                                   'with tool_choice "auto" the call is parsed from free text; '
-                                   'strict arguments need tool_choice "required" or a named '
-                                   "function, whose call follows the schema exactly")
         return self
 
     def tool_list(self) -> tuple[Tool, ...]:
@@ -404,19 +403,24 @@ class ChatCompletionRequest(_Sampling):
         return ToolChoice(tc or "auto")
 
     def forced_call(self) -> StructuredOutput | None:
+        """The calls' constraint: with tool_choice "required" or a named function, one
+        call's JSON; with "auto" and a strict tool, free text or calls whose arguments
+        follow their schemas (``strict_calls_grammar``); else none."""
         choice = self.choice()
-        if choice.mode not in ("required", "function"):
+        strict = choice.mode == "auto" and any(t.function.strict for t in self.tools or ())
+        if choice.mode not in ("required", "function") and not strict:
             return None
         others = [n for n in ("response_format", "structured_outputs", "guided_json",
                               "guided_regex", "guided_choice", "guided_grammar")
                   if getattr(self, n) is not None and not (
                       n == "response_format" and self.response_format.type == "text")]
         if others:
-            raise InvalidRequest(f"{others[0]}: cannot be combined with a forced tool call "
-                                 f"(tool_choice {choice.mode!r})", param=others[0],
-                                 code="invalid_value")
-        spec = StructuredOutput.json_schema(call_schema(self.tool_list(), choice))
+            what = "strict tools" if strict else f"a forced tool call (tool_choice {choice.mode!r})"
+            raise InvalidRequest(f"{others[0]}: cannot be combined with {what}",
+                                 param=others[0], code="invalid_value")
         try:
+            spec = (StructuredOutput(StructuredKind.GRAMMAR, strict_calls_grammar(self.tool_list()))
+                    if strict else StructuredOutput.json_schema(call_schema(self.tool_list(), choice)))
             check(spec)
         except ValueError as e:
             raise InvalidRequest(f"tools: a function's parameters schema does not compile: {e}",

@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from services.api.json_schema import for_grammar
 from services.api.processor import Tool, ToolCall, ToolChoice
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -73,6 +74,49 @@ def call_schema(tools: Sequence[Tool], choice: ToolChoice) -> dict[str, Any]:
     if choice.mode == "function":
         return one(next(t for t in tools if t.name == choice.name))
     return one(tools[0]) if len(tools) == 1 else {"anyOf": [one(t) for t in tools]}
+
+
+def strict_calls_grammar(tools: Sequence[Tool]) -> str:
+    """The llguidance (Lark) grammar of an answer under ``auto`` with strict tools: free
+    text that never writes ``<tool_call>``, or that text followed by calls, each
+    ``<tool_call>`` + one call's compact JSON (``call_schema``: the arguments exactly to
+    their schema) + ``</tool_call>``, with a little whitespace around them and nothing after.
+
+    NOTE: a lexeme is greedy, so free text that could hold the opening tag would swallow
+    it; the text's pattern excludes it instead (a regular language, written out below)."""
+    schema = for_grammar(call_schema(tools, ToolChoice("required")))
+    schema["x-guidance"] = {"whitespace_flexible": False}  # compact, as structured.py's JSON
+    # NOTE: escaped so that no "::=" in a description reads as GBNF (structured.py).
+    body = json.dumps(schema).replace("::=", ":\\u003a=")
+    text = _without(OPEN)
+    ws = "[ \\t\\n]{0,4}"
+    return "\n".join((
+        "start: TEXT | OPENING body CLOSING (OPEN_TAG body CLOSING)* TRAIL?",
+        f"body: %json {body}",
+        f"TEXT: /{text}/",
+        f"OPENING: /{text}{_lit(OPEN)}{ws}/",
+        f"OPEN_TAG: /{ws}{_lit(OPEN)}{ws}/",
+        f"CLOSING: /{ws}{_lit(CLOSE)}/",
+        "TRAIL: /[ \\t\\n]{1,4}/",
+    ))
+
+
+def _lit(s: str) -> str:
+    """``s`` as a literal inside a Lark ``/regex/``."""
+    return "".join("\\" + c if c in "\\.^$*+?()[]{}|/-" else c for c in s)
+
+
+def _without(word: str) -> str:
+    """A regex of the strings in which ``word`` never occurs (its first character must not
+    recur in it: then a mismatch only ever restarts at that character). A string is
+    characters other than the first, and runs of the word's proper prefixes each ended by
+    a character that breaks it, and may end in such a prefix."""
+    first, rest = word[0], word[1:]
+    assert first not in rest
+    prefixes = [first + rest[:k] for k in range(len(rest))]
+    broken = [f"{_lit(p)}[^{_lit(rest[k])}{_lit(first)}]" for k, p in enumerate(prefixes)]
+    open_ = "(" + "|".join(_lit(p) for p in prefixes) + ")"
+    return f"(([^{_lit(first)}]|{open_}*({'|'.join(broken)}))*{open_}*)"
 
 
 def _call(obj: Any, names: set[str]) -> ToolCall | None:

@@ -68,8 +68,6 @@ def assert_400(r: httpx.Response, param: str, text: str = "") -> None:
     (chat(store=True), "store", "not stored"),
     (chat(service_tier="flex"), "service_tier", "one tier"),
     (chat(min_p=1.5), "min_p", "less than or equal to 1"),
-    (chat(tools=[{**TOOL, "function": {**TOOL["function"], "strict": True}}]),
-     "tools.0.function.strict", 'tool_choice "auto"'),
     (chat(messages=[*CALLED, {"role": "tool", "tool_call_id": "call_9", "content": "1"}]),
      "messages.2.tool_call_id", "'call_9' names no tool call"),
     (chat(messages=[*CALLED, {"role": "tool", "content": "1"}]),

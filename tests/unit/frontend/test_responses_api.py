@@ -180,13 +180,14 @@ TOOL = {"type": "function", "name": "f", "parameters": {"type": "object"}}
     ({"input": "x", "reasoning": {"effort": "low"}}, "reasoning", "not a reasoning model"),
     ({"input": "x", "include": ["reasoning.encrypted_content"]}, "include.0", "only"),
     ({"input": "x", "tools": [{"type": "web_search"}]}, "tools.0.type", ""),
-    ({"input": "x", "tools": [{**TOOL, "strict": True}]}, "tools.0.strict", 'tool_choice "auto"'),
     ({"input": "x", "tools": [TOOL], "tool_choice": {"type": "function", "name": "g"}},
      "tool_choice", "not in tools"),
     ({"input": "x", "max_output_tokens": 10**9}, "max_output_tokens", "more than this server allows"),
     ({"input": "x", "max_output_tokens": 0}, "max_output_tokens", "greater than or equal to 1"),
     ({"input": "x", "text": {"format": {"type": "json_schema", "name": "s",
                                         "schema": {"type": "nope"}}}}, "text.format", ""),
+    ({"input": "x", "tools": [TOOL], "text": {"format": {"type": "json_object"}}},
+     "text.format", "cannot be combined with strict tools"),  # strict: the spec's default
     ({"input": "x", "text": {"verbosity": "low"}}, "text.verbosity", '"medium"'),
     ({"input": "x", "service_tier": "flex"}, "service_tier", "one tier"),
     ({"input": "x" * 3000}, "input", "maximum context length"),
@@ -231,3 +232,16 @@ async def test_a_stored_response_is_never_found(api: Api) -> None:
         err = r.json()["error"]
         assert err["code"] == "not_found" and "stores no responses" in err["message"]
         assert "'resp_1'" in err["message"]
+
+
+def test_a_function_tool_is_strict_unless_it_says_not() -> None:
+    """The Responses API's default (chat's is not strict): under "auto" a strict tool puts
+    the answer under the calls grammar."""
+    def structured(**tool: object) -> object:
+        body = ResponsesRequest.model_validate({"model": MODEL, "input": "x",
+                                                "tools": [{**TOOL, **tool}]})
+        chat, _ = body.to_chat()
+        return chat.to_process("r").sampling.structured
+
+    assert structured() is not None and structured(strict=True) == structured()
+    assert structured(strict=False) is None

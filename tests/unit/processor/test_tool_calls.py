@@ -6,12 +6,15 @@ bad tool choices are 400s before the processor."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator
 
 import httpx
 import jsonschema
 import openai
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from openai.lib.streaming.chat import ChatCompletionStreamState
 
 from services.api.outputs import FinishReason, Usage
@@ -20,8 +23,11 @@ from services.api.structured import StructuredKind
 from services.frontend.app import create_app
 from services.processor.tools import (
     FORCED_CALL_MAX_TOKENS,
+    OPEN,
     ToolCallParser,
+    _without,
     call_schema,
+    strict_calls_grammar,
     with_tool_prompt,
 )
 from tests.support.mock_cluster import MODEL, mock_cluster_cfg
@@ -113,6 +119,44 @@ def test_call_schema_admits_only_the_chosen_calls() -> None:
     jsonschema.validate({"name": "get_time", "arguments": {"tz": 1}}, anyof)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"name": "get_weather", "arguments": {}}, anyof)
+
+
+@given(st.text(alphabet="<tool_cal>x\n", max_size=40))
+def test_the_free_text_pattern_is_every_string_without_the_call_tag(text: str) -> None:
+    assert (re.fullmatch(_without(OPEN), text) is not None) == (OPEN not in text)
+
+
+@pytest.fixture(scope="module")
+def ll_tokenizer(smollm2_path):
+    import llguidance as llg
+
+    from services.model.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_path(smollm2_path)
+    return tok, llg.LLTokenizer(tok.to_json(), n_vocab=tok.vocab_size,
+                                eos_token=list(tok.stop_token_ids))
+
+
+@pytest.mark.parametrize(("text", "ok"), [
+    ("No call needed: a < b, and <tool_cal is not a tag.", True),
+    ('Sure. <tool_call>\n{"name":"get_weather","arguments":{"city":"Paris"}}\n</tool_call>', True),
+    ('<tool_call>{"name":"get_time","arguments":{}}</tool_call>\n<tool_call>'
+     '{"name":"get_weather","arguments":{"city":"Oslo"}}</tool_call>\n', True),
+    ('<tool_call>{"name":"get_weather","arguments":{"city":"Paris","unit":"C"}}', False),  # extra key
+    ('<tool_call>{"name":"get_weather","arguments":{}}', False),  # missing city
+    ('<tool_call>{"name":"nope"', False),
+    ('<tool_call>{"name": "get_weather"', False),  # compact JSON only
+    ('<tool_call>{"name":"get_time","arguments":{}}</tool_call> and more text', False),
+])
+def test_the_strict_calls_grammar_takes_free_text_or_exact_calls(ll_tokenizer, text: str,
+                                                                  ok: bool) -> None:
+    from llguidance import LLMatcher
+
+    tok, ltok = ll_tokenizer
+    m = LLMatcher(ltok, strict_calls_grammar([WEATHER, TIME]))
+    assert not m.is_error(), m.get_error()
+    took = all(m.consume_token(t) for t in tok.encode(text))
+    assert (took and m.is_accepting()) == ok, (text, m.get_error())
 
 
 def test_tool_prompt_joins_a_system_message_or_leads() -> None:
@@ -219,6 +263,22 @@ async def test_auto_sends_tools_without_a_constraint_and_none_sends_no_choice(cl
     assert proc.requests[-1].sampling.structured is None
     await c.chat.completions.create(model=MODEL, messages=MSGS, tools=TOOLS_BODY, tool_choice="none")
     assert proc.requests[-1].tool_choice == ToolChoice("none")
+
+
+async def test_a_strict_tool_under_auto_puts_the_answer_under_the_calls_grammar(client) -> None:
+    c, proc = client
+    strict = [{**TOOLS_BODY[0], "function": {**TOOLS_BODY[0]["function"], "strict": True}},
+              TOOLS_BODY[1]]
+    await c.chat.completions.create(model=MODEL, messages=MSGS, tools=strict)
+    sent = proc.requests[-1]
+    assert sent.tool_choice == ToolChoice("auto") and sent.sampling.max_tokens is None
+    assert sent.sampling.structured is not None
+    assert sent.sampling.structured.kind is StructuredKind.GRAMMAR
+    assert sent.sampling.structured.spec == strict_calls_grammar(
+        [WEATHER, Tool("get_time", "", "")])
+    with pytest.raises(openai.BadRequestError, match="cannot be combined with strict tools"):
+        await c.chat.completions.create(model=MODEL, messages=MSGS, tools=strict,
+                                        response_format={"type": "json_object"})
 
 
 @pytest.mark.parametrize(("extra", "param", "text"), [

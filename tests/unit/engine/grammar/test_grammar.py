@@ -33,7 +33,12 @@ from services.engine.request import GenerateRequest
 from services.engine.runner.torch_runner import TorchRunner
 from services.engine.scheduler import InvalidRequestError
 from services.model.tokenizer import Tokenizer
-from services.processor.tools import ToolCallParser, call_schema, system_prompt
+from services.processor.tools import (
+    ToolCallParser,
+    call_schema,
+    strict_calls_grammar,
+    system_prompt,
+)
 from tests.support.tool_models import Search, Weather, get_weather, search
 
 SCHEMA = {"type": "object", "properties": {
@@ -428,6 +433,56 @@ def test_forced_calls_on_pydantic_schemas_call_their_functions(model) -> None:
         rest, (call,) = parser.finish()
         assert rest == "" and choice.name in ("", call.name)
         fns[call.name](**json.loads(call.arguments))
+
+
+# Calls shown to the model with keys its functions do not take: SmolLM2 copies them (and
+# names functions that do not exist, and nests arguments until max_tokens) unless the
+# grammar holds its calls to the schemas.
+SHOTS = [{"role": "user", "content": "What is the weather like in Rome?"},
+         {"role": "assistant", "content": '<tool_call>\n{"name": "get_weather", "arguments": '
+                                          '{"city": "Rome", "country": "Italy"}}\n</tool_call>'},
+         {"role": "user", "content": "Search the web for the news about Jupiter"},
+         {"role": "assistant", "content": '<tool_call>\n{"name": "search", "arguments": '
+                                          '{"query": "Jupiter news", "lang": "en"}}\n</tool_call>'}]
+
+
+def test_strict_tools_under_auto_give_free_text_or_calls_that_validate(model) -> None:
+    """tool_choice "auto" with strict tools (pydantic schemas, which do not close their
+    objects): every call the model makes names a function, runs it and validates; where it
+    answers in words, the words are what it writes without the grammar."""
+    _, tok = model
+    fns = {"get_weather": get_weather, "search": search}
+    classes = {"get_weather": Weather, "search": Search}
+    tools = [Tool("get_weather", "Get the current weather in a city",
+                  json.dumps(Weather.model_json_schema())),
+             Tool("search", "Search the web", json.dumps(Search.model_json_schema()))]
+    grammar = StructuredOutput(StructuredKind.GRAMMAR, strict_calls_grammar(tools))
+    asks = [(q, SHOTS) for q in ("What is the weather like in Paris?", "Is it cold in Oslo?",
+                                 "Search news about Mars", "Say hello to me.")]
+    asks += [(q, []) for q in ("What is the weather like in Paris?", "Search news about Mars")]
+
+    def answers(structured: StructuredOutput | None) -> list[tuple[str, FinishReason]]:
+        reqs = [GenerateRequest(f"a{i}", tok.encode_chat([
+            {"role": "system", "content": system_prompt(tools)}, *shots,
+            {"role": "user", "content": q}]),
+            SamplingParams(temperature=0, max_tokens=64, structured=structured))
+            for i, (q, shots) in enumerate(asks)]
+        done = run(make_engine(model, overlap=False), reqs)
+        return [(tok.decode(done[f"a{i}"][0]), done[f"a{i}"][1]) for i in range(len(asks))]
+
+    free = answers(None)
+    for (q, shots), (text, reason), (free_text, _) in zip(asks, answers(grammar), free, strict=True):
+        parser = ToolCallParser(tools, ToolChoice("auto"))
+        streamed = parser.feed(text)
+        rest, calls = parser.finish(cut=reason is FinishReason.LENGTH)
+        if not shots:  # the model answers in words: the grammar changes none of them
+            assert calls == () and text == free_text, (q, text)
+            continue
+        assert reason is FinishReason.STOP and rest == streamed == "" and len(calls) == 1, (q, text)
+        args = json.loads(calls[0].arguments)
+        assert set(args) <= set(classes[calls[0].name].model_fields), (q, text)
+        classes[calls[0].name].model_validate(args)
+        fns[calls[0].name](**args)
 
 
 def _depth(text: str) -> int:
