@@ -227,6 +227,9 @@ class ResponsesRequest(RequestBody):
         for i, inc in enumerate(self.include or ()):
             if inc != LOGPROBS_INCLUDE:
                 raise refused(f"include.{i}", f"only {LOGPROBS_INCLUDE!r}")
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError(f"top_logprobs: the logprobs come with include "
+                             f"[{LOGPROBS_INCLUDE!r}]; without it they would be dropped")
         if not isinstance(self.input, str):
             for i, item in enumerate(self.input):
                 if isinstance(item, MessageItem) and not isinstance(item.content, str):

@@ -179,6 +179,7 @@ TOOL = {"type": "function", "name": "f", "parameters": {"type": "object"}}
     ({"input": "x", "truncation": "auto"}, "truncation", '"disabled"'),
     ({"input": "x", "reasoning": {"effort": "low"}}, "reasoning", "not a reasoning model"),
     ({"input": "x", "include": ["reasoning.encrypted_content"]}, "include.0", "only"),
+    ({"input": "x", "top_logprobs": 2}, "top_logprobs", "come with include"),
     ({"input": "x", "tools": [{"type": "web_search"}]}, "tools.0.type", ""),
     ({"input": "x", "tools": [TOOL], "tool_choice": {"type": "function", "name": "g"}},
      "tool_choice", "not in tools"),
