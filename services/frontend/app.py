@@ -134,19 +134,14 @@ def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readines
         except (ServingError, APIError, ClientGone) as e:
             return _fail(m, t0, _api_error(e, errors, rid))
         if body.stream:
-            gen = sse(m, ChatEvents(r, choices), deltas, first, t0, fc.request_timeout_s,
-                      errors, rid, choices)
-            return StreamingResponse(gen, media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return _streamed(sse(m, ChatEvents(r, choices), deltas, first, t0,
+                                 fc.request_timeout_s, errors, rid, choices))
         try:
             choices, usage = await unless_disconnected(
                 request, collect(m, deltas, first, t0, fc.request_timeout_s, choices))
         except (ServingError, APIError, ClientGone) as e:
             return _fail(m, t0, _api_error(e, errors, rid))
-        response = JSONResponse(r.full(choices, usage))
-        m.requests.labels("200").inc()  # after the body is built: if that fails, guard counts a 500
-        m.duration.observe(time.perf_counter() - t0)
-        return response
+        return _answered(m, t0, r.full(choices, usage))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -184,20 +179,17 @@ def create_app(cfg: ClusterConfig, processor: ProcessorLike, readiness: Readines
             return _fail(m, t0, as_responses_error(_api_error(e, errors, rid), where))
         r = ResponseRenderer(body, rid)
         if body.stream:
-            gen = sse(m, ResponseEvents(r), deltas, first, t0, fc.request_timeout_s, errors, rid)
-            return StreamingResponse(gen, media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return _streamed(sse(m, ResponseEvents(r), deltas, first, t0, fc.request_timeout_s,
+                                 errors, rid))
         try:
             (choice,), usage = await unless_disconnected(
                 request, collect(m, deltas, first, t0, fc.request_timeout_s))
         except (ServingError, APIError, ClientGone) as e:
             return _fail(m, t0, _api_error(e, errors, rid))
-        response = JSONResponse(r.full(choice, usage))
-        m.requests.labels("200").inc()
-        m.duration.observe(time.perf_counter() - t0)
-        return response
+        return _answered(m, t0, r.full(choice, usage))
 
-    @app.api_route("/v1/responses/{rest:path}", methods=["GET", "POST", "DELETE"])
+    @app.api_route("/v1/responses/{rest:path}", methods=["GET", "POST", "DELETE"],
+                   include_in_schema=False)
     async def stored_response(request: Request, rest: str) -> Response:
         """Retrieve, delete, cancel and list input items act on stored responses: none is."""
         try:
@@ -326,6 +318,19 @@ def _api_error(e: ServingError | APIError | ClientGone, errors: ServingErrors,
     if isinstance(e, ClientGone):
         return APIError(499, "the client disconnected")
     return e
+
+
+def _streamed(events: AsyncIterator[str]) -> StreamingResponse:
+    return StreamingResponse(events, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def _answered(m: FrontendMetrics, t0: float, body: dict) -> Response:
+    """A whole answer; counted once its body is built (if that fails, guard counts a 500)."""
+    response = JSONResponse(body)
+    m.requests.labels("200").inc()
+    m.duration.observe(time.perf_counter() - t0)
+    return response
 
 
 def _fail(m: FrontendMetrics, t0: float, e: APIError) -> Response:
