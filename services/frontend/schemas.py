@@ -419,7 +419,8 @@ class ChatCompletionRequest(_Sampling):
             raise InvalidRequest(f"{others[0]}: cannot be combined with {what}",
                                  param=others[0], code="invalid_value")
         try:
-            spec = (StructuredOutput(StructuredKind.GRAMMAR, strict_calls_grammar(self.tool_list()))
+            spec = (StructuredOutput(StructuredKind.GRAMMAR, strict_calls_grammar(
+                        self.tool_list(), parallel=self.parallel_tool_calls is not False))
                     if strict else StructuredOutput.json_schema(call_schema(self.tool_list(), choice)))
             check(spec)
         except ValueError as e:

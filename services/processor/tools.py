@@ -76,11 +76,12 @@ def call_schema(tools: Sequence[Tool], choice: ToolChoice) -> dict[str, Any]:
     return one(tools[0]) if len(tools) == 1 else {"anyOf": [one(t) for t in tools]}
 
 
-def strict_calls_grammar(tools: Sequence[Tool]) -> str:
+def strict_calls_grammar(tools: Sequence[Tool], parallel: bool = True) -> str:
     """The llguidance (Lark) grammar of an answer under ``auto`` with strict tools: free
-    text that never writes ``<tool_call>``, or that text followed by calls, each
-    ``<tool_call>`` + one call's compact JSON (``call_schema``: the arguments exactly to
-    their schema) + ``</tool_call>``, with a little whitespace around them and nothing after.
+    text that never writes ``<tool_call>``, or that text followed by calls (one call where
+    not ``parallel``), each ``<tool_call>`` + one call's compact JSON (``call_schema``: the
+    arguments exactly to their schema) + ``</tool_call>``, with a little whitespace around
+    them and nothing after.
 
     NOTE: a lexeme is greedy, so free text that could hold the opening tag would swallow
     it; the text's pattern excludes it instead (a regular language, written out below)."""
@@ -91,7 +92,8 @@ def strict_calls_grammar(tools: Sequence[Tool]) -> str:
     text = _without(OPEN)
     ws = "[ \\t\\n]{0,4}"
     return "\n".join((
-        "start: TEXT | OPENING body CLOSING (OPEN_TAG body CLOSING)* TRAIL?",
+        "start: TEXT | OPENING body CLOSING " + ("(OPEN_TAG body CLOSING)* " if parallel else "")
+        + "TRAIL?",
         f"body: %json {body}",
         f"TEXT: /{text}/",
         f"OPENING: /{text}{_lit(OPEN)}{ws}/",

@@ -159,6 +159,18 @@ def test_the_strict_calls_grammar_takes_free_text_or_exact_calls(ll_tokenizer, t
     assert (took and m.is_accepting()) == ok, (text, m.get_error())
 
 
+def test_without_parallel_calls_the_grammar_takes_one(ll_tokenizer) -> None:
+    from llguidance import LLMatcher
+
+    tok, ltok = ll_tokenizer
+    one = '<tool_call>{"name":"get_time","arguments":{}}</tool_call>'
+    for parallel, text, ok in ((False, one, True), (False, one + "\n" + one, False),
+                               (True, one + "\n" + one, True)):
+        m = LLMatcher(ltok, strict_calls_grammar([WEATHER, TIME], parallel=parallel))
+        took = all(m.consume_token(t) for t in tok.encode(text))
+        assert (took and m.is_accepting()) == ok, (parallel, text)
+
+
 def test_tool_prompt_joins_a_system_message_or_leads() -> None:
     user = [{"role": "user", "content": "hi"}]
     msgs = with_tool_prompt(user, [WEATHER])
@@ -276,6 +288,10 @@ async def test_a_strict_tool_under_auto_puts_the_answer_under_the_calls_grammar(
     assert sent.sampling.structured.kind is StructuredKind.GRAMMAR
     assert sent.sampling.structured.spec == strict_calls_grammar(
         [WEATHER, Tool("get_time", "", "")])
+    await c.chat.completions.create(model=MODEL, messages=MSGS, tools=strict,
+                                    parallel_tool_calls=False)
+    assert proc.requests[-1].sampling.structured.spec == strict_calls_grammar(
+        [WEATHER, Tool("get_time", "", "")], parallel=False)
     with pytest.raises(openai.BadRequestError, match="cannot be combined with strict tools"):
         await c.chat.completions.create(model=MODEL, messages=MSGS, tools=strict,
                                         response_format={"type": "json_object"})
