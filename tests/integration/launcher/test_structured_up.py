@@ -315,6 +315,33 @@ def test_responses_api_through_openai_and_langchain(url: str) -> None:
             assert "".join(pieces) == final.output_text == whole.output_text != ""
             assert final.usage.output_tokens == whole.usage.output_tokens
 
+    # tool_choice "auto" with the Responses API's default strict tools, after example calls
+    # with keys the functions do not take: the model's calls hold to the schemas.
+    shots = [{"role": "user", "content": "What is the weather like in Rome?"},
+             {"type": "function_call", "call_id": "call_1", "name": "get_weather",
+              "arguments": '{"city": "Rome", "country": "Italy"}'},
+             {"role": "user", "content": "Search the web for the news about Jupiter"},
+             {"type": "function_call", "call_id": "call_2", "name": "search",
+              "arguments": '{"query": "Jupiter news", "lang": "en"}'}]
+    pyd = [{"type": "function", "name": "get_weather", "description": "Get the current weather",
+            "parameters": Weather.model_json_schema()},
+           {"type": "function", "name": "search", "description": "Search the web",
+            "parameters": Search.model_json_schema()}]
+    classes = {"get_weather": (Weather, get_weather), "search": (Search, search)}
+    made = 0
+    for q in ("What is the weather like in Paris?", "Is it cold in Oslo?", "Search news about Mars"):
+        r = c.responses.create(model=MODEL, input=[*shots, {"role": "user", "content": q}],
+                               tools=pyd, temperature=0, max_output_tokens=64)
+        assert r.status == "completed", r
+        for item in r.output:
+            if item.type == "function_call":
+                cls, fn = classes[item.name]
+                args = json.loads(item.arguments)
+                assert set(args) <= set(cls.model_fields), (q, args)
+                fn(**cls.model_validate(args).model_dump())
+                made += 1
+    assert made >= 2  # the examples lead SmolLM2 to call
+
     llm = ChatOpenAI(model=MODEL, base_url=url, api_key="none", temperature=0, max_retries=0,
                      timeout=300, use_responses_api=True)
     msg = llm.bind_tools([Weather, Search], tool_choice="Weather").invoke(ask)
