@@ -136,16 +136,22 @@ class ResponseEvents:
         yield self._event("response.created", response=body)
         yield self._event("response.in_progress", response=body)
 
+    def _open_message(self) -> Iterator[str]:
+        """The message item and its text part, empty, before their first text."""
+        r = self._r
+        self._text = []
+        yield self._event("response.output_item.added", output_index=len(self._output),
+                          item={**r.message("", (), "in_progress"), "content": []})
+        yield self._event("response.content_part.added", item_id=r.message_id,
+                          output_index=len(self._output), content_index=0,
+                          part=r.text_part("", ()))
+
     def delta(self, d: Delta, last: bool) -> Iterator[str]:
         r = self._r
         if d.text or d.logprobs:
             if self._text is None:
-                self._text = []
-                yield self._event("response.output_item.added", output_index=len(self._output),
-                                  item={**r.message("", (), "in_progress"), "content": []})
-                yield self._event("response.content_part.added", item_id=r.message_id,
-                                  output_index=len(self._output), content_index=0,
-                                  part=r.text_part("", ()))
+                yield from self._open_message()
+            assert self._text is not None
             self._text.append(d.text)
             self._lps.extend(d.logprobs)
             yield self._event("response.output_text.delta", item_id=r.message_id,
@@ -155,11 +161,7 @@ class ResponseEvents:
             return
         status = _status(d.finish_reason)
         if self._text is None and not d.tool_calls:
-            self._text = []  # an empty answer is still a message
-            yield self._event("response.output_item.added", output_index=len(self._output),
-                              item={**r.message("", (), "in_progress"), "content": []})
-            yield self._event("response.content_part.added", item_id=r.message_id,
-                              output_index=0, content_index=0, part=r.text_part("", ()))
+            yield from self._open_message()  # an empty answer is still a message
         if self._text is not None:
             text = "".join(self._text)
             at = len(self._output)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 
+from services.bench.cluster import wait_healthy
 from services.common import children
 from tests.support.ports import free_port
 
@@ -58,16 +59,10 @@ class Up:
     def wait_healthy(self, base: str, timeout: float = 300) -> None:
         """Until the frontend at ``base`` answers /health with 200; AssertionError (with the
         output) if `tandem up` exits first or after ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
-        while True:
-            assert self.proc.poll() is None, f"tandem up exited:\n{self.output()}"
-            assert time.monotonic() < deadline, f"cluster not ready:\n{self.output()}"
-            try:
-                if httpx.get(base + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+        try:
+            wait_healthy(base, self.proc, timeout)
+        except RuntimeError as e:
+            raise AssertionError(f"{e}:\n{self.output()}") from None
 
     def pids(self) -> dict[str, int]:
         return {p["name"]: p["pid"] for p in json.loads((self.run_dir / "processes.json").read_text())}
