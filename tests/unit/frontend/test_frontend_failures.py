@@ -13,6 +13,7 @@ import pytest
 
 from services.common.errors import ServingError
 from tests.support.http_edge import Echo, Failing, chat, error, frontend_lines, metric, stub_api
+from tests.support.mock_cluster import MODEL
 
 
 @pytest.fixture
@@ -59,6 +60,26 @@ async def test_exception_mid_stream_is_an_error_event_counted_500(
         events = [e[6:] for e in r.text.split("\n\n") if e.startswith("data: ")]
         assert events[-1] == "[DONE]"
         assert json.loads(events[-2])["error"]["type"] == "internal_error"
+        assert await metric(c, "500") == 1.0 and await metric(c, "499") == 0.0
+    (line,) = frontend_lines(caplog)
+    assert "RuntimeError: kaput" in line.getMessage() and line.exc_info is None
+
+
+async def test_exception_mid_responses_stream_is_an_error_and_a_failed_response(
+        caplog: pytest.LogCaptureFixture) -> None:
+    async with stub_api(Failing(RuntimeError("kaput"), before=2)) as c:
+        r = await c.post("/v1/responses", json={"model": MODEL, "input": "Hi!", "stream": True})
+        assert r.status_code == 200  # the stream had started
+        events = [json.loads(e.split("data: ", 1)[1]) for e in r.text.split("\n\n") if "data: " in e]
+        assert [e["type"] for e in events] == [
+            "response.created", "response.in_progress", "response.output_item.added",
+            "response.content_part.added", "response.output_text.delta",
+            "response.output_text.delta", "error", "response.failed"]
+        assert [e["sequence_number"] for e in events] == list(range(len(events)))
+        assert events[-2]["code"] == "internal_error" and "kaput" not in events[-2]["message"]
+        failed = events[-1]["response"]
+        assert failed["status"] == "failed" and failed["error"]["code"] == "internal_error"
+        assert "[DONE]" not in r.text
         assert await metric(c, "500") == 1.0 and await metric(c, "499") == 0.0
     (line,) = frontend_lines(caplog)
     assert "RuntimeError: kaput" in line.getMessage() and line.exc_info is None
